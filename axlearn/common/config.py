@@ -45,8 +45,8 @@ import threading
 import types
 import typing
 from collections import defaultdict
-from collections.abc import Collection, Iterable
-from typing import Any, Callable, Generic, Optional, TypeVar, Union
+from collections.abc import Callable, Collection, Iterable
+from typing import Any, Generic, TypeVar, Union
 
 import attr
 import numpy as np
@@ -279,7 +279,7 @@ _SCALAR_CHECKS: dict[Any, tuple[type, ...]] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _field_scalar_types(config_cls: type) -> dict[str, tuple[Any, tuple[type, ...]]]:
     """Maps field name -> (annotation, accepted types) for fields annotated with a plain scalar.
 
@@ -410,9 +410,7 @@ class ConfigBase:
         self.__attrs_init__(*args, **kwargs)
 
     def __attrs_init__(self, *args, **kwargs):
-        raise MissingConfigClassDecoratorError(
-            f"{type(self)} was not decorated with @config_class"
-        )
+        raise MissingConfigClassDecoratorError(f"{type(self)} was not decorated with @config_class")
 
     def __attrs_post_init__(self):
         # Run every field (including defaults) through validation and copying.
@@ -482,14 +480,14 @@ class ConfigBase:
     def _key_error_string(self, name: str) -> str:
         similar = similar_names(name, self.keys())
         if similar:
-            return f'{name} (did you mean: [{", ".join(similar)}])'
+            return f"{name} (did you mean: [{', '.join(similar)}])"
         return f"{name} (keys are {self.keys()})"
 
     def visit(
         self,
         visit_fn: Callable[[str, Any], None],
-        enter_fn: Optional[Callable[[str, Any, Optional[list]], Optional[list]]] = None,
-        exit_fn: Optional[Callable[[str, Any], None]] = None,
+        enter_fn: Callable[[str, Any, list | None], list | None] | None = None,
+        exit_fn: Callable[[str, Any], None] | None = None,
     ) -> None:
         """Walks the config tree depth-first.
 
@@ -567,9 +565,7 @@ class ConfigBase:
             The dump text (no trailing newline).
         """
         flat = self.to_flat_dict(omit_default_values=omit_default_values)
-        return field_separator.join(
-            f"{k}{kv_separator}{_leaf_repr(v)}" for k, v in flat.items()
-        )
+        return field_separator.join(f"{k}{kv_separator}{_leaf_repr(v)}" for k, v in flat.items())
 
     def __str__(self) -> str:
         return self.debug_string()
@@ -578,7 +574,7 @@ class ConfigBase:
         return self.debug_string(kv_separator=":", field_separator="; ")
 
 
-def _default_children(key: str, val: Any) -> Optional[list]:
+def _default_children(key: str, val: Any) -> list | None:
     """The (subkey, subvalue) pairs `visit` descends into by default, or None for a leaf."""
     if isinstance(val, ConfigBase):
         return [(f"{key}.{k}" if key else k, v) for k, v in val.items()]
@@ -647,7 +643,7 @@ def _attrs_kwargs() -> dict:
     )
 
 
-def _install_accessors(attr_cls: type, *, name: Optional[str] = None) -> type:
+def _install_accessors(attr_cls: type, *, name: str | None = None) -> type:
     """Makes unknown field access raise `UnknownFieldError` with suggestions; names the class."""
     fields = attr.fields_dict(attr_cls)
     base_setattr = attr_cls.__setattr__
@@ -817,16 +813,25 @@ def _call_args(kwargs: dict, *, sig: inspect.Signature, cfg: ConfigBase) -> list
             raise ValueError(f"{name} is already specified: {value} vs. {kwargs[name]}")
         kwargs[name] = value
 
-    for name, param in sig.parameters.items():
-        if name == "self":
-            continue
+    params = [(n, p) for n, p in sig.parameters.items() if n != "self"]
+    has_var_positional = any(p.kind == inspect.Parameter.VAR_POSITIONAL for _, p in params)
+    for name, param in params:
         value = getattr(cfg, name)
-        if param.kind == inspect.Parameter.VAR_POSITIONAL:
-            args = list(value)
+        if has_var_positional and param.kind in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            # Parameters before *args must be passed positionally.
+            args.append(value)
+        elif param.kind == inspect.Parameter.VAR_POSITIONAL:
+            args.extend(value)
         elif param.kind == inspect.Parameter.VAR_KEYWORD:
             for k, v in value.items():
                 put(k, v)
-        elif param.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+        elif param.kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.KEYWORD_ONLY,
+        ):
             put(name, value)
         else:
             raise NotImplementedError(f"Unsupported parameter kind {param.kind}: {name}")
@@ -885,7 +890,7 @@ def _signature_fields(sig: inspect.Signature) -> dict:
     return fields
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _function_config_class(fn: Callable) -> type:
     attrs_cls = attr.make_class(
         "FunctionConfig",
@@ -898,7 +903,7 @@ def _function_config_class(fn: Callable) -> type:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _class_config_class(cls: type) -> type:
     attrs_cls = attr.make_class(
         "ClassConfig",
