@@ -293,7 +293,8 @@ def _field_scalar_types(config_cls: type) -> dict[str, tuple[Any, tuple[type, ..
     result = {}
     for field in attr.fields(config_cls):
         hint = hints.get(field.name)
-        args = typing.get_args(hint) if typing.get_origin(hint) is Union else (hint,)
+        is_union = typing.get_origin(hint) in (Union, types.UnionType)
+        args = typing.get_args(hint) if is_union else (hint,)
         if Any in args:  # Required[T] without a scalar T, or deliberately loose.
             args = tuple(a for a in args if a is not Any)
             if len(args) != 2 or RequiredFieldValue not in args:
