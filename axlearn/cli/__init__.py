@@ -1,0 +1,1 @@
+"""The `axlearn` command-line tool (`axlearn config dump ...`); see `axlearn.cli.main`."""

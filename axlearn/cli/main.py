@@ -1,0 +1,65 @@
+"""The `axlearn` command: entry point of the console script declared in pyproject.toml.
+
+Usage:
+
+    axlearn config dump --module=text.gpt.tiny --config=gpt_tiny
+    axlearn config list --module=text.gpt.tiny
+
+Each command group lives in its own module under `axlearn/cli/` and registers its subcommands
+with `add_parser(subparsers)`. Start-up stays light: nothing heavy (jax, TensorFlow, seqio) is
+imported until a command needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Optional
+
+from axlearn.cli import config_commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Returns the parser of the `axlearn` command with every command group registered.
+
+    Returns:
+        The parser; each leaf subcommand sets the `func` default to its handler, which takes the
+        parsed arguments and returns an exit code.
+    """
+    parser = argparse.ArgumentParser(
+        prog="axlearn",
+        description="axlearn: configure, inspect and run training experiments.",
+    )
+    groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
+    config_commands.add_parser(groups)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the `axlearn` command.
+
+    The current directory is appended to `sys.path`, so that `--module` can name experiment
+    modules of a project that is not installed.
+
+    Args:
+        argv: The arguments after the program name; defaults to `sys.argv[1:]`.
+
+    Returns:
+        The exit code: 0 on success, 1 when the command failed (the reason is printed to
+        stderr), 2 on a usage error.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        return args.func(args)
+    except config_commands.CommandError as e:
+        print(f"axlearn {args.group}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Finding named experiments: `--module=... --config=...` -> a trainer config function.
+
+An *experiment module* is any importable module with a function
+
+    def named_trainer_configs() -> dict[str, Callable[[], SpmdTrainer.Config]]: ...
+
+`--module` accepts the full module path (`experiments.text.gpt.tiny`, or any importable module
+such as `my_project.my_experiments`) and the short form relative to the top-level `experiments`
+package (`text.gpt.tiny`).
+
+Nothing in `axlearn` imports `experiments` statically: modules are loaded here with importlib, so
+that importing the library never pulls in every experiment (and their TensorFlow/seqio imports).
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+from collections.abc import Callable
+from typing import Any
+
+from axlearn.common.config import similar_names
+
+# The package that short module names (`text.gpt.tiny`) are relative to.
+EXPERIMENTS_PACKAGE = "experiments"
+
+# A function that builds a trainer config (`SpmdTrainer.Config`), called with no arguments.
+TrainerConfigFn = Callable[[], Any]
+
+
+class ExperimentModuleNotFoundError(ImportError):
+    """No module could be imported under any of the names tried for `--module`."""
+
+
+class NotAnExperimentModuleError(TypeError):
+    """The module imported, but it has no callable `named_trainer_configs()`."""
+
+
+class UnknownTrainerConfigError(ValueError):
+    """The experiment module has no trainer config of the requested name."""
+
+
+def candidate_module_names(module: str) -> list[str]:
+    """Returns the module paths tried, in order, for a `--module` value.
+
+    A name that already starts with `experiments.` is only tried as is. Any other name is tried
+    first relative to the `experiments` package (the short form), then as a full module path.
+
+    Args:
+        module: The `--module` value, e.g. `text.gpt.tiny` or `experiments.text.gpt.tiny`.
+
+    Returns:
+        The module paths to try, most likely first.
+
+    Raises:
+        ValueError: If `module` is empty or not a dotted Python module path (a file path such
+            as `text/gpt/tiny.py` or `text.gpt.tiny.py` is refused).
+    """
+    parts = module.split(".") if module else []
+    if not parts or not all(p.isidentifier() for p in parts) or parts[-1] == "py":
+        raise ValueError(
+            f"--module must be a dotted Python module path such as 'text.gpt.tiny' or "
+            f"'{EXPERIMENTS_PACKAGE}.text.gpt.tiny', got {module!r}"
+        )
+    if module == EXPERIMENTS_PACKAGE or module.startswith(EXPERIMENTS_PACKAGE + "."):
+        return [module]
+    return [f"{EXPERIMENTS_PACKAGE}.{module}", module]
+
+
+def _is_missing(error: ModuleNotFoundError, name: str) -> bool:
+    """Whether `error` says that `name` itself (or one of its parent packages) does not exist.
+
+    A `ModuleNotFoundError` raised for some *other* module (a dependency the experiment imports)
+    is a real error to surface, not a reason to try the next candidate name.
+    """
+    missing = error.name or ""
+    return bool(missing) and (name == missing or name.startswith(missing + "."))
+
+
+def load_experiment_module(module: str) -> types.ModuleType:
+    """Imports the experiment module named by a `--module` value.
+
+    Args:
+        module: The full module path (`experiments.text.gpt.tiny`) or the short form relative to
+            the `experiments` package (`text.gpt.tiny`).
+
+    Returns:
+        The imported module, which has a callable `named_trainer_configs`.
+
+    Raises:
+        ValueError: If `module` is not a dotted module path.
+        ExperimentModuleNotFoundError: If no candidate name imports; the message lists every
+            module path tried.
+        NotAnExperimentModuleError: If the module has no callable `named_trainer_configs`.
+        ImportError: Any other import error raised while importing the module itself (e.g. a
+            missing dependency), unchanged.
+    """
+    tried = candidate_module_names(module)
+    for name in tried:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if _is_missing(e, name):
+                continue
+            raise
+        if not callable(getattr(mod, "named_trainer_configs", None)):
+            raise NotAnExperimentModuleError(
+                f"Module {name!r} (from --module={module!r}) is not an experiment module: it "
+                f"defines no function named_trainer_configs() -> dict[str, config function]"
+            )
+        return mod
+    raise ExperimentModuleNotFoundError(
+        f"No experiment module found for --module={module!r}; tried: {', '.join(tried)}"
+    )
+
+
+def named_trainer_configs(module: str) -> dict[str, TrainerConfigFn]:
+    """Returns the named trainer config functions of an experiment module.
+
+    Args:
+        module: As for `load_experiment_module`.
+
+    Returns:
+        A dict from config name to a function that builds the trainer config.
+
+    Raises:
+        TypeError: If `named_trainer_configs()` does not return a dict of callables keyed by str.
+        (and everything `load_experiment_module` raises)
+    """
+    mod = load_experiment_module(module)
+    configs = mod.named_trainer_configs()
+    if not isinstance(configs, dict):
+        raise TypeError(
+            f"{mod.__name__}.named_trainer_configs() must return a dict, "
+            f"got {type(configs).__name__}"
+        )
+    for name, fn in configs.items():
+        if not isinstance(name, str) or not callable(fn):
+            raise TypeError(
+                f"{mod.__name__}.named_trainer_configs() must map str names to callables, "
+                f"got {name!r}: {type(fn).__name__}"
+            )
+    return configs
+
+
+def get_named_trainer_config(config_name: str, *, config_module: str) -> TrainerConfigFn:
+    """Returns the function that builds the trainer config `config_name` of `config_module`.
+
+    Args:
+        config_name: A key of the module's `named_trainer_configs()`, e.g. `gpt_tiny`.
+        config_module: The `--module` value (full path or short form, see
+            `load_experiment_module`).
+
+    Returns:
+        A function that takes no arguments and returns the trainer config.
+
+    Raises:
+        UnknownTrainerConfigError: If the module has no such config; the message suggests close
+            matches and lists every available name.
+        (and everything `named_trainer_configs` raises)
+    """
+    configs = named_trainer_configs(config_module)
+    if config_name in configs:
+        return configs[config_name]
+    available = sorted(configs)
+    similar = similar_names(config_name, available)
+    hint = f" Did you mean: {', '.join(similar)}?" if similar else ""
+    raise UnknownTrainerConfigError(
+        f"Unknown config {config_name!r} in experiment module {config_module!r}.{hint} "
+        f"Available configs ({len(available)}): {', '.join(available) or '(none)'}"
+    )

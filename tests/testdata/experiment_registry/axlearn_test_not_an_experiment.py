@@ -1,0 +1,3 @@
+"""An importable module without `named_trainer_configs`: not an experiment module."""
+
+VALUE = 1
