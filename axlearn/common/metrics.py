@@ -1,0 +1,133 @@
+"""Metrics that accumulate over batches: weighted scalars and the accumulator used by evalers.
+
+`WeightedScalar(mean, weight)` is a pytree (it can be returned from jitted functions and added as a
+module summary). Adding two gives the weighted mean of both, with the weights summed, so the mean
+over an eval set accumulated batch by batch equals the mean over all of its examples/tokens:
+
+    a = WeightedScalar(2.0, 1.0)
+    b = WeightedScalar(5.0, 2.0)
+    c = a + b                           # mean 4.0 (= (2*1 + 5*2) / 3), weight 3.0
+
+A weight of zero contributes nothing; when all weights are zero the mean is 0.
+
+`MetricAccumulator` keeps a tree of summaries and accumulates each leaf that knows how
+(`WeightedScalar` and other objects with an `accumulate` method); plain tensors in the tree are
+dropped, since there is no single right way to combine them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from axlearn.common.config import Configurable
+
+
+@jax.tree_util.register_pytree_node_class
+class WeightedScalar:
+    """A mean and its (non-negative) weight, e.g. a loss averaged over `weight` tokens.
+
+    Attributes:
+        mean: The mean (a scalar tensor or Python number).
+        weight: The total weight behind the mean (scalar, >= 0).
+    """
+
+    __slots__ = ("mean", "weight")
+
+    def __init__(self, mean: Any, weight: Any):
+        self.mean = mean
+        self.weight = weight
+
+    def tree_flatten(self):
+        """Pytree flattening: children (mean, weight), no aux data."""
+        return (self.mean, self.weight), None
+
+    @classmethod
+    def tree_unflatten(cls, aux_data, children) -> WeightedScalar:
+        """Pytree unflattening."""
+        del aux_data
+        return cls(*children)
+
+    def value(self) -> Any:
+        """The value shown in summaries: the mean."""
+        return self.mean
+
+    def validate(self) -> None:
+        """Raises ValueError if mean or weight is not a scalar."""
+        for name in ("mean", "weight"):
+            v = getattr(self, name)
+            if hasattr(v, "shape") and tuple(v.shape) != ():
+                raise ValueError(f"WeightedScalar.{name} must be a scalar, got shape {v.shape}")
+
+    def __add__(self, other: WeightedScalar) -> WeightedScalar:
+        if not isinstance(other, WeightedScalar):
+            return NotImplemented
+        weight = self.weight + other.weight
+        # Division guarded on both branches so gradients stay finite when the weight is zero.
+        safe = jnp.where(weight > 0, weight, 1)
+        mean = jnp.where(
+            weight > 0, (self.mean * self.weight + other.mean * other.weight) / safe, 0.0
+        )
+        return WeightedScalar(mean, weight)
+
+    def accumulate(self, other: WeightedScalar) -> WeightedScalar:
+        """Returns `self + other`.
+
+        Raises:
+            TypeError: If `other` is not a WeightedScalar.
+        """
+        if not isinstance(other, WeightedScalar):
+            raise TypeError(
+                f"WeightedScalar.accumulate expects a WeightedScalar, got {type(other)}"
+            )
+        return self + other
+
+    def __repr__(self) -> str:
+        return f"WeightedScalar(mean={self.mean!r}, weight={self.weight!r})"
+
+
+def _is_summary(x: Any) -> bool:
+    return callable(getattr(x, "accumulate", None))
+
+
+class MetricAccumulator(Configurable):
+    """Accumulates summaries over batches (used by evalers and gradient accumulation).
+
+    `update(summaries)` merges a tree of summaries: leaves with an `accumulate` method (e.g.
+    `WeightedScalar`) are combined with the same path's earlier value; other leaves are dropped.
+    `summaries()` returns the accumulated tree.
+    """
+
+    def __init__(self, cfg: Configurable.Config):
+        super().__init__(cfg)
+        self._summaries: Optional[dict[str, Any]] = None
+
+    def update(self, model_outputs: dict[str, Any]) -> None:
+        """Accumulates the summaries in `model_outputs`.
+
+        Args:
+            model_outputs: A tree of summaries, e.g. an output collection's `summaries`.
+
+        Raises:
+            ValueError: If the tree structure differs from the earlier updates'.
+        """
+        kept = jax.tree.map(
+            lambda x: x if _is_summary(x) else None, model_outputs, is_leaf=_is_summary
+        )
+        if self._summaries is None:
+            self._summaries = kept
+            return
+        try:
+            self._summaries = jax.tree.map(
+                lambda x, y: x.accumulate(y), self._summaries, kept, is_leaf=_is_summary
+            )
+        except ValueError as e:
+            raise ValueError(
+                f"MetricAccumulator.update: the summaries' structure changed between batches: {e}"
+            ) from e
+
+    def summaries(self) -> dict[str, Any]:
+        """The accumulated summaries ({} before the first update)."""
+        return self._summaries if self._summaries is not None else {}

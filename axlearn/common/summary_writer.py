@@ -1,0 +1,407 @@
+"""Summary writers: TensorBoard event files, a JSONL metrics log, and a composite of writers.
+
+A writer is a `Module` child of the trainer/evaler, called as `writer(step, values)` where
+`values` is a nested dict of scalars, strings, arrays and `WeightedScalar`s (possibly on device).
+Device values are fetched to the host in ONE batched transfer (`fetch_to_host`) per call.
+
+- `SummaryWriter`: TensorBoard event files via `tf.summary` (TensorFlow is imported when a writer
+  is built, never at module import): numbers and 0-d arrays and `WeightedScalar`s as scalars
+  (their mean), strings as text, arrays of rank >= 1 as histograms. `log_config` writes the whole
+  config dump once, as text under the tag "trainer_config". Only process 0 writes.
+- `JsonlWriter`: appends one JSON object per call to `<dir>/metrics.jsonl`:
+  `{"step": N, "time": <unix seconds>, "<tag>": value, ...}` with '/'-joined tags as in
+  TensorBoard; scalars and strings only (arrays of rank >= 1 go to TensorBoard, not here);
+  non-finite floats are written as the strings "NaN", "Infinity", "-Infinity" so every line stays
+  strict JSON. Only process 0 writes.
+- `CompositeWriter`: several named writers; a child whose `dir` is unset gets `<dir>/<name>`.
+
+Interface for the trainer:
+
+    writer = SummaryWriter.default_config().set(name="summary_writer", dir=d).instantiate(
+        parent=None)
+    writer.log_config(trainer_cfg)                 # once
+    writer(step, {"loss": loss, "learner": {"lr": lr}})   # every step; writes when due
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import numbers
+import os
+import time
+from functools import wraps
+from typing import Any, Callable, Optional
+
+import jax
+import numpy as np
+from absl import logging
+
+from axlearn.common.config import REQUIRED, ConfigBase, Required, RequiredFieldValue, config_class
+from axlearn.common.metrics import WeightedScalar
+from axlearn.common.module import Module
+from axlearn.common.utils import NestedTensor, flatten_items
+
+
+class CheckpointerAction(enum.StrEnum):
+    """The checkpointer action a checkpoint summary records.
+
+    Attributes:
+        RESTORE: The model was restored from the checkpoint.
+        SAVE: The model was saved to the checkpoint.
+    """
+
+    RESTORE = "RESTORE"
+    SAVE = "SAVE"
+
+
+def processor_zero_only(fn: Callable) -> Callable:
+    """Decorates `fn` to run only on process 0 (elsewhere it returns None).
+
+    Args:
+        fn: The function.
+
+    Returns:
+        The wrapped function.
+    """
+
+    @wraps(fn)
+    def wrapper(*args, **kwargs):
+        if jax.process_index() == 0:
+            return fn(*args, **kwargs)
+        return None
+
+    return wrapper
+
+
+def _is_summary_leaf(x: Any) -> bool:
+    return isinstance(x, WeightedScalar)
+
+
+def fetch_to_host(values: NestedTensor) -> NestedTensor:
+    """Returns `values` with every device array replaced by a NumPy array, in one transfer.
+
+    All device leaves are fetched by a single `jax.device_get` call (which starts every copy
+    before waiting on any). Arrays that this process cannot read (sharded over other processes'
+    devices and not replicated) become None, with a warning.
+
+    Args:
+        values: A tree of arrays, numbers, strings, `WeightedScalar`s, ...
+
+    Returns:
+        The same tree with host values.
+    """
+    leaves, treedef = jax.tree.flatten(values)
+    to_fetch, where = [], []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, jax.Array):
+            if leaf.is_fully_addressable:
+                to_fetch.append(leaf)
+            elif leaf.is_fully_replicated:
+                to_fetch.append(leaf.addressable_data(0))
+            else:
+                logging.warning("fetch_to_host: leaf %d is not addressable here; dropped.", i)
+                leaves[i] = None
+                continue
+            where.append(i)
+    if to_fetch:
+        for i, host in zip(where, jax.device_get(to_fetch)):
+            leaves[i] = host
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def _is_unset(value: Any) -> bool:
+    return value is None or isinstance(value, RequiredFieldValue)
+
+
+def _open_for_append(path: str):
+    """Opens a local or remote ("scheme://") file for appending text."""
+    if "://" in path:
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        return tf.io.gfile.GFile(path, "a")
+    return open(path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
+
+
+def _makedirs(path: str) -> None:
+    if "://" in path:
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        tf.io.gfile.makedirs(path)
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
+class BaseWriter(Module):
+    """Base summary writer: `writer(step, values)` writes a tree of values for `step`."""
+
+    @config_class
+    class Config(Module.Config):
+        """Configures BaseWriter."""
+
+        # The output directory.
+        dir: Required[str] = REQUIRED
+
+    def log_config(self, config: ConfigBase, step: int = 0) -> None:
+        """Writes `config` (its dump) once.
+
+        Args:
+            config: The config to log.
+            step: The step to log it at.
+        """
+        raise NotImplementedError(type(self))
+
+    def log_checkpoint(
+        self, ckpt_dir: str, *, state: NestedTensor, action: CheckpointerAction, step: int = 0
+    ) -> None:
+        """Records a checkpoint save/restore. The default does nothing.
+
+        Args:
+            ckpt_dir: The checkpoint directory.
+            state: The checkpointed state.
+            action: SAVE or RESTORE.
+            step: The step.
+        """
+        del ckpt_dir, state, action, step
+
+    def writing_at_step(self, step: int) -> bool:
+        """Whether `__call__` writes at `step` (the trainer skips building values otherwise)."""
+        del step
+        return True
+
+    def flush(self) -> None:
+        """Flushes buffered output. The default does nothing."""
+
+    # pylint: disable-next=arguments-differ
+    def __call__(self, step: int, values: dict[str, Any]) -> None:
+        """Writes `values` for `step`.
+
+        Args:
+            step: The step.
+            values: A nested dict of values.
+        """
+        raise NotImplementedError(type(self))
+
+
+class NoOpWriter(BaseWriter):
+    """A writer that writes nothing."""
+
+    def log_config(self, config: ConfigBase, step: int = 0) -> None:
+        del config, step
+
+    def __call__(self, step: int, values: dict[str, Any]) -> None:
+        del step, values
+
+
+class CompositeWriter(BaseWriter):
+    """Writes to several named writers; a child without `dir` writes under `<dir>/<name>`.
+
+    Device values are fetched once here and the host tree is passed to every child.
+    """
+
+    @config_class
+    class Config(BaseWriter.Config):
+        """Configures CompositeWriter."""
+
+        # The writers by name (each name a valid module name).
+        writers: Required[dict[str, BaseWriter.Config]] = REQUIRED
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        self._writers: list[BaseWriter] = []
+        for name, writer_cfg in cfg.writers.items():
+            writer_cfg = writer_cfg.clone()
+            if _is_unset(writer_cfg.dir):
+                writer_cfg.dir = os.path.join(cfg.dir, name)
+            self._writers.append(self._add_child(name, writer_cfg))
+
+    @property
+    def writers(self) -> list[BaseWriter]:
+        """The child writers, in config order."""
+        return self._writers
+
+    def log_config(self, config: ConfigBase, step: int = 0) -> None:
+        for writer in self._writers:
+            writer.log_config(config, step=step)
+
+    def log_checkpoint(
+        self, ckpt_dir: str, *, state: NestedTensor, action: CheckpointerAction, step: int = 0
+    ) -> None:
+        for writer in self._writers:
+            writer.log_checkpoint(ckpt_dir, state=state, action=action, step=step)
+
+    def writing_at_step(self, step: int) -> bool:
+        return any(w.writing_at_step(step) for w in self._writers)
+
+    def flush(self) -> None:
+        for writer in self._writers:
+            writer.flush()
+
+    def __call__(self, step: int, values: dict[str, Any]) -> None:
+        if not self.writing_at_step(step):
+            return
+        values = fetch_to_host(values)
+        for writer in self._writers:
+            writer(step, values)
+
+
+def _host_value(value: Any) -> Any:
+    """Unwraps a WeightedScalar to its mean; converts 0-d arrays to NumPy scalars."""
+    if isinstance(value, WeightedScalar):
+        value = value.mean
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    return value
+
+
+class SummaryWriter(BaseWriter):
+    """Writes TensorBoard event files with `tf.summary` (process 0 only).
+
+    Scalars (numbers, 0-d arrays, WeightedScalar means) go to `tf.summary.scalar`, strings to
+    `tf.summary.text`, arrays of rank >= 1 to `tf.summary.histogram`.
+    """
+
+    @config_class
+    class Config(BaseWriter.Config):
+        """Configures SummaryWriter (see tf.summary.create_file_writer)."""
+
+        # Write summaries only at steps divisible by this.
+        write_every_n_steps: int = 1
+        # Summaries buffered before a flush; None: the tf.summary default (10).
+        max_queue: Optional[int] = None
+        # Longest interval between flushes in milliseconds; None: the tf.summary default (2 min).
+        flush_ms: Optional[float] = None
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        if cfg.write_every_n_steps < 1:
+            raise ValueError(
+                f"{self.path()}.write_every_n_steps must be >= 1, got {cfg.write_every_n_steps}"
+            )
+        from tensorflow import summary as tf_summary  # pylint: disable=import-outside-toplevel
+
+        self._tf_summary = tf_summary
+        if jax.process_index() == 0:
+            self._writer = tf_summary.create_file_writer(
+                cfg.dir, max_queue=cfg.max_queue, flush_millis=cfg.flush_ms
+            )
+        else:
+            self._writer = tf_summary.create_noop_writer()
+
+    def writing_at_step(self, step: int) -> bool:
+        return step % self.config.write_every_n_steps == 0
+
+    def log_config(self, config: ConfigBase, step: int = 0) -> None:
+        """Writes the config dump as one text summary "trainer_config" (one row per line)."""
+        lines = config.debug_string().split("\n")
+        with self._writer.as_default():
+            self._tf_summary.text("trainer_config", lines, step=step)
+        self._writer.flush()
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def __call__(self, step: int, values: dict[str, Any]) -> None:
+        if not self.writing_at_step(step):
+            return
+        values = fetch_to_host(values)
+        tf_summary = self._tf_summary
+        with self._writer.as_default(step=step):
+            for path, value in flatten_items(values, is_leaf=_is_summary_leaf):
+                value = _host_value(value)
+                if value is None:
+                    continue
+                if isinstance(value, (str, bytes)):
+                    tf_summary.text(path, value, step=step)
+                elif isinstance(value, (numbers.Number, np.generic)):
+                    tf_summary.scalar(path, value, step=step)
+                elif isinstance(value, np.ndarray):
+                    tf_summary.histogram(path, value, step=step)
+                else:
+                    logging.warning(
+                        "SummaryWriter %s: does not know how to write %s (%s).",
+                        self.path(),
+                        path,
+                        type(value).__name__,
+                    )
+        self._writer.flush()
+
+
+def _json_value(value: Any) -> Any:
+    """Returns a JSON-ready scalar, or `_SKIP` for values that do not belong in the JSONL."""
+    value = _host_value(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, str) or value is None:
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (numbers.Integral, np.integer)):
+        return int(value)
+    if isinstance(value, (numbers.Real, np.floating)):
+        value = float(value)
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value
+    return _SKIP
+
+
+_SKIP = object()
+
+
+class JsonlWriter(BaseWriter):
+    """Appends one JSON record per call to `<dir>/<filename>` (process 0 only).
+
+    A record is `{"step": N, "time": unix_seconds, "<tag>": value, ...}` with '/'-joined tags;
+    scalars and strings only. On a resumed run, steps after the last checkpoint may appear twice;
+    the later line is the resumed run's.
+    """
+
+    @config_class
+    class Config(BaseWriter.Config):
+        """Configures JsonlWriter."""
+
+        # Write a record only at steps divisible by this.
+        write_every_n_steps: int = 1
+        # The file name inside `dir`.
+        filename: str = "metrics.jsonl"
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        if cfg.write_every_n_steps < 1:
+            raise ValueError(
+                f"{self.path()}.write_every_n_steps must be >= 1, got {cfg.write_every_n_steps}"
+            )
+        self._path = os.path.join(cfg.dir, cfg.filename)
+        if jax.process_index() == 0:
+            _makedirs(cfg.dir)
+
+    @property
+    def file_path(self) -> str:
+        """The JSONL file's path."""
+        return self._path
+
+    def writing_at_step(self, step: int) -> bool:
+        return step % self.config.write_every_n_steps == 0
+
+    def log_config(self, config: ConfigBase, step: int = 0) -> None:
+        """Does nothing: the launcher writes the config dump to the trainer directory."""
+        del config, step
+
+    def __call__(self, step: int, values: dict[str, Any]) -> None:
+        if not self.writing_at_step(step) or jax.process_index() != 0:
+            return
+        values = fetch_to_host(values)
+        record: dict[str, Any] = {"step": int(step), "time": time.time()}
+        for path, value in flatten_items(values, is_leaf=_is_summary_leaf):
+            converted = _json_value(value)
+            if converted is not _SKIP:
+                record[path] = converted
+        with _open_for_append(self._path) as f:
+            f.write(json.dumps(record, allow_nan=False) + "\n")
