@@ -1,0 +1,904 @@
+"""Modules: a tree of stateless, configurable computation nodes, invoked functionally.
+
+A `Module` holds no tensors. Its parameters and other state, its PRNG key, whether it is
+training, and where its summaries go are all in an `InvocationContext`, a thread-local stack of
+which is maintained while a module runs. The root context is created by `functional()`:
+
+    outputs, output_collection = functional(
+        model, prng_key=key, state=params, inputs=dict(x=x), is_training=True
+    )
+
+Every public method defined by a `Module` subclass is wrapped so that calling it from a parent
+(`self.child.forward(...)`, or `self.child(...)`) first enters the child's context: the child
+sees `self.state == parent_state[child_name]`, a PRNG key derived from the parent's key and the
+child's *name*, and a fresh output collection stored under the child's name in the parent's.
+Helpers that must not be wrapped are decorated with `@nowrap`.
+
+Each child context may be created only once per parent context. To call the same child twice,
+give each call its own context with `child_context(name, module=child)`.
+
+This module imports neither TensorFlow nor seqio.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import hashlib
+import inspect
+import re
+import threading
+from collections.abc import Sequence
+from typing import Any, Callable, NamedTuple, Optional, Union
+
+import jax
+import numpy as np
+from absl import logging
+
+from axlearn.common.config import (
+    REQUIRED,
+    Configurable,
+    Required,
+    RequiredFieldValue,
+    config_class,
+    instantiation_scope,
+)
+from axlearn.common.utils import NestedTensor, Tensor, partial_with_fn_metadata, prune_tree
+
+_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
+
+_HOW_TO_CALL_MODULE_MULTIPLE_TIMES = (
+    "To call the same module more than once, give each call its own context with "
+    "`with child_context(unique_name, module=child): child.forward(...)`."
+)
+
+
+class OutputConflictError(ValueError):
+    """An output (child context, module output) with the same name already exists."""
+
+    def __init__(self, error_message: str):
+        super().__init__(f"{error_message}. {_HOW_TO_CALL_MODULE_MULTIPLE_TIMES}")
+
+
+class ChildNameConflictError(ValueError):
+    """`_add_child` was called twice with the same name."""
+
+
+def _generate_seed_from_name(name: str) -> np.int64:
+    """Returns a stable seed in [0, 2**31 - 1) from `name` (independent of PYTHONHASHSEED).
+
+    Args:
+        name: The name (usually a child or parameter name).
+
+    Returns:
+        The seed.
+    """
+    digest = hashlib.md5(name.encode("utf-8")).hexdigest()
+    return np.int64(int(digest, 16) % (2**31 - 1))
+
+
+def _current_instantiation_scope() -> list[str]:
+    """The names currently in `config.instantiation_scope` (outermost first)."""
+    try:
+        from axlearn.common.config.instantiable import (  # pylint: disable=import-outside-toplevel
+            _current_scope,
+        )
+    except ImportError:  # config as a single module.
+        from axlearn.common.config import _current_scope  # pylint: disable=import-outside-toplevel
+    return _current_scope()
+
+
+def _validate_name(name: str, what: str) -> None:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise ValueError(f'Invalid {what} name "{name}": must match [a-z][a-z0-9_]*')
+
+
+# --------------------------------------------------------------------------------------------
+# Output collections.
+# --------------------------------------------------------------------------------------------
+
+
+class OutputCollection(NamedTuple):
+    """Implicit outputs of a module invocation, as nested dicts following child context names.
+
+    `summaries` are values for logging; `state_updates` replace entries of the module's state
+    (e.g. moving averages); `module_outputs` are intermediate values for the caller to inspect.
+    """
+
+    summaries: NestedTensor
+    state_updates: NestedTensor
+    module_outputs: NestedTensor
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.summaries
+
+    def add_child(self, name: str) -> OutputCollection:
+        """Adds and returns an empty child collection under `name` in each of the three trees.
+
+        Args:
+            name: The child name.
+
+        Returns:
+            The child collection.
+
+        Raises:
+            ValueError: If `name` is invalid.
+            OutputConflictError: If a child named `name` already exists.
+        """
+        _validate_name(name, "child context")
+        if name in self:
+            raise OutputConflictError(
+                f"Context '{name}' was already entered in this invocation (module called twice?)"
+            )
+        child = new_output_collection()
+        self.summaries[name] = child.summaries
+        self.state_updates[name] = child.state_updates
+        self.module_outputs[name] = child.module_outputs
+        return child
+
+    def update(self, collection: OutputCollection) -> None:
+        """Merges `collection`'s top-level entries into this collection."""
+        self.summaries.update(collection.summaries)
+        self.state_updates.update(collection.state_updates)
+        self.module_outputs.update(collection.module_outputs)
+
+
+def new_output_collection() -> OutputCollection:
+    """Returns an empty OutputCollection."""
+    return OutputCollection(summaries={}, state_updates={}, module_outputs={})
+
+
+def propagate_repeated_output_collections(
+    repeated_output_collection: OutputCollection,
+    *,
+    child_name_prefix: str,
+    target_output_collection: OutputCollection,
+) -> None:
+    """Adds the outputs of a vmapped/scanned computation to `target_output_collection`.
+
+    `module_outputs` and `state_updates` (leaves of shape [N, ...]) go under
+    `target[child_name_prefix]`; summaries are split so that `v[i]` goes under
+    `target[f"{child_name_prefix}{i}"]`.
+
+    Args:
+        repeated_output_collection: Collection whose leaves have a leading axis of size N.
+        child_name_prefix: The child name (prefix) to add outputs under.
+        target_output_collection: The collection to add to.
+    """
+    child = target_output_collection.add_child(child_name_prefix)
+    child.module_outputs.update(repeated_output_collection.module_outputs)
+    child.state_updates.update(repeated_output_collection.state_updates)
+    leaves = jax.tree_util.tree_leaves(repeated_output_collection.summaries)
+    if not leaves:
+        return
+    num = leaves[0].shape[0]
+    for i in range(num):
+        child_i = target_output_collection.add_child(f"{child_name_prefix}{i}")
+        child_i.summaries.update(
+            jax.tree.map(lambda x, i=i: x[i], repeated_output_collection.summaries)
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Invocation contexts.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class InvocationContext:  # pylint: disable=too-many-instance-attributes
+    """Everything a module invocation may depend on or write to.
+
+    Attributes:
+        name: The context name, unique among sibling contexts.
+        parent: The parent context; None for a root context.
+        module: The module this context belongs to.
+        state: The module's state (parameters etc.), a nested dict (or None).
+        is_training: Whether the invocation is in training mode.
+        prng_key: The PRNG key, or None when the computation needs no randomness.
+        output_collection: Where summaries, state updates and module outputs are added.
+    """
+
+    name: str
+    parent: Optional[InvocationContext]
+    module: Optional[Module]
+    state: NestedTensor
+    is_training: bool
+    prng_key: Optional[Tensor]
+    output_collection: OutputCollection
+
+    def path(self) -> str:
+        """The dotted path of context names from the root."""
+        if self.parent is None:
+            return self.name
+        return f"{self.parent.path()}.{self.name}"
+
+    def add_child(self, name: str, **override_kwargs) -> InvocationContext:
+        """Creates the child context `name`.
+
+        Defaults for fields not in `override_kwargs`:
+        - module: `self.module.children[name]`;
+        - state: `self.state[child.name]` if module is a child of `self.module`, `self.state` if
+          module is `self.module` (required explicitly otherwise);
+        - is_training: `self.is_training`;
+        - prng_key: `fold_in(self.prng_key, seed(name))` (None if `self.prng_key` is None);
+        - output_collection: `self.output_collection.add_child(name)`.
+
+        Args:
+            name: The child context name.
+            **override_kwargs: Field overrides.
+
+        Returns:
+            The child context.
+
+        Raises:
+            ValueError: If `parent` is overridden, `name` does not name a child module, or the
+                state of a non-child module is not given.
+            OutputConflictError: If a child context `name` was already created.
+        """
+        if "parent" in override_kwargs:
+            raise ValueError("Overriding parent is not allowed")
+        unknown = set(override_kwargs) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"Unknown InvocationContext fields: {sorted(unknown)}")
+        if "module" in override_kwargs:
+            module = override_kwargs["module"]
+        else:
+            children = self.module.children if self.module is not None else {}
+            if name not in children:
+                raise ValueError(
+                    f"'{name}' is not a child of module {self.module.path()} "
+                    f"(children: {sorted(children)}); pass module= to child_context()"
+                )
+            module = children[name]
+        if "state" in override_kwargs:
+            state = override_kwargs["state"]
+        elif module is self.module:
+            state = self.state
+        elif module is not None and module.parent is self.module:
+            state = None if self.state is None else self.state.get(module.name)
+        else:
+            raise ValueError(
+                f"state must be given explicitly for module {module.path()} when creating a "
+                f"child context of {self.path()} (module={self.module.path()})"
+            )
+        if "prng_key" in override_kwargs:
+            prng_key = override_kwargs["prng_key"]
+        elif self.prng_key is None:
+            prng_key = None
+        else:
+            prng_key = jax.random.fold_in(self.prng_key, _generate_seed_from_name(name))
+        if "output_collection" in override_kwargs:
+            output_collection = override_kwargs["output_collection"]
+        else:
+            output_collection = self.output_collection.add_child(name)
+        return InvocationContext(
+            name=name,
+            parent=self,
+            module=module,
+            state=state,
+            is_training=override_kwargs.get("is_training", self.is_training),
+            prng_key=prng_key,
+            output_collection=output_collection,
+        )
+
+    def add_summary(self, name: str, value: Any) -> None:
+        """Adds `value` (a tensor, a Summary or a tree of them) to the summaries as `name`.
+
+        Leaves with a `validate()` method (Summary objects) are validated first.
+        """
+
+        def validate(leaf):
+            validate_fn = getattr(leaf, "validate", None)
+            if callable(validate_fn):
+                validate_fn()
+            return leaf
+
+        jax.tree.map(validate, value, is_leaf=lambda x: callable(getattr(x, "validate", None)))
+        self.output_collection.summaries[name] = value
+
+    def add_state_update(self, name: str, value: Any) -> None:
+        """Records `value` as the new value of state entry `name`."""
+        self.output_collection.state_updates[name] = value
+
+    def add_module_output(self, name: str, value: Any) -> None:
+        """Adds `value` to the module outputs as `name`.
+
+        Raises:
+            OutputConflictError: If an output named `name` was already added in this context.
+        """
+        if name in self.output_collection.module_outputs:
+            raise OutputConflictError(f"Outputs of name '{name}' already exist")
+        self.output_collection.module_outputs[name] = value
+
+    def set_state_update(self, value: Any) -> None:
+        """Replaces this context's whole state update with `value` (e.g. a tuple)."""
+        if self.parent is not None:
+            self.parent.output_collection.state_updates[self.name] = value
+        self.output_collection = self.output_collection._replace(state_updates=value)
+
+    def get_summaries(self) -> NestedTensor:
+        """The summaries added so far in this context."""
+        return self.output_collection.summaries
+
+    def get_state_updates(self) -> NestedTensor:
+        """The state updates added so far in this context."""
+        return self.output_collection.state_updates
+
+    def get_module_outputs(self) -> NestedTensor:
+        """The module outputs added so far in this context."""
+        return self.output_collection.module_outputs
+
+    def functional(self, method_fn: Callable) -> _Functional:
+        """Returns `method_fn` as a pure function run in (a copy of) this context.
+
+        The returned callable returns `(outputs, output_collection)`.
+        """
+        return _Functional(method_fn=method_fn, context=self, require_parent=False)
+
+
+@dataclasses.dataclass
+class _ContextStack(threading.local):
+    """The per-thread stack of invocation contexts."""
+
+    stack: list = dataclasses.field(default_factory=list)
+    thread_id: int = dataclasses.field(default_factory=threading.get_ident)
+
+
+_global_context_stack = _ContextStack()
+
+
+def clone_context_stack() -> list[InvocationContext]:
+    """Returns a copy of this thread's context stack (to install in another thread)."""
+    return list(_global_context_stack.stack)
+
+
+def install_context_stack(stack: list[InvocationContext]) -> None:
+    """Installs `stack` (from `clone_context_stack()`) as the context stack of this thread.
+
+    Args:
+        stack: The context stack.
+
+    Raises:
+        ValueError: If called on the thread that owns the current stack.
+    """
+    if _global_context_stack.thread_id == threading.get_ident() and _global_context_stack.stack:
+        raise ValueError("install_context_stack should only be called on a different thread")
+    _global_context_stack.thread_id = threading.get_ident()
+    _global_context_stack.stack = stack
+
+
+def current_context() -> Optional[InvocationContext]:
+    """The innermost invocation context of this thread, or None."""
+    stack = _global_context_stack.stack
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def set_current_context(context: InvocationContext, *, require_parent: bool = True):
+    """Pushes `context` onto the context stack for the duration of the `with` block.
+
+    Args:
+        context: The context.
+        require_parent: If True, `context.parent` must be the current context.
+
+    Yields:
+        The context.
+
+    Raises:
+        ValueError: If the context does not fit the stack.
+    """
+    stack = _global_context_stack.stack
+    if stack:
+        if require_parent and context.parent is not stack[-1]:
+            raise ValueError(
+                f"Context ({context.path()})'s parent must be the current context "
+                f"({stack[-1].path()}). Did you create the context via child_context()?"
+            )
+    elif context.parent is not None:
+        raise ValueError(
+            "The first context in the stack must be a root context with parent=None. "
+            "Usually a root context is created by functional()."
+        )
+    stack.append(context)
+    try:
+        if context.module is not None and context.name != "remat":
+            with jax.named_scope(f"{context.name}[{type(context.module).__qualname__}]"):
+                yield context
+        else:
+            yield context
+    finally:
+        stack.pop()
+
+
+@contextlib.contextmanager
+def child_context(name: str, **kwargs):
+    """Enters a child context `name` of the current context (see `InvocationContext.add_child`).
+
+    Use it to call the same child more than once (`module=child` with distinct names) or to run
+    a module with substituted state.
+
+    Args:
+        name: The child context name, unique within the current context.
+        **kwargs: Overrides of the child context fields (module, state, prng_key, ...).
+
+    Yields:
+        The child context.
+
+    Raises:
+        RuntimeError: If there is no current context or the stack belongs to another thread.
+    """
+    if _global_context_stack.thread_id != threading.get_ident():
+        raise RuntimeError("Each thread should call install_context_stack() to install its stack.")
+    parent = current_context()
+    if parent is None:
+        raise RuntimeError(
+            "child_context() needs a current invocation context. "
+            "Did you invoke the module inside functional(...)?"
+        )
+    with set_current_context(parent.add_child(name, **kwargs)) as context:
+        yield context
+
+
+# --------------------------------------------------------------------------------------------
+# Method wrapping.
+# --------------------------------------------------------------------------------------------
+
+
+def nowrap(fn: Callable) -> Callable:
+    """Marks a public module method as a plain helper: it is not run in the module's context.
+
+    Args:
+        fn: The method.
+
+    Returns:
+        `fn`, marked.
+    """
+    fn._nowrap = True  # pylint: disable=protected-access
+    return fn
+
+
+def _call_method_in_context(
+    module: Module, *args, method_fn: Callable, method_name: str, **kwargs
+) -> Any:
+    """Calls `method_fn(module, *args, **kwargs)` in `module`'s context.
+
+    If the current context belongs to an ancestor of `module`, child contexts are entered along
+    the path from that ancestor; if it belongs to `module` itself, none is entered.
+    """
+    with contextlib.ExitStack() as stack:
+        context = current_context()
+        if context is not None and context.module is not module:
+            for name in context.module.path_to_descendant_module(module):
+                stack.enter_context(child_context(name))
+        thunk = module._call_thunk(*args, method_fn=method_fn, **kwargs)  # pylint: disable=protected-access
+        return thunk()
+
+
+def _wrap_method_with_auto_child_context(*, method_fn: Callable, method_name: str) -> Callable:
+    """Returns an unbound wrapper of `method_fn` that runs it in the module's context."""
+
+    @functools.wraps(method_fn)
+    def wrapper(self, *args, **kwargs):
+        return _call_method_in_context(
+            self, *args, method_fn=method_fn, method_name=method_name, **kwargs
+        )
+
+    wrapper._auto_child_context = True  # pylint: disable=protected-access
+    return wrapper
+
+
+class _PostInitMeta(type):
+    """Metaclass calling `instance.__post_init__()` after `__init__`."""
+
+    def __call__(cls, *args, **kwargs):
+        instance = super().__call__(*args, **kwargs)
+        post_init = getattr(instance, "__post_init__", None)
+        if callable(post_init):
+            post_init()
+        return instance
+
+
+class Module(Configurable, metaclass=_PostInitMeta):
+    """A node in a tree of modules. See the module docstring."""
+
+    @config_class
+    class Config(Configurable.Config):
+        """Configures Module."""
+
+        # The module name; set by the parent's `_add_child` (the root must set it).
+        name: Required[str] = REQUIRED
+        # The maximum vlog level; None disables vlog.
+        vlog: Optional[int] = None
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg)
+        cfg = self._config
+        self._name = cfg.name
+        self._parent = parent
+        self._children: dict[str, Module] = {}
+        self._paths_to_shared_modules: dict[str, list[str]] = {}
+        self._vlog_level = cfg.vlog
+
+    def __post_init__(self):
+        # Wrap public methods once __init__ (which may add children) is done.
+        for method_name, method_fn in self._wrapped_methods_for_auto_child_context().items():
+            setattr(self, method_name, method_fn)
+
+    def _wrapped_methods_for_auto_child_context(self) -> dict[str, Callable]:
+        """Returns {name: bound wrapper} for the methods to run in this module's context."""
+        wrapped = {}
+        for method_name, method_fn in self._methods_to_wrap_for_auto_child_context().items():
+            fn = _wrap_method_with_auto_child_context(method_fn=method_fn, method_name=method_name)
+            wrapped[method_name] = partial_with_fn_metadata(fn, self)
+        return wrapped
+
+    def _methods_to_wrap_for_auto_child_context(self) -> dict[str, Callable]:
+        """Returns {name: unbound function} of public methods defined by subclasses of Module.
+
+        Methods marked `@nowrap`, private methods, properties, static/class methods and methods
+        that `Module` itself defines are not wrapped.
+        """
+        methods = {}
+        for name in dir(type(self)):
+            if name.startswith("_") or hasattr(Module, name):
+                continue
+            fn = inspect.getattr_static(type(self), name, None)
+            if not inspect.isfunction(fn) or getattr(fn, "_nowrap", False):
+                continue
+            if "self" not in inspect.signature(fn).parameters:
+                continue
+            methods[name] = fn
+        return methods
+
+    def _call_thunk(self, *args, method_fn: Callable, **kwargs) -> Callable[[], Any]:
+        """Returns a nullary function that runs `method_fn(self, *args, **kwargs)`.
+
+        Subclasses may override it to transform the call (e.g. BaseLayer applies remat).
+        """
+        return lambda: method_fn(self, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called when regular attribute lookup fails: look up children.
+        if name.startswith("_"):
+            try:
+                return self.__dict__[name]
+            except KeyError as e:
+                raise AttributeError(name) from e
+        children = self.__dict__.get("_children", {})
+        if name in children:
+            return children[name]
+        raise AttributeError(f"{name} is not an attribute or child of {self}")
+
+    @property
+    def parent(self) -> Optional[Module]:
+        """The parent module (None for the root)."""
+        return self._parent
+
+    @property
+    def name(self) -> str:
+        """The module name."""
+        return self._name
+
+    @property
+    def children(self) -> dict[str, Module]:
+        """The child modules by name, in creation order."""
+        return self._children
+
+    def path(self) -> str:
+        """The dotted path of names from the root module, e.g. `model.decoder.emb`."""
+        if self.parent is None:
+            return self.name
+        return f"{self.parent.path()}.{self.name}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__module__}.{type(self).__qualname__}@{self.path()}"
+
+    __str__ = __repr__
+
+    def vlog_is_on(self, level: int) -> bool:
+        """Whether `vlog(level, ...)` logs."""
+        return self._vlog_level is not None and level <= self._vlog_level
+
+    def vlog(self, level: int, msg: str, *args, **kwargs) -> None:
+        """Logs `msg % args` with the module path if `level <= cfg.vlog`."""
+        if self.vlog_is_on(level):
+            logging.info(f"@{self.path()} {msg}", *args, **kwargs)
+
+    def vprint(self, level: int, msg: str, *args, **kwargs) -> None:
+        """`jax.debug.print`s `msg` (which may format tensors) if `level <= cfg.vlog`."""
+        if self.vlog_is_on(level):
+            jax.debug.print(f"@{self.path()} {msg}", *args, **kwargs)
+
+    def _add_child(self, name: str, child_config: Module.Config, **kwargs) -> Module:
+        """Instantiates `child_config` as the child `name` of this module.
+
+        Missing REQUIRED fields are reported with their full path (e.g. `model.decoder.dim`).
+
+        Args:
+            name: The child name, [a-z][a-z0-9_]*.
+            child_config: The child's Module config (copied; the caller's is not modified).
+            **kwargs: Extra arguments for the child's `__init__`.
+
+        Returns:
+            The child module.
+
+        Raises:
+            ValueError: On an invalid name or a config whose name differs from `name`.
+            TypeError: If `child_config` is not a Module config.
+            ChildNameConflictError: If a child `name` already exists.
+        """
+        _validate_name(name, "child")
+        if not isinstance(child_config, Module.Config):
+            raise TypeError(
+                f"_add_child({name!r}) of {self.path()} expects a Module config, "
+                f"got {type(child_config).__name__}"
+            )
+        if name in self._children:
+            raise ChildNameConflictError(f"Child {name} already exists in {self.path()}")
+        child_config = copy.deepcopy(child_config)
+        if not isinstance(child_config.name, RequiredFieldValue) and child_config.name != name:
+            raise ValueError(
+                f"child_config already has a different name: {child_config.name} vs. {name}"
+            )
+        child_config.name = name
+
+        # Missing REQUIRED fields are reported relative to the root module (whose config is the
+        # root of the tree the user edits): `model.decoder.dim` for the root's child "model".
+        # Nested _add_child calls already have the ancestors in scope; otherwise enter them.
+        scope = _current_instantiation_scope()
+        ancestors = self.path().split(".")[1:]
+        with contextlib.ExitStack() as stack:
+            if ancestors and scope[len(scope) - len(ancestors) :] != ancestors:
+                for n in ancestors:
+                    stack.enter_context(instantiation_scope(n))
+            stack.enter_context(instantiation_scope(name))
+            module = child_config.instantiate(parent=self, **kwargs)
+        self._children[name] = module
+        return module
+
+    def path_to_descendant_module(self, module: Module) -> list[str]:
+        """Returns the child names from `self` down to `module`.
+
+        Raises:
+            ValueError: If `module` is not a descendant of `self`.
+        """
+        relative = []
+        node = module
+        while node is not None and node is not self:
+            relative.append(node.name)
+            node = node.parent
+        if node is None:
+            raise ValueError(
+                f"Module {module.path()} is not a descendant of {self.path()}: it cannot be "
+                "called from this context"
+            )
+        return list(reversed(relative))
+
+    def _share_with_descendants(self, module: Module, *, shared_module_name: str) -> None:
+        """Lets descendants find `module` (a descendant of self) via `get_shared_module`."""
+        relative = self.path_to_descendant_module(module)
+        if shared_module_name in self._paths_to_shared_modules:
+            raise ValueError(f"Shared module already exists under name {shared_module_name}")
+        self._paths_to_shared_modules[shared_module_name] = relative
+
+    class SharedModuleInfo(NamedTuple):
+        """A shared module and its state."""
+
+        module: Module
+        state: NestedTensor
+
+    def get_shared_module(self, shared_module_name: str) -> SharedModuleInfo:
+        """Returns the module (and state) shared under `shared_module_name` by the nearest ancestor.
+
+        Raises:
+            ValueError: If no ancestor shares that name.
+        """
+        context = self.get_invocation_context()
+        while context is not None and shared_module_name not in (
+            context.module._paths_to_shared_modules  # pylint: disable=protected-access
+        ):
+            context = context.parent
+        if context is None:
+            raise ValueError(
+                f"Module '{self.path()}' has no ancestor that shares '{shared_module_name}'"
+            )
+        target, state = context.module, context.state
+        for part in context.module._paths_to_shared_modules[shared_module_name]:  # pylint: disable=protected-access
+            target, state = target.children[part], state[part]
+        return Module.SharedModuleInfo(module=target, state=state)
+
+    def get_invocation_context(self) -> InvocationContext:
+        """Returns the current context, which must belong to this module.
+
+        Raises:
+            RuntimeError: Outside `functional(...)`, or if the current context belongs to another
+                module.
+        """
+        context = current_context()
+        if context is None:
+            raise RuntimeError(
+                f"No invocation context for {self.path()}. "
+                "Did you invoke the module inside functional(...)?"
+            )
+        if context.module is not self:
+            raise RuntimeError(
+                f"Module mismatch: the current context belongs to {context.module}, not {self}. "
+                "Are the module methods wrapped for auto child context (not @nowrap)?"
+            )
+        return context
+
+    @property
+    def is_training(self) -> bool:
+        """Whether the current invocation is in training mode."""
+        return self.get_invocation_context().is_training
+
+    @property
+    def prng_key(self) -> Tensor:
+        """The PRNG key of the current invocation."""
+        return self.get_invocation_context().prng_key
+
+    @property
+    def state(self) -> NestedTensor:
+        """The module's state in the current invocation."""
+        return self.get_invocation_context().state
+
+    def add_summary(self, name: str, value: Any) -> None:
+        """Adds a summary (tensor, Summary, or tree) named `name` to the current invocation."""
+        self.get_invocation_context().add_summary(name, value)
+
+    def add_state_update(self, name: str, value: Any) -> None:
+        """Adds a state update to the current invocation."""
+        self.get_invocation_context().add_state_update(name, value)
+
+    def add_module_output(self, name: str, value: Any) -> None:
+        """Adds a module output to the current invocation."""
+        self.get_invocation_context().add_module_output(name, value)
+
+    def get_module_outputs(self) -> NestedTensor:
+        """The module outputs added so far in the current invocation."""
+        return self.get_invocation_context().get_module_outputs()
+
+    def __call__(self, *args, **kwargs) -> Any:
+        """Shortcut for `self.forward(*args, **kwargs)`."""
+        return self.forward(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# Functional invocation.
+# --------------------------------------------------------------------------------------------
+
+
+def _copy_tree(tree: Any) -> Any:
+    """Copies the containers of a tree (leaves are shared) so callees cannot mutate the caller's."""
+    return jax.tree.map(lambda x: x, tree)
+
+
+@dataclasses.dataclass
+class _Functional:
+    """A pure-functional call of `method_fn` in (a copy of) `context`."""
+
+    method_fn: Callable
+    context: InvocationContext
+    require_parent: bool
+
+    def __call__(self, *args, **kwargs) -> tuple[Any, OutputCollection]:
+        context = dataclasses.replace(
+            self.context,
+            state=_copy_tree(self.context.state),
+            output_collection=_copy_tree(self.context.output_collection),
+        )
+        args, kwargs = _copy_tree((args, kwargs))
+        with set_current_context(context, require_parent=self.require_parent):
+            outputs = self.method_fn(*args, **kwargs)
+        return outputs, context.output_collection
+
+
+def functional(
+    module: Module,
+    prng_key: Optional[Tensor],
+    state: NestedTensor,
+    inputs: Union[Sequence[Any], dict[str, Any]],
+    *,
+    method: str = "forward",
+    is_training: bool,
+    drop_output_collections: Sequence[str] = ("module_outputs",),
+) -> tuple[Any, OutputCollection]:
+    """Invokes `module.<method>` as a pure function of its arguments.
+
+    Works under `jax.jit`, `jax.grad`, `jax.vmap` and `jax.lax.scan` (call it inside the
+    transformed function).
+
+    Args:
+        module: The (root) module to invoke.
+        prng_key: The PRNG key, or None if the computation needs no randomness.
+        state: The module's state, e.g. parameters from `initialize_parameters_recursively`.
+        inputs: Keyword arguments (a dict) or positional arguments (a sequence) of the method.
+        method: The method name.
+        is_training: Whether to run in training mode.
+        drop_output_collections: Names of OutputCollection fields to return empty.
+
+    Returns:
+        (method_outputs, output_collection).
+
+    Raises:
+        ValueError: If `drop_output_collections` names an unknown collection.
+    """
+    unknown = set(drop_output_collections) - set(OutputCollection._fields)
+    if unknown:
+        raise ValueError(f"Unknown output collections {sorted(unknown)}")
+    context = InvocationContext(
+        name="root",
+        parent=None,
+        module=module,
+        state=state,
+        is_training=is_training,
+        prng_key=prng_key,
+        output_collection=new_output_collection(),
+    )
+    if isinstance(inputs, dict):
+        args, kwargs = (), inputs
+    else:
+        args, kwargs = tuple(inputs), {}
+    fn = _Functional(method_fn=getattr(module, method), context=context, require_parent=True)
+    outputs, output_collection = fn(*args, **kwargs)
+    for name in drop_output_collections:
+        getattr(output_collection, name).clear()
+    return outputs, output_collection
+
+
+def scan_in_context(
+    fn: Callable,
+    *,
+    carry: NestedTensor,
+    xs: NestedTensor,
+    drop_output: Optional[Callable[[str], bool]] = None,
+    child_name_prefix: str = "iter",
+) -> tuple[NestedTensor, NestedTensor]:
+    """`jax.lax.scan` of `fn(carry, x) -> (carry, y)` in a child context of the current module.
+
+    Iteration i runs in a context whose output collection is stacked by the scan; summaries of
+    iteration i end up under `f"{child_name_prefix}{i}"`, module outputs and state updates
+    (stacked) under `child_name_prefix`.
+
+    Args:
+        fn: The scan body.
+        carry: The initial carry.
+        xs: A dict with key "xs" (the per-iteration inputs, leading axis N) and optionally other
+            context fields per iteration, e.g. "prng_key" ([N] keys) or "state".
+        drop_output: Optional predicate over output paths ("summaries/..."); True drops it.
+        child_name_prefix: Child name for the iteration outputs.
+
+    Returns:
+        (final carry, stacked ys).
+
+    Raises:
+        ValueError: Outside an invocation context.
+    """
+    ctx = current_context()
+    if ctx is None:
+        raise ValueError("scan_in_context() needs a current invocation context")
+
+    def body(carry_i, scan_i):
+        scan_i = dict(scan_i)
+        x_i = scan_i.pop("xs")
+        collection_i = new_output_collection()
+        with child_context(
+            child_name_prefix, module=ctx.module, output_collection=collection_i, **scan_i
+        ):
+            carry_i, y_i = fn(carry_i, x_i)
+        if drop_output is not None:
+            pruned = prune_tree(collection_i._asdict(), lambda path, _: drop_output(path))
+            collection_i = OutputCollection(
+                **{k: pruned.get(k, {}) for k in OutputCollection._fields}
+            )
+        return carry_i, dict(y_i=y_i, output_collection=collection_i)
+
+    carry, ys = jax.lax.scan(body, carry, xs)
+    propagate_repeated_output_collections(
+        ys["output_collection"],
+        child_name_prefix=child_name_prefix,
+        target_output_collection=ctx.output_collection,
+    )
+    return carry, ys["y_i"]

@@ -1,0 +1,488 @@
+"""Common tree, sharding and misc utilities shared by modules, layers, learners and trainers.
+
+Trees here are nested dicts (and lists/tuples) of arrays. Paths join keys with "/" by default,
+e.g. `decoder/emb/token_emb/weight`, the form used by regex rules in configs.
+
+This module imports jax but neither TensorFlow nor seqio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, NamedTuple, Optional, TypeVar, Union
+
+import jax
+import numpy as np
+from jax import numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from axlearn.common.config import is_named_tuple
+
+Tensor = jax.Array
+T = TypeVar("T")
+# A nested structure (dicts/lists/tuples) whose leaves are of type T. `Nested[Tensor]`.
+Nested = Union[T, dict[str, Any], list, tuple]
+NestedTree = Union[Any, dict[str, Any]]
+NestedTensor = Union[Tensor, dict[str, Any]]
+NestedPartitionSpec = Optional[Union[PartitionSpec, dict[str, Any]]]
+
+__all__ = [
+    "Nested",
+    "NestedPartitionSpec",
+    "NestedTensor",
+    "NestedTensorSpec",
+    "PartitionSpec",
+    "Tensor",
+    "TensorSpec",
+    "VDict",
+]
+
+
+@dataclasses.dataclass
+class TensorSpec:
+    """Specification of a tensor: shape, dtype and how it is partitioned over the mesh.
+
+    A dataclass (not a pytree node), so `jax.tree.map` treats it as a leaf.
+    """
+
+    # The tensor shape.
+    shape: Sequence[int]
+    # The dtype; None means "the owner's default".
+    dtype: Optional[Any] = None
+    # The partition spec: None (replicated) or a PartitionSpec/sequence with one entry per axis.
+    mesh_axes: Optional[PartitionSpec] = None
+
+    @property
+    def sharding(self) -> NamedSharding:
+        """The NamedSharding of this spec on the current mesh (see `current_mesh`)."""
+        mesh = current_mesh()
+        if mesh is None:
+            raise ValueError("TensorSpec.sharding needs a mesh: call inside `with mesh:`.")
+        return NamedSharding(mesh, PartitionSpec(*(self.mesh_axes or ())))
+
+
+NestedTensorSpec = Optional[Union[TensorSpec, dict[str, Any]]]
+
+
+# --------------------------------------------------------------------------------------------
+# Trees and paths.
+# --------------------------------------------------------------------------------------------
+
+
+@jax.tree_util.register_pytree_node_class
+class VDict(dict):
+    """A dict whose tensor leaves have a leading "vectorized" (stacked) axis, e.g. repeated layers.
+
+    It flattens like a dict (keys in insertion order) but keeps its type through tree maps.
+    """
+
+    def __repr__(self):
+        return f"VDict({super().__repr__()})"
+
+    def tree_flatten(self):
+        return list(self.values()), list(self.keys())
+
+    @classmethod
+    def tree_unflatten(cls, keys, values):
+        return cls(zip(keys, values))
+
+
+def _concat_path(prefix: str, key: Any, separator: str) -> str:
+    return f"{prefix}{separator}{key}" if prefix else f"{key}"
+
+
+def tree_paths(tree: NestedTree, separator: str = "/") -> NestedTree:
+    """Returns a tree of the same structure as `tree` whose leaves are their paths.
+
+    Example: `tree_paths({"a": 1, "b": [2, {"c": 3}]}) == {"a": "a", "b": ["b/0", {"c": "b/1/c"}]}`.
+    None is structure (not a leaf) and is kept as None.
+
+    Args:
+        tree: A nested structure of dicts, lists, tuples and named tuples.
+        separator: Joins the keys of a path.
+
+    Returns:
+        The tree of paths.
+    """
+
+    def visit(node, prefix):
+        if node is None:
+            return None
+        if isinstance(node, Mapping):
+            return type(node)(
+                (k, visit(v, _concat_path(prefix, k, separator))) for k, v in node.items()
+            )
+        if is_named_tuple(node):
+            return type(node)(**visit(node._asdict(), prefix))
+        if isinstance(node, (list, tuple)):
+            return type(node)(
+                [visit(v, _concat_path(prefix, i, separator)) for i, v in enumerate(node)]
+            )
+        return prefix
+
+    return visit(tree, "")
+
+
+def flatten_items(
+    tree: NestedTree, separator: str = "/", is_leaf: Optional[Callable[[Any], bool]] = None
+) -> list[tuple[str, Any]]:
+    """Flattens `tree` into a list of (path, leaf) pairs, in `jax.tree_util` leaf order.
+
+    Args:
+        tree: A nested structure.
+        separator: Joins the keys of a path.
+        is_leaf: Optional predicate: nodes for which it returns True are leaves.
+
+    Returns:
+        The (path, value) pairs.
+    """
+    keyed, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
+    return [(separator.join(_key_str(k) for k in path), value) for path, value in keyed]
+
+
+def _key_str(key: Any) -> str:
+    if isinstance(key, jax.tree_util.DictKey):
+        return str(key.key)
+    if isinstance(key, jax.tree_util.SequenceKey):
+        return str(key.idx)
+    if isinstance(key, jax.tree_util.GetAttrKey):
+        return str(key.name)
+    if isinstance(key, jax.tree_util.FlattenedIndexKey):
+        return str(key.key)
+    return str(key)
+
+
+def shapes(nested_tensor: NestedTree) -> NestedTree:
+    """Returns a tree of the same structure with each array replaced by its shape.
+
+    Args:
+        nested_tensor: A tree of arrays (or ShapeDtypeStructs).
+
+    Returns:
+        The tree of shapes (tuples); non-array leaves are kept.
+    """
+    return jax.tree.map(lambda x: getattr(x, "shape", x), nested_tensor)
+
+
+def get_recursively(
+    x: NestedTree, path: Union[str, Sequence[str]], separator: str = "/"
+) -> NestedTree:
+    """Returns `x[k1][k2]...` for the keys of `path`.
+
+    Args:
+        x: A nested dict.
+        path: "a/b/c" (split on `separator`) or a sequence of keys; empty returns `x`.
+        separator: The separator of a string path.
+
+    Returns:
+        The subtree at `path`.
+
+    Raises:
+        KeyError: If a key is missing; the message names the path up to that key.
+    """
+    if not path:
+        return x
+    keys = path.split(separator) if isinstance(path, str) else list(path)
+    for i, key in enumerate(keys):
+        if not isinstance(x, Mapping) or key not in x:
+            raise KeyError(f"No entries found at path '{separator.join(map(str, keys[: i + 1]))}'")
+        x = x[key]
+    return x
+
+
+def set_recursively(
+    x: NestedTree, *, value: Any, path: Union[str, Sequence[str]], separator: str = "/"
+) -> None:
+    """Sets `x[k1][k2]...[kn] = value`, creating intermediate dicts as needed.
+
+    Args:
+        x: A nested dict (modified in place).
+        value: The value to set.
+        path: "a/b/c" or a sequence of keys; must not be empty.
+        separator: The separator of a string path.
+
+    Raises:
+        ValueError: If `path` is empty.
+    """
+    if not path:
+        raise ValueError("path must not be empty")
+    keys = path.split(separator) if isinstance(path, str) else list(path)
+    for key in keys[:-1]:
+        x = x.setdefault(key, {})
+    x[keys[-1]] = value
+
+
+def get_or_none(x: Optional[Mapping], key: Any) -> Any:
+    """Returns `x.get(key)`, or None when `x` is None."""
+    return None if x is None else x.get(key)
+
+
+def prune_tree(in_tree: NestedTree, should_prune: Callable[[str, NestedTree], bool], prefix=""):
+    """Returns a shallow copy of `in_tree` without the dict entries for which `should_prune` holds.
+
+    Args:
+        in_tree: A nested dict.
+        should_prune: Called with (path, subtree) after the subtree itself was pruned; True drops
+            the entry.
+        prefix: Path of `in_tree` (used in recursion).
+
+    Returns:
+        The pruned tree.
+    """
+    if isinstance(in_tree, dict):
+        out = type(in_tree)()
+        for k, v in in_tree.items():
+            path = _concat_path(prefix, k, "/")
+            v = prune_tree(v, should_prune, prefix=path)
+            if not should_prune(path, v):
+                out[k] = v
+        return out
+    return in_tree
+
+
+def prune_empty(in_tree: NestedTree) -> NestedTree:
+    """Returns a copy of `in_tree` with empty dicts (recursively) removed."""
+    return prune_tree(in_tree, lambda _, v: isinstance(v, dict) and not v)
+
+
+def count_model_params(tree: NestedTree) -> int:
+    """Returns the total number of elements over all array (or spec) leaves of `tree`."""
+    return int(sum(np.prod(x.shape, dtype=np.int64) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def match_regex_rules(
+    x: str, *, rules: Sequence[tuple[str, T]], default_value: Optional[T] = None
+) -> Optional[T]:
+    """Returns the value of the first rule whose regex fully matches `x`.
+
+    Args:
+        x: The string (usually a parameter path) to match.
+        rules: (regex, value) pairs, tried in order.
+        default_value: Returned when no rule matches.
+
+    Returns:
+        The matched value or `default_value`.
+    """
+    for regex, value in rules:
+        if re.fullmatch(regex, x):
+            return value
+    return default_value
+
+
+def partial_with_fn_metadata(fn: Callable, *args, **kwargs) -> Callable:
+    """`functools.partial` that keeps `fn`'s name, docstring and other metadata."""
+    partial_fn = functools.partial(fn, *args, **kwargs)
+    return functools.update_wrapper(partial_fn, fn)
+
+
+def as_tensor(x: Any) -> NestedTensor:
+    """Converts numbers, NumPy arrays (recursively in a tree) to jax arrays."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (int, float, complex, np.ndarray, np.generic)):
+        return jnp.asarray(x)
+    if isinstance(x, (Mapping, list, tuple)):
+        return jax.tree.map(as_tensor, x)
+    raise NotImplementedError(f"Cannot convert {type(x)} to a Tensor: {x}")
+
+
+def cast_floats(in_tree: NestedTensor, to_dtype: Optional[Any]) -> NestedTensor:
+    """Casts every floating-point array leaf of `in_tree` to `to_dtype` (None: no cast).
+
+    Args:
+        in_tree: A tree of arrays.
+        to_dtype: The target floating dtype, or None to return a copy of the tree.
+
+    Returns:
+        The cast tree; non-float leaves are unchanged.
+    """
+    if to_dtype is None:
+        return jax.tree.map(lambda x: x, in_tree)
+
+    def cast(x):
+        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating):
+            return x.astype(to_dtype)
+        return x
+
+    return jax.tree.map(cast, in_tree)
+
+
+def check_jax_type(*, args: Sequence = (), kwargs: Optional[dict] = None, msg: str = "") -> None:
+    """Raises ValueError if a leaf of (args, kwargs) is not a JAX/NumPy array or scalar."""
+    for path, leaf in flatten_items(dict(args=list(args), kwargs=kwargs or {})):
+        if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):
+            raise ValueError(f"{msg} Leaf {path} has non-JAX type {type(leaf)}: {leaf!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Meshes and shardings.
+# --------------------------------------------------------------------------------------------
+
+
+def current_mesh() -> Optional[jax.sharding.Mesh]:
+    """Returns the concrete mesh of the enclosing `with mesh:` / `jax.set_mesh(mesh)`, or None."""
+    from jax._src import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+
+    physical = mesh_lib.thread_resources.env.physical_mesh
+    if not physical.empty:
+        return physical
+    get_concrete = getattr(jax.sharding, "get_concrete_mesh", None) or getattr(
+        mesh_lib, "get_concrete_mesh", None
+    )
+    if get_concrete is not None:
+        concrete = get_concrete()
+        if concrete is not None and not getattr(concrete, "empty", True):
+            return concrete
+    return None
+
+
+def _current_abstract_mesh():
+    """The mesh visible while tracing (concrete or abstract), or None outside any mesh."""
+    mesh = current_mesh()
+    if mesh is not None:
+        return mesh
+    abstract = jax.sharding.get_abstract_mesh()
+    if abstract is not None and not abstract.empty:
+        return abstract
+    return None
+
+
+def with_sharding_constraint(x: Tensor, shardings: Any) -> Tensor:
+    """`jax.lax.with_sharding_constraint` inside a mesh of more than one device; else a no-op.
+
+    Args:
+        x: A tensor (or tree).
+        shardings: A PartitionSpec/NamedSharding (or a tree of them).
+
+    Returns:
+        `x`, constrained.
+    """
+    mesh = _current_abstract_mesh()
+    if mesh is None or mesh.size == 1:
+        return x
+    return jax.lax.with_sharding_constraint(x, shardings)
+
+
+def maybe_shard(x: Tensor, partition_spec: Optional[Sequence]) -> Tensor:
+    """Applies `with_sharding_constraint(x, PartitionSpec(*partition_spec))` unless spec is None.
+
+    Args:
+        x: The tensor.
+        partition_spec: One entry per axis of `x` (None entries replicate), or None.
+
+    Returns:
+        `x`, possibly constrained.
+
+    Raises:
+        ValueError: If the spec's length differs from `x.ndim`.
+    """
+    if partition_spec is None:
+        return x
+    if len(partition_spec) != x.ndim:
+        raise ValueError(
+            f"Partition spec {tuple(partition_spec)} has {len(partition_spec)} entries but the "
+            f"tensor has shape {x.shape}"
+        )
+    return with_sharding_constraint(x, PartitionSpec(*partition_spec))
+
+
+def _is_spec_leaf(x: Any) -> bool:
+    return x is None or isinstance(x, PartitionSpec)
+
+
+def partition_spec_to_named_sharding(
+    mesh: jax.sharding.Mesh, partition_specs: NestedPartitionSpec
+) -> Nested[NamedSharding]:
+    """Turns a tree of PartitionSpecs (None = fully replicated) into NamedShardings on `mesh`.
+
+    Args:
+        mesh: The device mesh.
+        partition_specs: A tree whose leaves are PartitionSpecs or None.
+
+    Returns:
+        The tree of NamedShardings.
+
+    Raises:
+        ValueError: If a spec names an axis the mesh does not have (the message gives the path).
+    """
+    axis_names = set(mesh.axis_names)
+
+    def to_sharding(path: str, spec: Optional[PartitionSpec]) -> NamedSharding:
+        spec = PartitionSpec() if spec is None else spec
+        for entry in spec:
+            for name in entry if isinstance(entry, (tuple, list)) else (entry,):
+                if name is not None and name not in axis_names:
+                    raise ValueError(
+                        f"Partition spec {spec} at '{path}' names mesh axis '{name}', which is not "
+                        f"among the mesh axes {tuple(mesh.axis_names)}"
+                    )
+        return NamedSharding(mesh, spec)
+
+    paths = tree_paths(partition_specs)
+    return jax.tree.map(
+        lambda p, s: to_sharding(p, s), paths, partition_specs, is_leaf=_is_spec_leaf
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Rematerialization policies.
+# --------------------------------------------------------------------------------------------
+
+# A regex (full match) over checkpoint names, or None for "no names".
+SavePattern = Optional[Union[str, re.Pattern]]
+
+
+class _RematDecisions(NamedTuple):
+    saveable: Any
+    recompute: Any
+    offloadable: Callable[..., Any]
+
+
+def _remat_decisions() -> _RematDecisions:
+    from jax._src.interpreters import partial_eval as pe  # pylint: disable=import-outside-toplevel
+
+    return _RematDecisions(pe.Saveable, pe.Recompute, pe.Offloadable)
+
+
+def save_and_offload_only_these_names_regex(
+    *,
+    names_which_can_be_saved: SavePattern,
+    names_which_can_be_offloaded: SavePattern,
+    offload_src: str = "device",
+    offload_dst: str = "pinned_host",
+) -> Callable[..., Any]:
+    """A `jax.checkpoint` policy keeping only tensors tagged with names that match regexes.
+
+    Tensors tagged by `jax.ad_checkpoint.checkpoint_name` (see `BaseLayer._remat_name`) whose name
+    fully matches `names_which_can_be_saved` are saved for the backward pass; those matching
+    `names_which_can_be_offloaded` are offloaded from `offload_src` to `offload_dst` memory; all
+    others are recomputed.
+
+    Args:
+        names_which_can_be_saved: Regex of names to save, or None.
+        names_which_can_be_offloaded: Regex of names to offload, or None.
+        offload_src: Memory kind to offload from.
+        offload_dst: Memory kind to offload to.
+
+    Returns:
+        The policy function for `jax.checkpoint(policy=...)`.
+    """
+    from jax._src.ad_checkpoint import name_p  # pylint: disable=import-outside-toplevel
+
+    decisions = _remat_decisions()
+    saved = re.compile(names_which_can_be_saved) if names_which_can_be_saved else None
+    offloaded = re.compile(names_which_can_be_offloaded) if names_which_can_be_offloaded else None
+
+    def policy(prim, *_, **params):
+        if prim is name_p:
+            name = params["name"]
+            if saved is not None and saved.fullmatch(name):
+                return decisions.saveable
+            if offloaded is not None and offloaded.fullmatch(name):
+                return decisions.offloadable(src=offload_src, dst=offload_dst)
+        return decisions.recompute
+
+    return policy
