@@ -1,0 +1,93 @@
+"""Checkpoints: TensorStore storage with a commit marker, save policies, async saves, resume.
+
+Layout: one directory per step, `<dir>/step_%08d/`, holding one zarr array per array leaf of
+the state (named by its tree path, under `gda/`) and an `index` file written last as the commit
+marker; the index lists every leaf's path, dtype, shape and per-chunk CRC-32 (JSON; no pickle).
+See docs/checkpoints.md.
+
+The implementation is split over this package's modules; every public name is re-exported here
+and reports `axlearn.common.checkpointer` as its module, so config dumps show the public path
+(e.g. 'axlearn.common.checkpointer.Checkpointer').
+"""
+
+from axlearn.common.checkpointer.core import Checkpointer
+from axlearn.common.checkpointer.faults import (
+    FAULT_ACTION_ENV,
+    FAULT_ENV,
+    FAULT_POINTS,
+    InjectedFault,
+)
+from axlearn.common.checkpointer.layout import (
+    CheckpointIndexError,
+    checkpoint_paths,
+    is_committed,
+    latest_checkpoint_path,
+    latest_checkpoint_step,
+    parse_step_from_dir,
+    read_index_file,
+    step_dir_name,
+    step_dirs,
+)
+from axlearn.common.checkpointer.multihost import BarrierTimeoutError
+from axlearn.common.checkpointer.policies import (
+    CheckpointPolicy,
+    every_n_steps_and_last_policy,
+    every_n_steps_policy,
+)
+from axlearn.common.checkpointer.storage import (
+    SaveStats,
+    StateStorage,
+    TensorStoreStateStorage,
+)
+from axlearn.common.checkpointer.tensorstore_restore import (
+    CheckpointCorruptionError,
+    RestoreStats,
+    StateMismatchError,
+)
+from axlearn.common.checkpointer.tensorstore_save import SaveResult
+from axlearn.common.checkpointer.verify import (
+    CheckpointInfo,
+    VerifyResult,
+    list_checkpoints,
+    read_state_spec,
+    verify_checkpoint,
+)
+
+__all__ = [
+    "BarrierTimeoutError",
+    "CheckpointCorruptionError",
+    "CheckpointIndexError",
+    "CheckpointInfo",
+    "CheckpointPolicy",
+    "Checkpointer",
+    "FAULT_ACTION_ENV",
+    "FAULT_ENV",
+    "FAULT_POINTS",
+    "InjectedFault",
+    "RestoreStats",
+    "SaveResult",
+    "SaveStats",
+    "StateMismatchError",
+    "StateStorage",
+    "TensorStoreStateStorage",
+    "VerifyResult",
+    "checkpoint_paths",
+    "every_n_steps_and_last_policy",
+    "every_n_steps_policy",
+    "is_committed",
+    "latest_checkpoint_path",
+    "latest_checkpoint_step",
+    "list_checkpoints",
+    "parse_step_from_dir",
+    "read_index_file",
+    "read_state_spec",
+    "step_dir_name",
+    "step_dirs",
+    "verify_checkpoint",
+]
+
+for _name in __all__:
+    _value = globals()[_name]
+    if getattr(_value, "__module__", "").startswith(__name__ + "."):
+        _value.__module__ = __name__
+del _name, _value

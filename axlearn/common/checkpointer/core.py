@@ -1,0 +1,301 @@
+"""Checkpointer: when to save (policy), where (`dir/step_%08d`), what to keep (GC), resume."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import TracebackType
+from typing import Any, Optional
+
+import jax
+from absl import logging
+
+from axlearn.common.checkpointer import layout, multihost, tensorstore_save
+from axlearn.common.checkpointer.policies import CheckpointPolicy, every_n_steps_policy
+from axlearn.common.checkpointer.storage import (
+    SaveResult,
+    SaveStats,
+    StateStorage,
+    TensorStoreStateStorage,
+)
+from axlearn.common.config import (
+    REQUIRED,
+    InstantiableConfig,
+    Required,
+    config_class,
+    config_for_function,
+)
+from axlearn.common.module import Module, nowrap
+
+
+class Checkpointer(Module):
+    """Saves state trees by policy, asynchronously; restores the newest committed one.
+
+    Usage:
+
+        cfg = Checkpointer.default_config().set(name="checkpointer", dir="/tmp/run/checkpoints")
+        ckpt = cfg.instantiate(parent=None)
+        with ckpt:  # Starts the GC thread; waits for the last save on exit.
+            step, state = ckpt.restore(state=abstract_state)  # step None: nothing to resume.
+            ...
+            stats = ckpt.save(step=step, state=state)  # None if the policy says no.
+    """
+
+    @config_class
+    class Config(Module.Config):
+        """Configures Checkpointer."""
+
+        # The checkpoint directory; step `s` goes to `dir/step_%08d`.
+        dir: Required[str] = REQUIRED
+        # How many of the newest committed checkpoints GC keeps (>= 1).
+        keep_last_n: int = 1
+        # If set, GC also keeps every committed checkpoint whose step is a multiple of this.
+        keep_every_n_steps: Optional[int] = None
+        # Seconds between runs of the GC thread (GC also runs after each commit).
+        gc_loop_interval_seconds: float = 60
+        # A config that instantiates to a CheckpointPolicy: whether to save at a step.
+        save_policy: InstantiableConfig = config_for_function(every_n_steps_policy)
+        # A config that instantiates to a StateStorage.
+        storage: StateStorage.Config = TensorStoreStateStorage.default_config()
+        # None or True: `save` returns after the snapshot and writes in the background;
+        # False: `save` returns once the checkpoint is committed.
+        async_save: Optional[bool] = None
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module] = None):
+        super().__init__(cfg, parent=parent)
+        cfg = self._config
+        if not isinstance(cfg.keep_last_n, int) or cfg.keep_last_n < 1:
+            raise ValueError(f"{self.path()}.keep_last_n must be >= 1, got {cfg.keep_last_n!r}")
+        if cfg.keep_every_n_steps is not None and cfg.keep_every_n_steps < 1:
+            raise ValueError(
+                f"{self.path()}.keep_every_n_steps must be None or >= 1, got "
+                f"{cfg.keep_every_n_steps!r}"
+            )
+        self._storage: StateStorage = cfg.storage.instantiate()
+        self._save_policy: CheckpointPolicy = cfg.save_policy.instantiate()
+        self._gc_lock = threading.Lock()
+        self._gc_stopping: Optional[threading.Event] = None
+        self._gc_thread: Optional[threading.Thread] = None
+        self._within_context = False
+        self._restore_count = 0
+
+    @property
+    def storage(self) -> StateStorage:
+        """The state storage."""
+        return self._storage
+
+    @nowrap
+    def ckpt_dir(self, step: int) -> str:
+        """Returns the directory of `step`: `dir/step_%08d`."""
+        return f"{self._config.dir.rstrip('/')}/{layout.step_dir_name(step)}"
+
+    def __enter__(self) -> Checkpointer:
+        if self._within_context:
+            raise ValueError(f"{self.path()} is already in a `with` block")
+        self._within_context = True
+        self.start_gc_thread()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
+        self._within_context = False
+        self.stop()
+
+    @nowrap
+    def start_gc_thread(self) -> None:
+        """Starts the GC thread on process 0 (it runs every `gc_loop_interval_seconds`)."""
+        if self._gc_thread is not None or jax.process_index() != 0:
+            return
+        self._gc_stopping = threading.Event()
+        self._gc_thread = threading.Thread(
+            name=f"{self.path()}.gc_loop", target=self._gc_loop, daemon=True
+        )
+        self._gc_thread.start()
+
+    def _gc_loop(self) -> None:
+        while not self._gc_stopping.wait(timeout=self._config.gc_loop_interval_seconds):
+            try:
+                self.run_garbage_collection()
+            except Exception as e:  # pylint: disable=broad-except
+                logging.warning("Checkpoint garbage collection failed: %s", e)
+
+    @nowrap
+    def stop(self) -> Optional[SaveResult]:
+        """Waits for the save in flight (re-raising its error) and stops the GC thread.
+
+        Returns:
+            The result of the save that was in flight, if any.
+        """
+        try:
+            return self.wait_until_finished()
+        finally:
+            if self._gc_thread is not None:
+                self._gc_stopping.set()
+                self._gc_thread.join()
+                self._gc_thread = None
+
+    @nowrap
+    def wait_until_finished(self) -> Optional[SaveResult]:
+        """Waits for the save in flight, if any, and re-raises its error.
+
+        Returns:
+            The result of the save that finished, or None if none was in flight.
+        """
+        return self._storage.wait_until_finished()
+
+    @nowrap
+    def save(
+        self,
+        *,
+        step: int,
+        state: Any,
+        evaler_summaries: Optional[dict[str, Any]] = None,
+        force: bool = False,
+    ) -> Optional[SaveStats]:
+        """Saves `state` as `step` if the save policy (or `force`) says so.
+
+        With async saves (the default) it waits for the previous save if one is still in flight,
+        takes a snapshot of `state` and returns; the state's buffers may be donated right after.
+        Call on every process with the same step.
+
+        Args:
+            step: The step, in [0, 10**8).
+            state: A pytree of jax.Arrays (any sharding), numpy arrays, bytes (saved per process,
+                e.g. input iterator state) and bool/int/float/str values.
+            evaler_summaries: Passed to the save policy.
+            force: Save even if the policy says no (e.g. on preemption).
+
+        Returns:
+            The cost to the caller (`blocking_s`, `wait_for_previous_s`, ...), or None if not saved.
+
+        Raises:
+            Exception: The error of the previous async save, if it failed.
+        """
+        if not force and not self._save_policy(step=step, evaler_summaries=evaler_summaries or {}):
+            return None
+        cfg = self._config
+        stats = self._storage.save_to_dir(
+            step=step,
+            state=state,
+            ckpt_dir=self.ckpt_dir(step),
+            on_commit_callback=self._on_commit,
+            async_save=cfg.async_save is None or bool(cfg.async_save),
+        )
+        logging.info(
+            "Checkpoint of step %d: caller blocked %.3fs (waiting for the previous save %.3fs, "
+            "%s snapshot %.3fs), %.3f GB from this process, host memory bound %.3f GB.",
+            step,
+            stats.blocking_s,
+            stats.wait_for_previous_s,
+            stats.snapshot,
+            stats.snapshot_s,
+            stats.num_bytes / 1e9,
+            stats.host_bytes / 1e9,
+        )
+        return stats
+
+    def _on_commit(self, step: int, ckpt_dir: str) -> None:
+        del step, ckpt_dir
+        try:
+            self.run_garbage_collection()
+        except Exception as e:  # pylint: disable=broad-except
+            logging.warning("Checkpoint garbage collection failed: %s", e)
+
+    @nowrap
+    def run_garbage_collection(self) -> list[str]:
+        """Removes old checkpoints and abandoned partial directories (on process 0 only).
+
+        Keeps the newest `keep_last_n` committed checkpoints and those whose step is a multiple
+        of `keep_every_n_steps`; never removes the newest committed checkpoint or the directory
+        being written. Uncommitted directories older than the newest committed one are abandoned
+        saves and are removed.
+
+        Returns:
+            The directories removed.
+        """
+        if jax.process_index() != 0:
+            return []
+        cfg = self._config
+        with self._gc_lock:
+            dirs = layout.step_dirs(cfg.dir)
+            committed = [step for step, path in dirs if layout.is_committed(path)]
+            if not committed:
+                return []
+            keep = set(committed[-cfg.keep_last_n :])
+            if cfg.keep_every_n_steps:
+                keep.update(s for s in committed if s % cfg.keep_every_n_steps == 0)
+            newest = committed[-1]
+            writing = self._storage.writing_dir()
+            committed_set = set(committed)
+            removed = []
+            for step, path in dirs:
+                if writing is not None and layout.parse_step_from_dir(writing) == step:
+                    continue
+                if step in committed_set:
+                    if step in keep:
+                        continue
+                elif step > newest:
+                    continue
+                logging.info("Removing checkpoint directory %s", path)
+                try:
+                    tensorstore_save.remove_step_dir(path)
+                    removed.append(path)
+                except OSError as e:
+                    logging.warning("Failed to remove %s: %s", path, e)
+            return removed
+
+    @nowrap
+    def latest_step(self) -> Optional[int]:
+        """The newest committed step under `dir` (see `latest_checkpoint_step`)."""
+        return layout.latest_checkpoint_step(self._config.dir)
+
+    @nowrap
+    def restore(self, *, step: Optional[int] = None, state: Any) -> tuple[Optional[int], Any]:
+        """Restores a committed checkpoint into the structure, shardings and dtypes of `state`.
+
+        Waits for a save in flight first. Call on every process.
+
+        Args:
+            step: The step to restore; None: the newest committed one (uncommitted or corrupt
+                directories are skipped with a warning that names them).
+            state: The target tree: jax.Arrays, or jax.ShapeDtypeStructs with shardings (any mesh
+                or device count: the saved shards are resharded), numpy arrays for host arrays,
+                and values/bytes of the same kinds as saved.
+
+        Returns:
+            (step, restored state), or (None, `state`) if `step` is None and nothing is committed.
+
+        Raises:
+            ValueError: If `step` is given but not committed.
+            StateMismatchError: If the target's structure, shapes or dtypes differ (naming leaves).
+            CheckpointCorruptionError: If a file is missing or corrupt (naming file and leaf).
+        """
+        cfg = self._config
+        self.wait_until_finished()
+        if step is None:
+            self._restore_count += 1
+            latest = None
+            if jax.process_index() == 0:
+                latest = layout.latest_checkpoint_step(cfg.dir)
+            value = multihost.broadcast_from_process_0(
+                f"axlearn_ckpt_restore/{self._restore_count}/{cfg.dir}",
+                None if jax.process_index() != 0 else ("" if latest is None else str(latest)),
+                timeout_s=float(getattr(self._storage.config, "timeout_secs", 3600)),
+            )
+            if value == "":
+                logging.info("No committed checkpoint under %s: nothing to restore.", cfg.dir)
+                return None, state
+            step = int(value)
+        ckpt_dir = self.ckpt_dir(step)
+        try:
+            index = layout.read_index_file(ckpt_dir)
+        except layout.CheckpointIndexError as e:
+            raise ValueError(f"Cannot restore step {step} from {ckpt_dir}: {e}") from e
+        start = time.perf_counter()
+        restored = self._storage.restore_from_dir(step, state, ckpt_dir=ckpt_dir, index=index)
+        logging.info("Restored %s in %.2fs.", ckpt_dir, time.perf_counter() - start)
+        return step, restored

@@ -1,0 +1,89 @@
+"""Save policies: functions of the step (and eval summaries) that say whether to save.
+
+A policy is built from a config, e.g.
+`config_for_function(every_n_steps_and_last_policy).set(n=5000, max_step=750000)`, and called as
+`policy(step=step, evaler_summaries=summaries) -> bool`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol
+
+
+class CheckpointPolicy(Protocol):
+    """Decides whether the checkpointer saves at a step."""
+
+    def __call__(self, *, step: int, evaler_summaries: dict[str, Any]) -> bool:
+        """Returns True iff a checkpoint should be saved at `step`.
+
+        Args:
+            step: The training step that just completed.
+            evaler_summaries: Evaler name -> summaries of that evaler at this step (None where
+                the evaler did not run).
+
+        Returns:
+            Whether to save.
+        """
+        raise NotImplementedError(type(self))
+
+
+def _check_positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def every_n_steps_policy(
+    n: int = 1, *, min_step: int = 1, max_step: Optional[int] = None
+) -> CheckpointPolicy:
+    """Returns a policy that saves at every step that is a multiple of `n`.
+
+    Args:
+        n: The save interval in steps.
+        min_step: No saves before this step.
+        max_step: If not None, no saves after this step.
+
+    Returns:
+        The policy.
+
+    Raises:
+        ValueError: If `n` is not a positive integer.
+    """
+    _check_positive("every_n_steps_policy.n", n)
+
+    def policy(*, step: int, evaler_summaries: dict[str, Any]) -> bool:
+        del evaler_summaries
+        if step < min_step or (max_step is not None and step > max_step):
+            return False
+        return step % n == 0
+
+    return policy
+
+
+def every_n_steps_and_last_policy(
+    n: int = 1, *, min_step: int = 1, max_step: int
+) -> CheckpointPolicy:
+    """Returns a policy that saves every `n` steps from `min_step` on, and at `max_step`.
+
+    Args:
+        n: The save interval in steps.
+        min_step: No periodic saves before this step.
+        max_step: The last training step; always saved. No saves after it.
+
+    Returns:
+        The policy.
+
+    Raises:
+        ValueError: If `n` is not a positive integer.
+    """
+    periodic = every_n_steps_policy(n=n, min_step=min_step, max_step=max_step)
+
+    def policy(*, step: int, evaler_summaries: dict[str, Any]) -> bool:
+        return step == max_step or periodic(step=step, evaler_summaries=evaler_summaries)
+
+    return policy
+
+
+# Report the public path (the one config dumps show) for the policy functions.
+for _fn in (every_n_steps_policy, every_n_steps_and_last_policy):
+    _fn.__module__ = "axlearn.common.checkpointer"
+del _fn

@@ -1,0 +1,124 @@
+"""State trees as checkpoints see them: leaf paths, leaf kinds, dtypes and zarr specs."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import jax
+import numpy as np
+from jax import numpy as jnp
+
+from axlearn.common.checkpointer import layout
+from axlearn.common.utils import TensorSpec, flatten_items
+
+# Python values stored inline in the index.
+VALUE_TYPES = (bool, int, float, str)
+
+
+def is_state_leaf(x: Any) -> bool:
+    """Leaves of a target tree: arrays, array specs and host values (not containers)."""
+    return isinstance(x, (jax.Array, jax.ShapeDtypeStruct, TensorSpec, np.ndarray, np.generic))
+
+
+def flatten_state(state: Any) -> tuple[list[tuple[str, Any]], Any]:
+    """Flattens `state` into (disk path, leaf) pairs in `jax.tree_util` order, and its treedef.
+
+    Args:
+        state: A pytree.
+
+    Returns:
+        (pairs, treedef).
+
+    Raises:
+        ValueError: If a leaf path cannot name a file, or two leaves map to the same path.
+    """
+    items = flatten_items(state, is_leaf=is_state_leaf)
+    treedef = jax.tree_util.tree_structure(state, is_leaf=is_state_leaf)
+    pairs = []
+    seen = set()
+    for path, leaf in items:
+        disk_path = layout.validate_leaf_path(path)
+        if disk_path in seen:
+            raise ValueError(f"Two state leaves have the same checkpoint path {disk_path!r}")
+        seen.add(disk_path)
+        pairs.append((disk_path, leaf))
+    return pairs, treedef
+
+
+def dtype_name(dtype: Any) -> str:
+    """Returns the numpy name of a dtype ('float32', 'bfloat16', ...)."""
+    return np.dtype(dtype).name
+
+
+def parse_dtype(name: str) -> np.dtype:
+    """Returns the dtype named `name` (including ml_dtypes such as bfloat16)."""
+    return np.dtype(jnp.dtype(name))
+
+
+def zarr_dtype(dtype: np.dtype) -> str:
+    """Returns the zarr v2 dtype string TensorStore expects ('<f4', 'bfloat16', ...)."""
+    dtype = np.dtype(dtype)
+    return dtype.name if dtype.str[1] == "V" else dtype.str
+
+
+def zarr_spec(path: str, *, shape, dtype, chunk_shape) -> dict:
+    """Returns the TensorStore spec of an uncompressed zarr v2 array on the local filesystem.
+
+    Args:
+        path: The array directory.
+        shape: The array shape.
+        dtype: The numpy dtype.
+        chunk_shape: The chunk shape (entries of 0 become 1).
+
+    Returns:
+        The spec dict.
+    """
+    return {
+        "driver": "zarr",
+        "kvstore": {"driver": "file", "path": path},
+        "metadata": {
+            "shape": [int(d) for d in shape],
+            "chunks": [max(1, int(c)) for c in chunk_shape],
+            "dtype": zarr_dtype(dtype),
+            "compressor": None,
+            "filters": None,
+            "fill_value": None,
+            "order": "C",
+            "dimension_separator": ".",
+            "zarr_format": 2,
+        },
+    }
+
+
+def crc32_hex(data: Any) -> str:
+    """Returns the CRC-32 of an array's bytes (C order) or of a bytes object, as 8 hex digits."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return f"{zlib.crc32(data):08x}"
+    flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    return f"{zlib.crc32(flat):08x}"
+
+
+Region = tuple[tuple[int, int], ...]
+
+
+def normalize_index(index: tuple, shape: tuple[int, ...]) -> Region:
+    """Returns ((start, stop), ...) of a tuple of slices over an array of `shape`."""
+    result = []
+    for i, dim in enumerate(shape):
+        s = index[i] if i < len(index) else slice(None)
+        start, stop, step = s.indices(dim)
+        if step != 1:
+            raise ValueError(f"Strided shard index {index} is not supported")
+        result.append((start, stop))
+    return tuple(result)
+
+
+def region_slices(region: Region) -> tuple[slice, ...]:
+    """Returns the tuple of slices of a region."""
+    return tuple(slice(a, b) for a, b in region)
+
+
+def region_shape(region: Region) -> tuple[int, ...]:
+    """Returns the shape of a region."""
+    return tuple(b - a for a, b in region)

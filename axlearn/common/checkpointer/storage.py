@@ -1,0 +1,288 @@
+"""State storages: how a checkpointer writes and reads the state of one step directory."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import threading
+import time
+import zlib
+from typing import Any, Callable, Optional
+
+import tensorstore as ts
+
+from axlearn.common.checkpointer import layout, tensorstore_restore, tensorstore_save
+from axlearn.common.checkpointer.tensorstore_save import SaveResult
+from axlearn.common.config import Configurable, config_class
+
+# Host staging budget when `max_concurrent_gb` is None.
+_DEFAULT_CONCURRENT_GB = 1.0
+
+
+@dataclasses.dataclass
+class SaveStats:
+    """What a `save` call cost its caller (returned as soon as `save` returns).
+
+    Attributes:
+        step: The step saved.
+        blocking_s: Seconds the caller was blocked in `save`, everything included: charge this
+            to the step that called it.
+        wait_for_previous_s: Part of `blocking_s` spent waiting for the previous save to finish
+            (at most one save is in flight).
+        snapshot_s: Part of `blocking_s` spent taking the snapshot (device-to-host copy, or
+            dispatching the on-device copy).
+        snapshot: Where the snapshot lives while it is written: "device" or "host".
+        num_bytes: Bytes of array data this process writes.
+        host_bytes: Upper bound of host memory this save holds on this process.
+        async_save: Whether the write continues in the background.
+    """
+
+    step: int
+    blocking_s: float
+    wait_for_previous_s: float
+    snapshot_s: float
+    snapshot: str
+    num_bytes: int
+    host_bytes: int
+    async_save: bool
+
+
+class StateStorage(Configurable):
+    """Writes and reads the state of one step directory."""
+
+    def save_to_dir(
+        self,
+        *,
+        step: int,
+        state: Any,
+        ckpt_dir: str,
+        on_commit_callback: Optional[Callable[[int, str], None]] = None,
+        async_save: bool = True,
+    ) -> SaveStats:
+        """Saves `state` into `ckpt_dir`; with `async_save`, the write finishes in the background.
+
+        Args:
+            step: The step.
+            state: The state tree.
+            ckpt_dir: The step directory.
+            on_commit_callback: Called as `(step, ckpt_dir)` on process 0 after the commit.
+            async_save: Whether to return before the write is done.
+
+        Returns:
+            The cost to the caller.
+        """
+        raise NotImplementedError(type(self))
+
+    def wait_until_finished(self) -> Optional[SaveResult]:
+        """Waits for the save in flight, if any; re-raises its error.
+
+        Returns:
+            The result of the save that finished, or None if none was in flight.
+        """
+        raise NotImplementedError(type(self))
+
+    def writing_dir(self) -> Optional[str]:
+        """The step directory being written, if any."""
+        raise NotImplementedError(type(self))
+
+    def restore_from_dir(
+        self, step: int, state: Any, *, ckpt_dir: str, index: Optional[dict] = None
+    ) -> Any:
+        """Restores the state saved in `ckpt_dir` into the structure/shardings of `state`.
+
+        Args:
+            step: The step (checked against the index).
+            state: The target tree.
+            ckpt_dir: The committed step directory.
+            index: Its parsed index, if already read.
+
+        Returns:
+            The restored tree.
+        """
+        raise NotImplementedError(type(self))
+
+
+class TensorStoreStateStorage(StateStorage):
+    """One zarr array per array leaf via TensorStore, a CRC-32 per chunk, `index` written last.
+
+    See `axlearn.common.checkpointer.tensorstore_save` and `...tensorstore_restore`.
+    """
+
+    @config_class
+    class Config(StateStorage.Config):
+        """Configures TensorStoreStateStorage."""
+
+        # Time-out in seconds of each cross-process barrier and each TensorStore operation.
+        timeout_secs: float = 3600
+        # Max GB of host buffers in flight while writing a device snapshot or reading chunks.
+        # None: 1 GB.
+        max_concurrent_gb: Optional[float] = None
+        # Where the consistent copy lives while written: "device" (save blocks only to dispatch
+        # a device copy) or "host" (save blocks for the device-to-host copy, no extra device
+        # memory). None: "device" on CPU, "host" on accelerators.
+        snapshot: Optional[str] = None
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        cfg = self._config
+        if cfg.snapshot is not None and cfg.snapshot not in tensorstore_save.SNAPSHOT_MODES:
+            raise ValueError(
+                f"TensorStoreStateStorage.snapshot must be one of "
+                f"{tensorstore_save.SNAPSHOT_MODES} or None, got {cfg.snapshot!r}"
+            )
+        if cfg.max_concurrent_gb is not None and cfg.max_concurrent_gb <= 0:
+            raise ValueError(
+                f"TensorStoreStateStorage.max_concurrent_gb must be > 0, got "
+                f"{cfg.max_concurrent_gb}"
+            )
+        self._context = ts.Context(
+            {
+                "file_io_concurrency": {"limit": 64},
+                "data_copy_concurrency": {"limit": max(2, os.cpu_count() or 2)},
+            }
+        )
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._future: Optional[concurrent.futures.Future] = None
+        self._writing_dir: Optional[str] = None
+        self._lock = threading.Lock()
+        self._save_count = 0
+        self._last_result: Optional[SaveResult] = None
+        self.last_restore_stats: Optional[tensorstore_restore.RestoreStats] = None
+
+    @property
+    def _budget_bytes(self) -> int:
+        gb = self._config.max_concurrent_gb
+        return int((_DEFAULT_CONCURRENT_GB if gb is None else gb) * 1e9)
+
+    def snapshot_mode(self) -> str:
+        """The snapshot mode in effect ("device" or "host")."""
+        return self._config.snapshot or tensorstore_save.default_snapshot_mode()
+
+    def writing_dir(self) -> Optional[str]:
+        with self._lock:
+            return self._writing_dir
+
+    def _wait(self) -> Optional[SaveResult]:
+        future = self._future
+        if future is None:
+            return None
+        try:
+            result = future.result()
+        finally:
+            self._future = None
+            with self._lock:
+                self._writing_dir = None
+        self._last_result = result
+        return result
+
+    def wait_until_finished(self) -> Optional[SaveResult]:
+        return self._wait()
+
+    def save_to_dir(
+        self,
+        *,
+        step: int,
+        state: Any,
+        ckpt_dir: str,
+        on_commit_callback: Optional[Callable[[int, str], None]] = None,
+        async_save: bool = True,
+    ) -> SaveStats:
+        cfg = self._config
+        start = time.perf_counter()
+        self._wait()
+        waited = time.perf_counter()
+        self._save_count += 1
+        dir_key = f"{zlib.crc32(os.path.abspath(ckpt_dir).encode()):08x}"
+        plan = tensorstore_save.snapshot_state(
+            step=step,
+            state=state,
+            ckpt_dir=ckpt_dir,
+            barrier_prefix=f"axlearn_ckpt/{dir_key}/{self._save_count}",
+            snapshot_mode=self.snapshot_mode(),
+        )
+        snapshotted = time.perf_counter()
+        write = dict(
+            context=self._context,
+            budget_bytes=self._budget_bytes,
+            timeout_s=float(cfg.timeout_secs),
+            on_commit=on_commit_callback,
+        )
+        with self._lock:
+            self._writing_dir = ckpt_dir
+        if async_save:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="axlearn_checkpoint_writer"
+                )
+            self._future = self._executor.submit(tensorstore_save.write_snapshot, plan, **write)
+        else:
+            try:
+                self._last_result = tensorstore_save.write_snapshot(plan, **write)
+            finally:
+                with self._lock:
+                    self._writing_dir = None
+        host_bytes = plan.snapshot_host_bytes
+        if plan.snapshot_mode == "device":
+            host_bytes += min(self._budget_bytes, plan.num_bytes)
+        done = time.perf_counter()
+        return SaveStats(
+            step=step,
+            blocking_s=done - start,
+            wait_for_previous_s=waited - start,
+            snapshot_s=snapshotted - waited,
+            snapshot=plan.snapshot_mode,
+            num_bytes=plan.num_bytes,
+            host_bytes=host_bytes,
+            async_save=async_save,
+        )
+
+    def restore_from_dir(
+        self, step: int, state: Any, *, ckpt_dir: str, index: Optional[dict] = None
+    ) -> Any:
+        """See `StateStorage.restore_from_dir`.
+
+        Args:
+            step: The step (checked against the index).
+            state: The target tree.
+            ckpt_dir: The committed step directory.
+            index: Its parsed index, if already read.
+
+        Returns:
+            The restored tree.
+
+        Raises:
+            layout.CheckpointIndexError: If the index is missing/unreadable or names another step.
+            tensorstore_restore.StateMismatchError: If the target does not match.
+            tensorstore_restore.CheckpointCorruptionError: If a file is missing or corrupt.
+        """
+        if index is None:
+            index = layout.read_index_file(ckpt_dir)
+        if index["step"] != step:
+            raise layout.CheckpointIndexError(
+                f"{ckpt_dir}/{layout.INDEX_FILE} is for step {index['step']}, expected {step}"
+            )
+        restored, stats = tensorstore_restore.restore_state(
+            ckpt_dir=ckpt_dir,
+            index=index,
+            state=state,
+            context=self._context,
+            budget_bytes=self._budget_bytes,
+            timeout_s=float(self._config.timeout_secs),
+        )
+        self.last_restore_stats = stats
+        return restored
+
+    @property
+    def last_save_result(self) -> Optional[SaveResult]:
+        """The result of the last save that finished (after `wait_until_finished`)."""
+        return self._last_result
+
+    def close(self) -> None:
+        """Waits for the save in flight and stops the writer thread."""
+        try:
+            self._wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None

@@ -1,0 +1,349 @@
+"""The restore path of TensorStoreStateStorage: straight into the target shardings.
+
+For every array leaf, each process reads only the chunks that overlap the shards its devices
+hold under the *target* sharding, which may come from a different mesh or device count than
+the one saved (resharding). Every chunk read is checked against the CRC-32 in the index, so a
+truncated, altered or missing chunk file fails the restore with an error that names the file and
+the leaf. Reads are issued for a group of leaves at a time, at most `budget_bytes` of chunks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import time
+from typing import Any, Optional
+
+import jax
+import numpy as np
+import tensorstore as ts
+
+from axlearn.common.checkpointer import layout, state_tree
+from axlearn.common.utils import TensorSpec
+
+
+class CheckpointCorruptionError(ValueError):
+    """A checkpoint file is missing, truncated or does not match its checksum."""
+
+
+class StateMismatchError(ValueError):
+    """The target state does not match the checkpoint's structure, shapes or dtypes."""
+
+
+@dataclasses.dataclass
+class RestoreStats:
+    """What a restore read on this process.
+
+    Attributes:
+        step: The step restored.
+        num_bytes: Bytes of chunk data read.
+        seconds: Wall time of the restore.
+    """
+
+    step: int
+    num_bytes: int
+    seconds: float
+
+
+def _describe(dtype, shape) -> str:
+    return f"{state_tree.dtype_name(dtype)}{list(shape)}"
+
+
+def _target_kind(leaf: Any) -> str:
+    if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct, TensorSpec, np.ndarray, np.generic)):
+        return layout.KIND_ARRAY
+    if isinstance(leaf, bytes):
+        return layout.KIND_BYTES
+    return layout.KIND_VALUE
+
+
+def _target_sharding(leaf: Any) -> Optional[jax.sharding.Sharding]:
+    """The sharding to restore into; None means a host numpy array."""
+    if isinstance(leaf, (np.ndarray, np.generic)):
+        return None
+    if isinstance(leaf, jax.Array):
+        return leaf.sharding
+    if isinstance(leaf, TensorSpec):
+        return leaf.sharding
+    if leaf.sharding is not None:
+        return leaf.sharding
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+
+def check_target(ckpt_dir: str, index: dict, pairs: list[tuple[str, Any]]) -> dict[str, dict]:
+    """Checks the target leaves against the index; returns {path: index entry}.
+
+    Raises:
+        StateMismatchError: Naming every missing, unexpected or mismatched leaf.
+    """
+    entries = {leaf["path"]: leaf for leaf in index["leaves"]}
+    target_paths = [p for p, _ in pairs]
+    problems = []
+    missing = [p for p in target_paths if p not in entries]
+    extra = sorted(set(entries) - set(target_paths))
+    if missing:
+        problems.append(f"not in the checkpoint: {missing}")
+    if extra:
+        problems.append(f"in the checkpoint but not in the target state: {extra}")
+    for path, leaf in pairs:
+        entry = entries.get(path)
+        if entry is None:
+            continue
+        kind = _target_kind(leaf)
+        if kind != entry["kind"]:
+            problems.append(f"{path!r}: the checkpoint holds a {entry['kind']}, target a {kind}")
+            continue
+        if kind != layout.KIND_ARRAY:
+            continue
+        saved_dtype = state_tree.parse_dtype(entry["dtype"])
+        saved_shape = tuple(entry["shape"])
+        dtype = getattr(leaf, "dtype", None)
+        dtype = saved_dtype if dtype is None else np.dtype(dtype)
+        shape = tuple(leaf.shape)
+        if dtype != saved_dtype or shape != saved_shape:
+            problems.append(
+                f"{path!r}: the checkpoint holds {_describe(saved_dtype, saved_shape)}, "
+                f"the target expects {_describe(dtype, shape)}"
+            )
+    if problems:
+        raise StateMismatchError(
+            f"Cannot restore {ckpt_dir} into the target state:\n  " + "\n  ".join(problems)
+        )
+    return entries
+
+
+@dataclasses.dataclass
+class _LeafRead:
+    index: int  # Position among the target leaves.
+    path: str
+    entry: dict
+    sharding: Optional[jax.sharding.Sharding]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    # Target regions this process needs (unique), and chunks (key -> region) covering them.
+    regions: list[state_tree.Region]
+    chunks: dict[str, state_tree.Region]
+
+    @property
+    def chunk_bytes(self) -> int:
+        return (
+            sum(
+                int(np.prod(state_tree.region_shape(r), dtype=np.int64))
+                for r in self.chunks.values()
+            )
+            * self.dtype.itemsize
+        )
+
+
+def _plan_leaf(i: int, path: str, leaf: Any, entry: dict) -> _LeafRead:
+    shape = tuple(entry["shape"])
+    dtype = state_tree.parse_dtype(entry["dtype"])
+    chunk_shape = tuple(max(1, c) for c in entry["chunk_shape"])
+    sharding = _target_sharding(leaf)
+    if sharding is None:
+        regions = [tuple((0, d) for d in shape)]
+    else:
+        regions = sorted(
+            {
+                state_tree.normalize_index(idx, shape)
+                for idx in sharding.addressable_devices_indices_map(shape).values()
+            }
+        )
+    chunks: dict[str, state_tree.Region] = {}
+    for region in regions:
+        if any(a == b for a, b in region):
+            continue
+        ranges = [range(a // c, -(-b // c)) for (a, b), c in zip(region, chunk_shape)]
+        for grid in itertools.product(*ranges):
+            key = layout.chunk_key(grid)
+            if key not in chunks:
+                chunks[key] = tuple(
+                    (g * c, min((g + 1) * c, d)) for g, c, d in zip(grid, chunk_shape, shape)
+                )
+    return _LeafRead(
+        index=i,
+        path=path,
+        entry=entry,
+        sharding=sharding,
+        shape=shape,
+        dtype=dtype,
+        regions=regions,
+        chunks=chunks,
+    )
+
+
+def _intersect(a: state_tree.Region, b: state_tree.Region) -> Optional[state_tree.Region]:
+    result = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
+    if any(lo >= hi for lo, hi in result):
+        return None
+    return result
+
+
+def _assemble(region: state_tree.Region, read: _LeafRead, data: dict[str, np.ndarray]):
+    """Returns the numpy array of `region` built from the chunks read."""
+    shape = state_tree.region_shape(region)
+    if 0 in shape:
+        return np.zeros(shape, read.dtype)
+    for key, chunk_region in read.chunks.items():
+        if chunk_region == region:
+            return data[key]
+    out = np.empty(shape, read.dtype)
+    for key, chunk_region in read.chunks.items():
+        overlap = _intersect(region, chunk_region)
+        if overlap is None:
+            continue
+        dst = tuple(slice(lo - r0, hi - r0) for (lo, hi), (r0, _) in zip(overlap, region))
+        src = tuple(slice(lo - c0, hi - c0) for (lo, hi), (c0, _) in zip(overlap, chunk_region))
+        out[dst] = data[key][src]
+    return out
+
+
+class _Reader:
+    def __init__(self, ckpt_dir: str, *, context: ts.Context, timeout_s: float):
+        self.ckpt_dir = ckpt_dir
+        self.context = context
+        self.timeout_s = timeout_s
+        self.num_bytes = 0
+
+    def _chunk_file(self, read: _LeafRead, key: str) -> str:
+        return os.path.join(self.ckpt_dir, read.entry["file"], key)
+
+    def read_group(self, group: list[_LeafRead]) -> dict[int, dict[str, np.ndarray]]:
+        """Issues every chunk read of `group`, then waits and verifies them."""
+        pending = []
+        for read in group:
+            if not read.chunks:
+                continue
+            for key in read.chunks:
+                chunk_file = self._chunk_file(read, key)
+                if not os.path.isfile(chunk_file):
+                    raise CheckpointCorruptionError(
+                        f"Chunk file {chunk_file} of leaf {read.path!r} is missing"
+                    )
+            spec = state_tree.zarr_spec(
+                os.path.join(self.ckpt_dir, read.entry["file"]),
+                shape=read.shape,
+                dtype=read.dtype,
+                chunk_shape=read.entry["chunk_shape"],
+            )
+            store = ts.open(spec, open=True, assume_metadata=True, context=self.context).result(
+                timeout=self.timeout_s
+            )
+            for key, region in read.chunks.items():
+                pending.append((read, key, store[state_tree.region_slices(region)].read()))
+        result: dict[int, dict[str, np.ndarray]] = {read.index: {} for read in group}
+        for read, key, future in pending:
+            chunk_file = self._chunk_file(read, key)
+            try:
+                data = future.result(timeout=self.timeout_s)
+            except Exception as e:  # pylint: disable=broad-except
+                raise CheckpointCorruptionError(
+                    f"Reading chunk file {chunk_file} of leaf {read.path!r} failed: {e}"
+                ) from e
+            expected = read.entry["checksum"].get("crc32", {}).get(key)
+            actual = state_tree.crc32_hex(data)
+            if expected != actual:
+                raise CheckpointCorruptionError(
+                    f"Chunk file {chunk_file} of leaf {read.path!r} does not match its checksum "
+                    f"(index: {expected}, file: {actual}): the file was altered or truncated"
+                )
+            self.num_bytes += data.nbytes
+            result[read.index][key] = data
+        return result
+
+    def read_bytes_leaf(self, path: str, entry: dict) -> bytes:
+        me = str(jax.process_index())
+        info = entry["per_process"].get(me)
+        if info is None:
+            raise CheckpointCorruptionError(
+                f"Leaf {path!r} of {self.ckpt_dir} has no value for process {me} (saved by "
+                f"processes {sorted(entry['per_process'])})"
+            )
+        file = os.path.join(self.ckpt_dir, info["file"])
+        try:
+            with open(file, "rb") as f:
+                value = f.read()
+        except OSError as e:
+            raise CheckpointCorruptionError(f"File {file} of leaf {path!r}: {e}") from e
+        if len(value) != info["size"] or state_tree.crc32_hex(value) != info["checksum"]:
+            raise CheckpointCorruptionError(
+                f"File {file} of leaf {path!r} does not match its size/checksum in the index"
+            )
+        return value
+
+
+def restore_state(
+    *,
+    ckpt_dir: str,
+    index: dict,
+    state: Any,
+    context: ts.Context,
+    budget_bytes: int,
+    timeout_s: float,
+) -> tuple[Any, RestoreStats]:
+    """Restores `ckpt_dir` into the structure, shardings and dtypes of `state`.
+
+    Args:
+        ckpt_dir: The committed step directory.
+        index: Its parsed index.
+        state: The target tree: jax.Arrays or jax.ShapeDtypeStructs (with shardings) or
+            TensorSpecs for sharded arrays, numpy arrays for host arrays, and values/bytes.
+        context: The TensorStore context.
+        budget_bytes: Maximum bytes of chunks read at a time.
+        timeout_s: Time-out of each TensorStore operation.
+
+    Returns:
+        (restored state, stats).
+
+    Raises:
+        StateMismatchError: If the target does not match the checkpoint (naming leaves).
+        CheckpointCorruptionError: If a file is missing or corrupt (naming file and leaf).
+    """
+    start = time.perf_counter()
+    pairs, treedef = state_tree.flatten_state(state)
+    entries = check_target(ckpt_dir, index, pairs)
+    reader = _Reader(ckpt_dir, context=context, timeout_s=timeout_s)
+    out: list[Any] = [None] * len(pairs)
+    reads = []
+    for i, (path, leaf) in enumerate(pairs):
+        entry = entries[path]
+        if entry["kind"] == layout.KIND_VALUE:
+            out[i] = entry["value"]
+        elif entry["kind"] == layout.KIND_BYTES:
+            out[i] = reader.read_bytes_leaf(path, entry)
+        else:
+            reads.append(_plan_leaf(i, path, leaf, entry))
+    group: list[_LeafRead] = []
+    group_bytes = 0
+
+    def flush():
+        nonlocal group, group_bytes
+        if not group:
+            return
+        data = reader.read_group(group)
+        for read in group:
+            regions = {r: _assemble(r, read, data[read.index]) for r in read.regions}
+            if read.sharding is None:
+                out[read.index] = regions[read.regions[0]]
+            else:
+                out[read.index] = jax.make_array_from_callback(
+                    read.shape,
+                    read.sharding,
+                    lambda idx, read=read, regions=regions: regions[
+                        state_tree.normalize_index(idx, read.shape)
+                    ],
+                )
+        group, group_bytes = [], 0
+
+    for read in reads:
+        if group and group_bytes + read.chunk_bytes > budget_bytes:
+            flush()
+        group.append(read)
+        group_bytes += read.chunk_bytes
+    flush()
+    restored = jax.tree_util.tree_unflatten(treedef, out)
+    stats = RestoreStats(
+        step=index["step"], num_bytes=reader.num_bytes, seconds=time.perf_counter() - start
+    )
+    return restored, stats

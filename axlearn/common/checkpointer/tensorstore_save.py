@@ -1,0 +1,553 @@
+"""The save path of TensorStoreStateStorage: snapshot (blocking) and write (background).
+
+A save has two halves:
+1. `snapshot_state` runs in the caller's thread. It takes a consistent copy of the state that no
+   later computation can change, so the caller may donate the state's buffers to the next step
+   as soon as it returns. The copy is either on the device (`snapshot="device"`: dispatch of an
+   asynchronous device-side copy, the caller blocks only for the dispatch; host memory is then
+   bounded by the write budget) or on the host (`snapshot="host"`: the caller blocks for the
+   device-to-host copy; no extra device memory).
+2. `write_snapshot` runs in the background (or the caller's thread for synchronous saves). Each
+   process writes only the shards it owns (replica 0 of each shard), one zarr chunk per shard,
+   with a CRC-32 per chunk; process 0 writes the `index` last, after a barrier confirms every
+   process has written its shards.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import shutil
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import numpy as np
+import tensorstore as ts
+from absl import logging
+
+from axlearn.common.checkpointer import faults, layout, multihost, state_tree
+
+SNAPSHOT_MODES = ("device", "host")
+
+
+@dataclasses.dataclass
+class _Shard:
+    """One chunk this process writes."""
+
+    # ((start, stop), ...) of the shard in the global array.
+    region: state_tree.Region
+    # The zarr chunk key, e.g. "0.1".
+    key: str
+    # Host data (np.ndarray), or a single-device jax.Array to copy to host while writing.
+    data: Any
+    nbytes: int
+
+
+@dataclasses.dataclass
+class _ArrayLeaf:
+    path: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    chunk_shape: tuple[int, ...]
+    # Shards this process writes; filled lazily (from `snapshot`) in device-snapshot mode.
+    shards: Optional[list[_Shard]] = None
+    # The device-side copy of the array (device-snapshot mode).
+    snapshot: Optional[jax.Array] = None
+
+    @property
+    def zarr_path(self) -> str:
+        return f"{layout.ARRAYS_DIR}/{self.path}"
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclasses.dataclass
+class SavePlan:
+    """Everything the background writer needs; built by `snapshot_state`."""
+
+    step: int
+    ckpt_dir: str
+    # A prefix for barrier names, unique per save and identical on all processes.
+    barrier_prefix: str
+    # (path, kind) of every leaf in tree order.
+    leaves: list[tuple[str, str]]
+    arrays: list[_ArrayLeaf]
+    values: dict[str, Any]
+    byte_leaves: dict[str, bytes]
+    snapshot_mode: str
+    # Bytes of array data this process writes.
+    num_bytes: int
+    # Bytes of host memory held by the snapshot itself.
+    snapshot_host_bytes: int
+
+
+@dataclasses.dataclass
+class SaveResult:
+    """The outcome of a completed save on this process.
+
+    Attributes:
+        step: The step.
+        ckpt_dir: Its directory.
+        write_s: Seconds from the start of the background write to the commit.
+        num_bytes: Bytes of array data this process wrote.
+        peak_host_bytes: Peak host memory held by the save on this process (snapshot and
+            staging buffers).
+    """
+
+    step: int
+    ckpt_dir: str
+    write_s: float
+    num_bytes: int
+    peak_host_bytes: int
+
+
+_chunk_shape_cache: dict = {}
+
+
+def _chunk_shape(sharding: jax.sharding.Sharding, shape: tuple[int, ...], path: str) -> tuple:
+    """Returns the chunk shape of a sharded array: the shard grid, checked to be regular."""
+    cache_key = (sharding, shape)
+    try:
+        return _chunk_shape_cache[cache_key]
+    except (KeyError, TypeError):
+        pass
+    regions = {
+        state_tree.normalize_index(idx, shape)
+        for idx in sharding.devices_indices_map(shape).values()
+    }
+    chunk = []
+    for d, dim in enumerate(shape):
+        starts = sorted({r[d][0] for r in regions})
+        if len(starts) == 1:
+            chunk.append(max(1, dim))
+        else:
+            chunk.append(min(b - a for a, b in zip(starts, starts[1:])))
+    for region in regions:
+        for d, (start, stop) in enumerate(region):
+            if start % chunk[d] or stop != min(start + chunk[d], shape[d]):
+                raise ValueError(
+                    f"State leaf {path!r}: its sharding {sharding} splits shape {shape} into "
+                    "irregular shards, which cannot be saved as zarr chunks"
+                )
+    result = tuple(chunk)
+    if len(_chunk_shape_cache) > 4096:
+        _chunk_shape_cache.clear()
+    try:
+        _chunk_shape_cache[cache_key] = result
+    except TypeError:
+        pass
+    return result
+
+
+def _chunk_key(region: state_tree.Region, chunk_shape: tuple[int, ...]) -> str:
+    return layout.chunk_key(tuple(a // max(1, c) for (a, _), c in zip(region, chunk_shape)))
+
+
+def _owned_shards(arr: jax.Array, chunk_shape: tuple[int, ...]) -> list[_Shard]:
+    shape = tuple(arr.shape)
+    result = []
+    for shard in arr.addressable_shards:
+        if shard.replica_id != 0:
+            continue
+        region = state_tree.normalize_index(shard.index, shape)
+        nbytes = int(np.prod(state_tree.region_shape(region), dtype=np.int64)) * arr.dtype.itemsize
+        if nbytes == 0:
+            continue
+        result.append(
+            _Shard(
+                region=region, key=_chunk_key(region, chunk_shape), data=shard.data, nbytes=nbytes
+            )
+        )
+    return result
+
+
+def _is_cpu(arr: jax.Array) -> bool:
+    return next(iter(arr.sharding.device_set)).platform == "cpu"
+
+
+def _to_host(data: jax.Array, *, copy: bool) -> np.ndarray:
+    host = np.asarray(data)
+    # On CPU np.asarray aliases the device buffer: copy when the buffer may be donated later.
+    if copy and _is_cpu(data):
+        host = np.array(host, copy=True)
+    return host
+
+
+def default_snapshot_mode() -> str:
+    """'device' on CPU (a device copy is a host copy that does not block), else 'host'."""
+    return "device" if jax.default_backend() == "cpu" else "host"
+
+
+def snapshot_state(
+    *, step: int, state: Any, ckpt_dir: str, barrier_prefix: str, snapshot_mode: str
+) -> SavePlan:
+    """Builds the save plan of `state` and takes its consistent copy (see module docstring).
+
+    Args:
+        step: The step.
+        state: A pytree of jax.Arrays, numpy arrays, Python scalars/strings and bytes.
+        ckpt_dir: The step directory.
+        barrier_prefix: Unique per save, identical on all processes.
+        snapshot_mode: "device" or "host".
+
+    Returns:
+        The plan.
+
+    Raises:
+        TypeError: For a leaf of an unsupported type (naming its path).
+        ValueError: For leaf paths that cannot name files, or irregular shardings.
+    """
+    if snapshot_mode not in SNAPSHOT_MODES:
+        raise ValueError(f"snapshot must be one of {SNAPSHOT_MODES}, got {snapshot_mode!r}")
+    pairs, _ = state_tree.flatten_state(state)
+    me = jax.process_index()
+    leaves, arrays, values, byte_leaves = [], [], {}, {}
+    device_arrays: list[jax.Array] = []
+    device_leaves: list[_ArrayLeaf] = []
+    host_bytes = 0
+    num_bytes = 0
+    for path, leaf in pairs:
+        if isinstance(leaf, jax.Array):
+            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
+                raise TypeError(
+                    f"State leaf {path!r} has extended dtype {leaf.dtype}; save "
+                    "jax.random.key_data(key) instead of a typed key"
+                )
+            shape = tuple(leaf.shape)
+            item = _ArrayLeaf(
+                path=path,
+                shape=shape,
+                dtype=np.dtype(leaf.dtype),
+                chunk_shape=_chunk_shape(leaf.sharding, shape, path),
+            )
+            if snapshot_mode == "device":
+                device_arrays.append(leaf)
+                device_leaves.append(item)
+            else:
+                item.shards = _owned_shards(leaf, item.chunk_shape)
+                for shard in item.shards:
+                    shard.data.copy_to_host_async()
+            leaves.append((path, layout.KIND_ARRAY))
+            arrays.append(item)
+        elif isinstance(leaf, (np.ndarray, np.generic)):
+            host = np.array(leaf, copy=True)
+            shape = tuple(host.shape)
+            item = _ArrayLeaf(path=path, shape=shape, dtype=host.dtype, chunk_shape=shape)
+            full = tuple((0, d) for d in shape)
+            item.shards = []
+            if me == 0 and host.size:
+                item.shards.append(
+                    _Shard(region=full, key=_chunk_key(full, shape), data=host, nbytes=host.nbytes)
+                )
+                host_bytes += host.nbytes
+            leaves.append((path, layout.KIND_ARRAY))
+            arrays.append(item)
+        elif isinstance(leaf, bytes):
+            leaves.append((path, layout.KIND_BYTES))
+            byte_leaves[path] = leaf
+            host_bytes += len(leaf)
+        elif leaf is None or isinstance(leaf, state_tree.VALUE_TYPES):
+            leaves.append((path, layout.KIND_VALUE))
+            values[path] = leaf
+        else:
+            raise TypeError(
+                f"State leaf {path!r} has unsupported type {type(leaf).__name__}: checkpoints "
+                "hold jax.Arrays, numpy arrays, bytes, and bool/int/float/str values"
+            )
+    if device_arrays:
+        # One batched, asynchronous device-side copy: returns after dispatch.
+        copies = jax.device_put(device_arrays, [a.sharding for a in device_arrays], may_alias=False)
+        for item, copy in zip(device_leaves, copies):
+            item.snapshot = copy
+    for item in arrays:
+        if item.shards is not None and item.snapshot is None:
+            for shard in item.shards:
+                if isinstance(shard.data, jax.Array):
+                    shard.data = _to_host(shard.data, copy=True)
+                    host_bytes += shard.nbytes
+        if item.snapshot is not None:
+            num_bytes += sum(
+                int(
+                    np.prod(
+                        state_tree.region_shape(state_tree.normalize_index(s.index, item.shape)),
+                        dtype=np.int64,
+                    )
+                )
+                * item.dtype.itemsize
+                for s in item.snapshot.addressable_shards
+                if s.replica_id == 0
+            )
+        else:
+            num_bytes += sum(s.nbytes for s in item.shards)
+    return SavePlan(
+        step=step,
+        ckpt_dir=ckpt_dir,
+        barrier_prefix=barrier_prefix,
+        leaves=leaves,
+        arrays=arrays,
+        values=values,
+        byte_leaves=byte_leaves,
+        snapshot_mode=snapshot_mode,
+        num_bytes=num_bytes,
+        snapshot_host_bytes=host_bytes,
+    )
+
+
+def remove_step_dir(step_dir: str) -> None:
+    """Removes a step directory, its commit marker first (so a half-removed one is uncommitted).
+
+    Args:
+        step_dir: The directory.
+    """
+    index_path = os.path.join(step_dir, layout.INDEX_FILE)
+    try:
+        os.remove(index_path)
+    except FileNotFoundError:
+        pass
+    shutil.rmtree(step_dir, ignore_errors=True)
+    if os.path.exists(step_dir):
+        shutil.rmtree(step_dir)  # Raise the error this time.
+
+
+class _Writer:
+    """Writes one plan; see `write_snapshot`."""
+
+    def __init__(self, plan: SavePlan, *, context: ts.Context, budget_bytes: int, timeout_s: float):
+        self.plan = plan
+        self.context = context
+        self.budget_bytes = budget_bytes
+        self.timeout_s = timeout_s
+        self.peak_host_bytes = plan.snapshot_host_bytes
+        self.checksums: dict[str, dict[str, str]] = {a.path: {} for a in plan.arrays}
+
+    def _spec(self, item: _ArrayLeaf) -> dict:
+        return state_tree.zarr_spec(
+            os.path.join(self.plan.ckpt_dir, item.zarr_path),
+            shape=item.shape,
+            dtype=item.dtype,
+            chunk_shape=item.chunk_shape,
+        )
+
+    def prepare(self) -> None:
+        """Process 0: replaces any earlier directory of this step, creates the zarr metadata."""
+        ckpt_dir = self.plan.ckpt_dir
+        if os.path.exists(ckpt_dir):
+            logging.warning("Removing existing directory %s before saving into it.", ckpt_dir)
+            remove_step_dir(ckpt_dir)
+        os.makedirs(os.path.join(ckpt_dir, layout.ARRAYS_DIR), exist_ok=True)
+        futures = [
+            ts.open(self._spec(item), create=True, open=True, context=self.context)
+            for item in self.plan.arrays
+        ]
+        for future in futures:
+            future.result(timeout=self.timeout_s)
+
+    def write_arrays(self) -> None:
+        """Writes this process's shards, keeping at most `budget_bytes` of them in flight."""
+        plan = self.plan
+        fault = faults.configured_fault()
+        mid_fault = fault is not None and fault[0] == "mid_arrays"
+        total_shards = None
+        if mid_fault:
+            total_shards = sum(
+                len(item.shards)
+                if item.shards is not None
+                else sum(1 for s in item.snapshot.addressable_shards if s.replica_id == 0)
+                for item in plan.arrays
+            )
+        inflight: collections.deque = collections.deque()
+        inflight_bytes = 0
+        written = 0
+        fired = False
+
+        def retire_one():
+            nonlocal inflight_bytes
+            nbytes, future, path, key = inflight.popleft()
+            try:
+                future.result(timeout=self.timeout_s)
+            except Exception as e:
+                raise OSError(
+                    f"Writing chunk {key} of leaf {path!r} to {plan.ckpt_dir} failed: {e}"
+                ) from e
+            inflight_bytes -= nbytes
+
+        for item in plan.arrays:
+            shards = item.shards
+            if shards is None:
+                shards = _owned_shards(item.snapshot, item.chunk_shape)
+            if not shards:
+                item.snapshot = None
+                continue
+            store = ts.open(
+                self._spec(item), open=True, assume_metadata=True, context=self.context
+            ).result(timeout=self.timeout_s)
+            for shard in shards:
+                data = shard.data
+                if isinstance(data, jax.Array):
+                    # Device snapshot: nobody else holds this copy, so aliasing is fine.
+                    data = _to_host(data, copy=False)
+                    staged = shard.nbytes
+                else:
+                    staged = 0
+                self.checksums[item.path][shard.key] = state_tree.crc32_hex(data)
+                future = store[state_tree.region_slices(shard.region)].write(data).commit
+                inflight.append((staged, future, item.path, shard.key))
+                inflight_bytes += staged
+                self.peak_host_bytes = max(
+                    self.peak_host_bytes, plan.snapshot_host_bytes + inflight_bytes
+                )
+                shard.data = None
+                written += 1
+                while inflight and inflight_bytes > self.budget_bytes:
+                    retire_one()
+                if mid_fault and not fired and written * 2 >= total_shards:
+                    while inflight:
+                        retire_one()
+                    fired = True
+                    faults.maybe_inject_fault("mid_arrays", step=plan.step)
+            # Release references to the device snapshot of this leaf.
+            item.snapshot = None
+            item.shards = None
+        while inflight:
+            retire_one()
+        if mid_fault and not fired:
+            faults.maybe_inject_fault("mid_arrays", step=plan.step)
+
+    def write_byte_leaves(self) -> dict[str, dict]:
+        """Writes this process's bytes leaves; returns {path: {file, size, checksum}}."""
+        result = {}
+        me = jax.process_index()
+        for path, value in self.plan.byte_leaves.items():
+            rel = f"{layout.HOST_DIR}/process_{me}/{path}"
+            full = os.path.join(self.plan.ckpt_dir, rel)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "wb") as f:
+                f.write(value)
+                f.flush()
+                os.fsync(f.fileno())
+            result[path] = dict(file=rel, size=len(value), checksum=state_tree.crc32_hex(value))
+        return result
+
+    def build_index(self, manifests: dict[int, dict]) -> dict:
+        """Process 0: merges every process's checksums into the index; checks completeness."""
+        plan = self.plan
+        arrays = {a.path: a for a in plan.arrays}
+        chunks: dict[str, dict[str, str]] = {a.path: {} for a in plan.arrays}
+        per_process: dict[str, dict[str, dict]] = {p: {} for p in plan.byte_leaves}
+        for proc, manifest in sorted(manifests.items()):
+            for path, sums in manifest["chunks"].items():
+                chunks[path].update(sums)
+            for path, entry in manifest["bytes"].items():
+                per_process[path][str(proc)] = entry
+        leaves = []
+        for path, kind in plan.leaves:
+            if kind == layout.KIND_ARRAY:
+                item = arrays[path]
+                grid = [
+                    -(-d // max(1, c)) if d else 0 for d, c in zip(item.shape, item.chunk_shape)
+                ]
+                expected = int(np.prod(grid, dtype=np.int64))
+                if len(chunks[path]) != expected:
+                    raise RuntimeError(
+                        f"Leaf {path!r} of step {plan.step}: {len(chunks[path])} of {expected} "
+                        "chunks were reported written; not committing"
+                    )
+                leaves.append(
+                    dict(
+                        path=path,
+                        kind=kind,
+                        dtype=state_tree.dtype_name(item.dtype),
+                        shape=list(item.shape),
+                        chunk_shape=list(item.chunk_shape),
+                        file=item.zarr_path,
+                        nbytes=item.nbytes,
+                        checksum={"crc32": dict(sorted(chunks[path].items()))},
+                    )
+                )
+            elif kind == layout.KIND_BYTES:
+                leaves.append(dict(path=path, kind=kind, per_process=per_process[path]))
+            else:
+                leaves.append(dict(path=path, kind=kind, value=plan.values[path]))
+        return layout.make_index(step=plan.step, process_count=jax.process_count(), leaves=leaves)
+
+
+def write_snapshot(
+    plan: SavePlan,
+    *,
+    context: ts.Context,
+    budget_bytes: int,
+    timeout_s: float,
+    on_commit: Optional[Callable[[int, str], None]] = None,
+) -> SaveResult:
+    """Writes a snapshot and commits it (see module docstring).
+
+    Args:
+        plan: From `snapshot_state`.
+        context: The TensorStore context (I/O concurrency limits).
+        budget_bytes: Maximum bytes of host staging buffers in flight.
+        timeout_s: Time-out of each barrier and each TensorStore operation.
+        on_commit: Called as `on_commit(step, ckpt_dir)` on process 0 after the commit.
+
+    Returns:
+        The result.
+
+    Raises:
+        multihost.BarrierTimeoutError: Naming processes that did not arrive at a barrier.
+    """
+    start = time.perf_counter()
+    me, count = jax.process_index(), jax.process_count()
+    writer = _Writer(plan, context=context, budget_bytes=budget_bytes, timeout_s=timeout_s)
+    step = plan.step
+    if me == 0:
+        writer.prepare()
+    multihost.barrier(
+        f"{plan.barrier_prefix}/prepared", timeout_s=timeout_s, what=f"directory ready, step {step}"
+    )
+    faults.maybe_inject_fault("before_arrays", step=step)
+    writer.write_arrays()
+    manifest = dict(chunks=writer.checksums, bytes=writer.write_byte_leaves())
+    manifests_dir = os.path.join(plan.ckpt_dir, layout.MANIFESTS_DIR)
+    if count > 1:
+        os.makedirs(manifests_dir, exist_ok=True)
+        layout.write_json_atomically(os.path.join(manifests_dir, f"process_{me}.json"), manifest)
+    faults.maybe_inject_fault("after_arrays", step=step)
+    multihost.barrier(
+        f"{plan.barrier_prefix}/written", timeout_s=timeout_s, what=f"shards written, step {step}"
+    )
+    if me == 0:
+        manifests = {0: manifest}
+        for p in range(1, count):
+            path = os.path.join(manifests_dir, f"process_{p}.json")
+            with open(path, "rb") as f:
+                manifests[p] = json.loads(f.read().decode("utf-8"))
+        index = writer.build_index(manifests)
+        layout.write_index_file(plan.ckpt_dir, index)
+        if count > 1:
+            shutil.rmtree(manifests_dir, ignore_errors=True)
+        logging.info(
+            "Committed checkpoint %s (%.3f GB from this process in %.2fs).",
+            plan.ckpt_dir,
+            plan.num_bytes / 1e9,
+            time.perf_counter() - start,
+        )
+        faults.maybe_inject_fault("after_index", step=step)
+    multihost.barrier(
+        f"{plan.barrier_prefix}/committed", timeout_s=timeout_s, what=f"index written, step {step}"
+    )
+    if me != 0:
+        faults.maybe_inject_fault("after_index", step=step)
+    result = SaveResult(
+        step=step,
+        ckpt_dir=plan.ckpt_dir,
+        write_s=time.perf_counter() - start,
+        num_bytes=plan.num_bytes,
+        peak_host_bytes=writer.peak_host_bytes,
+    )
+    if me == 0 and on_commit is not None:
+        on_commit(step, plan.ckpt_dir)
+    return result

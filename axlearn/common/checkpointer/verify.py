@@ -1,0 +1,213 @@
+"""Inspecting checkpoints without a model: list steps, verify every chunk, read the leaf specs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Optional
+
+import jax
+import numpy as np
+import tensorstore as ts
+
+from axlearn.common.checkpointer import layout, state_tree
+
+
+@dataclasses.dataclass
+class CheckpointInfo:
+    """A step directory as `list_checkpoints` sees it.
+
+    Attributes:
+        step: The step.
+        path: The directory.
+        committed: Whether it has a readable index.
+        size_bytes: Total size of its files.
+        num_leaves: Leaves in the index (None if uncommitted).
+        error: Why the index is unreadable, if it is.
+    """
+
+    step: int
+    path: str
+    committed: bool
+    size_bytes: int
+    num_leaves: Optional[int] = None
+    error: Optional[str] = None
+
+
+@dataclasses.dataclass
+class VerifyResult:
+    """The outcome of `verify_checkpoint`.
+
+    Attributes:
+        step: The step.
+        path: The directory.
+        committed: Whether it has a readable index.
+        num_leaves: Leaves checked.
+        num_chunks: Chunk files checked.
+        num_bytes: Bytes of array data checked.
+        errors: One message per problem (file and leaf named); empty if the checkpoint is good.
+    """
+
+    step: int
+    path: str
+    committed: bool
+    num_leaves: int = 0
+    num_chunks: int = 0
+    num_bytes: int = 0
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Committed and without errors."""
+        return self.committed and not self.errors
+
+
+def _dir_size(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
+
+
+def list_checkpoints(base_dir: str) -> list[CheckpointInfo]:
+    """Lists every `step_%08d` directory under `base_dir`, committed or not.
+
+    Args:
+        base_dir: The checkpointer directory.
+
+    Returns:
+        One entry per step directory, oldest first.
+    """
+    result = []
+    for step, path in layout.step_dirs(base_dir):
+        info = CheckpointInfo(step=step, path=path, committed=False, size_bytes=_dir_size(path))
+        if layout.is_committed(path):
+            try:
+                index = layout.read_index_file(path)
+                info.committed = True
+                info.num_leaves = len(index["leaves"])
+            except layout.CheckpointIndexError as e:
+                info.error = str(e)
+        result.append(info)
+    return result
+
+
+def verify_checkpoint(step_dir: str) -> VerifyResult:
+    """Reads every chunk and bytes file of a step directory and checks it against the index.
+
+    Args:
+        step_dir: The step directory.
+
+    Returns:
+        The result; `errors` names each missing/corrupt file and its leaf.
+    """
+    step = layout.parse_step_from_dir(step_dir)
+    result = VerifyResult(step=step, path=step_dir, committed=False)
+    try:
+        index = layout.read_index_file(step_dir)
+    except layout.CheckpointIndexError as e:
+        result.errors.append(str(e))
+        return result
+    result.committed = True
+    if index["step"] != step:
+        result.errors.append(f"index is for step {index['step']}, directory for step {step}")
+    context = ts.Context({"file_io_concurrency": {"limit": 32}})
+    for entry in index["leaves"]:
+        result.num_leaves += 1
+        path = entry["path"]
+        if entry["kind"] == layout.KIND_BYTES:
+            for proc, info in sorted(entry["per_process"].items()):
+                file = os.path.join(step_dir, info["file"])
+                try:
+                    with open(file, "rb") as f:
+                        value = f.read()
+                except OSError as e:
+                    result.errors.append(f"{file} (leaf {path!r}, process {proc}): {e}")
+                    continue
+                if state_tree.crc32_hex(value) != info["checksum"] or len(value) != info["size"]:
+                    result.errors.append(
+                        f"{file} (leaf {path!r}, process {proc}): checksum mismatch"
+                    )
+            continue
+        if entry["kind"] != layout.KIND_ARRAY:
+            continue
+        _verify_array(step_dir, entry, context, result)
+    return result
+
+
+def _verify_array(step_dir: str, entry: dict, context: ts.Context, result: VerifyResult) -> None:
+    path = entry["path"]
+    shape = tuple(entry["shape"])
+    dtype = state_tree.parse_dtype(entry["dtype"])
+    chunk_shape = tuple(max(1, c) for c in entry["chunk_shape"])
+    array_dir = os.path.join(step_dir, entry["file"])
+    sums = entry["checksum"].get("crc32", {})
+    if 0 in shape:
+        return
+    try:
+        store = ts.open(
+            state_tree.zarr_spec(array_dir, shape=shape, dtype=dtype, chunk_shape=chunk_shape),
+            open=True,
+            context=context,
+        ).result()
+    except Exception as e:  # pylint: disable=broad-except
+        result.errors.append(f"{array_dir} (leaf {path!r}): cannot open zarr array: {e}")
+        return
+    grid = [range(-(-d // c)) for d, c in zip(shape, chunk_shape)]
+    for grid_index in np.ndindex(*[len(g) for g in grid]) if grid else [()]:
+        key = layout.chunk_key(tuple(grid_index))
+        file = os.path.join(array_dir, key)
+        result.num_chunks += 1
+        expected = sums.get(key)
+        if expected is None:
+            result.errors.append(f"{file} (leaf {path!r}): no checksum in the index")
+            continue
+        if not os.path.isfile(file):
+            result.errors.append(f"{file} (leaf {path!r}): missing")
+            continue
+        region = tuple(
+            slice(g * c, min((g + 1) * c, d)) for g, c, d in zip(grid_index, chunk_shape, shape)
+        )
+        try:
+            data = store[region].read().result()
+        except Exception as e:  # pylint: disable=broad-except
+            result.errors.append(f"{file} (leaf {path!r}): unreadable: {e}")
+            continue
+        result.num_bytes += data.nbytes
+        if state_tree.crc32_hex(data) != expected:
+            result.errors.append(f"{file} (leaf {path!r}): checksum mismatch")
+
+
+def read_state_spec(step_dir: str) -> dict[str, Any]:
+    """Returns the saved array leaves of a committed step as a nested dict of ShapeDtypeStructs.
+
+    Set shardings on the specs (or pass them as is, for single-device restores) and use the tree
+    as `state` of `Checkpointer.restore` when the original state structure is not at hand.
+    Non-array leaves are omitted.
+
+    Args:
+        step_dir: The committed step directory.
+
+    Returns:
+        {key: {key: ... ShapeDtypeStruct}} following the '/'-separated leaf paths.
+
+    Raises:
+        CheckpointIndexError: If the index is missing or unreadable.
+    """
+    index = layout.read_index_file(step_dir)
+    tree: dict[str, Any] = {}
+    for entry in index["leaves"]:
+        if entry["kind"] != layout.KIND_ARRAY:
+            continue
+        node = tree
+        *parents, name = entry["path"].split("/")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[name] = jax.ShapeDtypeStruct(
+            tuple(entry["shape"]), state_tree.parse_dtype(entry["dtype"])
+        )
+    return tree
