@@ -29,6 +29,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 from collections import defaultdict
 from typing import Any, Optional, Sequence
@@ -186,7 +187,7 @@ def build_run_summary(
             excluded[r["excluded_reason"]].append(int(r["step"]))
     walls = [float(r["step_time_s"]) for r in included]
     avg = sum(walls) / len(walls) if walls else None
-    median = sorted(walls)[len(walls) // 2] if walls else None
+    median = statistics.median(walls) if walls else None
     total_wall = sum(float(r["step_time_s"]) for r in records)
     avg_all = total_wall / len(records) if records else None
 

@@ -1,0 +1,131 @@
+"""Tests axlearn/common/run_summary.py."""
+
+import json
+import os
+
+import pytest
+
+from axlearn.common import run_summary
+from axlearn.common.config import Configurable, config_class
+
+
+def _records():
+    return [
+        dict(
+            step=1,
+            loss=4.0,
+            step_time_s=10.0,
+            overheads={"compile": 9.5, "input": 0.1},
+            excluded_reason="compile",
+            real_tokens=400,
+        ),
+        dict(
+            step=2,
+            loss=3.5,
+            step_time_s=0.2,
+            overheads={"input": 0.1},
+            excluded_reason=None,
+            real_tokens=400,
+        ),
+        dict(
+            step=3,
+            loss=3.0,
+            step_time_s=2.4,
+            overheads={"eval": 2.2},
+            excluded_reason="eval",
+            real_tokens=400,
+        ),
+        dict(
+            step=4, loss=2.5, step_time_s=0.3, overheads={}, excluded_reason=None, real_tokens=300
+        ),
+        dict(
+            step=5,
+            loss=2.0,
+            step_time_s=0.25,
+            overheads={"checkpoint": 0.05},
+            excluded_reason="checkpoint",
+            real_tokens=400,
+        ),
+    ]
+
+
+def test_build_run_summary_by_hand(tmp_path):
+    summary = run_summary.build_run_summary(
+        _records(),
+        num_params=1234,
+        num_devices=2,
+        tokens_per_step=512,
+        flops_per_step=1e12,
+        peak=dict(flops_per_s=10e12, source="table"),
+        memory=[
+            dict(peak_fraction=0.25, peak_bytes_in_use=4e9),
+            dict(peak_fraction=0.5, peak_bytes_in_use=8e9),
+        ],
+        environment=dict(
+            jax_version="0.x", device_kind="cpu", device_count=2, platform="cpu", process_count=1
+        ),
+        git=dict(commit="abc", dirty=True),
+        config_digest="sha256:00",
+    )
+    m = {k: v["value"] for k, v in summary["metrics"].items()}
+    avg = (0.2 + 0.3) / 2  # Steps 2 and 4; 1 (compile), 3 (eval), 5 (checkpoint) excluded.
+    assert m["avg_step_s"] == pytest.approx(avg)
+    assert m["wall_s_per_step_all"] == pytest.approx((10 + 0.2 + 2.4 + 0.3 + 0.25) / 5)
+    assert m["tokens_per_s_per_device"] == pytest.approx(512 / avg / 2)
+    assert m["real_tokens_per_s_per_device"] == pytest.approx(350 / avg / 2)
+    assert m["tflops_per_device"] == pytest.approx(1.0 / avg / 2)
+    assert m["mfu"] == pytest.approx(1e12 / avg / 2 / 10e12)
+    assert m["memory_pct"] == pytest.approx(50.0)
+    assert m["final_loss"] == 2.0 and m["parameters"] == 1234
+    assert summary["steps"]["excluded"] == {"compile": [1], "eval": [3], "checkpoint": [5]}
+    assert summary["overhead_totals_s"] == pytest.approx(
+        {"compile": 9.5, "input": 0.2, "eval": 2.2, "checkpoint": 0.05}
+    )
+    # Self-describing: every metric says its unit, direction and definition.
+    for metric in summary["metrics"].values():
+        assert set(metric) == {"value", "unit", "better", "definition"}
+    assert "compile: 1; eval: 3; checkpoint: 5" in summary["metrics"]["avg_step_s"]["definition"]
+
+    text = run_summary.format_run_summary(summary)
+    assert "Average s/step       0.2500 over 2 of 5 steps; not averaged: compile [1]; " in text
+    assert "MFU                  20.00% of 10 TFLOP/s (table)" in text
+    assert "abc (uncommitted changes)" in text
+
+    path = run_summary.write_run_summary(str(tmp_path), summary)
+    assert path == os.path.join(str(tmp_path), "run_summary.json")
+    with open(path, encoding="utf-8") as f:
+        loaded = json.load(f)
+    assert loaded["schema"] == "axlearn.run_summary/1"
+    assert loaded["metrics"]["avg_step_s"]["value"] == pytest.approx(avg)
+
+
+def test_nonfinite_values_become_null(tmp_path):
+    records = [dict(step=1, loss=float("nan"), step_time_s=1.0, overheads={}, excluded_reason=None)]
+    summary = run_summary.build_run_summary(
+        records, num_params=1, num_devices=1, tokens_per_step=1, environment={}, git={}
+    )
+    path = run_summary.write_run_summary(str(tmp_path), summary)
+    with open(path, encoding="utf-8") as f:
+        assert json.load(f)["metrics"]["final_loss"]["value"] is None
+
+
+def test_config_hash_and_git_and_env():
+    class Thing(Configurable):
+        @config_class
+        class Config(Configurable.Config):
+            x: int = 1  # A field.
+
+    a = Thing.default_config()
+    b = Thing.default_config().set(x=2)
+    assert run_summary.config_hash(a) == run_summary.config_hash(Thing.default_config())
+    assert run_summary.config_hash(a) != run_summary.config_hash(b)
+    assert run_summary.config_hash(a).startswith("sha256:")
+    git = run_summary.git_commit()
+    assert set(git) == {"commit", "dirty"}
+    assert git["commit"] is None or len(git["commit"]) == 40
+    env = run_summary.environment_info()
+    assert env["device_count"] == 8 and env["platform"] == "cpu"
+
+
+def test_ranges():
+    assert run_summary._ranges([7, 1, 2, 3]) == "1-3, 7"  # pylint: disable=protected-access
