@@ -841,7 +841,9 @@ def functional(
         args, kwargs = (), inputs
     else:
         args, kwargs = tuple(inputs), {}
-    fn = _Functional(method_fn=getattr(module, method), context=context, require_parent=True)
+    # A root context may be entered inside another module's context (e.g. a trainer's loss
+    # function calling functional(model) inside functional(learner)): it starts a new tree.
+    fn = _Functional(method_fn=getattr(module, method), context=context, require_parent=False)
     outputs, output_collection = fn(*args, **kwargs)
     for name in drop_output_collections:
         getattr(output_collection, name).clear()
