@@ -1,0 +1,422 @@
+"""The learner: computes gradients of a loss and applies optimizer updates to the parameters.
+
+A `Learner` owns the optimizer (a `PartitionedGradientTransformation`), optional Polyak averaging
+of the parameters (`ema`), per-parameter update rules (freeze parameters, or allow only optimizer
+or only state updates, by path regex), optional gradient accumulation
+(`forward_fn_transformation`) and optional float16 dynamic loss scaling (`loss_scaler`).
+
+The API a trainer uses (see trainer.py):
+
+    state_specs = learner.create_state_partition_specs(model_param_specs)
+    state = learner.init(opt_params)                 # opt_params: tree of OptParam
+    (fwd_bwd, collection) = functional(
+        learner, method="forward_and_backward", prng_key=key, state=state, is_training=True,
+        inputs=dict(fn=loss_fn, opt_params=opt_params, inputs=dict(input_batch=..., ...)))
+    fwd_bwd.forward_outputs.loss / .aux / .output_collection   # from loss_fn
+    fwd_bwd.backward_outputs.updated_params                   # the new parameters
+    collection.state_updates                                  # the new learner state (whole)
+    collection.summaries                                      # learning_rate, gradient_norm, ...
+
+`loss_fn(*, model_params, inputs) -> ForwardOutputs(loss, aux, output_collection)`; the learner
+differentiates `loss` with respect to `model_params` (the values of `opt_params`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Sequence
+from typing import Any, Callable, NamedTuple, Optional, Protocol, Union
+
+import jax
+import optax
+from jax import numpy as jnp
+
+from axlearn.common.config import (
+    REQUIRED,
+    ConfigOr,
+    InstantiableConfig,
+    Required,
+    config_class,
+    config_for_function,
+    maybe_instantiate,
+)
+from axlearn.common.module import Module
+from axlearn.common.optimizer_base import OptParam, PartitionedGradientTransformation
+from axlearn.common.optimizers import param_ema
+from axlearn.common.per_param_settings import LEARNER_UPDATE_TYPE, register_per_param_settings
+from axlearn.common.utils import Nested, Tensor, flatten_items, get_recursively, tree_paths
+
+
+class UpdateType(enum.Enum):
+    """Which updates a parameter receives (see `Learner.Config.update_rules`)."""
+
+    # Frozen: no optimizer update (no gradient, no optimizer state) and no state update.
+    NO_UPDATE = "no_update"
+    # Only optimizer (gradient-based) updates.
+    OPTIMIZERS = "optimizers"
+    # Only state updates from the forward pass (e.g. moving statistics); no optimizer state.
+    STATE_UPDATES = "state_updates"
+    # Both (the default).
+    ALL_UPDATES = "all_updates"
+
+
+def should_update_with_optimizers(update_type: UpdateType) -> bool:
+    """Whether `update_type` allows optimizer updates."""
+    return update_type in (UpdateType.OPTIMIZERS, UpdateType.ALL_UPDATES)
+
+
+def should_apply_state_updates(update_type: UpdateType) -> bool:
+    """Whether `update_type` allows state updates."""
+    return update_type in (UpdateType.STATE_UPDATES, UpdateType.ALL_UPDATES)
+
+
+class ForwardOutputs(NamedTuple):
+    """What a loss function (ForwardFn) returns."""
+
+    # The scalar to minimize.
+    loss: Tensor
+    # Auxiliary outputs (not differentiated).
+    aux: Any
+    # The model's OutputCollection (summaries, state_updates, module_outputs).
+    output_collection: Any
+
+
+class BackwardOutputs(NamedTuple):
+    """What the backward pass and update produce."""
+
+    # The model parameters after the update.
+    updated_params: Nested[Tensor]
+
+
+class ForwardBackwardOutputs(NamedTuple):
+    """The result of `Learner.forward_and_backward`."""
+
+    # The loss function's outputs (with the unscaled loss).
+    forward_outputs: ForwardOutputs
+    # The updated parameters.
+    backward_outputs: BackwardOutputs
+
+
+class ForwardFn(Protocol):
+    """A loss function: `fn(*, model_params, inputs) -> ForwardOutputs`."""
+
+    def __call__(self, *, model_params: Nested[Tensor], inputs: Any) -> ForwardOutputs: ...
+
+
+# Transforms a ForwardFn into another, e.g. `gradient_accumulation.with_minibatch_steps`.
+ForwardFnTransformation = Callable[[ForwardFn], ForwardFn]
+
+
+def _mask_tree(tree: Any, keep: Any) -> Any:
+    """Replaces the leaves of `tree` where `keep` is False with None."""
+    return jax.tree.map(lambda k, x: x if k else None, keep, tree)
+
+
+def _tree_where(pred: Tensor, new: Any, old: Any) -> Any:
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
+
+
+def _all_finite(tree: Any) -> Tensor:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.array(leaves, dtype=bool)) if leaves else jnp.array(True)
+
+
+class BaseLearner(Module):
+    """The interface of learners."""
+
+    def create_state_partition_specs(self, model_param_specs: Nested[Any]) -> Any:
+        """Returns the specs (shape, dtype, mesh_axes) of the learner state.
+
+        Args:
+            model_param_specs: The model's parameter specs.
+
+        Returns:
+            A tree with the structure of `init(...)` and OptStateSpec leaves.
+        """
+        raise NotImplementedError(type(self))
+
+    def init(self, model_params: Nested[OptParam]) -> Nested[Tensor]:
+        """Returns the initial learner state.
+
+        Args:
+            model_params: The model parameters as OptParams.
+
+        Returns:
+            The state.
+        """
+        raise NotImplementedError(type(self))
+
+    def forward_and_backward(
+        self, *, fn: ForwardFn, inputs: Any, opt_params: Nested[OptParam]
+    ) -> ForwardBackwardOutputs:
+        """Computes the loss and gradients of `fn` and updates `opt_params`.
+
+        Args:
+            fn: The loss function.
+            inputs: Passed to `fn` (not differentiated).
+            opt_params: The parameters.
+
+        Returns:
+            The forward outputs and the updated parameters. The new learner state is added as
+            state updates, summaries as summaries.
+        """
+        raise NotImplementedError(type(self))
+
+
+class Learner(BaseLearner):
+    """The learner: optimizer, parameter EMA, update rules, gradient accumulation, loss scaling."""
+
+    @config_class
+    class Config(BaseLearner.Config):
+        """Configures Learner."""
+
+        # The optimizer: a config instantiating to a PartitionedGradientTransformation.
+        optimizer: Required[InstantiableConfig] = REQUIRED
+        # (param_path_regex, UpdateType) rules; the first full match decides a parameter's update
+        # type (ALL_UPDATES if none matches). A rule matching no parameter is an error.
+        update_rules: Sequence[tuple[str, Optional[UpdateType]]] = []
+        # Polyak averaging of the parameters (see optimizers.param_ema); set `decay` to enable it.
+        ema: InstantiableConfig = config_for_function(param_ema)
+        # True: add param_rms/<path> and grad_rms/<path> summaries; a list of path prefixes: add
+        # grad_norm/<prefix> summaries. Costs time every step.
+        enable_per_variable_summaries: Union[bool, list[str]] = False
+        # Optional transformation of the loss function, e.g. gradient accumulation
+        # (`config_for_function(gradient_accumulation.with_minibatch_steps).set(steps=4)`).
+        forward_fn_transformation: Optional[ConfigOr[ForwardFnTransformation]] = None
+        # Optional dynamic loss scaling for float16 training (loss_scale.DynamicLossScaler).
+        loss_scaler: Optional[InstantiableConfig] = None
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        self.optimizer: PartitionedGradientTransformation = maybe_instantiate(cfg.optimizer)
+        if not isinstance(self.optimizer, PartitionedGradientTransformation):
+            raise ValueError(
+                f"{self.path()}.optimizer must instantiate to a PartitionedGradientTransformation, "
+                f"got {type(self.optimizer)}"
+            )
+        self._ema: Optional[PartitionedGradientTransformation] = None
+        if getattr(cfg.ema, "decay", None) is not None:
+            self._ema = cfg.ema.instantiate()
+        self._forward_fn_transformation = maybe_instantiate(cfg.forward_fn_transformation) or (
+            lambda fn: fn
+        )
+        self._loss_scaler = maybe_instantiate(cfg.loss_scaler)
+        for i, (regex, _) in enumerate(cfg.update_rules):
+            try:
+                re.compile(regex)
+            except re.error as e:
+                raise ValueError(
+                    f"{self.path()}.update_rules[{i}]: bad regex {regex!r}: {e}"
+                ) from e
+
+    # ---------------------------------------------------------------------------------------
+    # Update rules.
+    # ---------------------------------------------------------------------------------------
+
+    def _update_types(self, tree: Nested[Any]) -> Nested[UpdateType]:
+        """The UpdateType of every leaf of `tree`, by path. Raises on rules matching nothing."""
+        cfg = self.config
+        paths = tree_paths(tree)
+        all_paths = [p for _, p in flatten_items(paths)]
+        for i, (regex, _) in enumerate(cfg.update_rules):
+            if not any(re.fullmatch(regex, p) for p in all_paths):
+                examples = ", ".join(all_paths[:5]) + (", ..." if len(all_paths) > 5 else "")
+                raise ValueError(
+                    f"{self.path()}.update_rules[{i}] {regex!r} matches no parameter "
+                    f"(parameters: {examples})"
+                )
+
+        def update_type(path: str) -> UpdateType:
+            for regex, value in cfg.update_rules:
+                if re.fullmatch(regex, path):
+                    return UpdateType.NO_UPDATE if value is None else UpdateType(value)
+            return UpdateType.ALL_UPDATES
+
+        return jax.tree.map(update_type, paths)
+
+    def should_update_with_optimizers(self, model_params: Nested[Any]) -> Nested[bool]:
+        """Whether each parameter receives optimizer updates (and has optimizer state).
+
+        Args:
+            model_params: A tree of parameters (OptParams, arrays or specs).
+
+        Returns:
+            A tree of bools with the same structure.
+        """
+        return jax.tree.map(should_update_with_optimizers, self._update_types(model_params))
+
+    def _optimizer_params(self, model_params: Nested[Any]) -> Nested[Any]:
+        return _mask_tree(model_params, self.should_update_with_optimizers(model_params))
+
+    # ---------------------------------------------------------------------------------------
+    # State.
+    # ---------------------------------------------------------------------------------------
+
+    def create_state_partition_specs(self, model_param_specs: Nested[Any]) -> dict[str, Any]:
+        specs = dict(optimizer=self.optimizer.partition(self._optimizer_params(model_param_specs)))
+        if self._ema is not None:
+            specs["ema"] = self._ema.partition(model_param_specs)
+        if self._loss_scaler is not None:
+            specs["loss_scale"] = self._loss_scaler.partition()
+        return specs
+
+    def init(self, model_params: Nested[OptParam]) -> dict[str, Any]:
+        register_per_param_settings(
+            self._update_types(model_params), description=LEARNER_UPDATE_TYPE, path=self.path()
+        )
+        state = dict(optimizer=self.optimizer.init(self._optimizer_params(model_params)))
+        if self._ema is not None:
+            state["ema"] = self._ema.init(model_params)
+        if self._loss_scaler is not None:
+            state["loss_scale"] = self._loss_scaler.init()
+        return state
+
+    # ---------------------------------------------------------------------------------------
+    # Updates.
+    # ---------------------------------------------------------------------------------------
+
+    def update(
+        self,
+        *,
+        model_params: Nested[OptParam],
+        gradients: Nested[Tensor],
+        state_updates: Nested[Tensor],
+        is_valid_step: Optional[Tensor] = None,
+    ) -> Nested[Tensor]:
+        """Applies the optimizer to `gradients` and `state_updates` to the parameters.
+
+        Must run in the learner's invocation context (state = the learner state); the new
+        learner state is added as state updates.
+
+        Args:
+            model_params: The parameters (OptParams).
+            gradients: Gradients with the structure of `model_params` (None where a parameter
+                gets no optimizer update).
+            state_updates: The forward pass's state updates (e.g. moving statistics): a nested
+                dict of new values for (a subset of) the parameters.
+            is_valid_step: Optional scalar bool; when False the parameters and the learner state
+                are left unchanged (e.g. a float16 overflow).
+
+        Returns:
+            The updated parameter values.
+        """
+        cfg = self.config
+        should_update = self.should_update_with_optimizers(model_params)
+        values = jax.tree.map(lambda p: p.value, model_params)
+        if cfg.enable_per_variable_summaries is True:
+            for path, p in flatten_items(values):
+                self.add_summary(f"param_rms/{path}", optax.safe_root_mean_squares(p, 1e-3))
+            for path, g in flatten_items(gradients):
+                self.add_summary(f"grad_rms/{path}", optax.safe_root_mean_squares(g, 1e-3))
+        elif isinstance(cfg.enable_per_variable_summaries, (list, tuple)):
+            for prefix in cfg.enable_per_variable_summaries:
+                self.add_summary(
+                    f"grad_norm/{prefix}", optax.global_norm(get_recursively(gradients, prefix))
+                )
+
+        opt_params = _mask_tree(model_params, should_update)
+        opt_grads = _mask_tree(gradients, should_update)
+        old_opt_state = self.state["optimizer"]
+        param_updates, opt_state = self.optimizer.update(opt_grads, old_opt_state, opt_params)
+        new_values = jax.tree.map(
+            lambda keep, v, u: (v + u).astype(v.dtype) if keep else v,
+            should_update,
+            values,
+            param_updates,
+        )
+        new_values = self._apply_state_updates(new_values, state_updates)
+        if is_valid_step is not None:
+            new_values = _tree_where(is_valid_step, new_values, values)
+            opt_state = _tree_where(is_valid_step, opt_state, old_opt_state)
+        self.add_state_update("optimizer", opt_state)
+        if self._ema is not None:
+            _, ema_state = self._ema.update(
+                {},
+                self.state["ema"],
+                jax.tree.map(
+                    lambda p, v: dataclasses.replace(p, value=v), model_params, new_values
+                ),
+            )
+            if is_valid_step is not None:
+                ema_state = _tree_where(is_valid_step, ema_state, self.state["ema"])
+            self.add_state_update("ema", ema_state)
+        return new_values
+
+    def _apply_state_updates(self, values: Nested[Tensor], state_updates: Any) -> Nested[Tensor]:
+        """Replaces parameter values by forward-pass state updates where the rules allow it."""
+        if not state_updates or not jax.tree.leaves(state_updates):
+            return values
+        allowed = dict(
+            flatten_items(jax.tree.map(should_apply_state_updates, self._update_types(values)))
+        )
+        replacements = {}
+        for path, value in flatten_items(state_updates):
+            if path not in allowed:
+                raise ValueError(
+                    f"{self.path()}: state update {path!r} does not match any model parameter."
+                )
+            if allowed[path]:
+                replacements[path] = value
+        paths = tree_paths(values)
+        return jax.tree.map(
+            lambda path, v: replacements.get(path, v).astype(v.dtype), paths, values
+        )
+
+    def forward_and_backward(
+        self, *, fn: ForwardFn, inputs: Any, opt_params: Nested[OptParam]
+    ) -> ForwardBackwardOutputs:
+        should_compute = self.should_update_with_optimizers(opt_params)
+        values = jax.tree.map(lambda p: p.value, opt_params)
+        scaler = self._loss_scaler
+        scale_state = self.state["loss_scale"] if scaler is not None else None
+
+        def scaled_fn(*, model_params, inputs):
+            outputs = fn(model_params=model_params, inputs=inputs)
+            if scaler is not None:
+                outputs = outputs._replace(loss=scaler.scale_loss(outputs.loss, scale_state))
+            return outputs
+
+        forward = self._forward_fn_transformation(scaled_fn)
+
+        def loss_fn(grad_values, nograd_values):
+            model_params = jax.tree.map(
+                lambda c, g, n: g if c else n,
+                should_compute,
+                grad_values,
+                nograd_values,
+                is_leaf=lambda x: x is None,
+            )
+            outputs = forward(model_params=model_params, inputs=inputs)
+            return outputs.loss, outputs
+
+        grad_values = _mask_tree(values, should_compute)
+        nograd_values = jax.tree.map(lambda c, v: None if c else v, should_compute, values)
+        (_, outputs), grads = jax.value_and_grad(loss_fn, has_aux=True)(grad_values, nograd_values)
+
+        is_valid_step = None
+        if scaler is not None:
+            loss = scaler.unscale(outputs.loss, scale_state)
+            outputs = outputs._replace(loss=loss)
+            grads = scaler.unscale(grads, scale_state)
+            is_valid_step = _all_finite(grads)
+            new_scale_state = scaler.update(
+                scale_state, grads_finite=is_valid_step, loss_finite=jnp.isfinite(loss)
+            )
+            self.add_state_update("loss_scale", new_scale_state)
+            self.add_summary("loss_scale/scale", new_scale_state.scale)
+            self.add_summary("loss_scale/num_skipped_steps", new_scale_state.num_skipped_steps)
+            self.add_summary("loss_scale/num_nan_steps", new_scale_state.num_nan_steps)
+        updated = self.update(
+            model_params=opt_params,
+            gradients=grads,
+            state_updates=outputs.output_collection.state_updates
+            if hasattr(outputs.output_collection, "state_updates")
+            else {},
+            is_valid_step=is_valid_step,
+        )
+        return ForwardBackwardOutputs(
+            forward_outputs=outputs, backward_outputs=BackwardOutputs(updated_params=updated)
+        )

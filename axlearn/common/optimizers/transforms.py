@@ -1,0 +1,448 @@
+"""Building blocks: composing and partitioning optax transformations, EMAs, block-RMS ops."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import optax
+from jax import numpy as jnp
+from jax.sharding import PartitionSpec
+
+from axlearn.common import schedule
+from axlearn.common.config import ConfigOr, maybe_instantiate
+from axlearn.common.module import current_context
+from axlearn.common.optimizer_base import (
+    NestedOptParam,
+    OptStateSpec,
+    PartitionedGradientTransformation,
+    TransformPartitionSpecFn,
+)
+from axlearn.common.utils import Tensor, VDict, flatten_items
+
+# --------------------------------------------------------------------------------------------
+# Helpers.
+# --------------------------------------------------------------------------------------------
+
+
+def _add_summary(name: str, value: Any) -> None:
+    """Adds a summary to the current invocation context, if any."""
+    context = current_context()
+    if context is not None:
+        context.add_summary(name, value)
+
+
+def _is_zero(x: Any) -> bool:
+    """Whether `x` is a Python/NumPy number equal to zero (never true for traced values)."""
+    return isinstance(x, (int, float)) and x == 0
+
+
+def _scalar_spec(dtype=jnp.int32) -> OptStateSpec:
+    return OptStateSpec(shape=[], dtype=dtype, mesh_axes=PartitionSpec())
+
+
+def _to_partitioned_transformation(
+    transformation: ConfigOr[PartitionedGradientTransformation],
+) -> PartitionedGradientTransformation:
+    transformation = maybe_instantiate(transformation)
+    if not isinstance(transformation, PartitionedGradientTransformation):
+        raise ValueError(
+            f"Expected a PartitionedGradientTransformation, got {type(transformation)}: "
+            f"{transformation}"
+        )
+    return transformation
+
+
+def opt_param_values(params: NestedOptParam) -> Any:
+    """Returns the tree of values of a tree of OptParams.
+
+    Args:
+        params: A tree with OptParam leaves.
+
+    Returns:
+        The tree with each OptParam replaced by its value.
+    """
+    return jax.tree.map(lambda p: p.value, params)
+
+
+def copy_partition(param_specs: Any) -> Any:
+    """State specs equal to the parameter specs (shape, dtype and mesh_axes).
+
+    Args:
+        param_specs: A tree of parameter specs.
+
+    Returns:
+        A tree of OptStateSpec.
+    """
+    return jax.tree.map(
+        lambda s: OptStateSpec(shape=s.shape, dtype=s.dtype, mesh_axes=s.mesh_axes), param_specs
+    )
+
+
+def _vectorized_tree_map(fn: Callable, tree: Any, *rest: Any) -> Any:
+    """Like jax.tree.map, but maps `fn` over the leading axis of subtrees under a VDict.
+
+    Parameters of repeated layers are stacked under a VDict; statistics such as block RMS are
+    computed per layer.
+    """
+
+    def as_dict(x):
+        return dict(x) if isinstance(x, VDict) else x
+
+    def apply(node, *others):
+        if isinstance(node, VDict):
+            # Map over the children of the VDict, one layer at a time.
+            out = jax.vmap(
+                lambda x, *o: _vectorized_tree_map(fn, dict(x), *[as_dict(y) for y in o])
+            )(node, *others)
+            return VDict(out) if isinstance(out, dict) else out
+        return fn(node, *others)
+
+    return jax.tree.map(apply, tree, *rest, is_leaf=lambda x: isinstance(x, VDict))
+
+
+def _expand_vdicts(tree: Any) -> Any:
+    """Turns each VDict of stacked values into a list of per-layer dicts (for summaries)."""
+    if isinstance(tree, VDict):
+        leaves = jax.tree.leaves(tree)
+        if not leaves:
+            return {}
+        num = leaves[0].shape[0]
+        return [_expand_vdicts(jax.tree.map(lambda x, i=i: x[i], dict(tree))) for i in range(num)]
+    if isinstance(tree, dict):
+        return {k: _expand_vdicts(v) for k, v in tree.items()}
+    return tree
+
+
+def _add_per_param_summaries(stats: Any, *, suffix: str) -> None:
+    """Adds `{param_path}/{suffix}` summaries for a tree of scalar statistics."""
+    if current_context() is None:
+        return
+    for path, value in flatten_items(_expand_vdicts(stats)):
+        _add_summary(f"{path}/{suffix}", value)
+
+
+def _rms_norms(tree: Any, *, suffix: Optional[str] = None) -> Any:
+    """Per-parameter (per-layer under a VDict) RMS of `tree`, optionally added as summaries."""
+    norms = _vectorized_tree_map(lambda u: jnp.sqrt(jnp.mean(jnp.square(u))), tree)
+    if suffix is not None:
+        _add_per_param_summaries(norms, suffix=suffix)
+    return norms
+
+
+# --------------------------------------------------------------------------------------------
+# Composition and wrapping of optax transformations.
+# --------------------------------------------------------------------------------------------
+
+
+def chain(*args: ConfigOr[PartitionedGradientTransformation]) -> PartitionedGradientTransformation:
+    """Applies transformations in sequence (like optax.chain); the state is a tuple.
+
+    Args:
+        *args: Transformations or their configs.
+
+    Returns:
+        The chained transformation.
+    """
+    txs = [_to_partitioned_transformation(e) for e in args]
+    base = optax.chain(*[optax.GradientTransformation(e.init, e.update) for e in txs])
+    return PartitionedGradientTransformation(
+        init=base.init,
+        update=base.update,
+        partition=lambda param_specs: tuple(e.partition(param_specs) for e in txs),
+    )
+
+
+def named_chain(**kwargs: ConfigOr[PartitionedGradientTransformation]):
+    """Applies transformations in sequence; the state is a dict keyed by the given names.
+
+    Args:
+        **kwargs: name -> transformation (or config), applied in order.
+
+    Returns:
+        The chained transformation.
+    """
+    txs = {k: _to_partitioned_transformation(v) for k, v in kwargs.items()}
+
+    def update_fn(updates, state, params):
+        new_state = {}
+        for k, tx in txs.items():
+            updates, new_state[k] = tx.update(updates, state[k], params)
+        return updates, new_state
+
+    return PartitionedGradientTransformation(
+        init=lambda params: {k: tx.init(params) for k, tx in txs.items()},
+        update=update_fn,
+        partition=lambda specs: {k: tx.partition(specs) for k, tx in txs.items()},
+    )
+
+
+def with_partition_fn(
+    base: optax.GradientTransformation, partition_fn: TransformPartitionSpecFn
+) -> PartitionedGradientTransformation:
+    """Wraps an optax transformation (on plain arrays) to take OptParams, with `partition_fn`.
+
+    Args:
+        base: The optax transformation.
+        partition_fn: Maps parameter specs to the specs of `base`'s state.
+
+    Returns:
+        The partitioned transformation.
+    """
+
+    def update_fn(updates, state, params):
+        values = None if params is None else opt_param_values(params)
+        return base.update(updates, state, values)
+
+    return PartitionedGradientTransformation(
+        init=lambda params: base.init(opt_param_values(params)),
+        update=update_fn,
+        partition=partition_fn,
+    )
+
+
+def trace_partition(base: optax.GradientTransformation) -> PartitionedGradientTransformation:
+    """Partitions an `optax.trace` transformation (momentum sharded like the parameters)."""
+    return with_partition_fn(base, lambda specs: optax.TraceState(trace=copy_partition(specs)))
+
+
+def adam_partition(base: optax.GradientTransformation) -> PartitionedGradientTransformation:
+    """Partitions an `optax.scale_by_adam` transformation (mu and nu sharded like the params)."""
+
+    def partition_fn(specs):
+        return optax.ScaleByAdamState(
+            count=_scalar_spec(), mu=copy_partition(specs), nu=copy_partition(specs)
+        )
+
+    return with_partition_fn(base, partition_fn)
+
+
+def scale(step_size: float) -> PartitionedGradientTransformation:
+    """Multiplies updates by a constant.
+
+    Args:
+        step_size: The constant.
+
+    Returns:
+        The transformation.
+    """
+    return with_partition_fn(optax.scale(step_size), lambda _: optax.ScaleState())
+
+
+def scale_by_schedule(
+    step_size_fn: schedule.Schedule, *, name: Optional[str] = None
+) -> PartitionedGradientTransformation:
+    """Multiplies updates by a schedule of the update count (0 for the first update).
+
+    Adds `schedule_step` and `schedule_scale` summaries (prefixed by `name/` if given).
+
+    Args:
+        step_size_fn: The schedule.
+        name: Optional summary prefix.
+
+    Returns:
+        The transformation.
+    """
+    fn = schedule.as_schedule_fn(step_size_fn)
+    prefix = "" if name is None else f"{name}/"
+
+    def wrapped(step):
+        value = fn(step)
+        _add_summary(prefix + "schedule_step", step)
+        _add_summary(prefix + "schedule_scale", value)
+        return value
+
+    return with_partition_fn(
+        optax.scale_by_schedule(wrapped),
+        lambda _: optax.ScaleByScheduleState(count=_scalar_spec()),
+    )
+
+
+def scale_from_learning_rate(
+    learning_rate: schedule.Schedule, *, flip_sign: bool = True
+) -> schedule.ScheduleFn:
+    """A schedule equal to -learning_rate (or +learning_rate), adding `learning_rate` summaries.
+
+    Args:
+        learning_rate: The learning rate schedule.
+        flip_sign: Whether to negate it (gradient descent).
+
+    Returns:
+        The schedule.
+    """
+    lr_fn = schedule.as_schedule_fn(learning_rate)
+
+    def fn(step):
+        lr = lr_fn(step)
+        _add_summary("lr_schedule_step", step)
+        _add_summary("learning_rate", lr)
+        return -lr if flip_sign else lr
+
+    return fn
+
+
+class EmaState(NamedTuple):
+    """State of `ema`."""
+
+    # Number of updates.
+    count: Tensor
+    # The moving averages.
+    ema: Any
+
+
+def ema(
+    decay: schedule.Schedule, debias: bool = True, accumulator_dtype: Optional[Any] = jnp.float32
+) -> PartitionedGradientTransformation:
+    """Replaces updates by their exponential moving average (momentum).
+
+    Args:
+        decay: The decay, a schedule of the update count.
+        debias: Whether to divide by (1 - decay**t).
+        accumulator_dtype: dtype of the averages of non-scalar parameters (None: the update dtype).
+
+    Returns:
+        The transformation.
+    """
+    decay_fn = schedule.as_schedule_fn(decay)
+
+    def acc_dtype(shape, dtype):
+        return accumulator_dtype if (len(shape) and accumulator_dtype is not None) else dtype
+
+    def init_fn(params):
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, acc_dtype(p.shape, p.dtype)), params)
+        return EmaState(count=jnp.zeros([], jnp.int32), ema=zeros)
+
+    def update_fn(updates, state, params=None):
+        del params
+        decay_t = decay_fn(state.count)
+        count = optax.safe_increment(state.count)
+        new_ema = jax.tree.map(lambda u, m: (1 - decay_t) * u + decay_t * m, updates, state.ema)
+        if debias:
+            updates = jax.tree.map(lambda m: m / (1 - decay_t**count).astype(m.dtype), new_ema)
+        else:
+            updates = new_ema
+        new_ema = jax.tree.map(lambda m, old: m.astype(old.dtype), new_ema, state.ema)
+        return updates, EmaState(count=count, ema=new_ema)
+
+    def partition_fn(specs):
+        return EmaState(
+            count=_scalar_spec(),
+            ema=jax.tree.map(
+                lambda s: OptStateSpec(
+                    shape=s.shape, dtype=acc_dtype(s.shape, s.dtype), mesh_axes=s.mesh_axes
+                ),
+                specs,
+            ),
+        )
+
+    return PartitionedGradientTransformation(init_fn, update_fn, partition_fn)
+
+
+def clip_by_block_rms(
+    threshold: Optional[float], *, summary_suffix: Optional[str] = None
+) -> PartitionedGradientTransformation:
+    """Clips each parameter's update (each layer's, under a VDict) to RMS <= threshold.
+
+    Args:
+        threshold: The maximum RMS; None disables clipping.
+        summary_suffix: If set, adds the pre-clipping RMS as `{param_path}/{summary_suffix}`.
+
+    Returns:
+        The transformation.
+    """
+
+    def update_fn(updates, state, params=None):
+        del params
+        if threshold is None and summary_suffix is None:
+            return updates, state
+        norms = _rms_norms(updates, suffix=summary_suffix)
+        if threshold is not None:
+            updates = _vectorized_tree_map(
+                lambda u, n: u / jnp.maximum(1.0, n / threshold), updates, norms
+            )
+        return updates, state
+
+    return PartitionedGradientTransformation(
+        lambda _: optax.EmptyState(), update_fn, lambda _: optax.EmptyState()
+    )
+
+
+def scale_by_param_block_rms(min_scale: float = 1e-3) -> PartitionedGradientTransformation:
+    """Multiplies each update by max(RMS(param), min_scale) (per layer under a VDict).
+
+    Args:
+        min_scale: The minimum multiplier.
+
+    Returns:
+        The transformation.
+    """
+
+    def update_fn(updates, state, params):
+        values = opt_param_values(params)
+        updates = _vectorized_tree_map(
+            lambda u, p: u * optax.safe_root_mean_squares(p, min_scale), updates, values
+        )
+        return updates, state
+
+    return PartitionedGradientTransformation(
+        lambda _: optax.EmptyState(), update_fn, lambda _: optax.EmptyState()
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Parameter EMA.
+# --------------------------------------------------------------------------------------------
+
+
+class ParamEmaState(NamedTuple):
+    """State of param_ema."""
+
+    # Number of EMA updates.
+    count: Tensor
+    # The moving averages of the parameters.
+    ema: Any
+
+
+def _no_op() -> PartitionedGradientTransformation:
+    return PartitionedGradientTransformation(
+        init=lambda params: optax.EmptyState(),
+        update=lambda updates, state, params: (updates, state),
+        partition=lambda specs: optax.EmptyState(),
+    )
+
+
+def param_ema(*, decay: Optional[schedule.Schedule] = None) -> PartitionedGradientTransformation:
+    """Polyak averaging: an EMA of the parameters (its `update` is called with new params).
+
+    ema_t = (1 - decay(t)) * param_t + decay(t) * ema_{t-1}, from zeros (wrap a constant decay
+    in `schedule.decay_bias_correction` for a debiased average).
+
+    Args:
+        decay: The decay schedule; None disables the EMA (a no-op transformation).
+
+    Returns:
+        The transformation; updates pass through unchanged.
+    """
+    if decay is None:
+        return _no_op()
+    decay_fn = schedule.as_schedule_fn(decay)
+
+    def init_fn(params):
+        return ParamEmaState(
+            count=jnp.zeros([], jnp.int32),
+            ema=jax.tree.map(lambda p: jnp.zeros_like(p.value), params),
+        )
+
+    def update_fn(updates, state, params):
+        if params is None:
+            raise ValueError("param_ema needs params.")
+        decay_t = decay_fn(state.count)
+        new_ema = jax.tree.map(
+            lambda p, e: ((1 - decay_t) * p.value + decay_t * e).astype(e.dtype), params, state.ema
+        )
+        return updates, ParamEmaState(count=optax.safe_increment(state.count), ema=new_ema)
+
+    def partition_fn(specs):
+        return ParamEmaState(count=_scalar_spec(), ema=copy_partition(specs))
+
+    return PartitionedGradientTransformation(init_fn, update_fn, partition_fn)
