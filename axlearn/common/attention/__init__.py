@@ -1,0 +1,123 @@
+"""Attention layers, transformer layers and transformer stacks.
+
+The implementation is split over submodules (qkv, scale, multihead, transformer, stack,
+bias_layers); every public name lives at `axlearn.common.attention.<Name>`, which is also its
+`__module__`, so configs dump it as e.g. 'axlearn.common.attention.GroupedQueryAttention'.
+
+Parameter paths follow child names, e.g. for a decoder layer:
+`self_attention/norm/scale`, `self_attention/attention/i_proj/i_proj/qkv_proj/weight`
+(RoFormerQKVLinear wrapping FusedGroupedQKVLinear), `self_attention/attention/o_proj/weight`,
+`self_attention/attention/scale_query/norm/scale` (QK-norm), `feed_forward/linear1_0/weight`,
+`feed_forward/linear1_1/weight`, `feed_forward/linear2/weight`, `feed_forward/norm/scale`.
+"""
+
+from axlearn.common.attention import bias_layers, multihead, qkv, scale, stack, transformer
+from axlearn.common.attention.bias_layers import (
+    AttentionLogitBiasLayer,
+    CausalAttentionLogitBiasLayer,
+    FullAttentionLogitBiasLayer,
+)
+from axlearn.common.attention.multihead import (
+    FlashAttention,
+    GroupedQueryAttention,
+    MultiheadAttention,
+)
+from axlearn.common.attention.qkv import (
+    BaseMultiheadLinear,
+    BaseQKVLinear,
+    FusedGroupedQKVLinear,
+    FusedQKVLinear,
+    GroupedQKVLinear,
+    MultiheadInputLinear,
+    MultiheadOutputLinear,
+    QKVLinear,
+    RoFormerQKVLinear,
+    RoFormerSinusoidalPositionalEmbedding,
+    apply_rotary_position_embeddings,
+)
+from axlearn.common.attention.scale import (
+    BaseScaleQK,
+    ScaleFn,
+    ScaleKey,
+    ScaleQuery,
+    constant_scale_fn,
+    pow_scale_fn,
+)
+from axlearn.common.attention.stack import (
+    BaseStackedTransformerLayer,
+    RepeatedTransformerLayer,
+    StackedTransformerLayer,
+    _save_and_offload_only_these_names_regex,
+    _TransformerRepeat,
+    build_remat_spec,
+)
+from axlearn.common.attention.transformer import (
+    BaseTransformerLayer,
+    TransformerAttentionLayer,
+    TransformerFeedForwardLayer,
+    TransformerLayer,
+    scaled_hidden_dim,
+)
+from axlearn.common.attention_bias import (
+    NEG_INF,
+    causal_mask,
+    make_segment_mask,
+    sliding_window_causal_mask,
+)
+
+_SUBMODULES = (bias_layers, multihead, qkv, scale, stack, transformer)
+
+
+def _claim_public_names():
+    """Sets `__module__` of names defined in the submodules to this package's name."""
+    for value in list(globals().values()):
+        module = getattr(value, "__module__", None)
+        if any(module == sub.__name__ for sub in _SUBMODULES):
+            try:
+                value.__module__ = __name__
+            except (AttributeError, TypeError):
+                pass
+
+
+_claim_public_names()
+
+__all__ = [
+    "_TransformerRepeat",
+    "_save_and_offload_only_these_names_regex",
+    "AttentionLogitBiasLayer",
+    "BaseMultiheadLinear",
+    "BaseQKVLinear",
+    "BaseScaleQK",
+    "BaseStackedTransformerLayer",
+    "BaseTransformerLayer",
+    "CausalAttentionLogitBiasLayer",
+    "FlashAttention",
+    "FullAttentionLogitBiasLayer",
+    "FusedGroupedQKVLinear",
+    "FusedQKVLinear",
+    "GroupedQKVLinear",
+    "GroupedQueryAttention",
+    "MultiheadAttention",
+    "MultiheadInputLinear",
+    "MultiheadOutputLinear",
+    "NEG_INF",
+    "QKVLinear",
+    "RepeatedTransformerLayer",
+    "RoFormerQKVLinear",
+    "RoFormerSinusoidalPositionalEmbedding",
+    "ScaleFn",
+    "ScaleKey",
+    "ScaleQuery",
+    "StackedTransformerLayer",
+    "TransformerAttentionLayer",
+    "TransformerFeedForwardLayer",
+    "TransformerLayer",
+    "apply_rotary_position_embeddings",
+    "build_remat_spec",
+    "causal_mask",
+    "constant_scale_fn",
+    "make_segment_mask",
+    "pow_scale_fn",
+    "scaled_hidden_dim",
+    "sliding_window_causal_mask",
+]

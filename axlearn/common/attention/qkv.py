@@ -1,0 +1,501 @@
+"""Projections of attention inputs to per-head queries, keys and values (with KV caching).
+
+Public names are re-exported by `axlearn.common.attention` (see its docstring).
+"""
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from axlearn.common.base_layer import BaseLayer, ParameterSpec
+from axlearn.common.config import REQUIRED, InstantiableConfig, Required, config_class
+from axlearn.common.module import Module, child_context
+from axlearn.common.param_init import FanAxes
+from axlearn.common.repeat import prepend_axis_to_specs
+from axlearn.common.utils import NestedTensor, Tensor
+
+
+class BaseMultiheadLinear(BaseLayer):
+    """A linear layer between [..., model_dim] and per-head [..., num_heads, per_head_dim]."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        """Configures BaseMultiheadLinear."""
+
+        model_dim: Required[int] = REQUIRED  # Feature dim of the un-headed side.
+        num_heads: Required[int] = REQUIRED  # Number of attention heads.
+        per_head_dim: Required[int] = REQUIRED  # Dimension per head.
+        bias: bool = True  # Whether the layer has a bias.
+
+    @classmethod
+    def default_config(cls) -> Config:
+        cfg = super().default_config()
+        # Shard the heads axis over the 'model' mesh axis.
+        cfg.param_partition_spec = (None, "model", None)
+        return cfg
+
+    def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
+        cfg = self.config
+        params = dict(
+            weight=ParameterSpec(
+                shape=(cfg.model_dim, cfg.num_heads, cfg.per_head_dim),
+                mesh_axes=cfg.param_partition_spec,
+                fan_axes=self._weight_fan_axes(),
+            )
+        )
+        if cfg.bias:
+            params["bias"] = self._bias_spec(cfg)
+        return params
+
+    def _weight_fan_axes(self) -> FanAxes:
+        raise NotImplementedError(type(self))
+
+    def _bias_spec(self, cfg) -> ParameterSpec:
+        raise NotImplementedError(type(self))
+
+
+class MultiheadInputLinear(BaseMultiheadLinear):
+    """Projects [batch, length, model_dim] to [batch, length, num_heads, per_head_dim]."""
+
+    def _weight_fan_axes(self) -> FanAxes:
+        return FanAxes(in_axis=0, out_axis=(1, 2))
+
+    def _bias_spec(self, cfg) -> ParameterSpec:
+        return ParameterSpec(
+            shape=(cfg.num_heads, cfg.per_head_dim), mesh_axes=tuple(cfg.param_partition_spec)[1:]
+        )
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        """Returns the per-head projection [batch, length, num_heads, per_head_dim]."""
+        params = self.parameters
+        outputs = jnp.einsum("btd,dnh->btnh", inputs, params["weight"])
+        return outputs + params["bias"] if "bias" in params else outputs
+
+
+class MultiheadOutputLinear(BaseMultiheadLinear):
+    """Projects [batch, length, num_heads, per_head_dim] to [batch, length, model_dim]."""
+
+    def _weight_fan_axes(self) -> FanAxes:
+        return FanAxes(in_axis=(1, 2), out_axis=0)
+
+    def _bias_spec(self, cfg) -> ParameterSpec:
+        return ParameterSpec(shape=(cfg.model_dim,), mesh_axes=tuple(cfg.param_partition_spec)[:1])
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        """Returns the output projection [batch, length, model_dim]."""
+        params = self.parameters
+        outputs = jnp.einsum("btnh,dnh->btd", inputs, params["weight"])
+        return outputs + params["bias"] if "bias" in params else outputs
+
+
+class BaseQKVLinear(BaseLayer):
+    """Maps query/key/value inputs to per-head projections; keeps a KV cache for decoding.
+
+    KV cache (`init_states` / `extend_step`): {"time_step": [batch] int32, "key": [batch,
+    max_len, num_kv_heads, per_head_dim], "value": same}, in `cache_dtype`.
+    """
+
+    @config_class
+    class Config(BaseLayer.Config):
+        """Configures BaseQKVLinear."""
+
+        query_dim: Required[int] = REQUIRED  # Input query feature dim.
+        key_dim: Required[int] = REQUIRED  # Input key feature dim.
+        value_dim: Required[int] = REQUIRED  # Input value feature dim.
+        num_heads: Required[int] = REQUIRED  # Number of query heads.
+        per_head_dim: Required[int] = REQUIRED  # Dimension of each head.
+        # The dtype of the KV cache; None means the layer dtype.
+        cache_dtype: Optional[jnp.dtype] = None
+
+    class Output(NamedTuple):
+        """Projections: query [B, T, num_heads, H]; key/value [B, S, num_kv_heads, H]."""
+
+        query: Tensor
+        key: Tensor
+        value: Tensor
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Number of key/value heads."""
+        return self.config.num_heads
+
+    def forward(
+        self,
+        query: Tensor,
+        *,
+        key: Optional[Tensor] = None,
+        value: Optional[Tensor] = None,
+        query_positions: Optional[Tensor] = None,
+    ) -> Output:
+        """Computes per-head projections.
+
+        Args:
+            query: [batch, target_length, query_dim].
+            key: Optional [batch, source_length, key_dim]; None means `query` (self-attention).
+            value: Optional [batch, source_length, value_dim]; None means `query`.
+            query_positions: Optional [batch, target_length] positions (used by RoPE); None
+                means arange(target_length).
+
+        Returns:
+            An Output.
+        """
+        raise NotImplementedError(type(self))
+
+    def _cache_dtype(self):
+        return self.config.cache_dtype or self.dtype()
+
+    def init_states(
+        self, *, time_step: Optional[Tensor], query: Tensor, max_len: Optional[int] = None
+    ) -> tuple[NestedTensor, Optional[Output]]:
+        """Creates the KV cache, empty or prefilled (self-attention only).
+
+        Args:
+            time_step: None for an empty cache (then `query` may be a `jax.ShapeDtypeStruct`), or
+                [batch] int: where decoding continues; the cache is prefilled with the
+                projections of all of `query`, and positions >= time_step are ignored later by
+                causal masking and overwritten by `extend_step`.
+            query: [batch, length, query_dim]; `length` is the cache length unless `max_len`.
+            max_len: Optional cache length (default: query length).
+
+        Returns:
+            (cache, output): output is None for an empty cache, else the projections of `query`
+            (keys/values read back from the cache, i.e. in `cache_dtype`).
+        """
+        batch, length = query.shape[:2]
+        max_len = max_len or length
+        dtype = self._cache_dtype()
+        cfg = self.config
+        shape = (batch, max_len, self.num_kv_heads, cfg.per_head_dim)
+        cache = dict(
+            time_step=jnp.zeros([batch], jnp.int32),
+            key=jnp.zeros(shape, dtype),
+            value=jnp.zeros(shape, dtype),
+        )
+        if time_step is None:
+            return cache, None
+        cache, output = self.extend_step(cache, query)
+        cache["time_step"] = time_step.astype(jnp.int32)
+        return cache, output
+
+    def extend_step(
+        self, cached_states: NestedTensor, query: Tensor
+    ) -> tuple[NestedTensor, Output]:
+        """Projects `query` at positions time_step + [0, steps) and writes its key/value.
+
+        Writes at positions >= the cache length are dropped.
+
+        Args:
+            cached_states: The cache from `init_states` or a previous `extend_step`.
+            query: [batch, steps, query_dim].
+
+        Returns:
+            (updated cache, output) where output.key/value are the whole cache
+            [batch, max_len, num_kv_heads, per_head_dim].
+        """
+        time_step = cached_states["time_step"]
+        steps = query.shape[1]
+        positions = time_step[:, None] + jnp.arange(steps)[None, :]
+        q_proj, k_proj, v_proj = self.forward(query, query_positions=positions)
+        cached_key, cached_value = cached_states["key"], cached_states["value"]
+        max_len = cached_key.shape[1]
+        # One-hot scatter [batch, steps, max_len]; exact (multiplies by 0/1 and adds 0).
+        one_hot = jax.nn.one_hot(positions, max_len, dtype=cached_key.dtype)
+        keep = (1 - one_hot.sum(axis=1))[:, :, None, None]
+        new_key = cached_key * keep + jnp.einsum(
+            "btnh,bts->bsnh", k_proj.astype(cached_key.dtype), one_hot
+        )
+        new_value = cached_value * keep + jnp.einsum(
+            "btnh,bts->bsnh", v_proj.astype(cached_value.dtype), one_hot
+        )
+        updated = dict(time_step=time_step + steps, key=new_key, value=new_value)
+        return updated, self.Output(query=q_proj, key=new_key, value=new_value)
+
+
+class QKVLinear(BaseQKVLinear):
+    """Separate q_proj, k_proj and v_proj projections (num_kv_heads == num_heads)."""
+
+    @config_class
+    class Config(BaseQKVLinear.Config):
+        """Configures QKVLinear."""
+
+        # The projection layer config, used for each of q/k/v.
+        layer: MultiheadInputLinear.Config = MultiheadInputLinear.default_config()
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        for name, dim, heads in (
+            ("q", cfg.query_dim, cfg.num_heads),
+            ("k", cfg.key_dim, self.num_kv_heads),
+            ("v", cfg.value_dim, self.num_kv_heads),
+        ):
+            proj = cfg.layer.clone(model_dim=dim, num_heads=heads, per_head_dim=cfg.per_head_dim)
+            self._add_child(f"{name}_proj", proj)
+
+    def forward(
+        self,
+        query: Tensor,
+        *,
+        key: Optional[Tensor] = None,
+        value: Optional[Tensor] = None,
+        query_positions: Optional[Tensor] = None,
+    ) -> BaseQKVLinear.Output:
+        del query_positions
+        key = query if key is None else key
+        value = query if value is None else value
+        return self.Output(query=self.q_proj(query), key=self.k_proj(key), value=self.v_proj(value))
+
+
+class GroupedQKVLinear(QKVLinear):
+    """QKVLinear with `num_kv_heads` key/value heads shared by groups of query heads."""
+
+    @config_class
+    class Config(QKVLinear.Config):
+        """Configures GroupedQKVLinear."""
+
+        # Number of key/value heads; must divide num_heads.
+        num_kv_heads: Required[int] = REQUIRED
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        if cfg.num_heads % cfg.num_kv_heads:
+            raise ValueError(
+                f"num_kv_heads ({cfg.num_kv_heads}) must divide num_heads ({cfg.num_heads})"
+            )
+        super().__init__(cfg, parent=parent)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.config.num_kv_heads
+
+
+def _check_equal_dims(cfg, cls_name: str):
+    if not cfg.query_dim == cfg.key_dim == cfg.value_dim:
+        raise ValueError(
+            f"{cls_name} needs query_dim == key_dim == value_dim, got "
+            f"{cfg.query_dim}, {cfg.key_dim}, {cfg.value_dim}"
+        )
+
+
+class FusedQKVLinear(BaseQKVLinear):
+    """One fused weight [3, model_dim, num_heads, per_head_dim] for q, k and v.
+
+    Self-attention only computes one einsum; cross-attention requires key/value inputs of the
+    same shape as the query.
+    """
+
+    @config_class
+    class Config(BaseQKVLinear.Config):
+        """Configures FusedQKVLinear."""
+
+        # The projection layer config; its parameters get a leading axis of 3.
+        layer: MultiheadInputLinear.Config = MultiheadInputLinear.default_config()
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        _check_equal_dims(cfg, "FusedQKVLinear")
+        self._add_child(
+            "qkv_proj",
+            cfg.layer.clone(
+                model_dim=cfg.query_dim, num_heads=cfg.num_heads, per_head_dim=cfg.per_head_dim
+            ),
+        )
+
+    def create_parameter_specs_recursively(self):
+        return prepend_axis_to_specs(super().create_parameter_specs_recursively(), 3)
+
+    def initialize_parameters_recursively(self, prng_key: Tensor, **kwargs) -> NestedTensor:
+        def init(key):
+            return dict(qkv_proj=self.qkv_proj.initialize_parameters_recursively(key, **kwargs))
+
+        return jax.vmap(init)(jax.random.split(prng_key, 3))
+
+    def forward(
+        self,
+        query: Tensor,
+        *,
+        key: Optional[Tensor] = None,
+        value: Optional[Tensor] = None,
+        query_positions: Optional[Tensor] = None,
+    ) -> BaseQKVLinear.Output:
+        del query_positions
+        with child_context("qkv_proj", module=self.qkv_proj):
+            params = self.qkv_proj.parameters
+        if key is None and value is None:
+            proj = jnp.einsum("btd,pdnh->pbtnh", query, params["weight"])
+        elif key is not None and value is not None:
+            inputs = jnp.stack([query, key, value], axis=0)
+            proj = jnp.einsum("pbtd,pdnh->pbtnh", inputs, params["weight"])
+        else:
+            raise ValueError("key and value must be both None or both set")
+        if "bias" in params:
+            proj = proj + params["bias"][:, None, None]
+        return self.Output(query=proj[0], key=proj[1], value=proj[2])
+
+
+class FusedGroupedQKVLinear(BaseQKVLinear):
+    """One fused weight [model_dim, num_heads + 2 * num_kv_heads, per_head_dim] (self-attention).
+
+    The projection is split along the heads axis into query, key and value heads.
+    """
+
+    @config_class
+    class Config(BaseQKVLinear.Config):
+        """Configures FusedGroupedQKVLinear."""
+
+        # Number of key/value heads; must divide num_heads.
+        num_kv_heads: Required[int] = REQUIRED
+        # The projection layer config.
+        layer: MultiheadInputLinear.Config = MultiheadInputLinear.default_config()
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        _check_equal_dims(cfg, "FusedGroupedQKVLinear")
+        if cfg.num_heads % cfg.num_kv_heads:
+            raise ValueError(
+                f"num_kv_heads ({cfg.num_kv_heads}) must divide num_heads ({cfg.num_heads})"
+            )
+        self._add_child(
+            "qkv_proj",
+            cfg.layer.clone(
+                model_dim=cfg.query_dim,
+                num_heads=cfg.num_heads + 2 * cfg.num_kv_heads,
+                per_head_dim=cfg.per_head_dim,
+            ),
+        )
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.config.num_kv_heads
+
+    def forward(
+        self,
+        query: Tensor,
+        *,
+        key: Optional[Tensor] = None,
+        value: Optional[Tensor] = None,
+        query_positions: Optional[Tensor] = None,
+    ) -> BaseQKVLinear.Output:
+        del query_positions
+        if key is not None or value is not None:
+            raise ValueError("FusedGroupedQKVLinear supports self-attention only (key=value=None)")
+        cfg = self.config
+        proj = self.qkv_proj(query)
+        q, k, v = jnp.split(proj, [cfg.num_heads, cfg.num_heads + cfg.num_kv_heads], axis=-2)
+        return self.Output(query=q, key=k, value=v)
+
+
+def _rotary_sin_cos(positions: Tensor, *, dim: int, theta: float) -> Tensor:
+    """Returns [..., dim]: sin of the dim/2 frequencies then their cos, at `positions`."""
+    if dim % 2:
+        raise ValueError(f"RoPE dim must be even, got {dim}")
+    freq_exponents = jnp.arange(0, dim, 2, dtype=jnp.float32) / dim
+    inv_freq = 1.0 / (theta**freq_exponents)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+
+
+class RoFormerSinusoidalPositionalEmbedding(BaseLayer):
+    """Rotary position embedding (RoPE) tables: sin/cos of position * theta^(-2j/dim)."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        """Configures RoFormerSinusoidalPositionalEmbedding."""
+
+        dim: Required[int] = REQUIRED  # The embedding (per-head) dimension; even.
+        theta: float = 10000.0  # The base of the frequencies.
+
+    def forward(
+        self, *, positions: Optional[Tensor] = None, max_seq_len: Optional[int] = None
+    ) -> Tensor:
+        """Returns [batch, seq_len, dim]: sin of the dim/2 frequencies, then their cos.
+
+        Args:
+            positions: [batch, seq_len] int positions; None means arange(max_seq_len)[None].
+            max_seq_len: Required if `positions` is None.
+
+        Raises:
+            ValueError: If neither is given, or they disagree.
+        """
+        cfg = self.config
+        if positions is None:
+            if max_seq_len is None:
+                raise ValueError("Provide positions or max_seq_len")
+            positions = jnp.arange(max_seq_len)[None]
+        elif max_seq_len is not None and positions.shape[-1] != max_seq_len:
+            raise ValueError(f"positions length {positions.shape[-1]} != max_seq_len {max_seq_len}")
+        return _rotary_sin_cos(positions, dim=cfg.dim, theta=cfg.theta)
+
+
+def apply_rotary_position_embeddings(x: Tensor, sin_cos: Tensor) -> Tensor:
+    """Rotates interleaved channel pairs (2j, 2j+1) of `x` by the angles in `sin_cos`.
+
+    Args:
+        x: [batch, seq_len, num_heads, dim].
+        sin_cos: [batch or 1, seq_len, dim] from `RoFormerSinusoidalPositionalEmbedding`.
+
+    Returns:
+        x rotated: out[2j] = x[2j] cos_j - x[2j+1] sin_j; out[2j+1] = x[2j+1] cos_j + x[2j] sin_j.
+    """
+    sin, cos = jnp.split(sin_cos[:, :, None, :].astype(x.dtype), 2, axis=-1)
+    x_even, x_odd = x[..., 0::2], x[..., 1::2]
+    out_even = x_even * cos - x_odd * sin
+    out_odd = x_odd * cos + x_even * sin
+    return jnp.stack([out_even, out_odd], axis=-1).reshape(x.shape)
+
+
+class RoFormerQKVLinear(BaseQKVLinear):
+    """Wraps a QKV projection (child `i_proj`) and applies RoPE to queries and keys."""
+
+    @config_class
+    class Config(BaseQKVLinear.Config):
+        """Configures RoFormerQKVLinear."""
+
+        # The rotary embedding config; dim is set to per_head_dim.
+        rope_pos_emb_layer: InstantiableConfig = (
+            RoFormerSinusoidalPositionalEmbedding.default_config()
+        )
+        # The wrapped projection config.
+        input_linear: InstantiableConfig = QKVLinear.default_config()
+        # Whether to also rotate the values.
+        rotary_value: Required[bool] = REQUIRED
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        self._add_child("rope_pos_emb_layer", cfg.rope_pos_emb_layer.clone(dim=cfg.per_head_dim))
+        self._add_child(
+            "i_proj",
+            cfg.input_linear.clone(
+                query_dim=cfg.query_dim,
+                key_dim=cfg.key_dim,
+                value_dim=cfg.value_dim,
+                num_heads=cfg.num_heads,
+                per_head_dim=cfg.per_head_dim,
+            ),
+        )
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.i_proj.num_kv_heads
+
+    def forward(
+        self,
+        query: Tensor,
+        *,
+        key: Optional[Tensor] = None,
+        value: Optional[Tensor] = None,
+        query_positions: Optional[Tensor] = None,
+    ) -> BaseQKVLinear.Output:
+        cfg = self.config
+        q, k, v = self.i_proj(query, key=key, value=value)
+        if key is not None and query_positions is None and k.shape[1] != q.shape[1]:
+            raise ValueError("RoPE with cross-attention needs equal lengths or query_positions")
+        sin_cos = self.rope_pos_emb_layer(positions=query_positions, max_seq_len=q.shape[1])
+        q = apply_rotary_position_embeddings(q, sin_cos)
+        k = apply_rotary_position_embeddings(k, sin_cos)
+        if cfg.rotary_value:
+            v = apply_rotary_position_embeddings(v, sin_cos)
+        return self.Output(query=q, key=k, value=v)

@@ -1,0 +1,109 @@
+"""Scaling (and optional per-head normalization) of projected queries and keys.
+
+Public names are re-exported by `axlearn.common.attention`.
+"""
+
+import functools
+from typing import Callable, Optional
+
+from axlearn.common.base_layer import BaseLayer
+from axlearn.common.config import (
+    REQUIRED,
+    InstantiableConfig,
+    Required,
+    config_class,
+    config_for_function,
+)
+from axlearn.common.module import Module
+from axlearn.common.utils import Tensor
+
+# A function mapping per_head_dim to a scale factor.
+ScaleFn = Callable[[int], float]
+
+
+def constant_scale_fn(value: float) -> ScaleFn:
+    """Returns a `ScaleFn` that always returns `value`.
+
+    Args:
+        value: The scale.
+
+    Returns:
+        The function.
+    """
+
+    def scale_fn(per_head_dim: int) -> float:
+        del per_head_dim
+        return value
+
+    return scale_fn
+
+
+def pow_scale_fn(exp: float) -> ScaleFn:
+    """Returns a `ScaleFn` computing `per_head_dim ** exp` (exp=-0.5: the usual 1/sqrt(d)).
+
+    Args:
+        exp: The exponent.
+
+    Returns:
+        The function.
+    """
+    return functools.partial(pow, exp=exp)
+
+
+class BaseScaleQK(BaseLayer):
+    """Scales projected queries or keys [batch, length, num_heads, per_head_dim].
+
+    If `norm` is set, it is applied over the last (per-head) dimension first, with one scale
+    parameter of shape (per_head_dim,) shared by all heads (QK-norm).
+    """
+
+    @config_class
+    class Config(BaseLayer.Config):
+        """Configures BaseScaleQK."""
+
+        # The per-head dimension; set by the attention layer.
+        per_head_dim: Required[int] = REQUIRED
+        # Optional normalization layer over the per-head dim (e.g. RMSNorm for QK-norm).
+        norm: Optional[InstantiableConfig] = None
+        # Optional config of a `ScaleFn`; None uses the subclass default.
+        scale_factor: Optional[InstantiableConfig] = None
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        factor_cfg = cfg.scale_factor or self.default_scale_factor_config()
+        self._scale_fn = factor_cfg.instantiate()
+        if cfg.norm is not None:
+            self._add_child("norm", cfg.norm.clone(input_dim=cfg.per_head_dim))
+
+    @staticmethod
+    def default_scale_factor_config() -> InstantiableConfig:
+        """The default `ScaleFn` config."""
+        raise NotImplementedError
+
+    def scale(self) -> float:
+        """The multiplicative scale."""
+        return self._scale_fn(self.config.per_head_dim)
+
+    def forward(self, proj: Tensor) -> Tensor:
+        """Returns norm(proj) * scale (norm only if configured)."""
+        if "norm" in self.children:
+            proj = self.norm(proj)
+        scale = self._scale_fn(self.config.per_head_dim)
+        return proj if scale == 1 else proj * scale
+
+
+class ScaleQuery(BaseScaleQK):
+    """Scales projected queries; by default by per_head_dim ** -0.5."""
+
+    @staticmethod
+    def default_scale_factor_config() -> InstantiableConfig:
+        return config_for_function(pow_scale_fn).set(exp=-0.5)
+
+
+class ScaleKey(BaseScaleQK):
+    """Scales projected keys; by default by 1."""
+
+    @staticmethod
+    def default_scale_factor_config() -> InstantiableConfig:
+        return config_for_function(constant_scale_fn).set(value=1)

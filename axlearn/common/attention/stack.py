@@ -1,0 +1,256 @@
+"""Stacks of transformer layers: StackedTransformerLayer and RepeatedTransformerLayer.
+
+Public names are re-exported by `axlearn.common.attention`.
+
+Both compute the same function given the same weights: `StackedTransformerLayer` has children
+`layer0 ... layer{N-1}` (parameter paths `transformer/layer{i}/...`), while
+`RepeatedTransformerLayer` has one child `repeat` (a `_TransformerRepeat`) whose `layer`
+parameters are stacked on a leading axis (paths `transformer/repeat/layer/...`) and runs the
+layers with `jax.lax.scan`.
+"""
+
+from collections.abc import Sequence
+from typing import Any, Optional, Union
+
+import jax
+import jax.numpy as jnp
+
+from axlearn.common.attention.transformer import BaseTransformerLayer, TransformerLayer
+from axlearn.common.base_layer import RematSpec
+from axlearn.common.config import (
+    REQUIRED,
+    InstantiableConfig,
+    Required,
+    config_class,
+    config_for_function,
+)
+from axlearn.common.module import Module, child_context
+from axlearn.common.repeat import Repeat
+from axlearn.common.utils import NestedTensor, SavePattern, Tensor
+from axlearn.common.utils import save_and_offload_only_these_names_regex as _save_offload
+
+
+def _aggregate(outputs: Sequence[BaseTransformerLayer.Output]) -> BaseTransformerLayer.Output:
+    """The last layer's data, with auxiliary outputs stacked on a leading layer axis."""
+    fields = {}
+    for name in BaseTransformerLayer.Output._fields:
+        if name == "data":
+            continue
+        values = [getattr(o, name) for o in outputs]
+        fields[name] = None if values[0] is None else jnp.stack(values, axis=0)
+    return BaseTransformerLayer.Output(data=outputs[-1].data, **fields)
+
+
+class BaseStackedTransformerLayer(BaseTransformerLayer):
+    """The interface of transformer stacks (a stack is itself a transformer layer)."""
+
+    @config_class
+    class Config(BaseTransformerLayer.Config):
+        """Configures BaseStackedTransformerLayer."""
+
+        # Number of layers in the stack.
+        num_layers: Required[int] = REQUIRED
+        # The config of each layer (input_dim is set by the stack).
+        layer: InstantiableConfig = TransformerLayer.default_config()
+
+
+class StackedTransformerLayer(BaseStackedTransformerLayer):
+    """A stack of separately-parameterized layers `layer0`, `layer1`, ... run in sequence."""
+
+    @config_class
+    class Config(BaseStackedTransformerLayer.Config):
+        """Configures StackedTransformerLayer."""
+
+        # One config shared by all layers, or a sequence of num_layers configs.
+        layer: Union[InstantiableConfig, Sequence[InstantiableConfig]] = (
+            TransformerLayer.default_config()
+        )
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        if isinstance(cfg.layer, (list, tuple)):
+            if len(cfg.layer) != cfg.num_layers:
+                raise ValueError(
+                    f"{self.path()}: {len(cfg.layer)} layer configs for num_layers={cfg.num_layers}"
+                )
+            layer_cfgs = list(cfg.layer)
+        else:
+            layer_cfgs = [cfg.layer] * cfg.num_layers
+        self._layers = [
+            self._add_child(f"layer{i}", layer_cfg.clone(input_dim=cfg.input_dim))
+            for i, layer_cfg in enumerate(layer_cfgs)
+        ]
+
+    def forward(self, data: Tensor, **layer_kwargs) -> BaseTransformerLayer.Output:
+        """Runs the layers in order; see `TransformerLayer.forward` for `layer_kwargs`."""
+        outputs = []
+        for layer in self._layers:
+            out = layer(data, **layer_kwargs)
+            outputs.append(out)
+            data = out.data
+        return _aggregate(outputs)
+
+    def init_states(
+        self, *, time_step: Optional[Tensor], data, **layer_kwargs
+    ) -> tuple[list[NestedTensor], Optional[BaseTransformerLayer.Output]]:
+        """Per-layer caches (a list): empty if time_step is None, else prefilled from `data`."""
+        states, outputs = [], []
+        for layer in self._layers:
+            state, out = layer.init_states(time_step=time_step, data=data, **layer_kwargs)
+            states.append(state)
+            if out is not None:
+                outputs.append(out)
+                data = out.data
+        return states, (_aggregate(outputs) if outputs else None)
+
+    def extend_step(
+        self, cached_states: list[NestedTensor], data: Tensor, **layer_kwargs
+    ) -> tuple[list[NestedTensor], BaseTransformerLayer.Output]:
+        """One decoding step through every layer."""
+        states, outputs = [], []
+        for layer, layer_state in zip(self._layers, cached_states):
+            state, out = layer.extend_step(layer_state, data, **layer_kwargs)
+            states.append(state)
+            outputs.append(out)
+            data = out.data
+        return states, _aggregate(outputs)
+
+
+class _TransformerRepeat(Repeat):
+    """A Repeat of a transformer layer: carries `data` across layers."""
+
+    def _scan(self, method: str, data, xs, layer_kwargs):
+        def layer_fn(carry, x_i):
+            if method == "forward":
+                state, out = None, self.layer(carry, **layer_kwargs)
+            elif method == "init_states":
+                state, out = self.layer.init_states(time_step=x_i, data=carry, **layer_kwargs)
+            else:
+                state, out = self.layer.extend_step(x_i, carry, **layer_kwargs)
+            ys = {k: v for k, v in out._asdict().items() if k != "data" and v is not None}
+            if state is not None:
+                ys["cached_states"] = state
+            return out.data, ys
+
+        result = self._run(layer_fn, carry=data, xs=xs)
+        ys = dict(result.ys)
+        states = ys.pop("cached_states", None)
+        return states, BaseTransformerLayer.Output(data=result.carry, **ys)
+
+    def forward(self, data: Tensor, **layer_kwargs) -> BaseTransformerLayer.Output:
+        """Runs the repeated layer over `data`; aux outputs get a leading layer axis."""
+        return self._scan("forward", data, None, layer_kwargs)[1]
+
+    def init_states(
+        self, *, time_step: Optional[Tensor], data, **layer_kwargs
+    ) -> tuple[NestedTensor, Optional[BaseTransformerLayer.Output]]:
+        """Caches stacked on a leading layer axis: empty if time_step is None, else prefilled."""
+        num_layers = self.config.num_layers
+        if time_step is None:
+            with child_context("layer", module=self.layer):
+                state, _ = self.layer.init_states(time_step=None, data=data, **layer_kwargs)
+            stacked = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_layers, *x.shape)), state)
+            return stacked, None
+        xs = jnp.broadcast_to(time_step, (num_layers, *time_step.shape))
+        return self._scan("init_states", data, xs, layer_kwargs)
+
+    def extend_step(
+        self, cached_states: NestedTensor, data: Tensor, **layer_kwargs
+    ) -> tuple[NestedTensor, BaseTransformerLayer.Output]:
+        """One decoding step; `cached_states` leaves have a leading layer axis."""
+        return self._scan("extend_step", data, cached_states, layer_kwargs)
+
+
+class RepeatedTransformerLayer(BaseStackedTransformerLayer):
+    """A stack whose layers share one stacked parameter tree and run in a `jax.lax.scan`.
+
+    The compiled program size does not grow with the number of layers.
+    """
+
+    @config_class
+    class Config(BaseStackedTransformerLayer.Config):
+        """Configures RepeatedTransformerLayer."""
+
+        # The repeat layer config (layer and num_layers are set from this config).
+        repeat: InstantiableConfig = _TransformerRepeat.default_config()
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        self._add_child(
+            "repeat",
+            cfg.repeat.clone(
+                layer=cfg.layer.clone(input_dim=cfg.input_dim), num_layers=cfg.num_layers
+            ),
+        )
+
+    def forward(self, data: Tensor, **layer_kwargs) -> BaseTransformerLayer.Output:
+        """See `_TransformerRepeat.forward`."""
+        return self.repeat(data, **layer_kwargs)
+
+    def init_states(self, *, time_step: Optional[Tensor], data, **layer_kwargs):
+        """Returns ({"repeat": stacked caches}, output or None)."""
+        states, output = self.repeat.init_states(time_step=time_step, data=data, **layer_kwargs)
+        return dict(repeat=states), output
+
+    def extend_step(self, cached_states: NestedTensor, data: Tensor, **layer_kwargs):
+        """One decoding step; returns ({"repeat": caches}, output)."""
+        states, output = self.repeat.extend_step(cached_states["repeat"], data, **layer_kwargs)
+        return dict(repeat=states), output
+
+
+def _save_and_offload_only_these_names_regex(
+    *,
+    names_which_can_be_saved: SavePattern,
+    names_which_can_be_offloaded: SavePattern,
+    offload_src: str,
+    offload_dst: str,
+) -> Any:
+    """Remat policy saving tensors whose remat names match a regex (others are recomputed).
+
+    Names are those given by `BaseLayer._remat_name`, e.g. "GroupedQueryAttention.q_proj",
+    "GroupedQueryAttention.context", "TransformerFeedForwardLayer.linear1_0".
+
+    Args:
+        names_which_can_be_saved: Regex (full match) of names to keep for the backward pass.
+        names_which_can_be_offloaded: Regex of names to offload to `offload_dst` memory, or None.
+        offload_src: Memory kind offloaded from, e.g. "device".
+        offload_dst: Memory kind offloaded to, e.g. "pinned_host".
+
+    Returns:
+        A `jax.checkpoint` policy.
+    """
+    return _save_offload(
+        names_which_can_be_saved=names_which_can_be_saved,
+        names_which_can_be_offloaded=names_which_can_be_offloaded,
+        offload_src=offload_src,
+        offload_dst=offload_dst,
+    )
+
+
+def build_remat_spec(
+    stack_cfg: InstantiableConfig,
+    save_pattern: SavePattern = ".*([qkvo]_proj|context)",
+    offload_pattern: SavePattern = None,
+    offload_dst: str = "pinned_host",
+) -> RematSpec:
+    """A RematSpec for the layers of a transformer stack: save attention projections/context.
+
+    Args:
+        stack_cfg: The stack config (prevent_cse is True only for StackedTransformerLayer,
+            since inside a scan CSE cannot undo remat).
+        save_pattern: Regex of remat names to save.
+        offload_pattern: Regex of remat names to offload.
+        offload_dst: Offload destination memory kind.
+
+    Returns:
+        The RematSpec (set it on `stack_cfg.layer.remat_spec`).
+    """
+    policy = config_for_function(_save_and_offload_only_these_names_regex).set(
+        names_which_can_be_saved=save_pattern,
+        names_which_can_be_offloaded=offload_pattern,
+        offload_src="device",
+        offload_dst=offload_dst,
+    )
+    return RematSpec(prevent_cse=stack_cfg.klass is StackedTransformerLayer, policy=policy)

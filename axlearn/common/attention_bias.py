@@ -1,0 +1,163 @@
+"""Attention masks and additive attention-logit biases.
+
+Conventions (shared by every attention layer in `axlearn.common.attention`):
+
+* An attention-logit bias is a float tensor added to the attention logits before the softmax.
+  It has shape [target_length, source_length], [batch, target_length, source_length] or
+  [batch, num_heads, target_length, source_length]; `NEG_INF` disconnects a position pair.
+  `None` means "all zeros" (every pair is connected).
+* A mask function (`MaskFn`) maps broadcastable integer tensors `query_position` and
+  `key_position` to a boolean tensor that is True where the query may attend to the key.
+* Segment ids are int tensors [batch, length]; tokens attend only within their own segment.
+  Segment id 0 conventionally marks padding.
+
+`NEG_INF` is a large finite negative number rather than -inf, so a row whose every entry is
+masked produces a uniform softmax instead of NaNs.
+"""
+
+from typing import Optional, Protocol
+
+import jax.numpy as jnp
+
+Tensor = jnp.ndarray
+
+# The bias that disconnects a (query, key) pair.
+NEG_INF = -1e15
+
+
+class MaskFn(Protocol):
+    """A function returning True where `query_position` may attend to `key_position`."""
+
+    def __call__(self, query_position: Tensor, key_position: Tensor) -> Tensor:
+        """Returns a boolean tensor, the broadcast of the two position tensors."""
+
+
+def causal_mask(query_position: Tensor, key_position: Tensor) -> Tensor:
+    """The causal mask: a query attends to keys at its own or earlier positions.
+
+    Args:
+        query_position: Integer tensor of query positions (broadcastable with `key_position`).
+        key_position: Integer tensor of key positions.
+
+    Returns:
+        Boolean tensor, True where `key_position <= query_position`.
+    """
+    return query_position >= key_position
+
+
+def sliding_window_causal_mask(sliding_window_size: int) -> MaskFn:
+    """Returns a causal mask limited to the `sliding_window_size` most recent earlier keys.
+
+    A query at position q attends to keys at positions k with `q - sliding_window_size <= k <= q`,
+    i.e. to itself and to `sliding_window_size` previous tokens.
+
+    Args:
+        sliding_window_size: Number of previous tokens each query may see (>= 0).
+
+    Returns:
+        A `MaskFn`.
+
+    Raises:
+        ValueError: If `sliding_window_size` is negative.
+    """
+    if sliding_window_size < 0:
+        raise ValueError(f"sliding_window_size must be >= 0, got {sliding_window_size}")
+
+    def mask(query_position: Tensor, key_position: Tensor) -> Tensor:
+        delta = query_position - key_position
+        return (delta >= 0) & (delta <= sliding_window_size)
+
+    # Lets fused attention kernels recognize the window.
+    mask.sliding_window_size = sliding_window_size
+    return mask
+
+
+def bool_to_bias(mask: Tensor, dtype=jnp.float32) -> Tensor:
+    """Converts a boolean mask (True = attend) to an additive bias (0 or NEG_INF).
+
+    Args:
+        mask: Boolean tensor.
+        dtype: Float dtype of the result.
+
+    Returns:
+        A tensor of the same shape: 0 where `mask` is True, `NEG_INF` elsewhere.
+    """
+    return jnp.where(mask, jnp.zeros((), dtype), jnp.asarray(NEG_INF, dtype))
+
+
+def make_segment_mask(*, source_segments: Tensor, target_segments: Tensor) -> Tensor:
+    """Bias that disconnects tokens of different segments.
+
+    Args:
+        source_segments: Int tensor [batch, source_length].
+        target_segments: Int tensor [batch, target_length].
+
+    Returns:
+        Float tensor [batch, 1, target_length, source_length]: 0 where the target and source
+        tokens share a segment id, `NEG_INF` elsewhere.
+    """
+    same = target_segments[:, None, :, None] == source_segments[:, None, None, :]
+    return bool_to_bias(same)
+
+
+def mask_fn_bias(
+    mask_fn: MaskFn,
+    *,
+    target_positions: Tensor,
+    source_positions: Tensor,
+    dtype=jnp.float32,
+) -> Tensor:
+    """Evaluates `mask_fn` on position grids and returns the matching additive bias.
+
+    Args:
+        mask_fn: The mask function.
+        target_positions: Int tensor [batch, target_length] (or [1, target_length]).
+        source_positions: Int tensor [batch, source_length] (or [1, source_length]).
+        dtype: Float dtype of the result.
+
+    Returns:
+        Float tensor [batch, 1, target_length, source_length].
+    """
+    allowed = mask_fn(target_positions[:, None, :, None], source_positions[:, None, None, :])
+    return bool_to_bias(allowed, dtype)
+
+
+def add_biases(*biases: Optional[Tensor]) -> Optional[Tensor]:
+    """Sums attention-logit biases, skipping None; returns None if all are None.
+
+    Every bias is broadcast to 4 dimensions ([batch, num_heads, target, source]) first.
+
+    Args:
+        *biases: Biases (see the module docstring for accepted shapes) or None.
+
+    Returns:
+        The broadcast sum, or None.
+    """
+    result = None
+    for bias in biases:
+        if bias is None:
+            continue
+        bias = as_4d_bias(bias)
+        result = bias if result is None else result + bias
+    return result
+
+
+def as_4d_bias(bias: Tensor) -> Tensor:
+    """Expands a 2-, 3- or 4-dimensional bias to [batch, num_heads, target, source].
+
+    Args:
+        bias: The bias.
+
+    Returns:
+        The bias with 4 dimensions.
+
+    Raises:
+        ValueError: If `bias` has another rank.
+    """
+    if bias.ndim == 2:
+        return bias[None, None]
+    if bias.ndim == 3:
+        return bias[:, None]
+    if bias.ndim == 4:
+        return bias
+    raise ValueError(f"Attention logit biases must have 2-4 dims, got shape {bias.shape}")

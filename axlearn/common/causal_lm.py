@@ -1,0 +1,161 @@
+"""Autoregressive (decoder-only) language model, e.g. the GPT family.
+
+Batch contract (see DESIGN.md): `input_ids` [B, T] int32; `target_labels` [B, T] int32 where a
+negative label or the decoder's `pad_token_id` means "no target"; optional `target_num_bytes`
+[B]; for packed examples `input_segment_ids` and `input_positions` [B, T]; optional
+`token_type_ids`.
+
+`forward(input_batch=...)` returns `(loss, aux_outputs)` where the loss is the cross-entropy
+averaged over target tokens plus the z-loss, and adds these summaries (WeightedScalars weighted
+by the number of target tokens unless noted):
+    loss, cross_entropy_loss, z_loss, perplexity (exp of cross_entropy_loss), accuracy,
+    num_targets (target tokens in the batch; weight 1), num_tokens (non-padding input tokens;
+    weight 1), train_live_targets (targets per example; weight batch size),
+    bits_per_byte (only with target_num_bytes; weight: total bytes).
+"""
+
+from typing import Optional
+
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from axlearn.common.base_model import BaseModel
+from axlearn.common.config import InstantiableConfig, config_class
+from axlearn.common.decoder import Decoder
+from axlearn.common.decoding import DecodeOutputs
+from axlearn.common.loss import cross_entropy
+from axlearn.common.metrics import WeightedScalar
+from axlearn.common.module import Module, child_context
+from axlearn.common.param_init import PARAM_REGEXP_WEIGHT, DefaultInitializer, WeightInitializer
+from axlearn.common.utils import NestedTensor, Tensor, with_sharding_constraint
+
+_BATCH_SEQ_KEYS = ("input_ids", "target_labels", "input_segment_ids", "input_positions")
+
+
+class Model(BaseModel):
+    """A decoder-only transformer language model trained with next-token cross-entropy."""
+
+    @config_class
+    class Config(BaseModel.Config):
+        """Configures Model."""
+
+        # The decoder.
+        decoder: InstantiableConfig = Decoder.default_config()
+        # Scale of the auxiliary z-loss (logsumexp(logits)^2 averaged over targets); 0 disables.
+        z_loss_scale: float = 0.0
+        # Mesh axis name(s) sharding the batch axis of inputs.
+        batch_axis_names: tuple = ("data",)
+        # Mesh axis name(s) sharding the sequence axis of inputs; None leaves it unconstrained.
+        seq_axis_names: Optional[tuple] = None
+
+    @classmethod
+    def default_config(cls) -> Config:
+        cfg = super().default_config()
+        cfg.param_init = DefaultInitializer.default_config().set(
+            init_by_param_name={
+                PARAM_REGEXP_WEIGHT: WeightInitializer.default_config().set(
+                    fan=None, scale=0.02, distribution="normal"
+                )
+            }
+        )
+        return cfg
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        self._add_child("decoder", cfg.decoder)
+        self._z_loss_scale = cfg.z_loss_scale
+        self._batch_axis_names = cfg.batch_axis_names
+        self._seq_axis_names = cfg.seq_axis_names
+        self._pad_token_id = cfg.decoder.pad_token_id
+
+    def _constrain(self, input_batch: NestedTensor) -> NestedTensor:
+        batch = dict(input_batch)
+        for key, value in batch.items():
+            if key in _BATCH_SEQ_KEYS or key == "token_type_ids":
+                spec = PartitionSpec(self._batch_axis_names, self._seq_axis_names)
+            elif key == "target_num_bytes":
+                spec = PartitionSpec(self._batch_axis_names)
+            else:
+                continue
+            batch[key] = with_sharding_constraint(value, spec)
+        return batch
+
+    def predict(self, input_batch: NestedTensor) -> dict[str, Tensor]:
+        """Returns the decoder outputs {"logits", "hidden_states"} for `input_batch`."""
+        batch = self._constrain(input_batch)
+        if "input_ids" not in batch:
+            raise KeyError(f"input_batch needs 'input_ids'; got keys {sorted(batch)}")
+        return self.decoder(
+            batch["input_ids"],
+            input_segment_ids=batch.get("input_segment_ids"),
+            token_type_ids=batch.get("token_type_ids"),
+            positions=batch.get("input_positions"),
+        )
+
+    def forward(
+        self, input_batch: NestedTensor, return_aux: bool = False
+    ) -> tuple[Optional[Tensor], NestedTensor]:
+        """Computes the loss (and metrics as summaries).
+
+        Args:
+            input_batch: See the module docstring. Without `target_labels`, no loss is computed.
+            return_aux: Whether to return logits, hidden states and per-token losses.
+
+        Returns:
+            (loss or None, aux_outputs): aux_outputs is {} unless return_aux, then it has
+            "logits", "hidden_states" and (with targets) "per_label_loss" [B, T].
+        """
+        predictions = self.predict(input_batch)
+        aux = dict(predictions)
+        loss = None
+        target_labels = input_batch.get("target_labels")
+        if target_labels is not None:
+            loss, per_token_loss = self._metrics(
+                predictions["logits"],
+                target_labels=target_labels,
+                target_num_bytes=input_batch.get("target_num_bytes"),
+                input_ids=input_batch["input_ids"],
+            )
+            aux["per_label_loss"] = per_token_loss
+        return loss, (aux if return_aux else {})
+
+    def _metrics(
+        self,
+        logits: Tensor,
+        *,
+        target_labels: Tensor,
+        target_num_bytes: Optional[Tensor],
+        input_ids: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        live = (target_labels >= 0) & (target_labels != self._pad_token_id)
+        loss, parts = cross_entropy(
+            logits, target_labels, mask=live, z_loss_scale=self._z_loss_scale
+        )
+        num_targets = parts["num_targets"]
+        denom = jnp.maximum(1.0, num_targets)
+        correct = (jnp.argmax(logits, axis=-1) == target_labels) & live
+        accuracy = correct.sum() / denom
+        per_token_loss = parts["pre_mask_loss"] * live
+        batch_size = target_labels.shape[0]
+        self.add_summary("loss", WeightedScalar(loss, num_targets))
+        self.add_summary("cross_entropy_loss", WeightedScalar(parts["cross_entropy"], num_targets))
+        self.add_summary("z_loss", WeightedScalar(parts["z_loss"], num_targets))
+        self.add_summary("perplexity", WeightedScalar(jnp.exp(parts["cross_entropy"]), num_targets))
+        self.add_summary("accuracy", WeightedScalar(accuracy, num_targets))
+        self.add_summary("num_targets", WeightedScalar(num_targets, 1.0))
+        num_tokens = (input_ids != self._pad_token_id).sum().astype(jnp.float32)
+        self.add_summary("num_tokens", WeightedScalar(num_tokens, 1.0))
+        self.add_summary(
+            "train_live_targets", WeightedScalar(num_targets / batch_size, float(batch_size))
+        )
+        if target_num_bytes is not None:
+            total_bytes = target_num_bytes.sum()
+            bits_per_byte = per_token_loss.sum() / jnp.maximum(1, total_bytes) / jnp.log(2.0)
+            self.add_summary("bits_per_byte", WeightedScalar(bits_per_byte, total_bytes))
+        return loss, per_token_loss
+
+    def sample_decode(self, input_batch: NestedTensor, **kwargs) -> DecodeOutputs:
+        """Decodes after `input_batch["prefix"]`; see `Decoder.sample_decode` for kwargs."""
+        with child_context("sample_decode", module=self.decoder):
+            return self.decoder.sample_decode(prefix=input_batch["prefix"], **kwargs)

@@ -1,0 +1,85 @@
+"""Text embeddings for transformer language models."""
+
+from typing import Optional
+
+import jax.numpy as jnp
+
+from axlearn.common.base_layer import BaseLayer
+from axlearn.common.config import REQUIRED, InstantiableConfig, Required, config_class
+from axlearn.common.layers import Dropout, Embedding
+from axlearn.common.module import Module
+from axlearn.common.utils import Tensor
+
+
+class TransformerTextEmbeddings(BaseLayer):
+    """Token embeddings, plus optional token-type and positional embeddings, norm and dropout.
+
+    `attend(x)` computes output logits with the (tied) token embedding table.
+    """
+
+    @config_class
+    class Config(BaseLayer.Config):
+        """Configures TransformerTextEmbeddings."""
+
+        dim: Required[int] = REQUIRED  # Output embedding dim.
+        vocab_size: Required[int] = REQUIRED  # Vocabulary size.
+        token_emb: InstantiableConfig = Embedding.default_config()  # Token embedding lookup.
+        type_emb: Optional[InstantiableConfig] = None  # Optional token-type embedding lookup.
+        pos_emb: Optional[InstantiableConfig] = None  # Optional positional embedding lookup.
+        norm: Optional[InstantiableConfig] = None  # Optional normalization of the embeddings.
+        dropout: InstantiableConfig = Dropout.default_config()  # Dropout on the embeddings.
+        # If positive, `attend` logits are capped as cap * tanh(logits / cap).
+        soft_cap_logits: Optional[float] = None
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        self._add_child(
+            "token_emb", cfg.token_emb.clone(dim=cfg.dim, num_embeddings=cfg.vocab_size)
+        )
+        if cfg.type_emb is not None:
+            self._add_child("type_emb", cfg.type_emb.clone(dim=cfg.dim))
+        if cfg.pos_emb is not None:
+            self._add_child("pos_emb", cfg.pos_emb.clone(dim=cfg.dim))
+        if cfg.norm is not None:
+            self._add_child("norm", cfg.norm.clone(input_dim=cfg.dim))
+        self._add_child("dropout", cfg.dropout)
+
+    def forward(
+        self,
+        inputs: Tensor,
+        *,
+        token_type_ids: Optional[Tensor] = None,
+        positions: Optional[Tensor] = None,
+    ) -> Tensor:
+        """Embeds token ids.
+
+        Args:
+            inputs: Int tensor [batch, seq_len] of token ids.
+            token_type_ids: Optional int tensor [batch, seq_len] (used if `type_emb` is set).
+            positions: Optional int tensor [batch, seq_len] (used if `pos_emb` is set); None
+                means arange(seq_len).
+
+        Returns:
+            Float tensor [batch, seq_len, dim].
+        """
+        x = self.token_emb(inputs)
+        if "type_emb" in self.children:
+            if token_type_ids is None:
+                token_type_ids = jnp.zeros_like(inputs)
+            x = x + self.type_emb(token_type_ids)
+        if "pos_emb" in self.children:
+            if positions is None:
+                positions = jnp.arange(inputs.shape[1])[None]
+            x = x + self.pos_emb(positions)
+        if "norm" in self.children:
+            x = self.norm(x)
+        return self.dropout(x)
+
+    def attend(self, x: Tensor) -> Tensor:
+        """Returns logits [..., vocab_size] of hidden states `x` [..., dim] (tied head)."""
+        cap = self.config.soft_cap_logits
+        logits = self.token_emb.attend(x)
+        if cap is not None and cap > 0:
+            logits = cap * jnp.tanh(logits / cap)
+        return logits
