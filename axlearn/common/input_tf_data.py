@@ -1,0 +1,946 @@
+"""Input pipelines on tf.data: sources, processors, batching and the `Input` module.
+
+An `Input` is three functions (configs that instantiate to them):
+
+- `source`: `() -> tf.data.Dataset` of raw examples (a `BuildDatasetFn`), e.g. `tfds_dataset`;
+- `processor`: `tf.data.Dataset -> tf.data.Dataset` (a `DatasetToDatasetFn`) that turns examples
+  into model examples, possibly merging or splitting them (`identity`, `chain`, `shuffle`, the
+  language-model processors of `axlearn.common.input_lm`, ...);
+- `batcher`: batches examples (`batch`).
+
+Iterating an `Input` yields dicts of NumPy arrays: this process's slice of each global batch.
+How the global batch is split into independently read "feeds" (and so across processes) is
+described in `axlearn.common.input_feed`; how an iterator is saved and restored exactly in
+`axlearn.common.input_iterator`.
+
+TensorFlow, TFDS and seqio are imported lazily: importing this module does not import them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
+
+from absl import logging
+
+from axlearn.common.config import (
+    REQUIRED,
+    ConfigBase,
+    ConfigOr,
+    FunctionConfigBase,
+    InstantiableConfig,
+    Required,
+    config_class,
+    config_for_function,
+    maybe_instantiate,
+    maybe_set_config,
+)
+from axlearn.common.input_feed import (
+    DEFAULT_SEED,
+    MALFORMED_FAIL,
+    MALFORMED_SKIP,
+    FeedContext,
+    claim_shard,
+    current_feed,
+    derive_seed,
+    feed_scope,
+    local_feed_indices,
+)
+from axlearn.common.input_iterator import Feed, InputError, InputIterator, InputStateError
+from axlearn.common.module import Module, nowrap
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tensorflow as tf
+
+__all__ = [
+    "BuildDatasetFn",
+    "DatasetToDatasetFn",
+    "FeedContext",
+    "Input",
+    "InputError",
+    "InputIterator",
+    "InputStateError",
+    "batch",
+    "chain",
+    "concatenate_datasets",
+    "current_feed",
+    "default_pad_example_fn",
+    "disable_shuffle_recursively",
+    "filter_examples",
+    "get_data_dir",
+    "handle_malformed",
+    "identity",
+    "rekey",
+    "remove_fields",
+    "sample_from_datasets",
+    "select_fields",
+    "shuffle",
+    "take",
+    "tfds_dataset",
+    "tfds_read_config",
+    "with_processor",
+]
+
+# Environment variable holding the data dir (`--data_dir`); "FAKE" means fake inputs.
+DATA_DIR_ENV = "DATA_DIR"
+# TFDS builder names of data sets built locally from files in the repo (no network), mapped to
+# the module that registers the builder and the function that builds the data set.
+_EMBEDDED_BUILDERS = {"python_docs": "axlearn.common.embedded_data"}
+
+
+class BuildDatasetFn(Protocol):
+    """A function that creates a tf.data.Dataset (an input source)."""
+
+    def __call__(self) -> tf.data.Dataset: ...
+
+
+class DatasetToDatasetFn(Protocol):
+    """A function that transforms a tf.data.Dataset (a processor or batcher)."""
+
+    def __call__(self, ds: tf.data.Dataset) -> tf.data.Dataset: ...
+
+
+def get_data_dir() -> Optional[str]:
+    """Returns the data dir set by `--data_dir` (env `DATA_DIR`), or None when unset.
+
+    Returns:
+        The data dir, "FAKE", or None.
+    """
+    return os.environ.get(DATA_DIR_ENV) or None
+
+
+# ------------------------------------------------------------------------------------------------
+# Sources.
+# ------------------------------------------------------------------------------------------------
+
+
+def tfds_read_config(
+    *,
+    is_training: bool,
+    num_shards: Optional[int] = None,
+    shard_index: Optional[int] = None,
+    read_parallelism: int = 1,
+    decode_parallelism: int = 32,
+) -> Any:
+    """Returns a `tfds.ReadConfig` for reading one feed's shard.
+
+    Examples are split evenly across shards (`tfds.even_splits`), independently of how many
+    files the data set has; `num_shards`/`shard_index` default to the current feed.
+
+    Args:
+        is_training: Whether reading for training (parallel reads and decodes); evaluation reads
+            sequentially.
+        num_shards: The number of shards; defaults to the current feed's `num_feeds`.
+        shard_index: This shard; defaults to the current feed's index.
+        read_parallelism: Files read in parallel when training.
+        decode_parallelism: Parallel decodes when training.
+
+    Returns:
+        A tfds.ReadConfig (sharding is applied by `tfds_dataset` through the split).
+    """
+    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
+    del num_shards, shard_index  # Used by tfds_dataset through `_read_shard`.
+    parallel_read = read_parallelism if is_training else 1
+    return tfds.ReadConfig(
+        interleave_cycle_length=parallel_read,
+        num_parallel_calls_for_interleave_files=parallel_read,
+        num_parallel_calls_for_decode=decode_parallelism if is_training else 1,
+        shuffle_seed=derive_seed("tfds_read_config/shuffle_files"),
+    )
+
+
+def _read_shard(read_config: Optional[InstantiableConfig], name: str) -> tuple[int, int]:
+    num_shards, shard_index = claim_shard(name)
+    if read_config is not None and "num_shards" in read_config:
+        if read_config.num_shards is not None:
+            num_shards = read_config.num_shards
+        if read_config.shard_index is not None:
+            shard_index = read_config.shard_index
+    return num_shards, shard_index
+
+
+def _resolve_tfds_data_dir(dataset_name: str, data_dir: Optional[str]) -> Optional[str]:
+    """Returns the TFDS data dir for `dataset_name`, building embedded data sets if needed."""
+    builder_name = dataset_name.split(":")[0].split("/")[0]
+    if builder_name in _EMBEDDED_BUILDERS:
+        # pylint: disable-next=import-outside-toplevel
+        from axlearn.common import embedded_data
+
+        return embedded_data.prepare(data_dir)
+    if data_dir is None:
+        env = get_data_dir()
+        if env and env != "FAKE":
+            data_dir = env
+    return data_dir
+
+
+def _tfds_builder(dataset_name: str, *, data_dir: Optional[str], download: bool) -> Any:
+    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
+    where = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
+    try:
+        builder = tfds.builder(dataset_name, data_dir=data_dir)
+    except Exception as e:  # pylint: disable=broad-except
+        raise FileNotFoundError(
+            f"TFDS data set '{dataset_name}' was not found: looked in data_dir {where!r} "
+            f"(set tfds_dataset(data_dir=...) or --data_dir) and in the registered builders: "
+            f"{type(e).__name__}: {e}"
+        ) from e
+    if download:
+        logging.info("Downloading and preparing %s into %s", dataset_name, where)
+        builder.download_and_prepare()
+    elif not builder.is_prepared():
+        raise FileNotFoundError(
+            f"TFDS data set '{dataset_name}' is not prepared: looked in {builder.data_dir!r}. "
+            f"Prepare it there, point data_dir/--data_dir at its parent, or set download=True."
+        )
+    return builder
+
+
+def tfds_dataset(
+    dataset_name: str,
+    *,
+    split: str,
+    is_training: bool,
+    train_shuffle_buffer_size: Optional[int] = None,
+    train_shuffle_files: Optional[bool] = None,
+    data_dir: Optional[str] = None,
+    download: bool = False,
+    read_config: Optional[InstantiableConfig] = None,
+    decoders: Optional[InstantiableConfig] = None,
+    seed: Optional[int] = None,
+) -> BuildDatasetFn:
+    """Returns a source reading one TFDS data set split (this feed's shard of it).
+
+    Args:
+        dataset_name: The TFDS name, optionally with config and version (`name/config:1.0.0`).
+            `python_docs` is the embedded data set, built locally on first use.
+        split: The split, with TFDS slicing allowed (`test[:5000]`, `train[:10%]`).
+        is_training: Whether reading for training (shuffles if configured); evaluation reads
+            in a fixed order without shuffling.
+        train_shuffle_buffer_size: Examples shuffle buffer when training; required when training
+            (0 disables shuffling).
+        train_shuffle_files: Whether to shuffle file order when training; None: when the
+            shuffle buffer is positive.
+        data_dir: The TFDS data dir; None: `--data_dir` (env DATA_DIR) or TFDS's default
+            (the embedded data set: the axlearn cache dir).
+        download: Whether to run `download_and_prepare` (may use the network). Without it the data
+            set must already be prepared under data_dir (embedded data sets are always built
+            locally).
+        read_config: A config of `tfds_read_config` (parallelism, explicit sharding).
+        decoders: Optional config of TFDS decoders.
+        seed: Seed of the shuffles; None: the Input's seed.
+
+    Returns:
+        A BuildDatasetFn.
+
+    Raises:
+        ValueError: If training and `train_shuffle_buffer_size` is None.
+    """
+    if is_training:
+        if train_shuffle_buffer_size is None:
+            raise ValueError(
+                f"tfds_dataset({dataset_name!r}): train_shuffle_buffer_size is required when "
+                f"is_training=True (0 disables shuffling)"
+            )
+        shuffle_buffer_size = train_shuffle_buffer_size
+        shuffle_files = (
+            shuffle_buffer_size > 0 if train_shuffle_files is None else train_shuffle_files
+        )
+    else:
+        shuffle_buffer_size, shuffle_files = 0, False
+    if read_config is None:
+        read_config = config_for_function(tfds_read_config)
+    read_config = read_config.clone(is_training=is_training)
+
+    def fn() -> tf.data.Dataset:
+        import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
+        resolved_dir = _resolve_tfds_data_dir(dataset_name, data_dir)
+        builder = _tfds_builder(dataset_name, data_dir=resolved_dir, download=download)
+        num_shards, shard_index = _read_shard(read_config, f"tfds_dataset({dataset_name})")
+        per_feed_split = split
+        if num_shards > 1:
+            per_feed_split = tfds.even_splits(split, n=num_shards, drop_remainder=False)[
+                shard_index
+            ]
+        with feed_scope(_with_seed(current_feed(), seed)):
+            ds = builder.as_dataset(
+                split=per_feed_split,
+                shuffle_files=shuffle_files,
+                read_config=read_config.instantiate(),
+                decoders=maybe_instantiate(decoders),
+            )
+            if shuffle_buffer_size > 0:
+                # Shuffle examples before any processing merges or splits them.
+                ds = ds.shuffle(
+                    shuffle_buffer_size,
+                    seed=derive_seed(f"tfds_dataset/shuffle/{dataset_name}/{split}"),
+                    reshuffle_each_iteration=True,
+                )
+        return ds
+
+    return fn
+
+
+def _with_seed(ctx: FeedContext, seed: Optional[int]) -> FeedContext:
+    if seed is None:
+        return ctx
+    import dataclasses  # pylint: disable=import-outside-toplevel
+
+    return dataclasses.replace(ctx, seed=seed)
+
+
+def sample_from_datasets(
+    is_training: bool,
+    *,
+    sources: Sequence[InstantiableConfig],
+    weights: Sequence[float],
+    seed: Optional[int] = None,
+) -> BuildDatasetFn:
+    """Returns a source that samples examples from several sources with the given weights.
+
+    Every source is repeated, so the mixture is infinite; use `take` for a finite one.
+
+    Args:
+        is_training: Passed to every source.
+        sources: Configs of BuildDatasetFns (use `with_processor` to process a source first).
+        weights: Sampling weights (normalized), one per source.
+        seed: Seed of the sampling; None: the Input's seed.
+
+    Returns:
+        A BuildDatasetFn.
+
+    Raises:
+        ValueError: If `sources` is empty, lengths differ or a weight is negative.
+    """
+    if not sources:
+        raise ValueError("sample_from_datasets: expected at least one source")
+    if len(sources) != len(weights):
+        raise ValueError(
+            f"sample_from_datasets: {len(sources)} sources but {len(weights)} weights"
+        )
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise ValueError(f"sample_from_datasets: weights must be >= 0 with a positive sum: {weights}")
+    source_fns = [maybe_set_config(s, is_training=is_training).instantiate() for s in sources]
+
+    def fn() -> tf.data.Dataset:
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        datasets = [source_fn().repeat() for source_fn in source_fns]
+        total = float(sum(weights))
+        return tf.data.Dataset.sample_from_datasets(
+            datasets,
+            weights=[w / total for w in weights],
+            seed=derive_seed("sample_from_datasets", seed),
+            stop_on_empty_dataset=True,
+        )
+
+    return fn
+
+
+def concatenate_datasets(is_training: bool, *, sources: Sequence[InstantiableConfig]):
+    """Returns a source that reads the given sources one after another.
+
+    Args:
+        is_training: Passed to every source.
+        sources: Configs of BuildDatasetFns.
+
+    Returns:
+        A BuildDatasetFn.
+    """
+    if not sources:
+        raise ValueError("concatenate_datasets: expected at least one source")
+    source_fns = [maybe_set_config(s, is_training=is_training).instantiate() for s in sources]
+
+    def fn() -> tf.data.Dataset:
+        ds = source_fns[0]()
+        for source_fn in source_fns[1:]:
+            ds = ds.concatenate(source_fn())
+        return ds
+
+    return fn
+
+
+def with_processor(
+    source: InstantiableConfig,
+    *,
+    processor: InstantiableConfig,
+    is_training: Optional[bool] = None,
+) -> BuildDatasetFn:
+    """Returns a source that applies `processor` to `source`.
+
+    Args:
+        source: Config of a BuildDatasetFn.
+        processor: Config of a DatasetToDatasetFn.
+        is_training: Passed to both when set.
+
+    Returns:
+        A BuildDatasetFn.
+    """
+    source_fn = maybe_set_config(source, is_training=is_training).instantiate()
+    processor_fn = maybe_set_config(processor, is_training=is_training).instantiate()
+
+    def fn() -> tf.data.Dataset:
+        return processor_fn(source_fn())
+
+    return fn
+
+
+# ------------------------------------------------------------------------------------------------
+# Processors.
+# ------------------------------------------------------------------------------------------------
+
+
+def identity() -> DatasetToDatasetFn:
+    """Returns a processor that returns its input unchanged."""
+    return lambda ds: ds
+
+
+def chain(*args, is_training: Optional[bool] = None) -> DatasetToDatasetFn:
+    """Returns a processor applying the given processors (configs or functions) in order.
+
+    Args:
+        *args: Processors or their configs.
+        is_training: Passed to processor configs that have the field.
+
+    Returns:
+        A DatasetToDatasetFn.
+    """
+    processors = [
+        maybe_instantiate(maybe_set_config(p, is_training=is_training))
+        if isinstance(p, ConfigBase)
+        else p
+        for p in args
+    ]
+
+    def fn(ds: tf.data.Dataset) -> tf.data.Dataset:
+        for processor in processors:
+            ds = processor(ds)
+        return ds
+
+    return fn
+
+
+def shuffle(shuffle_buffer_size: int, *, seed: Optional[int] = None) -> DatasetToDatasetFn:
+    """Returns a processor that shuffles examples (a no-op when the buffer size is <= 0).
+
+    Args:
+        shuffle_buffer_size: The shuffle buffer size.
+        seed: Seed; None: the Input's seed.
+
+    Returns:
+        A DatasetToDatasetFn.
+    """
+
+    def fn(ds: tf.data.Dataset) -> tf.data.Dataset:
+        if shuffle_buffer_size <= 0:
+            return ds
+        return ds.shuffle(
+            shuffle_buffer_size, seed=derive_seed("shuffle", seed), reshuffle_each_iteration=True
+        )
+
+    return fn
+
+
+def take(num_examples: int) -> DatasetToDatasetFn:
+    """Returns a processor keeping the first `num_examples` examples."""
+    return lambda ds: ds.take(num_examples)
+
+
+def filter_examples(filter_fn: Callable) -> DatasetToDatasetFn:
+    """Returns a processor keeping examples for which `filter_fn(example)` is True."""
+    return lambda ds: ds.filter(filter_fn)
+
+
+def select_fields(fields: Sequence[str]) -> DatasetToDatasetFn:
+    """Returns a processor keeping only `fields` of each (dict) example."""
+    return lambda ds: ds.map(lambda ex: {k: ex[k] for k in fields})
+
+
+def remove_fields(fields: Sequence[str]) -> DatasetToDatasetFn:
+    """Returns a processor dropping `fields` from each (dict) example."""
+    return lambda ds: ds.map(lambda ex: {k: v for k, v in ex.items() if k not in fields})
+
+
+def rekey(
+    key_map: dict[str, str], *, default_value: Any = "", retain_original_inputs: bool = False
+) -> DatasetToDatasetFn:
+    """Returns a processor renaming fields: `{new_key: old_key}`.
+
+    Args:
+        key_map: New key to original key; a missing or empty original key gets `default_value`
+            (or is left out when `default_value` is None).
+        default_value: Value for missing keys.
+        retain_original_inputs: Whether to keep the fields not named in `key_map`.
+
+    Returns:
+        A DatasetToDatasetFn.
+    """
+
+    def map_fn(ex: dict) -> dict:
+        out = dict(ex) if retain_original_inputs else {}
+        for new_key, old_key in key_map.items():
+            if old_key and old_key in ex:
+                out[new_key] = ex[old_key]
+            elif default_value is not None:
+                out[new_key] = default_value
+        return out
+
+    return lambda ds: ds.map(map_fn) if key_map else ds
+
+
+def handle_malformed(
+    ds: tf.data.Dataset, *, is_valid: Callable[[Any], Any], what: str, detail: Callable
+) -> tf.data.Dataset:
+    """Applies the current feed's malformed-record policy to `ds`.
+
+    With "fail" (the default), a record for which `is_valid` is False stops the pipeline with an
+    error naming the source, the problem and the start of the record. With "skip", such records
+    are dropped and counted (`InputIterator.num_malformed_records`, logged as they occur).
+
+    Args:
+        ds: The dataset.
+        is_valid: example -> scalar bool tensor.
+        what: Describes the problem, e.g. "field 'text' is not valid UTF-8".
+        detail: example -> string tensor shown in the error (e.g. the first bytes of the text).
+
+    Returns:
+        The dataset with the policy applied.
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    ctx = current_feed()
+    if ctx.malformed_records == MALFORMED_SKIP:
+        counter = ctx.malformed_counter
+        if counter is None:
+            counter = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+        def keep(ex):
+            ok = is_valid(ex)
+            with tf.control_dependencies([counter.assign_add(tf.cast(~ok, tf.int64))]):
+                return tf.identity(ok)
+
+        return ds.filter(keep)
+    message = (
+        f"Malformed record in {ctx.source_description}: {what}. Set "
+        f"input.malformed_records='skip' to count and skip such records. Record:"
+    )
+
+    def check(ex):
+        ok = is_valid(ex)
+        with tf.control_dependencies([tf.debugging.Assert(ok, [message, detail(ex)])]):
+            return tf.nest.map_structure(tf.identity, ex)
+
+    return ds.map(check)
+
+
+# ------------------------------------------------------------------------------------------------
+# Batching.
+# ------------------------------------------------------------------------------------------------
+
+
+# A function from a (nested) element spec to a (nested) padding example.
+PadExampleFn = Callable[[Any], Any]
+
+
+def default_pad_example_fn(element_spec: Any) -> Any:
+    """Returns a padding example: zeros (empty strings) shaped like `element_spec`.
+
+    For language-model examples this gives input_ids 0 and target_labels 0 (the pad id: no
+    target), so padded rows contribute nothing to losses.
+
+    Args:
+        element_spec: A (nested) tf.TensorSpec.
+
+    Returns:
+        The (nested) padding tensors.
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    return tf.nest.map_structure(lambda s: tf.zeros(s.shape, dtype=s.dtype), element_spec)
+
+
+def count_examples(ds: tf.data.Dataset) -> int:
+    """Returns the number of elements of a finite dataset (counting them when unknown).
+
+    Args:
+        ds: The dataset.
+
+    Returns:
+        The count.
+
+    Raises:
+        ValueError: If the dataset is infinite.
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    n = int(ds.cardinality())
+    if n == tf.data.INFINITE_CARDINALITY:
+        raise ValueError(f"An evaluation input must be finite; got an infinite dataset {ds}")
+    if n == tf.data.UNKNOWN_CARDINALITY:
+        n = int(ds.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
+    return n
+
+
+def batch(
+    global_batch_size: int,
+    *,
+    is_training: bool,
+    pad_example_fn: PadExampleFn,
+    prefetch_buffer_size: Optional[int] = -1,
+    post_batch_processor: Optional[ConfigOr[DatasetToDatasetFn]] = None,
+    repeat: Optional[int] = None,
+) -> DatasetToDatasetFn:
+    """Returns a batcher producing this feed's `global_batch_size // num_feeds` examples per batch.
+
+    Training batches drop the incomplete last batch and repeat forever (unless `repeat` is set).
+    Evaluation inputs are padded with `pad_example_fn` examples to whole batches (to the same
+    number of batches on every feed), so every example is evaluated exactly once.
+
+    Args:
+        global_batch_size: Examples per global batch; divisible by the number of feeds.
+        is_training: Whether the input is for training (set by Input).
+        pad_example_fn: Creates a padding example from the element spec.
+        prefetch_buffer_size: Batches prefetched; -1 (tf.data.AUTOTUNE) or None autotune, 0
+            disables prefetching.
+        post_batch_processor: Optional processor applied to batches.
+        repeat: Times to repeat the batches; None: forever when training, once otherwise.
+
+    Returns:
+        A DatasetToDatasetFn.
+
+    Raises:
+        ValueError: If `repeat` is not a positive integer.
+    """
+    if repeat is not None and (not isinstance(repeat, int) or repeat <= 0):
+        raise ValueError(f"batch: repeat must be a positive integer or None, got {repeat!r}")
+    if global_batch_size <= 0:
+        raise ValueError(f"batch: global_batch_size must be positive, got {global_batch_size}")
+
+    def fn(ds: tf.data.Dataset) -> tf.data.Dataset:
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        ctx = current_feed()
+        if global_batch_size % ctx.num_feeds != 0:
+            raise ValueError(
+                f"batch: global_batch_size ({global_batch_size}) must be divisible by the number "
+                f"of input feeds ({ctx.num_feeds}: input.num_feeds, default the process count)"
+            )
+        per_feed = global_batch_size // ctx.num_feeds
+        if not is_training:
+            num_batches = ctx.eval_num_batches
+            n = count_examples(ds)
+            if num_batches is None:
+                num_batches = -(-n // per_feed)
+            num_pad = num_batches * per_feed - n
+            if num_pad < 0:
+                raise ValueError(f"batch: {n} examples do not fit in {num_batches} batches")
+            if num_pad > 0:
+                pad = tf.data.Dataset.from_tensors(pad_example_fn(ds.element_spec))
+                ds = ds.concatenate(pad.repeat(num_pad))
+        ds = ds.batch(per_feed, drop_remainder=True)
+        if post_batch_processor is not None:
+            ds = maybe_instantiate(post_batch_processor)(ds)
+        if repeat is not None:
+            ds = ds.repeat(repeat)
+        elif is_training:
+            ds = ds.repeat()
+        if prefetch_buffer_size is None or prefetch_buffer_size < 0:
+            ds = ds.prefetch(tf.data.AUTOTUNE)
+        elif prefetch_buffer_size > 0:
+            ds = ds.prefetch(prefetch_buffer_size)
+        return ds
+
+    return fn
+
+
+# ------------------------------------------------------------------------------------------------
+# Config helpers.
+# ------------------------------------------------------------------------------------------------
+
+
+def disable_shuffle_recursively(cfg: ConfigBase) -> None:
+    """Sets every `train_shuffle_buffer_size` field to 0 and `train_shuffle_files` to False.
+
+    Args:
+        cfg: A config tree (modified in place).
+    """
+
+    def enter_fn(_, child, default_kv):
+        if isinstance(child, ConfigBase):
+            for k in child.keys():
+                if k.endswith("train_shuffle_buffer_size"):
+                    setattr(child, k, 0)
+                elif k == "train_shuffle_files":
+                    setattr(child, k, False)
+        return default_kv
+
+    cfg.visit(visit_fn=lambda k, v: None, enter_fn=enter_fn)
+
+
+def describe_source(cfg: ConfigBase) -> str:
+    """Returns a short description of a source config for messages (its function and data set).
+
+    Args:
+        cfg: A source config.
+
+    Returns:
+        E.g. "tfds_input(dataset_name='python_docs:1.0.0', split='train')".
+    """
+    parts: list[str] = []
+
+    def enter_fn(_, child, default_kv):
+        if isinstance(child, ConfigBase):
+            for k in ("dataset_name", "mixture_or_task_name", "split"):
+                if k in child and isinstance(getattr(child, k), str):
+                    parts.append(f"{k}={getattr(child, k)!r}")
+        return default_kv
+
+    cfg.visit(visit_fn=lambda k, v: None, enter_fn=enter_fn)
+    fn = getattr(cfg, "fn", None) if isinstance(cfg, FunctionConfigBase) else None
+    name = getattr(fn, "__name__", type(cfg).__name__)
+    return f"{name}({', '.join(dict.fromkeys(parts))})"
+
+
+# ------------------------------------------------------------------------------------------------
+# The Input module.
+# ------------------------------------------------------------------------------------------------
+
+
+class Input(Module):
+    """A Module producing batches from tf.data: `source` -> `processor` -> `batcher`.
+
+    Iterate it (`iter(input)`) for dicts of NumPy arrays: this process's slice of each global
+    batch (the global batch itself with one process). `iterator_state`/`restore_iterator` save and
+    restore an iterator's position exactly (see `axlearn.common.input_iterator`).
+    """
+
+    @config_class
+    class Config(Module.Config):
+        """Configures Input."""
+
+        # Whether the input is for training (shuffled, repeated) or evaluation (one padded pass).
+        is_training: Required[bool] = REQUIRED
+        # A config of a BuildDatasetFn: the raw examples.
+        source: Required[InstantiableConfig] = REQUIRED
+        # A config of a DatasetToDatasetFn: examples -> model examples.
+        processor: Required[InstantiableConfig] = REQUIRED
+        # A config of a DatasetToDatasetFn that batches examples.
+        batcher: InstantiableConfig = config_for_function(batch)
+        # Independent pipelines the global batch is split across; None: the process count.
+        # Global batches depend on it (not on the process count); keep it fixed to resume on a
+        # different number of processes.
+        num_feeds: Optional[int] = None
+        # Base seed of shuffles and sampling; None: input_feed.DEFAULT_SEED (0).
+        seed: Optional[int] = None
+        # Malformed records: None or "fail" stops with an error naming the source; "skip"
+        # drops and counts them.
+        malformed_records: Optional[str] = None
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        parent: Optional[Module],
+        process_index: Optional[int] = None,
+        process_count: Optional[int] = None,
+    ):
+        """Builds the input.
+
+        Args:
+            cfg: The config.
+            parent: The parent module.
+            process_index: Overrides `jax.process_index()` (e.g. to simulate processes in tests).
+            process_count: Overrides `jax.process_count()`.
+
+        Raises:
+            ValueError: On an invalid `malformed_records` or `num_feeds`.
+        """
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        import jax  # pylint: disable=import-outside-toplevel
+
+        self._process_count = jax.process_count() if process_count is None else process_count
+        self._process_index = jax.process_index() if process_index is None else process_index
+        self._num_feeds = cfg.num_feeds or self._process_count
+        self._feed_indices = local_feed_indices(
+            num_feeds=self._num_feeds,
+            process_index=self._process_index,
+            process_count=self._process_count,
+        )
+        policy = cfg.malformed_records or MALFORMED_FAIL
+        if policy not in (MALFORMED_FAIL, MALFORMED_SKIP):
+            raise ValueError(
+                f"{self.path()}.malformed_records must be None, 'fail' or 'skip', got {policy!r}"
+            )
+        self._policy = policy
+        self._seed = DEFAULT_SEED if cfg.seed is None else cfg.seed
+        self._source = maybe_set_config(cfg.source, is_training=cfg.is_training).instantiate()
+        self._processor = maybe_set_config(
+            cfg.processor, is_training=cfg.is_training
+        ).instantiate()
+        self._batcher = maybe_set_config(cfg.batcher, is_training=cfg.is_training).instantiate()
+        self._description = describe_source(cfg.source)
+        dump = [line for line in cfg.debug_string().splitlines() if not line.startswith("name:")]
+        self._config_dump = "\n".join(dump)
+        self._eval_num_batches: Optional[int] = None
+
+    @property
+    def source(self) -> BuildDatasetFn:
+        """The instantiated source."""
+        return self._source
+
+    @property
+    def processor(self) -> DatasetToDatasetFn:
+        """The instantiated processor."""
+        return self._processor
+
+    @property
+    def num_feeds(self) -> int:
+        """The number of feeds of the global batch."""
+        return self._num_feeds
+
+    @property
+    def feed_indices(self) -> range:
+        """The feeds this process runs."""
+        return self._feed_indices
+
+    def _feed_context(self, feed_index: int, counter: Any = None) -> FeedContext:
+        return FeedContext(
+            num_feeds=self._num_feeds,
+            feed_index=feed_index,
+            seed=self._seed,
+            malformed_records=self._policy,
+            source_description=self._description,
+            malformed_counter=counter,
+            eval_num_batches=self._eval_num_batches,
+        )
+
+    def _examples(self, feed_index: int, counter: Any = None) -> tf.data.Dataset:
+        with feed_scope(self._feed_context(feed_index, counter)) as ctx:
+            ds = self._source()
+            if not ctx.claims and ctx.num_feeds > 1:
+                # The source reads everything: keep every num_feeds-th example for this feed.
+                ds = ds.shard(ctx.num_feeds, ctx.feed_index)
+            return self._processor(ds)
+
+    def _compute_eval_num_batches(self) -> int:
+        """Counts examples of every local feed; all feeds pad to the largest batch count."""
+        cfg = self.config
+        per_feed = cfg.batcher.global_batch_size // self._num_feeds
+        counts = [count_examples(self._examples(f)) for f in self._feed_indices]
+        num_batches = max(-(-n // per_feed) for n in counts)
+        import jax  # pylint: disable=import-outside-toplevel
+
+        if jax.process_count() > 1 and self._process_count == jax.process_count():
+            import numpy as np  # pylint: disable=import-outside-toplevel
+            from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+            gathered = multihost_utils.process_allgather(np.array([num_batches]))
+            num_batches = int(np.max(gathered))
+        logging.info("Input %s: %s eval examples per feed -> %d batches", self.path(), counts, num_batches)
+        return num_batches
+
+    def _feed_dataset(self, feed_index: int, counter: Any = None) -> tf.data.Dataset:
+        cfg = self.config
+        if not cfg.is_training and self._eval_num_batches is None and "global_batch_size" in cfg.batcher:
+            self._eval_num_batches = self._compute_eval_num_batches()
+        ds = self._examples(feed_index, counter)
+        with feed_scope(self._feed_context(feed_index, counter)):
+            return self._batcher(ds)
+
+    def _new_feed(self, feed_index: int) -> Feed:
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        counter = None
+        if self._policy == MALFORMED_SKIP:
+            counter = tf.Variable(0, dtype=tf.int64, trainable=False)
+        return Feed(
+            index=feed_index,
+            dataset=self._feed_dataset(feed_index, counter),
+            counter=counter,
+            description=self._description,
+        )
+
+    @nowrap
+    def dataset(self) -> tf.data.Dataset:
+        """Returns this process's batches as one tf.data.Dataset (feeds concatenated).
+
+        For checkpointable iteration use `iter(input)` instead.
+
+        Returns:
+            The dataset.
+        """
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        datasets = [self._feed_dataset(f) for f in self._feed_indices]
+        if len(datasets) == 1:
+            return datasets[0]
+        return tf.data.Dataset.zip(tuple(datasets)).map(
+            lambda *parts: tf.nest.map_structure(lambda *xs: tf.concat(xs, axis=0), *parts)
+        )
+
+    @nowrap
+    def element_spec(self) -> Any:
+        """Returns the (nested) tf.TensorSpec of this process's batches."""
+        return self.dataset().element_spec
+
+    def __iter__(self) -> InputIterator:
+        """Returns a new iterator from the beginning of the input."""
+        return InputIterator(
+            feeds=[self._new_feed(f) for f in self._feed_indices],
+            num_feeds=self._num_feeds,
+            process_index=self._process_index,
+            process_count=self._process_count,
+            config_dump=self._config_dump,
+            name=self.path() or "input",
+            rebuild=self._new_feed,
+        )
+
+    @nowrap
+    def batches(self, it: InputIterator):
+        """Yields the batches of `it` (AXLearn-style trainer loops call this).
+
+        Args:
+            it: An iterator from `iter(input)`.
+
+        Yields:
+            Batches.
+        """
+        yield from it
+
+    @nowrap
+    def iterator_state(self, it: InputIterator) -> bytes:
+        """Returns the position of `it` as bytes for the checkpointer.
+
+        Args:
+            it: An iterator from `iter(self)`.
+
+        Returns:
+            The state bytes of this process's feeds.
+        """
+        return it.get_state()
+
+    @nowrap
+    def restore_iterator(
+        self, states: Union[bytes, Sequence[bytes]], *, check_config: bool = True
+    ) -> InputIterator:
+        """Returns a new iterator positioned where the saved one was.
+
+        Args:
+            states: This process's saved state, or all processes' states (required when the
+                process count changed since saving).
+            check_config: Whether to refuse states saved by a differently configured input.
+
+        Returns:
+            The iterator.
+
+        Raises:
+            InputStateError: If the states cannot be restored here (the message says what to do).
+        """
+        it = iter(self)
+        it.set_state(states, check_config=check_config)
+        return it
