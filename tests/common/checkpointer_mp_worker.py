@@ -1,0 +1,106 @@
+"""One process of the multi-process checkpointer tests (run by test_checkpointer_multiprocess.py).
+
+Usage: python checkpointer_mp_worker.py MODE PROCESS_ID NUM_PROCESSES PORT CKPT_DIR
+
+Each process has 4 CPU devices; the global mesh (data=2, fsdp=4) spans both processes. Prints
+one JSON line prefixed with RESULT: and exits with os._exit (no shutdown barrier).
+"""
+
+import json
+import os
+import sys
+import time
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
+
+
+def _global_values():
+    rng = np.random.default_rng(0)
+    return dict(
+        w=rng.standard_normal((16, 8)).astype(np.float32),
+        b=rng.integers(0, 100, size=(8,), dtype=np.int32),
+        s=np.float32(3.5),
+    )
+
+
+def _make(values, mesh, specs):
+    return {
+        k: jax.make_array_from_callback(
+            v.shape, NamedSharding(mesh, specs[k]), lambda idx, v=v: v[idx]
+        )
+        for k, v in values.items()
+    }
+
+
+def _check(arrays, values):
+    for k, arr in arrays.items():
+        for shard in arr.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data), values[k][shard.index])
+
+
+def main():
+    mode, pid, nproc, port, ckpt_dir = sys.argv[1:6]
+    pid, nproc = int(pid), int(nproc)
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}", num_processes=nproc, process_id=pid
+    )
+    from axlearn.common.checkpointer import (  # pylint: disable=import-outside-toplevel
+        BarrierTimeoutError,
+        Checkpointer,
+        TensorStoreStateStorage,
+    )
+
+    assert jax.process_count() == nproc and len(jax.devices()) == 4 * nproc
+    mesh = jax.make_mesh((2, 4), ("data", "fsdp"))
+    values = _global_values()
+    specs = dict(w=PartitionSpec(("data", "fsdp")), b=PartitionSpec("fsdp"), s=PartitionSpec())
+    arrays = _make(values, mesh, specs)
+    timeout = 3 if mode == "barrier_timeout" else 60
+    cfg = Checkpointer.default_config().set(
+        name="checkpointer",
+        dir=ckpt_dir,
+        keep_last_n=5,
+        storage=TensorStoreStateStorage.default_config().set(timeout_secs=timeout),
+    )
+    ckpt = cfg.instantiate(parent=None)
+    state = dict(model=arrays, step=7, iterator=f"iterator of process {pid}".encode())
+    result = dict(pid=pid)
+    if mode == "roundtrip":
+        ckpt.save(step=7, state=state)
+        ckpt.wait_until_finished()
+        # Committed on every process once wait_until_finished returns.
+        result["committed"] = os.path.exists(os.path.join(ckpt_dir, "step_00000007", "index"))
+        step, restored = ckpt.restore(state=state)
+        _check(restored["model"], values)
+        result["step"] = step
+        result["iterator"] = restored["iterator"].decode()
+        # A different sharding: columns over (data, fsdp), and replicated.
+        other = dict(w=PartitionSpec(None, ("fsdp", "data")), b=PartitionSpec(), s=PartitionSpec())
+        target = {
+            k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(mesh, other[k]))
+            for k, v in values.items()
+        }
+        _, resharded = ckpt.restore(state=dict(state, model=target))
+        _check(resharded["model"], values)
+        result["resharded"] = True
+        ckpt.stop()
+    elif mode == "barrier_timeout":
+        start = time.perf_counter()
+        ckpt.save(step=7, state=state)
+        try:
+            ckpt.wait_until_finished()
+            result["error"] = None
+        except BarrierTimeoutError as e:
+            result["error"] = str(e)
+        result["elapsed"] = time.perf_counter() - start
+    print("RESULT:" + json.dumps(result), flush=True)
+    os._exit(0)  # pylint: disable=protected-access
+
+
+if __name__ == "__main__":
+    main()
