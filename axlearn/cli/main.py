@@ -4,6 +4,7 @@ Usage:
 
     axlearn config dump --module=text.gpt.tiny --config=gpt_tiny
     axlearn config list --module=text.gpt.tiny
+    axlearn checkpoint verify /path/to/checkpoints
 
 Each command group lives in its own module under `axlearn/cli/` and registers its subcommands
 with `add_parser(subparsers)`. Start-up stays light: nothing heavy (jax, TensorFlow, seqio) is
@@ -18,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from axlearn.cli import config_commands
+from axlearn.cli import checkpoint, config_commands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     config_commands.add_parser(groups)
+    checkpoint.add_parser(groups)
     return parser
 
 

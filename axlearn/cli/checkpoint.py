@@ -1,0 +1,117 @@
+"""`axlearn checkpoint ...`: inspect checkpoint directories without a model.
+
+- `axlearn checkpoint list DIR` prints one line per step directory: step, committed or not,
+  size, number of leaves.
+- `axlearn checkpoint verify DIR [--step N]` reads every array chunk and bytes file and checks it
+  against the checksums in the index; DIR is a checkpointer directory (every step is checked) or
+  one `step_%08d` directory. Exits 1 if a committed checkpoint fails verification.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from axlearn.cli.config_commands import CommandError
+
+
+def add_parser(groups: argparse._SubParsersAction) -> None:
+    """Registers the `checkpoint` command group and its subcommands.
+
+    Args:
+        groups: The top-level subparsers of the `axlearn` parser.
+    """
+    group = groups.add_parser("checkpoint", help="List and verify checkpoints.")
+    commands = group.add_subparsers(dest="command", metavar="SUBCOMMAND", required=True)
+    listing = commands.add_parser("list", help="List the step directories of a checkpoint dir.")
+    listing.add_argument("dir", help="The checkpointer directory (holding step_%%08d dirs).")
+    listing.set_defaults(func=list_command)
+    verify = commands.add_parser(
+        "verify", help="Check every array of every (or one) step against the index checksums."
+    )
+    verify.add_argument("dir", help="A checkpointer directory or one step_%%08d directory.")
+    verify.add_argument("--step", type=int, default=None, help="Verify only this step.")
+    verify.set_defaults(func=verify_command)
+
+
+def _format_size(num_bytes: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{num_bytes} B"
+
+
+def list_command(args: argparse.Namespace) -> int:
+    """Prints one line per step directory of `args.dir`.
+
+    Args:
+        args: Parsed arguments with `dir`.
+
+    Returns:
+        0.
+
+    Raises:
+        CommandError: If `args.dir` is not a directory.
+    """
+    from axlearn.common import checkpointer  # pylint: disable=import-outside-toplevel
+
+    if not os.path.isdir(args.dir):
+        raise CommandError(f"{args.dir} is not a directory")
+    infos = checkpointer.list_checkpoints(args.dir)
+    if not infos:
+        print(f"No step directories under {args.dir}")
+        return 0
+    for info in infos:
+        status = "committed" if info.committed else "uncommitted"
+        if info.error:
+            status = f"corrupt index: {info.error}"
+        leaves = "" if info.num_leaves is None else f"  {info.num_leaves} leaves"
+        print(f"step {info.step:>8}  {status:<11}  {_format_size(info.size_bytes):>10}{leaves}")
+    return 0
+
+
+def verify_command(args: argparse.Namespace) -> int:
+    """Verifies the step directories of `args.dir` (or `args.dir` itself if it is one).
+
+    Args:
+        args: Parsed arguments with `dir` and `step`.
+
+    Returns:
+        0 if every committed checkpoint checked is intact, 1 otherwise.
+
+    Raises:
+        CommandError: If `args.dir` is not a directory or `--step` does not exist.
+    """
+    from axlearn.common import checkpointer  # pylint: disable=import-outside-toplevel
+
+    if not os.path.isdir(args.dir):
+        raise CommandError(f"{args.dir} is not a directory")
+    try:
+        dirs = [(checkpointer.parse_step_from_dir(args.dir), args.dir)]
+    except ValueError:
+        dirs = checkpointer.step_dirs(args.dir)
+    if args.step is not None:
+        dirs = [(s, d) for s, d in dirs if s == args.step]
+        if not dirs:
+            raise CommandError(f"No directory for step {args.step} under {args.dir}")
+    if not dirs:
+        print(f"No step directories under {args.dir}")
+        return 0
+    failed = 0
+    for step, path in dirs:
+        result = checkpointer.verify_checkpoint(path)
+        size = _format_size(result.num_bytes)
+        if not result.committed:
+            print(f"step {step:>8}  uncommitted  {result.errors[0] if result.errors else ''}")
+            continue
+        if result.ok:
+            print(
+                f"step {step:>8}  committed  OK  {result.num_leaves} leaves, "
+                f"{result.num_chunks} chunks, {size}"
+            )
+            continue
+        failed += 1
+        print(f"step {step:>8}  committed  FAILED  {len(result.errors)} problem(s):")
+        for error in result.errors:
+            print(f"    {error}")
+    return 1 if failed else 0

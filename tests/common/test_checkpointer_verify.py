@@ -1,0 +1,96 @@
+"""Tests for axlearn/common/checkpointer/verify.py and the `axlearn checkpoint` command."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from axlearn.cli.main import main
+from axlearn.common import checkpointer as ckpt_lib
+from axlearn.common.checkpointer import Checkpointer, every_n_steps_policy
+from axlearn.common.config import config_for_function
+
+
+@pytest.fixture(name="ckpt_dir")
+def fixture_ckpt_dir(tmp_path):
+    """Steps 1 and 2 committed, step 3 uncommitted."""
+    cfg = Checkpointer.default_config().set(
+        name="checkpointer",
+        dir=str(tmp_path / "ckpt"),
+        keep_last_n=5,
+        save_policy=config_for_function(every_n_steps_policy).set(n=1),
+    )
+    ckpt = cfg.instantiate(parent=None)
+    mesh = jax.make_mesh((8,), ("x",))
+    state = dict(
+        w=jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, PartitionSpec("x"))),
+        b=jnp.arange(3, dtype=jnp.int32),
+        it=b"state",
+        step=0,
+    )
+    for step in (1, 2):
+        ckpt.save(step=step, state=state)
+    ckpt.stop()
+    os.makedirs(os.path.join(cfg.dir, "step_00000003", "gda"))
+    return cfg.dir
+
+
+def test_list_and_verify(ckpt_dir):
+    infos = ckpt_lib.list_checkpoints(ckpt_dir)
+    assert [(i.step, i.committed, i.num_leaves) for i in infos] == [
+        (1, True, 4),
+        (2, True, 4),
+        (3, False, None),
+    ]
+    assert infos[0].size_bytes > 8 * 4 * 4
+    result = ckpt_lib.verify_checkpoint(os.path.join(ckpt_dir, "step_00000002"))
+    assert result.ok and result.num_chunks == 9 and result.num_bytes == 8 * 4 * 4 + 3 * 4
+    uncommitted = ckpt_lib.verify_checkpoint(os.path.join(ckpt_dir, "step_00000003"))
+    assert not uncommitted.ok and not uncommitted.committed
+    spec = ckpt_lib.read_state_spec(os.path.join(ckpt_dir, "step_00000001"))
+    assert spec == dict(
+        w=jax.ShapeDtypeStruct((8, 4), jnp.float32), b=jax.ShapeDtypeStruct((3,), jnp.int32)
+    )
+
+
+def test_verify_finds_corruption(ckpt_dir):
+    step_dir = os.path.join(ckpt_dir, "step_00000002")
+    chunk = os.path.join(step_dir, "gda", "w", "4.0")
+    with open(chunk, "r+b") as f:
+        f.write(b"\x12\x34")
+    os.remove(os.path.join(step_dir, "gda", "w", "6.0"))
+    with open(os.path.join(step_dir, "host", "process_0", "it"), "ab") as f:
+        f.write(b"!")
+    result = ckpt_lib.verify_checkpoint(step_dir)
+    assert not result.ok
+    assert len(result.errors) == 3
+    assert f"{chunk} (leaf 'w'): checksum mismatch" in result.errors
+    assert any("6.0 (leaf 'w'): missing" in e for e in result.errors)
+    assert any("(leaf 'it', process 0)" in e for e in result.errors)
+
+
+def test_cli_list(ckpt_dir, capsys):
+    assert main(["checkpoint", "list", ckpt_dir]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith("step        1  committed") and lines[0].endswith("4 leaves")
+    assert lines[2].startswith("step        3  uncommitted")
+
+
+def test_cli_verify(ckpt_dir, capsys):
+    assert main(["checkpoint", "verify", ckpt_dir]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("step        1  committed  OK  4 leaves, 9 chunks")
+    assert out[2].startswith("step        3  uncommitted")
+    with open(os.path.join(ckpt_dir, "step_00000001", "gda", "b", "0"), "r+b") as f:
+        f.truncate(2)
+    assert main(["checkpoint", "verify", ckpt_dir, "--step", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "step        1  committed  FAILED  1 problem(s)" in out and "leaf 'b'" in out
+    assert main(["checkpoint", "verify", os.path.join(ckpt_dir, "step_00000002")]) == 0
+    assert main(["checkpoint", "verify", ckpt_dir, "--step", "9"]) == 1
+    assert "No directory for step 9" in capsys.readouterr().err
+    np.testing.assert_equal(main(["checkpoint", "list", "/nonexistent/dir"]), 1)
