@@ -443,6 +443,49 @@ def parameter_partition_specs(specs: NestedParameterSpec) -> Nested[PartitionSpe
     )
 
 
+def sharded_parameter_init_fn(
+    layer: BaseLayer,
+    *,
+    mesh: jax.sharding.Mesh,
+    prebuilt: Optional[NestedTensor] = None,
+) -> Callable[[Tensor], NestedTensor]:
+    """Returns `jax.jit(layer.initialize_parameters_recursively, out_shardings=...)`.
+
+    The output shardings are the NamedShardings of the layer's parameter partition specs on
+    `mesh`, so XLA computes each parameter shard on its own device: no device ever holds a whole
+    sharded parameter. Call the result with the root PRNG key.
+
+    Args:
+        layer: The root layer.
+        mesh: The device mesh; partition specs must name its axes.
+        prebuilt: See `BaseLayer.initialize_parameters_recursively`; only spec (not array)
+            leaves are allowed here, and their outputs are None.
+
+    Returns:
+        The jitted init function: prng_key -> nested dict of sharded parameters.
+
+    Raises:
+        ValueError: If a partition spec names an axis not in `mesh`, or prebuilt has arrays.
+    """
+    specs = layer.create_parameter_specs_recursively()
+    shardings = partition_spec_to_named_sharding(mesh, parameter_partition_specs(specs))
+    if prebuilt is not None:
+        for path, value in flatten_items(prebuilt):
+            if _is_array(value):
+                raise ValueError(f"sharded_parameter_init_fn: prebuilt {path} is an array")
+        shardings = jax.tree.map(
+            lambda s, p: None if p is not None else s,
+            shardings,
+            _prefix_tree(prebuilt, shardings),
+            is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
+        )
+
+    def init(prng_key: Tensor) -> NestedTensor:
+        return layer.initialize_parameters_recursively(prng_key, prebuilt=prebuilt)
+
+    return jax.jit(init, out_shardings=shardings)
+
+
 def initialize_parameters_on_mesh(
     layer: BaseLayer,
     prng_key: Tensor,
@@ -450,41 +493,18 @@ def initialize_parameters_on_mesh(
     mesh: jax.sharding.Mesh,
     prebuilt: Optional[NestedTensor] = None,
 ) -> NestedTensor:
-    """Initializes `layer`'s parameters directly sharded on `mesh`.
-
-    Initialization is one `jax.jit` function with `out_shardings` from the parameter specs, so
-    each device computes only its shards: no device ever holds a whole sharded parameter.
+    """Initializes `layer`'s parameters directly sharded on `mesh` (see sharded_parameter_init_fn).
 
     Args:
         layer: The root layer.
         prng_key: The root key.
-        mesh: The device mesh; partition specs must name its axes.
-        prebuilt: See `BaseLayer.initialize_parameters_recursively` (only spec leaves, not arrays).
+        mesh: The device mesh.
+        prebuilt: See `sharded_parameter_init_fn`.
 
     Returns:
         The nested dict of sharded parameters (None where prebuilt).
     """
-    specs = layer.create_parameter_specs_recursively()
-    shardings = partition_spec_to_named_sharding(mesh, parameter_partition_specs(specs))
-    if prebuilt is not None:
-        for path, value in flatten_items(prebuilt):
-            if _is_array(value):
-                raise ValueError(f"initialize_parameters_on_mesh: prebuilt {path} is an array")
-
-        def strip(s, p):
-            return None if p is not None else s
-
-        shardings = jax.tree.map(
-            strip,
-            shardings,
-            _prefix_tree(prebuilt, shardings),
-            is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
-        )
-
-    def init(key):
-        return layer.initialize_parameters_recursively(key, prebuilt=prebuilt)
-
-    return jax.jit(init, out_shardings=shardings)(prng_key)
+    return sharded_parameter_init_fn(layer, mesh=mesh, prebuilt=prebuilt)(prng_key)
 
 
 def _prefix_tree(prefix: Optional[NestedTensor], full: Any) -> Any:

@@ -8,47 +8,25 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common.base_layer import (
     BaseLayer,
+    CompositeTensorStats,
     ParameterSpec,
     RematSpec,
+    TensorMaxAbs,
+    TensorRMSNorm,
     initialize_parameters_on_mesh,
     param_init_debug_string,
+    sharded_parameter_init_fn,
 )
-from axlearn.common.config import REQUIRED, Required, config_class, config_for_function
+from axlearn.common.config import config_class, config_for_function
+from axlearn.common.layers import Embedding, Linear, RMSNorm
 from axlearn.common.module import functional
+from axlearn.common.param_init import ConstantInitializer, DefaultInitializer, WeightInitializer
 from axlearn.common.utils import save_and_offload_only_these_names_regex
 
 
-class Dense(BaseLayer):
-    """x @ weight + bias."""
-
-    @config_class
-    class Config(BaseLayer.Config):
-        # Input dim.
-        input_dim: Required[int] = REQUIRED
-        # Output dim.
-        output_dim: Required[int] = REQUIRED
-
-    @classmethod
-    def default_config(cls):
-        cfg = super().default_config()
-        cfg.param_partition_spec = (None, None)
-        return cfg
-
-    def _create_layer_parameter_specs(self):
-        cfg = self.config
-        return dict(
-            weight=ParameterSpec(
-                shape=(cfg.input_dim, cfg.output_dim), mesh_axes=cfg.param_partition_spec
-            ),
-            bias=ParameterSpec(shape=[cfg.output_dim], mesh_axes=(cfg.param_partition_spec[-1],)),
-        )
-
-    def forward(self, x):
-        y = x @ self.parameters["weight"] + self.parameters["bias"]
-        return self._remat_name(y, "out")
-
-
 class TwoLayer(BaseLayer):
+    """tanh(linear) applied for each name in `names`, with dims alternating dim <-> hidden."""
+
     @config_class
     class Config(BaseLayer.Config):
         # Model dim.
@@ -58,7 +36,7 @@ class TwoLayer(BaseLayer):
         # Child names in creation order.
         names: tuple = ("layer0", "layer1")
         # Config of each layer.
-        layer: Dense.Config = Dense.default_config()
+        layer: Linear.Config = Linear.default_config()
 
     def __init__(self, cfg, *, parent):
         super().__init__(cfg, parent=parent)
@@ -71,7 +49,7 @@ class TwoLayer(BaseLayer):
 
     def forward(self, x):
         for name in self.config.names:
-            x = jnp.tanh(self.children[name](x))
+            x = jnp.tanh(self._remat_name(self.children[name](x), "hidden"))
         return x
 
 
@@ -79,77 +57,158 @@ def _model(**kwargs):
     return TwoLayer.default_config().set(name="model", **kwargs).instantiate(parent=None)
 
 
+def _init(model, key, **kwargs):
+    """Jitted initialization (eager op-by-op dispatch is slow on a loaded CPU)."""
+    return jax.jit(lambda k: model.initialize_parameters_recursively(k, **kwargs))(key)
+
+
+def _mesh():
+    return jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+
+
 def test_specs_and_init_structure():
     model = _model()
     specs = model.create_parameter_specs_recursively()
     assert set(specs) == {"layer0", "layer1"}
     w = specs["layer0"]["weight"]
+    assert isinstance(w, ParameterSpec)
     assert tuple(w.shape) == (8, 16) and w.dtype == jnp.float32
     assert w.mesh_axes == PartitionSpec(None, None)
+    assert specs["layer0"]["bias"].mesh_axes == PartitionSpec(None)
     assert w.fans() == dict(fan_in=8, fan_out=16, fan_avg=12)
-    params = model.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    assert specs["layer0"]["bias"].fan_axes is None
+    params = _init(model, jax.random.PRNGKey(0))
     assert jax.tree.map(lambda x: x.shape, params) == {
         "layer0": {"weight": (8, 16), "bias": (16,)},
         "layer1": {"weight": (16, 8), "bias": (8,)},
     }
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
     np.testing.assert_array_equal(params["layer0"]["bias"], 0.0)
-    # eval_shape: no allocation, same structure.
-    abstract = jax.eval_shape(model.initialize_parameters_recursively, jax.random.PRNGKey(0))
-    assert jax.tree.map(lambda x: x.shape, abstract) == jax.tree.map(lambda x: x.shape, params)
+    # Same key, same values: init is a pure function of the key.
+    again = _init(model, jax.random.PRNGKey(0))
+    jax.tree.map(np.testing.assert_array_equal, params, again)
 
 
-def test_dtype_inherited():
-    model = _model(dtype=jnp.bfloat16)
-    params = model.initialize_parameters_recursively(jax.random.PRNGKey(0))
+def test_eval_shape_and_jit():
+    model = _model()
+    key = jax.random.PRNGKey(0)
+    abstract = jax.eval_shape(model.initialize_parameters_recursively, key)
+    assert isinstance(abstract["layer0"]["weight"], jax.ShapeDtypeStruct)
+    assert abstract["layer1"]["weight"].shape == (16, 8)
+    jitted = jax.jit(model.initialize_parameters_recursively)(key)
+    eager = model.initialize_parameters_recursively(key)
+    jax.tree.map(np.testing.assert_array_equal, jitted, eager)
+
+
+def test_dtype_and_param_init_inherited():
+    cfg = TwoLayer.default_config().set(
+        name="model",
+        dtype=jnp.bfloat16,
+        param_init=DefaultInitializer.default_config().set(
+            init_by_param_name={".*weight$": ConstantInitializer.default_config().set(value=0.5)}
+        ),
+    )
+    cfg.layer.dtype = None
+    model = cfg.instantiate(parent=None)
+    assert model.layer0.dtype() == jnp.bfloat16
+    params = _init(model, jax.random.PRNGKey(0))
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(params))
+    np.testing.assert_array_equal(np.asarray(params["layer1"]["weight"], np.float32), 0.5)
+    # A child's own dtype and param_init take precedence.
+    cfg.layer.dtype = jnp.float32
+    cfg.layer.param_init = DefaultInitializer.default_config().set(
+        init_by_param_name={".*weight$": ConstantInitializer.default_config().set(value=2.0)}
+    )
+    params = _init(cfg.instantiate(parent=None), jax.random.PRNGKey(0))
+    assert params["layer0"]["weight"].dtype == jnp.float32
+    np.testing.assert_array_equal(params["layer0"]["weight"], 2.0)
 
 
 def test_adding_sibling_keeps_values():
     key = jax.random.PRNGKey(3)
-    p1 = _model(names=("layer0", "layer1")).initialize_parameters_recursively(key)
-    p2 = _model(names=("extra", "layer0", "layer1")).initialize_parameters_recursively(key)
-    # "extra" takes dims (8, 16), so layer0/layer1 swap dims; compare by path where shapes match.
-    p3 = _model(names=("layer0", "layer1", "zzz", "yyy")).initialize_parameters_recursively(key)
-    for name in ("layer0", "layer1"):
-        for k in ("weight", "bias"):
-            np.testing.assert_array_equal(p1[name][k], p3[name][k])
-    assert p2["extra"]["weight"].shape == (8, 16)
-    assert not np.array_equal(p1["layer0"]["weight"], p3["zzz"]["weight"])
+    base = _init(_model(names=("layer0", "layer1")), key)
+    # Siblings added after and before (same dims for layer0/layer1 in both cases).
+    after = _init(_model(names=("layer0", "layer1", "zzz", "yyy")), key)
+    before = _init(_model(names=("aaa", "bbb", "layer0", "layer1")), key)
+    for other in (after, before):
+        for name in ("layer0", "layer1"):
+            jax.tree.map(np.testing.assert_array_equal, base[name], other[name])
+    assert not np.array_equal(after["zzz"]["weight"], base["layer0"]["weight"])
 
 
-def test_sharded_init_and_forward_match_single_device():
-    devices = np.array(jax.devices()[:8]).reshape(2, 4)
-    mesh = jax.sharding.Mesh(devices, ("data", "model"))
+def test_prebuilt():
+    model = _model()
+    key = jax.random.PRNGKey(0)
+    specs = model.create_parameter_specs_recursively()
+    weight = jnp.full((8, 16), 3.0)
+    params = model.initialize_parameters_recursively(
+        key, prebuilt={"layer0": {"weight": weight, "bias": None}, "layer1": specs["layer1"]}
+    )
+    assert params["layer0"]["weight"] is weight
+    assert params["layer1"] == {"weight": None, "bias": None}
+    ref = _init(model, key)
+    np.testing.assert_array_equal(params["layer0"]["bias"], ref["layer0"]["bias"])
+    on_mesh = initialize_parameters_on_mesh(
+        model, key, mesh=_mesh(), prebuilt={"layer1": specs["layer1"]}
+    )
+    assert on_mesh["layer1"] == {"weight": None, "bias": None}
+    np.testing.assert_array_equal(on_mesh["layer0"]["weight"], ref["layer0"]["weight"])
+
+
+def test_partition_spec_errors_name_the_parameter():
     cfg = TwoLayer.default_config().set(name="model")
+    cfg.layer.param_partition_spec = ("data", "model", None)
+    model = cfg.instantiate(parent=None)
+    with pytest.raises(ValueError, match=r"model\.layer0/weight.*one entry per axis"):
+        model.create_parameter_specs_recursively()
+    cfg.layer.param_partition_spec = ("fsdp", None)
+    with pytest.raises(ValueError, match="'layer0/weight'.*'fsdp'"):
+        sharded_parameter_init_fn(cfg.instantiate(parent=None), mesh=_mesh())
+
+
+def test_sharded_init_one_jit_and_forward_matches_single_device():
+    mesh = _mesh()
+    cfg = TwoLayer.default_config().set(name="model", dim=256, hidden=512)
     cfg.layer.param_partition_spec = ("data", "model")
     model = cfg.instantiate(parent=None)
     key = jax.random.PRNGKey(0)
-    params = initialize_parameters_on_mesh(model, key, mesh=mesh)
-    assert params["layer0"]["weight"].sharding == NamedSharding(
-        mesh, PartitionSpec("data", "model")
-    )
-    assert params["layer1"]["bias"].sharding == NamedSharding(mesh, PartitionSpec("model"))
-    shard_shapes = {s.data.shape for s in params["layer0"]["weight"].addressable_shards}
-    assert shard_shapes == {(4, 4)}
-    ref_params = _model().initialize_parameters_recursively(key)
+    init_fn = sharded_parameter_init_fn(model, mesh=mesh)
+    # One jitted function whose outputs are created with the configured shardings.
+    compiled = init_fn.lower(key).compile()
+    w_sharding = NamedSharding(mesh, PartitionSpec("data", "model"))
+    b_sharding = NamedSharding(mesh, PartitionSpec("model"))
+    expected = {name: {"weight": w_sharding, "bias": b_sharding} for name in ("layer0", "layer1")}
+    assert compiled.output_shardings == expected
+    # No device materializes a whole parameter: its peak (temp + outputs) is below one weight.
+    mem = compiled.memory_analysis()
+    full_weight_bytes = 256 * 512 * 4
+    assert mem.temp_size_in_bytes + mem.output_size_in_bytes < full_weight_bytes
+    params = init_fn(key)
+    for name in ("layer0", "layer1"):
+        assert params[name]["weight"].sharding == w_sharding
+        assert params[name]["bias"].sharding == b_sharding
+    assert {s.data.shape for s in params["layer0"]["weight"].addressable_shards} == {(128, 128)}
+    # Same values as the single-device init.
+    ref_params = jax.jit(model.initialize_parameters_recursively)(key)
+    assert len(ref_params["layer0"]["weight"].devices()) == 1
     jax.tree.map(np.testing.assert_array_equal, params, ref_params)
-    x = jax.random.normal(jax.random.PRNGKey(1), (4, 8))
+    x = jax.random.normal(jax.random.PRNGKey(1), (4, 256))
 
     def fwd(p, x):
         return functional(model, None, p, dict(x=x), is_training=False)[0]
 
     with jax.set_mesh(mesh):
         sharded_out = jax.jit(fwd)(params, x)
-    ref_out = fwd(ref_params, x)
-    np.testing.assert_allclose(sharded_out, ref_out, atol=1e-6, rtol=1e-6)
+    ref_out = jax.jit(fwd)(ref_params, x)
+    np.testing.assert_allclose(sharded_out, ref_out, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("names_which_can_be_saved", [None, ".*out"])
+@pytest.mark.parametrize("names_which_can_be_saved", [None, ".*hidden"])
 def test_remat_same_values_and_grads(names_which_can_be_saved):
     key = jax.random.PRNGKey(0)
     plain = _model()
     cfg = TwoLayer.default_config().set(name="model")
-    cfg.layer.remat_spec = RematSpec(
+    cfg.remat_spec = RematSpec(
         prevent_cse=False,
         policy=config_for_function(save_and_offload_only_these_names_regex).set(
             names_which_can_be_saved=names_which_can_be_saved,
@@ -158,26 +217,105 @@ def test_remat_same_values_and_grads(names_which_can_be_saved):
             offload_dst="pinned_host",
         ),
     )
+    cfg.layer.remat_spec = RematSpec()
     remat = cfg.instantiate(parent=None)
-    params = plain.initialize_parameters_recursively(key)
+    params = _init(plain, key)
     x = jax.random.normal(key, (2, 8))
 
     def loss(model):
         return lambda p: jnp.sum(functional(model, None, p, dict(x=x), is_training=True)[0] ** 2)
 
-    g1 = jax.grad(loss(plain))(params)
-    g2 = jax.grad(loss(remat))(params)
+    g1 = jax.jit(jax.grad(loss(plain)))(params)
+    g2 = jax.jit(jax.grad(loss(remat)))(params)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), g1, g2)
+    assert remat._remat_methods == ["forward"]
     assert remat.layer0._remat_methods == ["forward"]
+    # Not applied in eval mode.
+    remat2 = cfg.instantiate(parent=None)
+    functional(remat2, None, params, dict(x=x), is_training=False)
+    assert remat2._remat_methods == []
+
+
+def test_remat_dump_lines():
+    cfg = TwoLayer.default_config()
+    cfg.remat_spec = RematSpec(
+        prevent_cse=False,
+        policy=config_for_function(save_and_offload_only_these_names_regex).set(
+            names_which_can_be_saved=".*([qkvo]_proj|context)",
+            names_which_can_be_offloaded=None,
+            offload_src="device",
+            offload_dst="pinned_host",
+        ),
+    )
+    lines = [line for line in cfg.debug_string().split("\n") if line.startswith("remat_spec")]
+    assert lines == [
+        "remat_spec['prevent_cse']: False",
+        "remat_spec['policy'].fn: 'axlearn.common.utils.save_and_offload_only_these_names_regex'",
+        "remat_spec['policy'].names_which_can_be_offloaded: None",
+        "remat_spec['policy'].names_which_can_be_saved: '.*([qkvo]_proj|context)'",
+        "remat_spec['policy'].offload_dst: 'pinned_host'",
+        "remat_spec['policy'].offload_src: 'device'",
+    ]
+
+
+class SmallLM(BaseLayer):
+    """Embedding -> RMSNorm -> Linear, for the init dump."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        # Token embedding.
+        emb: Embedding.Config = Embedding.default_config().set(num_embeddings=32, dim=8)
+        # Norm.
+        norm: RMSNorm.Config = RMSNorm.default_config().set(input_dim=8)
+        # Projection.
+        proj: Linear.Config = Linear.default_config().set(input_dim=8, output_dim=4)
+
+    def __init__(self, cfg, *, parent):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        for name in ("emb", "norm", "proj"):
+            self._add_child(name, getattr(cfg, name))
 
 
 def test_param_init_debug_string():
-    expected = (
-        "layer0/weight: uniform(-sqrt(3.0 / fan_avg), sqrt(3.0 / fan_avg)), shape=(8, 16), "
-        "axes=FanAxes(in_axis=-2, out_axis=-1, batch_axis=())\n"
-        "layer0/bias: constant(0.0)\n"
-        "layer1/weight: uniform(-sqrt(3.0 / fan_avg), sqrt(3.0 / fan_avg)), shape=(16, 8), "
-        "axes=FanAxes(in_axis=-2, out_axis=-1, batch_axis=())\n"
-        "layer1/bias: constant(0.0)\n"
+    cfg = SmallLM.default_config().set(
+        name="model",
+        param_init=DefaultInitializer.default_config().set(
+            init_by_param_name={
+                ".*weight$": WeightInitializer.default_config().set(
+                    distribution="normal", fan="fan_in", scale=1.0
+                )
+            }
+        ),
     )
-    assert param_init_debug_string(_model()) == expected
+    expected = (
+        "emb/weight: normal(0, 1.0 / fan_out), shape=[32, 8], "
+        "axes=FanAxes(in_axis=-2, out_axis=-1, batch_axis=())\n"
+        "norm/scale: constant(1.0)\n"
+        "proj/weight: normal(0, 1.0 / fan_in), shape=(8, 4), "
+        "axes=FanAxes(in_axis=-2, out_axis=-1, batch_axis=())\n"
+        "proj/bias: constant(0.0)\n"
+    )
+    assert param_init_debug_string(cfg.instantiate(parent=None)) == expected
+
+
+def test_tensor_stats():
+    class Stats(BaseLayer):
+        def forward(self, x):
+            self._add_tensor_stats("inputs", x)
+            return x
+
+    cfg = Stats.default_config().set(
+        name="s",
+        tensor_stats=CompositeTensorStats.default_config().set(
+            tensor_stats={
+                "rms": TensorRMSNorm.default_config(),
+                "max": TensorMaxAbs.default_config(),
+            }
+        ),
+    )
+    x = jnp.array([3.0, -4.0])
+    _, col = functional(cfg.instantiate(parent=None), None, {}, dict(x=x), is_training=False)
+    stats = col.summaries["tensor_stats"]["inputs"]
+    np.testing.assert_allclose(stats["rms"]["rms_norm"], np.sqrt(12.5))
+    np.testing.assert_allclose(stats["max"]["max_abs"], 4.0)

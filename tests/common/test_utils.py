@@ -1,0 +1,146 @@
+"""Tests of axlearn.common.utils: trees, paths, regex rules, sharding helpers, remat policy."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.ad_checkpoint import saved_residuals
+from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import NamedSharding, PartitionSpec
+
+from axlearn.common.utils import (
+    VDict,
+    cast_floats,
+    count_model_params,
+    current_mesh,
+    flatten_items,
+    get_recursively,
+    match_regex_rules,
+    maybe_shard,
+    partition_spec_to_named_sharding,
+    prune_empty,
+    prune_tree,
+    save_and_offload_only_these_names_regex,
+    set_recursively,
+    shapes,
+    tree_paths,
+    with_sharding_constraint,
+)
+
+TREE = {"b": [jnp.ones(2), {"c": jnp.zeros((3, 4))}], "a": jnp.ones((5,))}
+
+
+def test_tree_paths_and_flatten_items():
+    assert tree_paths({"a": 1, "b": [2, {"c": 3}]}) == {"a": "a", "b": ["b/0", {"c": "b/1/c"}]}
+    assert tree_paths({"a": {"b": 1}}, separator=".") == {"a": {"b": "a.b"}}
+    assert tree_paths({"a": None}) == {"a": None}
+    items = flatten_items(TREE)
+    assert [p for p, _ in items] == ["a", "b/0", "b/1/c"]
+    assert [p for p, _ in flatten_items(TREE, separator=".")] == ["a", "b.0", "b.1.c"]
+
+
+def test_shapes_and_count():
+    assert shapes(TREE) == {"b": [(2,), {"c": (3, 4)}], "a": (5,)}
+    assert count_model_params(TREE) == 2 + 12 + 5
+    assert count_model_params(jax.eval_shape(lambda: TREE)) == 19
+
+
+def test_get_set_recursively():
+    tree = {"a": {"b": {"c": 1}}}
+    assert get_recursively(tree, "a/b/c") == 1
+    assert get_recursively(tree, ["a", "b"]) == {"c": 1}
+    assert get_recursively(tree, "") is tree
+    with pytest.raises(KeyError, match="'a/x'"):
+        get_recursively(tree, "a/x/y")
+    set_recursively(tree, value=2, path="a/d/e")
+    assert tree == {"a": {"b": {"c": 1}, "d": {"e": 2}}}
+    set_recursively(tree, value=3, path="a.b.c", separator=".")
+    assert tree["a"]["b"]["c"] == 3
+    with pytest.raises(ValueError):
+        set_recursively(tree, value=1, path="")
+
+
+def test_match_regex_rules():
+    rules = [(".*/bias", "no_decay"), (".*weight", "decay"), (".*", "other")]
+    assert match_regex_rules("decoder/linear/bias", rules=rules) == "no_decay"
+    assert match_regex_rules("decoder/linear/weight", rules=rules) == "decay"
+    assert match_regex_rules("x", rules=rules[:2], default_value="d") == "d"
+    # Full match: "weight_x" does not match ".*weight".
+    assert match_regex_rules("a/weight_x", rules=rules[1:2]) is None
+
+
+def test_prune_tree():
+    tree = {"a": {"b": 1, "c": {}}, "d": 2}
+    assert prune_tree(tree, lambda path, v: path == "a/b") == {"a": {"c": {}}, "d": 2}
+    assert prune_empty({"a": {"c": {}}, "d": 2}) == {"d": 2}
+
+
+def test_vdict():
+    tree = VDict(w=jnp.ones((3, 2)), b=jnp.zeros((3,)))
+    mapped = jax.tree.map(lambda x: x + 1, tree)
+    assert isinstance(mapped, VDict) and list(mapped) == ["w", "b"]
+    assert repr(VDict(a=1)) == "VDict({'a': 1})"
+
+
+def test_cast_floats():
+    tree = {"f": jnp.ones(2, jnp.float32), "i": jnp.ones(2, jnp.int32)}
+    out = cast_floats(tree, jnp.bfloat16)
+    assert out["f"].dtype == jnp.bfloat16 and out["i"].dtype == jnp.int32
+    assert cast_floats(tree, None)["f"].dtype == jnp.float32
+
+
+def _mesh():
+    return jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
+
+
+@pytest.mark.filterwarnings("ignore:.*with mesh.*:DeprecationWarning")
+def test_sharding_helpers():
+    mesh = _mesh()
+    assert current_mesh() is None
+    x = jnp.arange(16.0).reshape(8, 2)
+    # No mesh: no-op.
+    assert with_sharding_constraint(x, PartitionSpec("data")) is x
+    fn = jax.jit(lambda x: with_sharding_constraint(x * 2, PartitionSpec("data", "model")))
+    with jax.set_mesh(mesh):
+        assert current_mesh() is not None
+        out = fn(x)
+    assert out.sharding == NamedSharding(mesh, PartitionSpec("data", "model"))
+    with mesh:  # The legacy context works too.
+        assert current_mesh() is mesh
+    with pytest.raises(ValueError, match="2 entries"):
+        maybe_shard(jnp.ones(3), ("data", None))
+    assert maybe_shard(x, None) is x
+    shardings = partition_spec_to_named_sharding(
+        mesh, {"w": PartitionSpec(("data", "model"), None), "b": None}
+    )
+    assert shardings["w"] == NamedSharding(mesh, PartitionSpec(("data", "model"), None))
+    assert shardings["b"] == NamedSharding(mesh, PartitionSpec())
+    with pytest.raises(ValueError, match="'layer/w'.*'fsdp'"):
+        partition_spec_to_named_sharding(mesh, {"layer": {"w": PartitionSpec("fsdp", None)}})
+
+
+@pytest.mark.parametrize(
+    "saved, offloaded, expected",
+    [
+        (None, None, []),
+        (".*q_proj", None, ["Layer.q_proj"]),
+        (".*([qkvo]_proj|context)", None, ["Layer.q_proj", "Layer.context"]),
+        (".*", None, ["Layer.q_proj", "Layer.context", "Layer.other"]),
+    ],
+)
+def test_save_and_offload_regex_policy(saved, offloaded, expected):
+    def f(x):
+        a = checkpoint_name(jnp.sin(x), "Layer.q_proj")
+        b = checkpoint_name(jnp.sin(a), "Layer.context")
+        c = checkpoint_name(jnp.sin(b), "Layer.other")
+        return jnp.sum(jnp.sin(c))
+
+    policy = save_and_offload_only_these_names_regex(
+        names_which_can_be_saved=saved,
+        names_which_can_be_offloaded=offloaded,
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
+    residuals = [desc for _, desc in saved_residuals(jax.checkpoint(f, policy=policy), jnp.ones(3))]
+    named = [d.split("'")[1] for d in residuals if d.startswith("named")]
+    assert named == expected
