@@ -1,0 +1,185 @@
+"""Tests axlearn/common/summary_writer.py: event files read back with TensorBoard's reader."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from axlearn.common.config import Configurable, config_class
+from axlearn.common.metrics import WeightedScalar
+from axlearn.common.summary_writer import (
+    CompositeWriter,
+    JsonlWriter,
+    NoOpWriter,
+    SummaryWriter,
+    fetch_to_host,
+)
+
+
+def _accumulator(path: str):
+    # pylint: disable-next=import-outside-toplevel
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(
+        path, size_guidance={event_accumulator.TENSORS: 0, event_accumulator.HISTOGRAMS: 0}
+    )
+    acc.Reload()
+    return acc
+
+
+def _scalar_series(acc, tag: str) -> list[tuple[int, float]]:
+    # tf.summary (TF2) writes scalars as tensor events.
+    return [(e.step, float(np.asarray(_tensor(e)))) for e in acc.Tensors(tag)]
+
+
+def _tensor(event):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    return tf.make_ndarray(event.tensor_proto)
+
+
+def _writer(cfg, name="writer"):
+    return cfg.set(name=name).instantiate(parent=None)
+
+
+def test_summary_writer_scalars_text_histograms_readback(tmp_path):
+    d = str(tmp_path / "tb")
+    writer = _writer(SummaryWriter.default_config().set(dir=d, write_every_n_steps=2))
+    for step in range(7):
+        writer(
+            step,
+            dict(
+                loss=jnp.float32(10.0 - step),
+                learner=dict(lr=0.1 * step, weighted=WeightedScalar(jnp.float32(step), 3.0)),
+                note=f"step {step}",
+                hist=jnp.arange(5.0) + step,
+            ),
+        )
+    acc = _accumulator(d)
+    assert _scalar_series(acc, "loss") == [(0, 10.0), (2, 8.0), (4, 6.0), (6, 4.0)]
+    lr = _scalar_series(acc, "learner/lr")
+    assert [s for s, _ in lr] == [0, 2, 4, 6]
+    assert [v for _, v in lr] == pytest.approx([0.0, 0.2, 0.4, 0.6])
+    assert _scalar_series(acc, "learner/weighted") == [(0, 0.0), (2, 2.0), (4, 4.0), (6, 6.0)]
+    notes = [(e.step, _tensor(e).item().decode()) for e in acc.Tensors("note")]
+    assert notes == [(0, "step 0"), (2, "step 2"), (4, "step 4"), (6, "step 6")]
+    hist = acc.Tensors("hist")
+    assert [e.step for e in hist] == [0, 2, 4, 6]
+    # Histogram buckets: [left, right, count]; counts sum to the 5 values.
+    assert _tensor(hist[-1])[:, 2].sum() == 5
+
+
+def test_log_config_written_once_as_text(tmp_path):
+    class Thing(Configurable):
+        @config_class
+        class Config(Configurable.Config):
+            x: int = 3  # A field.
+            y: str = "a"  # Another.
+
+    d = str(tmp_path / "tb")
+    writer = _writer(SummaryWriter.default_config().set(dir=d))
+    writer.log_config(Thing.default_config())
+    events = _accumulator(d).Tensors("trainer_config")
+    assert len(events) == 1
+    lines = [s.decode() for s in _tensor(events[0]).tolist()]
+    assert lines == Thing.default_config().debug_string().split("\n")
+    assert "x: 3" in lines
+
+
+def test_jsonl_writer_every_step(tmp_path):
+    d = str(tmp_path)
+    writer = _writer(JsonlWriter.default_config().set(dir=d))
+    for step in range(1, 6):
+        writer(
+            step,
+            dict(
+                loss=jnp.float32(1.0 / step),
+                perf=dict(step_time_s=0.1 * step, overheads=dict(input=0.01)),
+                ws=WeightedScalar(jnp.float32(2.0), jnp.float32(4.0)),
+                text="hi",
+                big=jnp.ones((3,)),  # Arrays of rank >= 1 are not JSONL material.
+                bad=float("nan"),
+                inf=-float("inf"),
+                count=np.int64(step),
+            ),
+        )
+    with open(os.path.join(d, "metrics.jsonl"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    assert len(lines) == 5
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    r = records[1]
+    assert r["loss"] == pytest.approx(0.5)
+    assert r["perf/step_time_s"] == pytest.approx(0.2)
+    assert r["perf/overheads/input"] == pytest.approx(0.01)
+    assert r["ws"] == 2.0 and r["text"] == "hi" and r["count"] == 2
+    assert r["bad"] == "NaN" and r["inf"] == "-Infinity"
+    assert "big" not in r and isinstance(r["time"], float)
+    # Strict JSON: no bare NaN tokens.
+    for line in lines:
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict constant {c}"))
+
+
+def test_composite_writer_dirs_and_single_fetch(tmp_path, monkeypatch):
+    d = str(tmp_path)
+    cfg = CompositeWriter.default_config().set(
+        dir=d,
+        writers=dict(
+            tb=SummaryWriter.default_config(),
+            jsonl=JsonlWriter.default_config().set(dir=d),
+            noop=NoOpWriter.default_config(),
+        ),
+    )
+    writer = _writer(cfg)
+    assert writer.writers[0].config.dir == os.path.join(d, "tb")
+    assert writer.writers[1].file_path == os.path.join(d, "metrics.jsonl")
+
+    calls = []
+    real_device_get = jax.device_get
+
+    def counting_device_get(x):
+        calls.append(len(jax.tree.leaves(x)))
+        return real_device_get(x)
+
+    monkeypatch.setattr(jax, "device_get", counting_device_get)
+    writer(3, dict(a=jnp.float32(1.0), b=dict(c=jnp.float32(2.0), d=jnp.int32(7))))
+    assert calls == [3]  # One batched transfer of all three device scalars.
+    assert _scalar_series(_accumulator(os.path.join(d, "tb")), "b/c") == [(3, 2.0)]
+
+
+def test_fetch_to_host_returns_numpy():
+    tree = dict(a=jnp.ones(()), b=[jnp.arange(3)], c="s", d=1.5, w=WeightedScalar(jnp.ones(()), 2))
+    host = fetch_to_host(tree)
+    assert isinstance(host["a"], np.ndarray) and isinstance(host["b"][0], np.ndarray)
+    assert host["c"] == "s" and host["d"] == 1.5
+    assert isinstance(host["w"], WeightedScalar) and isinstance(host["w"].mean, np.ndarray)
+
+
+def test_invalid_write_every_n_steps(tmp_path):
+    with pytest.raises(ValueError, match="write_every_n_steps"):
+        _writer(SummaryWriter.default_config().set(dir=str(tmp_path), write_every_n_steps=0))
+
+
+def test_dump_defaults_match_reference():
+    cfg = SummaryWriter.default_config().set(max_queue=1000, write_every_n_steps=100)
+    assert cfg.debug_string() == (
+        "klass: 'axlearn.common.summary_writer.SummaryWriter'\n"
+        "max_queue: 1000\n"
+        "write_every_n_steps: 100"
+    )
+    assert SummaryWriter.default_config().debug_string() == (
+        "klass: 'axlearn.common.summary_writer.SummaryWriter'\nwrite_every_n_steps: 1"
+    )
+
+
+def test_import_does_not_import_tensorflow():
+    code = (
+        "import sys; import axlearn.common.summary_writer, axlearn.common.evaler; "
+        "assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
