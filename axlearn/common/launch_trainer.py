@@ -1,0 +1,171 @@
+"""Builds a named trainer config from flags and runs it.
+
+`get_trainer_config()` looks the experiment up (`--module`, `--config`), applies the launch-time
+settings (trainer dir, mesh rule selected by `--mesh_selector`, inferred mesh shape, profiler
+steps, watchdog, `--data_dir=FAKE`), and `run_trainer()` writes the config dump and the flags into
+the trainer dir before instantiating and running the trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from absl import flags, logging
+
+from axlearn.common.trainer import SpmdTrainer, select_mesh_config
+from axlearn.common.utils_spmd import HybridMeshShape, infer_mesh_shape
+
+flags.DEFINE_string(
+    "module",
+    None,
+    "The experiment module: a full module path (experiments.text.gpt.tiny) or the short form "
+    "relative to the experiments package (text.gpt.tiny).",
+)
+flags.DEFINE_alias("config_module", "module")
+flags.DEFINE_string("config", None, "The name of the trainer config in the module.")
+flags.DEFINE_string(
+    "trainer_dir",
+    None,
+    "The trainer's root directory: checkpoints in <dir>/checkpoints, summaries in "
+    "<dir>/summaries, metrics in <dir>/metrics.jsonl.",
+)
+flags.DEFINE_integer("trainer_prng_seed", 0, "The seed of the trainer's jax.random key.")
+flags.DEFINE_list("trace_at_steps", [], "Steps at which to start a 3-step profiler trace.")
+flags.DEFINE_integer(
+    "trainer_watchdog_timeout_seconds",
+    3600,
+    "If the step does not advance for this long, the trainer logs every thread's stack.",
+)
+flags.DEFINE_string(
+    "mesh_selector",
+    None,
+    "Selects the first of the config's mesh_rules whose regex fully matches it "
+    "(e.g. tpu-v5litepod-256, gpu-p5.48xlarge-64, cpu).",
+)
+
+FLAGS = flags.FLAGS
+
+TrainerConfigFn = Callable[[], SpmdTrainer.Config]
+
+
+def _named_trainer_config_fn(module: str, config: str) -> TrainerConfigFn:
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.experiment_registry import get_named_trainer_config
+
+    return get_named_trainer_config(config, config_module=module)
+
+
+def get_trainer_config(
+    trainer_config_fn: TrainerConfigFn | None = None,
+    *,
+    flag_values: flags.FlagValues = FLAGS,
+) -> SpmdTrainer.Config:
+    """Returns the trainer config selected by the flags, with launch-time settings applied.
+
+    Args:
+        trainer_config_fn: Builds the config; by default looked up from --module and --config.
+        flag_values: The parsed flags.
+
+    Returns:
+        The trainer config, ready to instantiate.
+
+    Raises:
+        ValueError: If a required flag is missing.
+    """
+    if trainer_config_fn is None:
+        if not flag_values.module or not flag_values.config:
+            raise ValueError("--module and --config are required to select a trainer config.")
+        trainer_config_fn = _named_trainer_config_fn(flag_values.module, flag_values.config)
+    cfg: SpmdTrainer.Config = trainer_config_fn()
+    return apply_launch_settings(cfg, flag_values=flag_values)
+
+
+def apply_launch_settings(
+    cfg: SpmdTrainer.Config, *, flag_values: flags.FlagValues = FLAGS
+) -> SpmdTrainer.Config:
+    """Applies the flag-driven settings to a trainer config (modifies and returns `cfg`).
+
+    Args:
+        cfg: The trainer config.
+        flag_values: The parsed flags.
+
+    Returns:
+        The modified config.
+
+    Raises:
+        ValueError: If the trainer dir is not set by the config or --trainer_dir.
+    """
+    if not isinstance(cfg.dir, str):
+        if not flag_values.trainer_dir:
+            raise ValueError("--trainer_dir is required (the config does not set `dir`).")
+        cfg.dir = flag_values.trainer_dir
+    if flag_values.mesh_selector is not None:
+        cfg = select_mesh_config(cfg, mesh_selector=flag_values.mesh_selector)
+    if not cfg.mesh_axis_names:
+        cfg.mesh_axis_names = ("data", "model")
+    if not isinstance(cfg.mesh_shape, (list, tuple, HybridMeshShape)):
+        cfg.mesh_shape = (-1,) + (1,) * (len(cfg.mesh_axis_names) - 1)
+    if not isinstance(cfg.mesh_shape, HybridMeshShape):
+        cfg.mesh_shape = infer_mesh_shape(cfg.mesh_shape)
+    if flag_values.trace_at_steps:
+        cfg.start_trace_steps = [int(s) for s in flag_values.trace_at_steps]
+    if cfg.watchdog_timeout_seconds is None:
+        cfg.watchdog_timeout_seconds = flag_values.trainer_watchdog_timeout_seconds
+    data_dir = flag_values.data_dir or os.environ.get("DATA_DIR")
+    if data_dir == "FAKE":
+        cfg = _use_fake_inputs(cfg)
+    return cfg
+
+
+def _use_fake_inputs(cfg: SpmdTrainer.Config) -> SpmdTrainer.Config:
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common import input_fake
+
+    return input_fake.replace_inputs_with_fake(cfg)
+
+
+def _flag_values_json(flag_values: flags.FlagValues) -> dict[str, Any]:
+    """The flags as JSON-serializable values (only this program's flags, not absl's own)."""
+    result = {}
+    for name, value in flag_values.flag_values_dict().items():
+        if flag_values[name].module_name.startswith(("absl.", "absl")):
+            continue
+        try:
+            json.dumps(value)
+        except TypeError:
+            value = repr(value)
+        result[name] = value
+    return result
+
+
+def run_trainer(
+    trainer_config: SpmdTrainer.Config, *, flag_values: flags.FlagValues = FLAGS
+) -> Any:
+    """Writes `trainer_config` and `launch_trainer_flags` into the trainer dir, then trains.
+
+    Args:
+        trainer_config: The trainer config (its `dir` set).
+        flag_values: The parsed flags (written to `launch_trainer_flags` as JSON).
+
+    Returns:
+        The trainer's `run()` output.
+    """
+    dump = trainer_config.debug_string()
+    logging.info("Trainer config:\n%s", dump)
+    if jax.process_index() == 0:
+        os.makedirs(trainer_config.dir, exist_ok=True)
+        with open(os.path.join(trainer_config.dir, "trainer_config"), "w", encoding="utf-8") as f:
+            f.write(dump + "\n")
+        flags_json = _flag_values_json(flag_values) if flag_values.is_parsed() else {}
+        flags_json["data_dir"] = os.environ.get("DATA_DIR")
+        with open(
+            os.path.join(trainer_config.dir, "launch_trainer_flags"), "w", encoding="utf-8"
+        ) as f:
+            json.dump(flags_json, f, indent=2, sort_keys=True)
+    trainer: SpmdTrainer = trainer_config.instantiate(parent=None)
+    seed = flag_values.trainer_prng_seed if flag_values.is_parsed() else 0
+    return trainer.run(jax.random.PRNGKey(seed))

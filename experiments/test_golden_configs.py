@@ -1,0 +1,99 @@
+"""Golden config dumps: every named experiment config vs experiments/testdata/<module>/<name>.txt.
+
+A change that moves any config line fails here with a unified diff. If the change is intended,
+regenerate the goldens and review the diff in version control:
+
+    AXLEARN_UPDATE_GOLDENS=1 .venv/bin/pytest experiments/test_golden_configs.py
+
+A golden file whose config no longer exists also fails (delete it, or regenerate).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+import pkgutil
+
+import pytest
+
+import experiments
+
+TESTDATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")
+UPDATE_ENV = "AXLEARN_UPDATE_GOLDENS"
+
+
+def experiment_modules() -> list[str]:
+    """The modules under the `experiments` package that define named_trainer_configs()."""
+    names = []
+    for info in pkgutil.walk_packages(experiments.__path__, prefix="experiments."):
+        leaf = info.name.rsplit(".", 1)[-1]
+        if leaf.startswith("test") or info.ispkg:
+            continue
+        module = importlib.import_module(info.name)
+        if callable(getattr(module, "named_trainer_configs", None)):
+            names.append(info.name)
+    return sorted(names)
+
+
+def _cases() -> list[tuple[str, str]]:
+    cases = []
+    for module in experiment_modules():
+        configs = importlib.import_module(module).named_trainer_configs()
+        cases.extend((module, name) for name in sorted(configs))
+    return cases
+
+
+def golden_path(module: str, name: str) -> str:
+    """The golden dump file of config `name` of `module`."""
+    return os.path.join(TESTDATA_DIR, module, f"{name}.txt")
+
+
+def dump(module: str, name: str) -> str:
+    """The dump text of a named config, as `axlearn config dump` writes it."""
+    cfg = importlib.import_module(module).named_trainer_configs()[name]()
+    return cfg.debug_string() + "\n"
+
+
+@pytest.mark.parametrize("module,name", _cases())
+def test_golden_config(module: str, name: str):
+    path = golden_path(module, name)
+    text = dump(module, name)
+    if os.environ.get(UPDATE_ENV):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    if not os.path.exists(path):
+        pytest.fail(f"No golden dump {path} for {module}:{name}; run with {UPDATE_ENV}=1.")
+    with open(path, encoding="utf-8") as f:
+        expected = f.read()
+    if text != expected:
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                text.splitlines(keepends=True),
+                fromfile=f"golden {path}",
+                tofile=f"current {module}:{name}",
+            )
+        )
+        pytest.fail(
+            f"Config {module}:{name} moved from its golden dump. If intended, rerun with "
+            f"{UPDATE_ENV}=1 and review the diff.\n{diff}"
+        )
+
+
+def test_no_stale_goldens():
+    expected = {golden_path(m, n) for m, n in _cases()}
+    found = set()
+    if os.path.isdir(TESTDATA_DIR):
+        for module_dir in os.listdir(TESTDATA_DIR):
+            full = os.path.join(TESTDATA_DIR, module_dir)
+            if os.path.isdir(full) and module_dir.startswith("experiments."):
+                found |= {os.path.join(full, f) for f in os.listdir(full) if f.endswith(".txt")}
+    stale = sorted(found - expected)
+    if stale and os.environ.get(UPDATE_ENV):
+        for path in stale:
+            os.remove(path)
+        return
+    assert not stale, f"Golden dumps without a named config (delete or regenerate): {stale}"
