@@ -87,9 +87,8 @@ def setup(flag_values: flags.FlagValues = FLAGS) -> None:
         devices[0].device_kind,
     )
     if backend and not all(d.platform == backend for d in devices):
-        raise RuntimeError(
-            f"--jax_backend={backend} but JAX's devices are {sorted({d.platform for d in devices})}."
-        )
+        platforms = sorted({d.platform for d in devices})
+        raise RuntimeError(f"--jax_backend={backend} but JAX's devices are {platforms}.")
     if flag_values.data_dir:
         os.environ["DATA_DIR"] = flag_values.data_dir
     logging.info("DATA_DIR=%s", os.environ.get("DATA_DIR"))
