@@ -21,6 +21,7 @@ returned as host values (so the eval's device work has finished when `eval_step`
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
@@ -83,6 +84,14 @@ def every_n_steps_policy(
 
 def _current_mesh_or_none() -> Optional[jax.sharding.Mesh]:
     return utils.current_mesh()
+
+
+def _mesh_context(mesh: Optional[jax.sharding.Mesh]):
+    """A context in which `mesh` is the current mesh (a no-op context for None)."""
+    if mesh is None:
+        return contextlib.nullcontext()
+    set_mesh = getattr(jax, "set_mesh", None)
+    return set_mesh(mesh) if set_mesh is not None else mesh
 
 
 class BaseMetricCalculator(Module):
@@ -208,10 +217,7 @@ class ModelSummaryAccumulator(BaseMetricCalculator):
     def forward(
         self, input_batch: NestedTensor, *, model_params: NestedTensor, state: NestedTensor
     ) -> dict[str, NestedTensor]:
-        if self._mesh is not None:
-            with self._mesh:
-                outputs = self._jit_forward(model_params, state["prng_key"], input_batch)
-        else:
+        with _mesh_context(self._mesh):
             outputs = self._jit_forward(model_params, state["prng_key"], input_batch)
         self._metric_accumulator.update(outputs["summaries"])
         return dict(state=dict(prng_key=outputs["prng_key"]), output=outputs["per_example"])

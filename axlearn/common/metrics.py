@@ -92,6 +92,18 @@ def _is_summary(x: Any) -> bool:
     return callable(getattr(x, "accumulate", None))
 
 
+def _summaries_only(tree: Any) -> Any:
+    """Keeps the summary leaves of a tree of dicts/lists; drops other leaves and empty dicts."""
+    if _is_summary(tree):
+        return tree
+    if isinstance(tree, dict):
+        kept = {k: _summaries_only(v) for k, v in tree.items()}
+        return {k: v for k, v in kept.items() if v is not None and v != {}}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_summaries_only(v) for v in tree)
+    return None
+
+
 class MetricAccumulator(Configurable):
     """Accumulates summaries over batches (used by evalers and gradient accumulation).
 
@@ -113,9 +125,7 @@ class MetricAccumulator(Configurable):
         Raises:
             ValueError: If the tree structure differs from the earlier updates'.
         """
-        kept = jax.tree.map(
-            lambda x: x if _is_summary(x) else None, model_outputs, is_leaf=_is_summary
-        )
+        kept = _summaries_only(model_outputs)
         if self._summaries is None:
             self._summaries = kept
             return
