@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
+import threading
 import zlib
 from typing import Any
 
@@ -97,6 +100,29 @@ def crc32_hex(data: Any) -> str:
         return f"{zlib.crc32(data):08x}"
     flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     return f"{zlib.crc32(flat):08x}"
+
+
+_crc_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_crc_pool_lock = threading.Lock()
+
+
+def crc32_hex_async(data: Any) -> concurrent.futures.Future:
+    """Computes `crc32_hex(data)` on a shared thread pool (zlib releases the GIL).
+
+    Args:
+        data: An array or bytes; must not change until the future is done.
+
+    Returns:
+        A future of the 8 hex digits.
+    """
+    global _crc_pool  # pylint: disable=global-statement
+    with _crc_pool_lock:
+        if _crc_pool is None:
+            _crc_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=max(1, min(8, os.cpu_count() or 1)),
+                thread_name_prefix="axlearn_checkpoint_crc",
+            )
+    return _crc_pool.submit(crc32_hex, data)
 
 
 Region = tuple[tuple[int, int], ...]

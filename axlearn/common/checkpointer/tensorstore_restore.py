@@ -233,6 +233,7 @@ class _Reader:
             for key, region in read.chunks.items():
                 pending.append((read, key, store[state_tree.region_slices(region)].read()))
         result: dict[int, dict[str, np.ndarray]] = {read.index: {} for read in group}
+        checks = []
         for read, key, future in pending:
             chunk_file = self._chunk_file(read, key)
             try:
@@ -241,15 +242,18 @@ class _Reader:
                 raise CheckpointCorruptionError(
                     f"Reading chunk file {chunk_file} of leaf {read.path!r} failed: {e}"
                 ) from e
+            checks.append((read, key, state_tree.crc32_hex_async(data)))
+            self.num_bytes += data.nbytes
+            result[read.index][key] = data
+        for read, key, crc in checks:
+            chunk_file = self._chunk_file(read, key)
             expected = read.entry["checksum"].get("crc32", {}).get(key)
-            actual = state_tree.crc32_hex(data)
+            actual = crc.result()
             if expected != actual:
                 raise CheckpointCorruptionError(
                     f"Chunk file {chunk_file} of leaf {read.path!r} does not match its checksum "
                     f"(index: {expected}, file: {actual}): the file was altered or truncated"
                 )
-            self.num_bytes += data.nbytes
-            result[read.index][key] = data
         return result
 
     def read_bytes_leaf(self, path: str, entry: dict) -> bytes:

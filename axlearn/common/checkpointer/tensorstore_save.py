@@ -56,6 +56,8 @@ class _ArrayLeaf:
     shards: Optional[list[_Shard]] = None
     # The device-side copy of the array (device-snapshot mode).
     snapshot: Optional[jax.Array] = None
+    # Bytes of the shards this process writes.
+    owned_bytes: int = 0
 
     @property
     def zarr_path(self) -> str:
@@ -144,6 +146,10 @@ def _chunk_shape(sharding: jax.sharding.Sharding, shape: tuple[int, ...], path: 
     return result
 
 
+def _region_bytes(region: state_tree.Region, dtype: np.dtype) -> int:
+    return int(np.prod(state_tree.region_shape(region), dtype=np.int64)) * dtype.itemsize
+
+
 def _chunk_key(region: state_tree.Region, chunk_shape: tuple[int, ...]) -> str:
     return layout.chunk_key(tuple(a // max(1, c) for (a, _), c in zip(region, chunk_shape)))
 
@@ -155,7 +161,7 @@ def _owned_shards(arr: jax.Array, chunk_shape: tuple[int, ...]) -> list[_Shard]:
         if shard.replica_id != 0:
             continue
         region = state_tree.normalize_index(shard.index, shape)
-        nbytes = int(np.prod(state_tree.region_shape(region), dtype=np.int64)) * arr.dtype.itemsize
+        nbytes = _region_bytes(region, np.dtype(arr.dtype))
         if nbytes == 0:
             continue
         result.append(
@@ -228,6 +234,11 @@ def snapshot_state(
             if snapshot_mode == "device":
                 device_arrays.append(leaf)
                 device_leaves.append(item)
+                item.owned_bytes = sum(
+                    _region_bytes(state_tree.normalize_index(s.index, shape), item.dtype)
+                    for s in leaf.addressable_shards
+                    if s.replica_id == 0
+                )
             else:
                 item.shards = _owned_shards(leaf, item.chunk_shape)
                 for shard in item.shards:
@@ -271,17 +282,7 @@ def snapshot_state(
                     shard.data = _to_host(shard.data, copy=True)
                     host_bytes += shard.nbytes
         if item.snapshot is not None:
-            num_bytes += sum(
-                int(
-                    np.prod(
-                        state_tree.region_shape(state_tree.normalize_index(s.index, item.shape)),
-                        dtype=np.int64,
-                    )
-                )
-                * item.dtype.itemsize
-                for s in item.snapshot.addressable_shards
-                if s.replica_id == 0
-            )
+            num_bytes += item.owned_bytes
         else:
             num_bytes += sum(s.nbytes for s in item.shards)
     return SavePlan(
@@ -367,13 +368,14 @@ class _Writer:
 
         def retire_one():
             nonlocal inflight_bytes
-            nbytes, future, path, key = inflight.popleft()
+            nbytes, future, crc, path, key = inflight.popleft()
             try:
                 future.result(timeout=self.timeout_s)
             except Exception as e:
                 raise OSError(
                     f"Writing chunk {key} of leaf {path!r} to {plan.ckpt_dir} failed: {e}"
                 ) from e
+            self.checksums[path][key] = crc.result()
             inflight_bytes -= nbytes
 
         for item in plan.arrays:
@@ -394,9 +396,9 @@ class _Writer:
                     staged = shard.nbytes
                 else:
                     staged = 0
-                self.checksums[item.path][shard.key] = state_tree.crc32_hex(data)
+                crc = state_tree.crc32_hex_async(data)
                 future = store[state_tree.region_slices(shard.region)].write(data).commit
-                inflight.append((staged, future, item.path, shard.key))
+                inflight.append((staged, future, crc, item.path, shard.key))
                 inflight_bytes += staged
                 self.peak_host_bytes = max(
                     self.peak_host_bytes, plan.snapshot_host_bytes + inflight_bytes
