@@ -1,0 +1,280 @@
+"""Trainer config modifiers: small, named edits of an `SpmdTrainer.Config`, used by mesh rules.
+
+A mesh rule maps a `--mesh_selector` regex to a mesh shape or to one of these (or a
+`ChainConfigModifier` of several), e.g.
+
+    mesh_rules = [
+        ("tpu-v5litepod-256", ChainConfigModifier.default_config().set(config_modifiers=[
+            MeshShapeModifier.default_config().set(mesh_shape=(1, -1, 1, 256, 1, 1)),
+            RematSpecModifier.default_config().set(remat_policies={
+                "model.decoder.transformer.layer": RematSpec(prevent_cse=False, policy=...)}),
+            GradientAccumulationModifier.default_config().set(grad_acc_steps=4),
+        ])),
+    ]
+
+Each modifier is called as `modifier(trainer_cfg) -> trainer_cfg` and edits the config in place.
+Module paths are dotted paths of config fields from the trainer config's root (e.g.
+`model.decoder.transformer.layer`); dict entries are addressed by their key
+(`evalers.validation`). A path that does not exist, or a field the target lacks, is an error
+naming the path: a modifier never silently does nothing.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from axlearn.common.config import (
+    REQUIRED,
+    ChainConfigModifier,
+    ConfigBase,
+    ConfigModifier,
+    Configurable,
+    Required,
+    config_class,
+    config_for_function,
+)
+from axlearn.common.metrics import MetricAccumulator
+
+__all__ = [
+    "ChainConfigModifier",
+    "GradientAccumulationModifier",
+    "MeshShapeModifier",
+    "ModuleConfigModifier",
+    "PartitionSpecModifier",
+    "RematSpecModifier",
+]
+
+
+def _split(path: str) -> list[str]:
+    parts = [p for p in path.split(".") if p]
+    if not parts:
+        raise ValueError(f"Empty module path {path!r}")
+    return parts
+
+
+def _child(node: Any, key: str, *, path: str) -> Any:
+    if isinstance(node, dict):
+        if key not in node:
+            raise ValueError(f"{path}: no entry {key!r} (entries: {sorted(node)})")
+        return node[key]
+    if isinstance(node, ConfigBase):
+        if key not in node:
+            raise ValueError(f"{path}: {type(node).__name__} has no field {key!r}")
+        return getattr(node, key)
+    raise ValueError(f"{path}: cannot look up {key!r} in a {type(node).__name__}")
+
+
+def find_config(cfg: ConfigBase, path: str) -> Any:
+    """Returns the value at dotted `path` in a config tree.
+
+    Args:
+        cfg: The root config.
+        path: E.g. "model.decoder.transformer.layer".
+
+    Returns:
+        The value (usually a config).
+
+    Raises:
+        ValueError: Naming the path if a part of it does not exist.
+    """
+    node, seen = cfg, []
+    for key in _split(path):
+        seen.append(key)
+        node = _child(node, key, path=".".join(seen))
+    return node
+
+
+def replace_config(cfg: ConfigBase, path: str, value: Any) -> None:
+    """Sets the value at dotted `path` (which must exist) in a config tree.
+
+    Args:
+        cfg: The root config.
+        path: E.g. "model.decoder.transformer.layer".
+        value: The new value.
+
+    Raises:
+        ValueError: Naming the path if it does not exist.
+    """
+    keys = _split(path)
+    parent = find_config(cfg, ".".join(keys[:-1])) if len(keys) > 1 else cfg
+    _child(parent, keys[-1], path=path)  # Must exist.
+    if isinstance(parent, dict):
+        parent[keys[-1]] = value
+    else:
+        setattr(parent, keys[-1], value)
+
+
+class MeshShapeModifier(ConfigModifier):
+    """Sets the trainer's `mesh_shape`."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        """Configures MeshShapeModifier."""
+
+        # The new mesh shape (a tuple with at most one -1, or a HybridMeshShape).
+        mesh_shape: Required[Any] = REQUIRED
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        """Sets `cfg.mesh_shape`.
+
+        Args:
+            cfg: The trainer config.
+
+        Returns:
+            The modified config.
+        """
+        if "mesh_shape" not in cfg:
+            raise ValueError(f"MeshShapeModifier: {type(cfg).__name__} has no field 'mesh_shape'")
+        cfg.mesh_shape = self.config.mesh_shape
+        return cfg
+
+
+class RematSpecModifier(ConfigModifier):
+    """Sets the `remat_spec` of the layers at the given paths."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        """Configures RematSpecModifier."""
+
+        # Module path (e.g. "model.decoder.transformer.layer") -> RematSpec (None: no remat).
+        remat_policies: Required[dict[str, Any]] = REQUIRED
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        """Sets each target's `remat_spec`.
+
+        Args:
+            cfg: The trainer config.
+
+        Returns:
+            The modified config.
+
+        Raises:
+            ValueError: If a path does not exist or its config has no `remat_spec` field.
+        """
+        for path, remat_spec in self.config.remat_policies.items():
+            target = find_config(cfg, path)
+            if not isinstance(target, ConfigBase) or "remat_spec" not in target:
+                raise ValueError(f"RematSpecModifier: {path} has no remat_spec field")
+            target.remat_spec = remat_spec
+        return cfg
+
+
+class GradientAccumulationModifier(ConfigModifier):
+    """Accumulates gradients over `grad_acc_steps` microbatches of each global batch.
+
+    Sets `learner.forward_fn_transformation` to
+    `axlearn.common.gradient_accumulation.with_minibatch_steps(steps=grad_acc_steps)`. The global
+    batch size and the number of optimizer steps stay the same; each step's batch is split into
+    `grad_acc_steps` microbatches (so peak activation memory drops by that factor).
+    """
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        """Configures GradientAccumulationModifier."""
+
+        # The number of microbatches per step (divides the global batch size).
+        grad_acc_steps: Required[int] = REQUIRED
+        # How summaries are combined over microbatches (WeightedScalars by weight).
+        metric_accumulator: Configurable.Config = MetricAccumulator.default_config()
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        """Sets the learner's forward_fn_transformation.
+
+        Args:
+            cfg: The trainer config.
+
+        Returns:
+            The modified config.
+
+        Raises:
+            ValueError: If grad_acc_steps < 1 or the learner has no forward_fn_transformation.
+        """
+        # pylint: disable-next=import-outside-toplevel
+        from axlearn.common.gradient_accumulation import with_minibatch_steps
+
+        steps = self.config.grad_acc_steps
+        if steps < 1:
+            raise ValueError(f"GradientAccumulationModifier: grad_acc_steps must be >= 1: {steps}")
+        learner = find_config(cfg, "learner")
+        if not isinstance(learner, ConfigBase) or "forward_fn_transformation" not in learner:
+            raise ValueError(
+                "GradientAccumulationModifier: learner has no forward_fn_transformation field"
+            )
+        transformation = config_for_function(with_minibatch_steps).set(steps=steps)
+        if "metric_accumulator" in inspect.signature(with_minibatch_steps).parameters:
+            transformation.metric_accumulator = self.config.metric_accumulator
+        learner.forward_fn_transformation = transformation
+        return cfg
+
+
+class ModuleConfigModifier(ConfigModifier):
+    """Replaces the config at `target_config` by `modification`, keeping shared field values.
+
+    Merge rule: `modification`'s class is used; every field that both the old and the new config
+    have takes the old config's value; fields only the new config has keep `modification`'s
+    values. Use it to swap a layer's class while keeping its settings.
+    """
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        """Configures ModuleConfigModifier."""
+
+        # Dotted path of the config to replace, e.g. "model.decoder.transformer.layer".
+        target_config: Required[str] = REQUIRED
+        # The new config.
+        modification: Required[Configurable.Config] = REQUIRED
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        """Replaces the target config.
+
+        Args:
+            cfg: The trainer config.
+
+        Returns:
+            The modified config.
+
+        Raises:
+            ValueError: If the target path does not exist or is not a config.
+        """
+        path = self.config.target_config
+        found = find_config(cfg, path)
+        if not isinstance(found, ConfigBase):
+            raise ValueError(f"ModuleConfigModifier: {path} is not a config ({type(found)})")
+        new = self.config.modification.clone()
+        for key in new.keys():
+            if key != "klass" and key in found:
+                setattr(new, key, getattr(found, key))
+        replace_config(cfg, path, new)
+        return cfg
+
+
+class PartitionSpecModifier(ConfigModifier):
+    """Sets partition-spec fields of the modules at the given paths."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        """Configures PartitionSpecModifier."""
+
+        # Module path -> {field name (e.g. "param_partition_spec"): partition spec}.
+        partition_specs: Required[dict[str, dict[str, Any]]] = REQUIRED
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        """Sets each target field.
+
+        Args:
+            cfg: The trainer config.
+
+        Returns:
+            The modified config.
+
+        Raises:
+            ValueError: If a path does not exist or its config lacks a named field.
+        """
+        for path, specs in self.config.partition_specs.items():
+            target = find_config(cfg, path)
+            for name, spec in specs.items():
+                if not isinstance(target, ConfigBase) or name not in target:
+                    raise ValueError(f"PartitionSpecModifier: {path} has no field {name!r}")
+                setattr(target, name, spec)
+        return cfg

@@ -1,0 +1,154 @@
+"""Tests axlearn/common/trainer_config_modifier.py on a real SpmdTrainer config."""
+
+import pytest
+
+from axlearn.common import attention, learner
+from axlearn.common.base_layer import RematSpec
+from axlearn.common.config import config_for_function
+from axlearn.common.gradient_accumulation import with_minibatch_steps
+from axlearn.common.trainer import SpmdTrainer, select_mesh_config
+from axlearn.common.trainer_config_modifier import (
+    ChainConfigModifier,
+    GradientAccumulationModifier,
+    MeshShapeModifier,
+    ModuleConfigModifier,
+    PartitionSpecModifier,
+    RematSpecModifier,
+    find_config,
+)
+from axlearn.common.utils_spmd import HybridMeshShape
+from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
+
+LAYER = "model.decoder.transformer.layer"
+
+
+def _trainer_config() -> SpmdTrainer.Config:
+    cfg = SpmdTrainer.default_config().set(
+        name="trainer",
+        mesh_axis_names=("data", "fsdp", "model"),
+        mesh_shape=(-1, 1, 1),
+    )
+    cfg.model = transformer_lm_config(
+        num_layers=2,
+        model_dim=64,
+        num_heads=2,
+        num_kv_heads=1,
+        hidden_dim=128,
+        vocab_size=128,
+        rope_theta=5e5,
+        qk_norm=True,
+        sharding=True,
+    )
+    cfg.learner = learner.Learner.default_config()
+    return cfg
+
+
+def test_mesh_shape_modifier():
+    cfg = (
+        MeshShapeModifier.default_config()
+        .set(mesh_shape=(2, 4, 1))
+        .instantiate()(_trainer_config())
+    )
+    assert tuple(cfg.mesh_shape) == (2, 4, 1)
+    hybrid = HybridMeshShape(ici_mesh_shape=(1, 4, 1), dcn_mesh_shape=(2, 1, 1))
+    cfg = MeshShapeModifier.default_config().set(mesh_shape=hybrid).instantiate()(cfg)
+    assert cfg.mesh_shape == hybrid
+
+
+def test_remat_spec_modifier():
+    spec = RematSpec(prevent_cse=False, policy=None)
+    modifier = RematSpecModifier.default_config().set(remat_policies={LAYER: spec}).instantiate()
+    cfg = modifier(_trainer_config())
+    assert find_config(cfg, LAYER).remat_spec == spec
+    assert "model.decoder.transformer.layer.remat_spec['prevent_cse']: False" in (
+        cfg.debug_string()
+    )
+    bad = RematSpecModifier.default_config().set(remat_policies={"model.decoder.nope": spec})
+    with pytest.raises(ValueError, match=r"model\.decoder\.nope.*no field 'nope'"):
+        bad.instantiate()(_trainer_config())
+    no_field = RematSpecModifier.default_config().set(remat_policies={"model.decoder.dim": spec})
+    with pytest.raises(ValueError, match="model.decoder.dim has no remat_spec"):
+        no_field.instantiate()(_trainer_config())
+
+
+def test_gradient_accumulation_modifier():
+    cfg = (
+        GradientAccumulationModifier.default_config()
+        .set(grad_acc_steps=4)
+        .instantiate()(_trainer_config())
+    )
+    transformation = cfg.learner.forward_fn_transformation
+    assert transformation.fn is with_minibatch_steps and transformation.steps == 4
+    # The global batch and the number of optimizer steps are unchanged.
+    assert cfg.max_step == _trainer_config().max_step
+    with pytest.raises(ValueError, match="grad_acc_steps must be >= 1"):
+        GradientAccumulationModifier.default_config().set(grad_acc_steps=0).instantiate()(
+            _trainer_config()
+        )
+
+
+def test_module_config_modifier_swaps_class_keeps_fields():
+    cfg = _trainer_config()
+    old = cfg.model.decoder.transformer
+    modifier = ModuleConfigModifier.default_config().set(
+        target_config="model.decoder.transformer",
+        modification=attention.StackedTransformerLayer.default_config(),
+    )
+    cfg = modifier.instantiate()(cfg)
+    new = cfg.model.decoder.transformer
+    assert new.klass is attention.StackedTransformerLayer
+    assert new.num_layers == old.num_layers == 2
+    assert new.layer == old.layer
+    with pytest.raises(ValueError, match="model.decoder.missing"):
+        ModuleConfigModifier.default_config().set(
+            target_config="model.decoder.missing",
+            modification=attention.StackedTransformerLayer.default_config(),
+        ).instantiate()(_trainer_config())
+
+
+def test_partition_spec_modifier():
+    path = f"{LAYER}.feed_forward.linear1"
+    modifier = PartitionSpecModifier.default_config().set(
+        partition_specs={path: dict(param_partition_spec=("fsdp", "model"))}
+    )
+    cfg = modifier.instantiate()(_trainer_config())
+    assert tuple(find_config(cfg, path).param_partition_spec) == ("fsdp", "model")
+    bad = PartitionSpecModifier.default_config().set(
+        partition_specs={path: dict(no_such_spec=("fsdp",))}
+    )
+    with pytest.raises(ValueError, match="has no field 'no_such_spec'"):
+        bad.instantiate()(_trainer_config())
+
+
+def test_chain_through_mesh_rules():
+    chain = ChainConfigModifier.default_config().set(
+        config_modifiers=[
+            MeshShapeModifier.default_config().set(mesh_shape=(1, -1, 1)),
+            GradientAccumulationModifier.default_config().set(grad_acc_steps=2),
+            RematSpecModifier.default_config().set(
+                remat_policies={LAYER: RematSpec(prevent_cse=True)}
+            ),
+        ]
+    )
+    cfg = _trainer_config().set(
+        mesh_rules=[("cpu-fsdp", chain), ("cpu-.*", (2, -1, 1)), ("cpu-fsdp", (8, 1, 1))]
+    )
+    selected = select_mesh_config(cfg.clone(), mesh_selector="cpu-fsdp")  # First match wins.
+    assert tuple(selected.mesh_shape) == (1, -1, 1)
+    assert selected.learner.forward_fn_transformation.steps == 2
+    assert find_config(selected, LAYER).remat_spec == RematSpec(prevent_cse=True)
+    other = select_mesh_config(cfg.clone(), mesh_selector="cpu-data")
+    assert tuple(other.mesh_shape) == (2, -1, 1)
+    assert other.learner.forward_fn_transformation is None
+    # Full match only: a prefix does not select.
+    unmatched = select_mesh_config(cfg.clone(), mesh_selector="xcpu-fsdp")
+    assert tuple(unmatched.mesh_shape) == (-1, 1, 1)
+
+
+def test_find_config_dict_entries():
+    cfg = _trainer_config()
+    cfg.learner.forward_fn_transformation = config_for_function(with_minibatch_steps)
+    assert find_config(cfg, "learner.forward_fn_transformation.fn") is with_minibatch_steps
+    cfg.evalers = {}
+    with pytest.raises(ValueError, match="evalers.validation: no entry 'validation'"):
+        find_config(cfg, "evalers.validation")
