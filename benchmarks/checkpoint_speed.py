@@ -1,0 +1,196 @@
+"""Benchmark: checkpoint save/restore speed vs the raw disk and vs orbax-checkpoint.
+
+For a state of `--gib` GiB (float32 arrays sharded over `--devices` CPU devices), each trial
+measures, interleaved (the order rotates between trials):
+- raw: sequential write of the same number of bytes to one file with fsync, and read back;
+- axlearn: `Checkpointer.save` (async) until committed, the caller's blocking time, and
+  `Checkpointer.restore` into the same shardings;
+- orbax: `orbax.checkpoint.StandardCheckpointer` save until finished, and restore.
+Page caches of the written files are dropped (fsync + POSIX_FADV_DONTNEED) before every read, so
+reads come from the disk. Prints JSON: per-trial numbers, medians, and ratios of medians.
+
+Usage: python benchmarks/checkpoint_speed.py [--gib 1] [--trials 3] [--devices 8] [--dir DIR]
+"""
+
+import argparse
+import os
+import sys
+
+_parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+_parser.add_argument("--gib", type=float, default=1.0, help="State size in GiB.")
+_parser.add_argument("--trials", type=int, default=3, help="Interleaved trials (>= 3).")
+_parser.add_argument("--devices", type=int, default=8, help="CPU devices to shard over.")
+_parser.add_argument("--dir", default=None, help="Scratch directory (default: a temp dir).")
+_parser.add_argument("--leaves", type=int, default=16, help="Number of arrays in the state.")
+ARGS = _parser.parse_args()
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={ARGS.devices}"
+)
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# pylint: disable=wrong-import-position
+import json  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
+
+from axlearn.common.checkpointer import Checkpointer, every_n_steps_policy  # noqa: E402
+from axlearn.common.config import config_for_function  # noqa: E402
+
+_BLOCK = 64 << 20
+
+
+def _drop_cache(path: str) -> None:
+    """Flushes and evicts the page cache of every file under `path`."""
+    os.sync()
+    paths = [path] if os.path.isfile(path) else [
+        os.path.join(root, name) for root, _, names in os.walk(path) for name in names
+    ]
+    for file in paths:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _make_state(num_bytes: int, num_leaves: int) -> dict:
+    mesh = jax.make_mesh((ARGS.devices,), ("x",))
+    sharding = NamedSharding(mesh, PartitionSpec("x"))
+    cols = 1024
+    rows = max(ARGS.devices, num_bytes // (4 * cols * num_leaves))
+    rows -= rows % ARGS.devices
+    rng = np.random.default_rng(0)
+    return {
+        f"layer{i}": jax.device_put(rng.standard_normal((rows, cols), np.float32), sharding)
+        for i in range(num_leaves)
+    }
+
+
+def _raw(scratch: str, num_bytes: int) -> dict:
+    path = os.path.join(scratch, "raw.bin")
+    buf = np.random.default_rng(1).bytes(_BLOCK)
+    start = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    written = 0
+    while written < num_bytes:
+        written += os.write(fd, buf[: min(_BLOCK, num_bytes - written)])
+    os.fsync(fd)
+    os.close(fd)
+    write_s = time.perf_counter() - start
+    _drop_cache(path)
+    start = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    while os.read(fd, _BLOCK):
+        pass
+    os.close(fd)
+    read_s = time.perf_counter() - start
+    os.remove(path)
+    return dict(save_s=write_s, restore_s=read_s)
+
+
+def _axlearn(scratch: str, state: dict) -> dict:
+    ckpt_dir = os.path.join(scratch, "axlearn")
+    cfg = Checkpointer.default_config().set(
+        name="checkpointer",
+        dir=ckpt_dir,
+        save_policy=config_for_function(every_n_steps_policy).set(n=1),
+    )
+    ckpt = cfg.instantiate(parent=None)
+    start = time.perf_counter()
+    stats = ckpt.save(step=1, state=state)
+    ckpt.wait_until_finished()
+    save_s = time.perf_counter() - start
+    _drop_cache(ckpt_dir)
+    start = time.perf_counter()
+    _, restored = ckpt.restore(state=state)
+    jax.block_until_ready(restored)
+    restore_s = time.perf_counter() - start
+    ckpt.stop()
+    del restored
+    shutil.rmtree(ckpt_dir)
+    return dict(save_s=save_s, restore_s=restore_s, blocking_s=stats.blocking_s)
+
+
+def _orbax(scratch: str, state: dict) -> dict:
+    import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
+    path = os.path.join(scratch, "orbax")
+    checkpointer = ocp.StandardCheckpointer()
+    start = time.perf_counter()
+    checkpointer.save(path, state)
+    blocking_s = time.perf_counter() - start
+    checkpointer.wait_until_finished()
+    save_s = time.perf_counter() - start
+    _drop_cache(path)
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+    )
+    start = time.perf_counter()
+    restored = checkpointer.restore(path, target)
+    jax.block_until_ready(restored)
+    restore_s = time.perf_counter() - start
+    checkpointer.close()
+    del restored
+    shutil.rmtree(path)
+    return dict(save_s=save_s, restore_s=restore_s, blocking_s=blocking_s)
+
+
+def main() -> None:
+    """Runs the benchmark and prints JSON."""
+    if ARGS.trials < 3:
+        sys.exit("--trials must be >= 3 (medians of at least 3)")
+    scratch = ARGS.dir or tempfile.mkdtemp(prefix="axlearn_ckpt_bench_")
+    os.makedirs(scratch, exist_ok=True)
+    state = _make_state(int(ARGS.gib * (1 << 30)), ARGS.leaves)
+    num_bytes = sum(x.nbytes for x in state.values())
+    runners = dict(
+        raw=lambda: _raw(scratch, num_bytes),
+        axlearn=lambda: _axlearn(scratch, state),
+        orbax=lambda: _orbax(scratch, state),
+    )
+    names = list(runners)
+    _axlearn(scratch, state)  # Warm up compilation caches and imports; not timed.
+    _orbax(scratch, state)
+    trials = {name: [] for name in names}
+    for trial in range(ARGS.trials):
+        order = names[trial % len(names) :] + names[: trial % len(names)]
+        for name in order:
+            trials[name].append(runners[name]())
+    gb = num_bytes / 1e9
+    medians = {}
+    for name, runs in trials.items():
+        medians[name] = {
+            key: statistics.median(run[key] for run in runs) for key in runs[0]
+        }
+        medians[name]["save_gb_s"] = gb / medians[name]["save_s"]
+        medians[name]["restore_gb_s"] = gb / medians[name]["restore_s"]
+    ours, raw, orbax = medians["axlearn"], medians["raw"], medians["orbax"]
+    result = dict(
+        state_gb=gb,
+        leaves=ARGS.leaves,
+        devices=ARGS.devices,
+        trials=trials,
+        medians=medians,
+        ratios=dict(
+            save_vs_raw_write=ours["save_gb_s"] / raw["save_gb_s"],
+            restore_vs_raw_read=ours["restore_gb_s"] / raw["restore_gb_s"],
+            save_vs_orbax=ours["save_gb_s"] / orbax["save_gb_s"],
+            restore_vs_orbax=ours["restore_gb_s"] / orbax["restore_gb_s"],
+            blocking_vs_orbax=ours["blocking_s"] / orbax["blocking_s"],
+        ),
+        scratch=scratch,
+    )
+    print(json.dumps(result, indent=2))
+    if ARGS.dir is None:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
