@@ -285,3 +285,63 @@ def total_param_count(params: Any) -> int:
         The count.
     """
     return int(sum(int(np.prod(s, dtype=np.int64)) for s in param_shapes_by_path(params).values()))
+
+
+def _unique_key(flat: dict[str, Any], regex: str, what: str) -> str:
+    keys = [k for k in flat if re.fullmatch(regex, k) and ".input_linear." not in k]
+    if len(keys) != 1:
+        raise ValueError(
+            f"lm_flops_from_model_config: expected one {what} field matching {regex!r} in the "
+            f"model config, found {keys or 'none'}"
+        )
+    return keys[0]
+
+
+def lm_flops_from_model_config(
+    model_cfg: Any,
+    param_specs: Any,
+    *,
+    global_batch_size: int,
+    seq_len: int,
+    tied_embedding: Optional[bool] = None,
+) -> StepFlops:
+    """Returns the step FLOPs of a decoder-only LM from its config and parameter specs.
+
+    Reads (with the reference library's field names) the transformer's `num_layers`, the
+    attention layer's `num_heads` and its `hidden_dim` (default: the decoder's `dim`), so
+    per_head_dim = hidden_dim / num_heads; N_matmul comes from `matmul_param_count(param_specs)`.
+
+    Args:
+        model_cfg: The model config (e.g. `causal_lm.Model.Config`).
+        param_specs: The model's parameter specs (or parameters, or shapes).
+        global_batch_size: Sequences per step.
+        seq_len: Tokens per sequence.
+        tied_embedding: See `matmul_param_count`.
+
+    Returns:
+        The `StepFlops`.
+
+    Raises:
+        ValueError: Naming the missing or ambiguous config field.
+    """
+    flat = model_cfg.to_flat_dict()
+    layers_key = _unique_key(flat, r"(.*\.)?transformer\.num_layers", "num_layers")
+    heads_key = _unique_key(flat, r"(.*\.)?attention\.num_heads", "attention num_heads")
+    prefix = heads_key[: -len("num_heads")]
+    hidden_dim = flat.get(prefix + "hidden_dim")
+    if hidden_dim is None:
+        hidden_dim = flat.get(_unique_key(flat, r"(.*\.)?decoder\.dim", "decoder dim"))
+    num_heads = int(flat[heads_key])
+    if hidden_dim % num_heads:
+        raise ValueError(
+            f"lm_flops_from_model_config: attention hidden dim {hidden_dim} is not divisible by "
+            f"{heads_key}={num_heads}"
+        )
+    return lm_training_flops(
+        matmul_params=matmul_param_count(param_specs, tied_embedding=tied_embedding),
+        num_layers=int(flat[layers_key]),
+        num_heads=num_heads,
+        per_head_dim=int(hidden_dim) // num_heads,
+        seq_len=seq_len,
+        global_batch_size=global_batch_size,
+    )

@@ -133,3 +133,34 @@ def test_invalid_inputs():
             seq_len=1,
             global_batch_size=1,
         )
+
+
+def test_lm_flops_from_model_config_p1():
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
+
+    cfg = transformer_lm_config(
+        num_layers=2,
+        model_dim=256,
+        num_heads=4,
+        num_kv_heads=4,
+        hidden_dim=1024,
+        vocab_size=32768,
+        rope_theta=5e5,
+        qk_norm=True,
+        sharding=False,
+    )
+    specs = cfg.clone(name="model").instantiate(parent=None).create_parameter_specs_recursively()
+    got = flops.lm_flops_from_model_config(cfg, specs, global_batch_size=4, seq_len=128)
+    assert (got.matmul_params, got.num_layers, got.num_heads, got.per_head_dim) == (
+        P1_MATMUL_PARAMS,
+        2,
+        4,
+        64,
+    )
+    assert got.total_flops == 32_212_254_720 + 202_899_456
+    # DESIGN.md: "about 32 GFLOP per step".
+    assert got.total_flops == pytest.approx(32e9, rel=0.02)
+    cfg.decoder.transformer.layer.self_attention.attention.num_heads = 3
+    with pytest.raises(ValueError, match="not divisible"):
+        flops.lm_flops_from_model_config(cfg, specs, global_batch_size=4, seq_len=128)
