@@ -71,10 +71,16 @@ def main():
     state = dict(model=arrays, step=7, iterator=f"iterator of process {pid}".encode())
     result = dict(pid=pid)
     if mode == "roundtrip":
+        ckpt.save(step=6, state=state)
         ckpt.save(step=7, state=state)
         ckpt.wait_until_finished()
         # Committed on every process once wait_until_finished returns.
         result["committed"] = os.path.exists(os.path.join(ckpt_dir, "step_00000007", "index"))
+        # The barrier keys of the first save were deleted from the key-value store.
+        client = jax._src.distributed.global_state.client  # pylint: disable=protected-access
+        keys = [k for k, _ in client.key_value_dir_get("axlearn_ckpt/")]
+        result["stale_keys"] = [k for k in keys if "/1/" in k]
+        result["num_live_keys"] = len([k for k in keys if "/2/committed" in k])
         step, restored = ckpt.restore(state=state)
         _check(restored["model"], values)
         result["step"] = step

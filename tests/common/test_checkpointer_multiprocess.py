@@ -53,6 +53,7 @@ def test_two_processes_write_their_shards_and_restore(tmp_path):
             p.kill()
     for pid, result in enumerate(results):
         assert result["committed"] and result["step"] == 7 and result["resharded"]
+        assert result["stale_keys"] == [] and result["num_live_keys"] > 0
         assert result["iterator"] == f"iterator of process {pid}"
     index = ckpt_lib.read_index_file(os.path.join(ckpt_dir, "step_00000007"))
     assert index["process_count"] == 2

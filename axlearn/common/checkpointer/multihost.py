@@ -95,6 +95,22 @@ def barrier(name: str, *, timeout_s: float, what: str = "") -> None:
         raise _timeout_error(client, name, timeout_s, what) from e
 
 
+def delete_keys(prefix: str) -> None:
+    """Deletes the key-value store entries under `prefix` (process 0 only; best effort).
+
+    Call only once every process is past the barriers that use them.
+
+    Args:
+        prefix: A barrier name or key prefix.
+    """
+    if jax.process_count() == 1 or jax.process_index() != 0:
+        return
+    try:
+        _client().key_value_delete(prefix)
+    except Exception:  # pylint: disable=broad-except
+        pass
+
+
 def broadcast_from_process_0(name: str, value: Optional[str], *, timeout_s: float) -> str:
     """Returns process 0's `value` on every process.
 

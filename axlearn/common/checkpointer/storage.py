@@ -147,6 +147,7 @@ class TensorStoreStateStorage(StateStorage):
         self._writing_dir: Optional[str] = None
         self._lock = threading.Lock()
         self._save_count = 0
+        self._previous_prefix: Optional[str] = None
         self._last_result: Optional[SaveResult] = None
         self.last_restore_stats: Optional[tensorstore_restore.RestoreStats] = None
 
@@ -194,13 +195,16 @@ class TensorStoreStateStorage(StateStorage):
         waited = time.perf_counter()
         self._save_count += 1
         dir_key = f"{zlib.crc32(os.path.abspath(ckpt_dir).encode()):08x}"
+        prefix = f"axlearn_ckpt/{dir_key}/{self._save_count}"
         plan = tensorstore_save.snapshot_state(
             step=step,
             state=state,
             ckpt_dir=ckpt_dir,
-            barrier_prefix=f"axlearn_ckpt/{dir_key}/{self._save_count}",
+            barrier_prefix=prefix,
             snapshot_mode=self.snapshot_mode(),
+            previous_barrier_prefix=self._previous_prefix,
         )
+        self._previous_prefix = prefix
         snapshotted = time.perf_counter()
         write = dict(
             context=self._context,

@@ -76,6 +76,8 @@ class SavePlan:
     ckpt_dir: str
     # A prefix for barrier names, unique per save and identical on all processes.
     barrier_prefix: str
+    # The previous save's prefix, whose last keys this save deletes; None for the first save.
+    previous_barrier_prefix: Optional[str]
     # (path, kind) of every leaf in tree order.
     leaves: list[tuple[str, str]]
     arrays: list[_ArrayLeaf]
@@ -190,7 +192,13 @@ def default_snapshot_mode() -> str:
 
 
 def snapshot_state(
-    *, step: int, state: Any, ckpt_dir: str, barrier_prefix: str, snapshot_mode: str
+    *,
+    step: int,
+    state: Any,
+    ckpt_dir: str,
+    barrier_prefix: str,
+    snapshot_mode: str,
+    previous_barrier_prefix: Optional[str] = None,
 ) -> SavePlan:
     """Builds the save plan of `state` and takes its consistent copy (see module docstring).
 
@@ -200,6 +208,7 @@ def snapshot_state(
         ckpt_dir: The step directory.
         barrier_prefix: Unique per save, identical on all processes.
         snapshot_mode: "device" or "host".
+        previous_barrier_prefix: The previous save's barrier prefix (its keys are deleted).
 
     Returns:
         The plan.
@@ -289,6 +298,7 @@ def snapshot_state(
         step=step,
         ckpt_dir=ckpt_dir,
         barrier_prefix=barrier_prefix,
+        previous_barrier_prefix=previous_barrier_prefix,
         leaves=leaves,
         arrays=arrays,
         values=values,
@@ -510,6 +520,9 @@ def write_snapshot(
     multihost.barrier(
         f"{plan.barrier_prefix}/prepared", timeout_s=timeout_s, what=f"directory ready, step {step}"
     )
+    if plan.previous_barrier_prefix is not None:
+        # Every process is past the previous save's last barrier: drop its keys.
+        multihost.delete_keys(plan.previous_barrier_prefix)
     faults.maybe_inject_fault("before_arrays", step=step)
     writer.write_arrays()
     manifest = dict(chunks=writer.checksums, bytes=writer.write_byte_leaves())
@@ -541,6 +554,8 @@ def write_snapshot(
     multihost.barrier(
         f"{plan.barrier_prefix}/committed", timeout_s=timeout_s, what=f"index written, step {step}"
     )
+    multihost.delete_keys(f"{plan.barrier_prefix}/prepared")
+    multihost.delete_keys(f"{plan.barrier_prefix}/written")
     if me != 0:
         faults.maybe_inject_fault("after_index", step=step)
     result = SaveResult(
