@@ -44,7 +44,7 @@ from axlearn.common.config import (
 )
 from axlearn.common.module import Module
 from axlearn.common.optimizer_base import OptParam, PartitionedGradientTransformation
-from axlearn.common.optimizers import param_ema
+from axlearn.common.optimizers import global_norm, param_ema
 from axlearn.common.per_param_settings import LEARNER_UPDATE_TYPE, register_per_param_settings
 from axlearn.common.utils import Nested, Tensor, flatten_items, get_recursively, tree_paths
 
@@ -314,7 +314,7 @@ class Learner(BaseLearner):
         elif isinstance(cfg.enable_per_variable_summaries, (list, tuple)):
             for prefix in cfg.enable_per_variable_summaries:
                 self.add_summary(
-                    f"grad_norm/{prefix}", optax.global_norm(get_recursively(gradients, prefix))
+                    f"grad_norm/{prefix}", global_norm(get_recursively(gradients, prefix))
                 )
 
         opt_params = _mask_tree(model_params, should_update)

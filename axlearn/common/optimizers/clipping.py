@@ -16,6 +16,7 @@ from axlearn.common.optimizers.transforms import (
     _add_summary,
     _scalar_spec,
     _to_partitioned_transformation,
+    global_norm,
 )
 from axlearn.common.utils import Tensor
 
@@ -43,7 +44,7 @@ def clip_by_global_norm(
 
     def update_fn(updates, state, params=None):
         del params
-        g_norm = optax.global_norm(updates)
+        g_norm = global_norm(updates)
         _add_summary("gradient_norm", g_norm)
         if max_norm is None and drop_norm is None:
             return updates, state
@@ -175,7 +176,7 @@ def skip_and_clip_by_global_norm(
     def update_fn(updates, state, params=None):
         leaves = jax.tree.leaves(updates)
         is_finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in leaves], dtype=bool))
-        g_norm = optax.global_norm(updates)
+        g_norm = global_norm(updates)
         new_drop_stats = None
         if fixed_drop:
             is_valid = jnp.logical_and(is_finite, g_norm < drop_norm)

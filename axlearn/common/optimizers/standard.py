@@ -230,7 +230,7 @@ def scale_by_factored_rms(
                 return copy_partition(spec) if field == "v" else vector
             if field == "v":
                 return vector
-            return _drop_axis(spec, dims[0] if field == "v_row" else dims[1])
+            return _drop_axis(spec, dims[1] if field == "v_row" else dims[0])
 
         return optax.FactoredState(
             count=_scalar_spec(),

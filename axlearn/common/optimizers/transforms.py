@@ -37,6 +37,21 @@ def _is_zero(x: Any) -> bool:
     return isinstance(x, (int, float)) and x == 0
 
 
+def global_norm(tree: Any) -> Tensor:
+    """The L2 norm of all leaves of `tree` together (computed in float32).
+
+    Args:
+        tree: A tree of arrays (None leaves are skipped).
+
+    Returns:
+        A float32 scalar.
+    """
+    leaves = jax.tree.leaves(tree)
+    if not leaves:
+        return jnp.zeros([], jnp.float32)
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves))
+
+
 def _scalar_spec(dtype=jnp.int32) -> OptStateSpec:
     return OptStateSpec(shape=[], dtype=dtype, mesh_axes=PartitionSpec())
 
