@@ -577,3 +577,25 @@ def test_fault_env_validation(monkeypatch):
         faults.configured_fault()
     monkeypatch.setenv(ckpt_lib.FAULT_ACTION_ENV, "hang")
     assert faults.configured_fault() == ("mid_arrays", 3, "hang")
+
+
+def test_restore_into_tensor_specs_and_state_spec(tmp_path):
+    from axlearn.common.utils import TensorSpec  # pylint: disable=import-outside-toplevel
+
+    mesh = _mesh((2, 4), ("data", "fsdp"))
+    host = dict(w=np.arange(64, dtype=np.float32).reshape(8, 8), b=np.arange(4, dtype=np.int32))
+    ckpt = _checkpointer(tmp_path)
+    ckpt.save(step=3, state=jax.tree.map(jnp.asarray, host))
+    ckpt.wait_until_finished()
+    specs = dict(
+        w=TensorSpec(shape=(8, 8), dtype=jnp.float32, mesh_axes=PartitionSpec("fsdp", "data")),
+        b=TensorSpec(shape=(4,), dtype=None, mesh_axes=PartitionSpec()),
+    )
+    with jax.set_mesh(mesh):
+        _, restored = ckpt.restore(state=specs)
+    _assert_bit_identical(host, restored)
+    assert restored["w"].sharding.spec == PartitionSpec("fsdp", "data")
+    # Without the model at hand: the saved specs from the index.
+    spec = ckpt_lib.read_state_spec(ckpt.ckpt_dir(3))
+    _, restored = ckpt.restore(state=spec)
+    _assert_bit_identical(host, restored)
