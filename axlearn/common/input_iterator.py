@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 import numpy as np
 from absl import logging
@@ -103,7 +103,9 @@ class Feed:
 
         variant = tf.io.parse_tensor(payload, out_type=tf.variant)
         # pylint: disable-next=protected-access
-        tf.raw_ops.DeserializeIterator(resource_handle=self.iterator._iterator_resource, serialized=variant)
+        tf.raw_ops.DeserializeIterator(
+            resource_handle=self.iterator._iterator_resource, serialized=variant
+        )
 
 
 def _to_numpy(tree: Any) -> Any:

@@ -319,11 +319,11 @@ def sample_from_datasets(
     if not sources:
         raise ValueError("sample_from_datasets: expected at least one source")
     if len(sources) != len(weights):
-        raise ValueError(
-            f"sample_from_datasets: {len(sources)} sources but {len(weights)} weights"
-        )
+        raise ValueError(f"sample_from_datasets: {len(sources)} sources but {len(weights)} weights")
     if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise ValueError(f"sample_from_datasets: weights must be >= 0 with a positive sum: {weights}")
+        raise ValueError(
+            f"sample_from_datasets: weights must be >= 0 with a positive sum: {weights}"
+        )
     source_fns = [maybe_set_config(s, is_training=is_training).instantiate() for s in sources]
 
     def fn() -> tf.data.Dataset:
@@ -779,9 +779,7 @@ class Input(Module):
         self._policy = policy
         self._seed = DEFAULT_SEED if cfg.seed is None else cfg.seed
         self._source = maybe_set_config(cfg.source, is_training=cfg.is_training).instantiate()
-        self._processor = maybe_set_config(
-            cfg.processor, is_training=cfg.is_training
-        ).instantiate()
+        self._processor = maybe_set_config(cfg.processor, is_training=cfg.is_training).instantiate()
         self._batcher = maybe_set_config(cfg.batcher, is_training=cfg.is_training).instantiate()
         self._description = describe_source(cfg.source)
         dump = [line for line in cfg.debug_string().splitlines() if not line.startswith("name:")]
@@ -841,12 +839,18 @@ class Input(Module):
 
             gathered = multihost_utils.process_allgather(np.array([num_batches]))
             num_batches = int(np.max(gathered))
-        logging.info("Input %s: %s eval examples per feed -> %d batches", self.path(), counts, num_batches)
+        logging.info(
+            "Input %s: %s eval examples per feed -> %d batches", self.path(), counts, num_batches
+        )
         return num_batches
 
     def _feed_dataset(self, feed_index: int, counter: Any = None) -> tf.data.Dataset:
         cfg = self.config
-        if not cfg.is_training and self._eval_num_batches is None and "global_batch_size" in cfg.batcher:
+        if (
+            not cfg.is_training
+            and self._eval_num_batches is None
+            and "global_batch_size" in cfg.batcher
+        ):
             self._eval_num_batches = self._compute_eval_num_batches()
         ds = self._examples(feed_index, counter)
         with feed_scope(self._feed_context(feed_index, counter)):

@@ -67,6 +67,4 @@ def tfds_input(
             replace_newlines_with=replace_newlines_with,
             stride=max(1, max_sequence_length // 4),
         )
-    return input_tf_data.with_processor(
-        source=source, processor=processor, is_training=is_training
-    )
+    return input_tf_data.with_processor(source=source, processor=processor, is_training=is_training)

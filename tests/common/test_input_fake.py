@@ -1,0 +1,115 @@
+"""Tests axlearn/common/input_fake.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from axlearn.common import input_tf_data
+from axlearn.common.config import REQUIRED, ConfigBase, Required, config_class, config_for_function
+from axlearn.common.input_fake import FakeLmInput, replace_inputs_with_fake
+from axlearn.experiments.text.common import embedded_vocab_config
+from axlearn.experiments.text.gpt.common import tfds_input
+
+
+def _fake(**kwargs) -> FakeLmInput.Config:
+    return (
+        FakeLmInput.default_config()
+        .set(name="input", is_training=True, global_batch_size=4, source_length=8, max_token_id=50)
+        .set(**kwargs)
+    )
+
+
+def test_fake_lm_batches():
+    it = iter(_fake().instantiate(parent=None))
+    b = next(it)
+    assert set(b) == {"input_ids", "target_labels", "target_num_bytes"}
+    assert b["input_ids"].shape == (4, 8) and b["input_ids"].dtype == np.int32
+    assert b["input_ids"].min() >= 1 and b["input_ids"].max() < 50
+    # Targets are the inputs shifted by one.
+    np.testing.assert_array_equal(b["input_ids"][:, 1:], b["target_labels"][:, :-1])
+    # Deterministic, and different batches differ.
+    again = next(iter(_fake().instantiate(parent=None)))
+    np.testing.assert_array_equal(b["input_ids"], again["input_ids"])
+    assert not np.array_equal(next(it)["input_ids"], b["input_ids"])
+
+
+def test_fake_process_slices_union_and_resume():
+    cfg = _fake()
+    g = iter(cfg.instantiate(parent=None))
+    parts = [iter(cfg.instantiate(parent=None, process_index=i, process_count=2)) for i in (0, 1)]
+    for _ in range(2):
+        whole = next(g)["input_ids"]
+        np.testing.assert_array_equal(whole, np.concatenate([next(p)["input_ids"] for p in parts]))
+    state = g.get_state()
+    expected = next(g)["input_ids"]
+    restored = cfg.instantiate(parent=None).restore_iterator(state)
+    np.testing.assert_array_equal(next(restored)["input_ids"], expected)
+
+
+def test_fake_eval_is_finite_and_validates():
+    it = iter(_fake(is_training=False, total_num_batches=3).instantiate(parent=None))
+    assert len(list(it)) == 3
+    with pytest.raises(ValueError, match="total_num_batches"):
+        _fake(is_training=False).instantiate(parent=None)
+    with pytest.raises(ValueError, match="divisible by the process count"):
+        _fake(global_batch_size=3).instantiate(parent=None, process_index=0, process_count=2)
+
+
+@config_class
+class _Decoder(ConfigBase):
+    vocab_size: int = 512
+
+
+@config_class
+class _Model(ConfigBase):
+    decoder: _Decoder = _Decoder()
+
+
+@config_class
+class _Evaler(ConfigBase):
+    input: Required[ConfigBase] = REQUIRED
+
+
+@config_class
+class _Trainer(ConfigBase):
+    input: Required[ConfigBase] = REQUIRED
+    evalers: dict = {}
+    model: _Model = _Model()
+
+
+def _lm_input(is_training: bool, batch_size: int):
+    return input_tf_data.Input.default_config().set(
+        is_training=is_training,
+        source=config_for_function(tfds_input).set(
+            is_training=is_training,
+            dataset_name="python_docs:1.0.0",
+            split="train",
+            vocab_cfg=embedded_vocab_config(),
+            max_sequence_length=128,
+        ),
+        processor=config_for_function(input_tf_data.identity),
+        batcher=config_for_function(input_tf_data.batch).set(
+            global_batch_size=batch_size, pad_example_fn=input_tf_data.default_pad_example_fn
+        ),
+    )
+
+
+def test_replace_inputs_with_fake():
+    cfg = _Trainer(input=_lm_input(True, 8), evalers={"valid": _Evaler(input=_lm_input(False, 4))})
+    replace_inputs_with_fake(cfg)
+    assert cfg.input.klass is FakeLmInput
+    assert (cfg.input.global_batch_size, cfg.input.source_length) == (8, 128)
+    assert cfg.input.max_token_id == 512 and cfg.input.total_num_batches is None
+    ev = cfg.evalers["valid"].input
+    assert ev.klass is FakeLmInput and not ev.is_training and ev.total_num_batches == 2
+    assert ev.global_batch_size == 4
+
+
+def test_replace_inputs_with_fake_errors_name_the_path():
+    bad = _lm_input(True, 8)
+    bad.batcher.global_batch_size = REQUIRED
+    with pytest.raises(ValueError, match="evalers\\['x'\\].input"):
+        replace_inputs_with_fake(
+            _Trainer(input=_lm_input(True, 8), evalers={"x": _Evaler(input=bad)})
+        )

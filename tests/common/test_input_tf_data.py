@@ -1,0 +1,387 @@
+"""Tests axlearn/common/input_tf_data.py (with input_feed.py and input_iterator.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from axlearn.common import input_tf_data
+from axlearn.common.config import config_for_function
+from axlearn.common.input_iterator import InputError, InputStateError
+from axlearn.experiments.text.common import vocab
+from axlearn.experiments.text.gpt.common import tfds_input
+from tests.common import input_test_utils
+from tests.common.input_test_utils import assert_batches_equal, lm_input_config, take
+
+# The session fixture that builds the embedded data in a temporary cache dir.
+embedded_cache = input_test_utils.embedded_cache
+TESTDATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "testdata")
+
+
+def _range_source(n: int = 100):
+    """A source of {"x": i} for i in [0, n) that does not shard itself."""
+
+    def fn():
+        import tensorflow as tf
+
+        return tf.data.Dataset.range(n).map(lambda x: {"x": tf.cast(x, tf.int32)})
+
+    return fn
+
+
+def _range_input(**kwargs) -> input_tf_data.Input.Config:
+    batcher = config_for_function(input_tf_data.batch).set(
+        global_batch_size=kwargs.pop("batch_size", 4),
+        pad_example_fn=input_tf_data.default_pad_example_fn,
+    )
+    return input_tf_data.Input.default_config().set(
+        name="input",
+        is_training=kwargs.pop("is_training", True),
+        source=config_for_function(_range_source).set(n=kwargs.pop("n", 100)),
+        processor=kwargs.pop(
+            "processor", config_for_function(input_tf_data.shuffle).set(shuffle_buffer_size=16)
+        ),
+        batcher=batcher,
+        **kwargs,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# The reference dump.
+# ------------------------------------------------------------------------------------------------
+
+
+def _reference_configs(train_dataset, eval_dataset, eval_vocab):
+    train = input_tf_data.Input.default_config().set(
+        is_training=True,
+        source=config_for_function(input_tf_data.tfds_dataset).set(
+            dataset_name=train_dataset,
+            split="train",
+            is_training=True,
+            train_shuffle_buffer_size=0,
+            train_shuffle_files=False,
+        ),
+        processor=config_for_function(input_tf_data.identity),
+        batcher=config_for_function(input_tf_data.batch).set(
+            global_batch_size=2048,
+            prefetch_buffer_size=-1,  # tf.data.AUTOTUNE
+            pad_example_fn=input_tf_data.default_pad_example_fn,
+        ),
+    )
+    evaler = input_tf_data.Input.default_config().set(
+        is_training=False,
+        source=config_for_function(tfds_input).set(
+            is_training=False,
+            dataset_name=eval_dataset,
+            split="test[:5000]",
+            vocab_cfg=config_for_function(vocab).set(sentencepiece_model_name=eval_vocab),
+            max_sequence_length=4096,
+            replace_newlines_with="<n>",
+        ),
+        processor=config_for_function(input_tf_data.identity),
+        batcher=config_for_function(input_tf_data.batch).set(
+            global_batch_size=2048,
+            prefetch_buffer_size=-1,
+            pad_example_fn=input_tf_data.default_pad_example_fn,
+        ),
+    )
+    lines = [f"input.{line}" for line in train.debug_string().splitlines()]
+    lines += [
+        f"evalers['openwebtext_2'].input.{line}" for line in evaler.debug_string().splitlines()
+    ]
+    return sorted(lines)
+
+
+def test_reference_dump_lines():
+    """The dump's `input.` and `evalers['openwebtext_2'].input.` lines, byte for byte."""
+    with open(os.path.join(TESTDATA, "input_reference_lines.txt"), encoding="utf-8") as f:
+        expected = f.read().splitlines()
+    got = _reference_configs(
+        "pajama_honeycrisp_15t_202408072230", "pile/openwebtext_2:1.0.0", "bpe_48k_honeycrisp.model"
+    )
+    assert got == sorted(expected)
+    # With the embedded data set and vocabulary swapped in, exactly these three lines differ.
+    swapped = _reference_configs(
+        "python_docs:1.0.0", "python_docs:1.0.0", "bpe_4k_python_docs.model"
+    )
+    assert sorted(set(swapped) - set(expected)) == [
+        "evalers['openwebtext_2'].input.source.dataset_name: 'python_docs:1.0.0'",
+        "evalers['openwebtext_2'].input.source.vocab_cfg.sentencepiece_model_name: "
+        "'bpe_4k_python_docs.model'",
+        "input.source.dataset_name: 'python_docs:1.0.0'",
+    ]
+
+
+def test_import_does_not_load_tensorflow():
+    code = (
+        "import sys; import axlearn.common.input_tf_data, axlearn.common.input_lm, "
+        "axlearn.common.input_fake, axlearn.experiments.text.gpt.common; "
+        "print(any(m in sys.modules for m in ('tensorflow', 'seqio', 'tensorflow_datasets')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# ------------------------------------------------------------------------------------------------
+# Determinism and multi-process slices.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_same_seed_same_batches(embedded_cache):
+    a = take(iter(lm_input_config().instantiate(parent=None)), 4)
+    b = take(iter(lm_input_config().instantiate(parent=None)), 4)
+    assert_batches_equal(a, b)
+    c = take(iter(lm_input_config(seed=7).instantiate(parent=None)), 4)
+    assert not np.array_equal(a[0]["input_ids"], c[0]["input_ids"])
+    assert a[0]["input_ids"].shape == (4, 16) and a[0]["input_ids"].dtype == np.int32
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_two_process_slices_union_is_global_batch(embedded_cache, packing):
+    cfg = lm_input_config(num_feeds=2, packing=packing)
+    global_it = iter(cfg.instantiate(parent=None))
+    p0 = iter(cfg.instantiate(parent=None, process_index=0, process_count=2))
+    p1 = iter(cfg.instantiate(parent=None, process_index=1, process_count=2))
+    for _ in range(3):
+        g, a, b = next(global_it), next(p0), next(p1)
+        assert a["input_ids"].shape == (2, 16)
+        for k in g:
+            np.testing.assert_array_equal(g[k], np.concatenate([a[k], b[k]]))
+
+
+def test_feeds_read_disjoint_shards():
+    cfg = _range_input(num_feeds=2, processor=config_for_function(input_tf_data.identity))
+    cfg.batcher.repeat = 1
+    p0 = cfg.instantiate(parent=None, process_index=0, process_count=2)
+    p1 = cfg.instantiate(parent=None, process_index=1, process_count=2)
+    x0 = np.concatenate([b["x"] for b in iter(p0)])
+    x1 = np.concatenate([b["x"] for b in iter(p1)])
+    assert set(x0).isdisjoint(x1) and sorted(np.concatenate([x0, x1])) == list(range(100))
+
+
+def test_num_feeds_must_divide():
+    with pytest.raises(ValueError, match="multiple of the process count"):
+        _range_input(num_feeds=3).instantiate(parent=None, process_index=0, process_count=2)
+    with pytest.raises(ValueError, match="divisible by the number of input feeds"):
+        iter(_range_input(num_feeds=3, batch_size=4).instantiate(parent=None))
+
+
+# ------------------------------------------------------------------------------------------------
+# Exact resume.
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_resume_batches_11_to_20(embedded_cache, packing):
+    cfg = lm_input_config(packing=packing)
+    reference = take(iter(cfg.instantiate(parent=None)), 20)
+    it = iter(cfg.instantiate(parent=None))
+    take(it, 10)
+    state = it.get_state()
+    # A new Input (as after a restart) restores the saved position.
+    restored = cfg.instantiate(parent=None).restore_iterator(state)
+    assert restored.num_batches == 10
+    assert_batches_equal(take(restored, 10), reference[10:])
+
+
+def test_resume_on_a_different_process_count(embedded_cache):
+    cfg = lm_input_config(num_feeds=2)
+    reference = take(iter(cfg.instantiate(parent=None)), 8)
+    procs = [cfg.instantiate(parent=None, process_index=i, process_count=2) for i in range(2)]
+    its = [iter(p) for p in procs]
+    for it in its:
+        take(it, 5)
+    states = [it.get_state() for it in its]
+    # One process restores both feeds from the two saved states.
+    one = cfg.instantiate(parent=None).restore_iterator(states)
+    assert_batches_equal(take(one, 3), reference[5:])
+    # Only its own state is not enough: the error says what to pass.
+    with pytest.raises(InputStateError, match="pass the saved states of all processes"):
+        cfg.instantiate(parent=None).restore_iterator(states[0])
+    # A different number of feeds cannot be restored exactly: the error says what to set.
+    with pytest.raises(InputStateError, match="input.num_feeds=2"):
+        lm_input_config().instantiate(parent=None).restore_iterator(states)
+
+
+def test_resume_refuses_changed_config(embedded_cache):
+    it = iter(lm_input_config().instantiate(parent=None))
+    next(it)
+    state = it.get_state()
+    with pytest.raises(InputStateError, match="max_sequence_length"):
+        lm_input_config(max_len=8).instantiate(parent=None).restore_iterator(state)
+    with pytest.raises(InputStateError, match="Not an axlearn input iterator state"):
+        lm_input_config().instantiate(parent=None).restore_iterator(b"garbage")
+
+
+def test_resume_python_generator_source_by_replay():
+    def gen_source():
+        def fn():
+            import tensorflow as tf
+
+            def gen():
+                yield from ({"x": np.int32(i)} for i in range(1000))
+
+            return tf.data.Dataset.from_generator(
+                gen, output_signature={"x": tf.TensorSpec([], tf.int32)}
+            )
+
+        return fn
+
+    cfg = _range_input()
+    cfg.source = config_for_function(gen_source)
+    reference = take(iter(cfg.instantiate(parent=None)), 8)
+    it = iter(cfg.instantiate(parent=None))
+    take(it, 5)
+    restored = cfg.instantiate(parent=None).restore_iterator(it.get_state())
+    assert_batches_equal(take(restored, 3), reference[5:])
+
+
+# ------------------------------------------------------------------------------------------------
+# Evaluation inputs, sources, mixtures.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_eval_input_reads_every_example_once_padded():
+    cfg = _range_input(
+        n=10, is_training=False, batch_size=4, processor=config_for_function(input_tf_data.identity)
+    )
+    batches = list(iter(cfg.instantiate(parent=None)))
+    assert len(batches) == 3
+    xs = np.concatenate([b["x"] for b in batches])
+    np.testing.assert_array_equal(xs, list(range(10)) + [0, 0])
+    # Two feeds pad to the same number of batches.
+    cfg.num_feeds = 2
+    batches = list(iter(cfg.instantiate(parent=None)))
+    xs = np.concatenate([b["x"] for b in batches])
+    assert len(batches) == 3 and sorted(xs[xs > 0].tolist()) == list(range(1, 10))
+
+
+def test_tfds_split_slicing_and_shards(embedded_cache):
+    src = config_for_function(input_tf_data.tfds_dataset).set(
+        dataset_name="python_docs:1.0.0", split="validation[:10]", is_training=False
+    )
+    ids = [x["id"].numpy() for x in src.instantiate()()]
+    assert len(ids) == 10
+    from axlearn.common.input_feed import FeedContext, feed_scope
+
+    shards = []
+    for f in range(3):
+        with feed_scope(FeedContext(num_feeds=3, feed_index=f)):
+            shards.append([x["id"].numpy() for x in src.instantiate()()])
+    assert sorted(sum(shards, [])) == sorted(ids)
+
+
+def test_missing_dataset_names_the_path(tmp_path):
+    src = config_for_function(input_tf_data.tfds_dataset).set(
+        dataset_name="no_such_dataset_xyz", split="train", is_training=False, data_dir=str(tmp_path)
+    )
+    with pytest.raises(FileNotFoundError, match=str(tmp_path)):
+        src.instantiate()()
+
+
+def test_training_requires_shuffle_buffer_size():
+    with pytest.raises(ValueError, match="train_shuffle_buffer_size is required"):
+        config_for_function(input_tf_data.tfds_dataset).set(
+            dataset_name="x", split="train", is_training=True
+        ).instantiate()
+
+
+def test_sample_from_datasets_weights_and_determinism():
+    def const_source(value: int):
+        def fn():
+            import tensorflow as tf
+
+            return tf.data.Dataset.from_tensors({"x": tf.constant(value, tf.int32)}).repeat(10)
+
+        return fn
+
+    mixture = config_for_function(input_tf_data.sample_from_datasets).set(
+        sources=[
+            config_for_function(const_source).set(value=1),
+            config_for_function(const_source).set(value=2),
+        ],
+        weights=[3.0, 1.0],
+    )
+    cfg = _range_input(batch_size=100, processor=config_for_function(input_tf_data.identity))
+    cfg.source = mixture
+    a = np.concatenate([b["x"] for b in take(iter(cfg.instantiate(parent=None)), 40)])
+    b = np.concatenate([b["x"] for b in take(iter(cfg.instantiate(parent=None)), 40)])
+    np.testing.assert_array_equal(a, b)
+    frac = np.mean(a == 1)
+    # 4000 draws with p=0.75: standard deviation ~0.007.
+    assert abs(frac - 0.75) < 0.03, frac
+
+
+# ------------------------------------------------------------------------------------------------
+# Malformed records.
+# ------------------------------------------------------------------------------------------------
+
+
+def _text_source():
+    def fn():
+        import tensorflow as tf
+
+        texts = [b"good one", b"bad \xff\xfe bytes", b"another good", b"fine"] * 5
+        return tf.data.Dataset.from_tensor_slices({"text": texts})
+
+    return fn
+
+
+def _text_input(**kwargs):
+    from axlearn.common import input_lm  # pylint: disable=import-outside-toplevel
+
+    return input_tf_data.Input.default_config().set(
+        name="input",
+        is_training=False,
+        source=config_for_function(_text_source),
+        processor=config_for_function(input_lm.text_to_lm_eval_input).set(
+            vocab_cfg=config_for_function(vocab).set(sentencepiece_model_name=None), max_len=8
+        ),
+        batcher=config_for_function(input_tf_data.batch).set(
+            global_batch_size=2, pad_example_fn=input_tf_data.default_pad_example_fn
+        ),
+        **kwargs,
+    )
+
+
+def test_malformed_record_fails_naming_the_source():
+    with pytest.raises(Exception, match="not valid UTF-8") as e:
+        list(iter(_text_input().instantiate(parent=None)))
+    assert "_text_source" in str(e.value) and "malformed_records='skip'" in str(e.value)
+
+
+def test_malformed_records_counted_and_skipped():
+    it = iter(_text_input(malformed_records="skip").instantiate(parent=None))
+    batches = list(it)
+    assert it.num_malformed_records == 5
+    # ByteVocabulary: byte b has id b + 3; EOS is 1; pad (no target) is 0.
+    targets = np.concatenate([b["target_labels"].reshape(-1) for b in batches])
+    expected = []
+    for text in [b"good one", b"another good", b"fine"] * 5:
+        expected += [c + 3 for c in text] + [1]
+    np.testing.assert_array_equal(targets[targets > 0], expected)
+
+
+def test_input_error_wraps_tf_errors():
+    def failing_source():
+        def fn():
+            import tensorflow as tf
+
+            def check(x):
+                with tf.control_dependencies(
+                    [tf.debugging.assert_less(x, tf.constant(3, tf.int64))]
+                ):
+                    return {"x": tf.identity(x)}
+
+            return tf.data.Dataset.range(10).map(check)
+
+        return fn
+
+    cfg = _range_input(processor=config_for_function(input_tf_data.identity))
+    cfg.source = config_for_function(failing_source)
+    with pytest.raises(InputError, match="failing_source"):
+        take(iter(cfg.instantiate(parent=None)), 5)
