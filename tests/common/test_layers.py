@@ -44,7 +44,7 @@ def _grads(layer, params, inputs, upstream, *, method="forward", **kwargs):
         out = _run(layer, params, inputs, method=method, **kwargs)
         return jnp.sum(out * upstream)
 
-    return jax.grad(loss, argnums=(0, 1), allow_int=True)(params, inputs)
+    return jax.jit(jax.grad(loss, argnums=(0, 1), allow_int=True))(params, inputs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ def _grads(layer, params, inputs, upstream, *, method="forward", **kwargs):
 @pytest.mark.parametrize("bias", [True, False])
 def test_linear(bias):
     layer = _build(Linear.default_config().set(input_dim=5, output_dim=7, bias=bias))
-    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    params = jax.jit(layer.initialize_parameters_recursively)(jax.random.PRNGKey(0))
     assert set(params) == ({"weight", "bias"} if bias else {"weight"})
     w = _normal(1, (5, 7))
     b = _normal(2, (7,))
@@ -81,7 +81,7 @@ def test_linear_output_partition_spec():
         input_dim=4, output_dim=6, output_partition_spec=("data", "model")
     )
     layer = _build(cfg)
-    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    params = jax.jit(layer.initialize_parameters_recursively)(jax.random.PRNGKey(0))
     x = _normal(0, (8, 4))
     fn = jax.jit(lambda p, x: _run(layer, p, dict(x=x)))
     with jax.set_mesh(mesh):
@@ -101,7 +101,7 @@ def test_linear_output_partition_spec():
 
 def test_embedding_lookup_and_attend():
     layer = _build(Embedding.default_config().set(num_embeddings=11, dim=6))
-    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    params = jax.jit(layer.initialize_parameters_recursively)(jax.random.PRNGKey(0))
     assert params["weight"].shape == (11, 6)
     table = _normal(1, (11, 6))
     params = {"weight": jnp.asarray(table)}
@@ -150,7 +150,7 @@ def _rms_norm_ref(x, s, eps):
 def test_rms_norm():
     eps = 1e-5
     layer = _build(RMSNorm.default_config().set(input_dim=8, eps=eps))
-    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    params = jax.jit(layer.initialize_parameters_recursively)(jax.random.PRNGKey(0))
     np.testing.assert_array_equal(params["scale"], np.ones(8))
     s = 1.0 + 0.1 * _normal(1, (8,))
     params = {"scale": jnp.asarray(s)}
@@ -179,7 +179,7 @@ def test_rms_norm_forward_dtype():
 def test_layer_norm():
     eps = 1e-6
     layer = _build(LayerNorm.default_config().set(input_dim=8, eps=eps))
-    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    params = jax.jit(layer.initialize_parameters_recursively)(jax.random.PRNGKey(0))
     np.testing.assert_array_equal(params["scale"], np.ones(8))
     np.testing.assert_array_equal(params["bias"], np.zeros(8))
     s = 1.0 + 0.1 * _normal(1, (8,))
@@ -328,8 +328,8 @@ def test_activation(name):
     fn = get_activation_fn(name)
     x = _normal(0, (1000,))
     ref_y, ref_dy = _ACTIVATION_REFS[name](x.astype(np.float64))
-    np.testing.assert_allclose(fn(jnp.asarray(x)), ref_y, **TOL)
-    np.testing.assert_allclose(jax.vmap(jax.grad(fn))(jnp.asarray(x)), ref_dy, **TOL)
+    np.testing.assert_allclose(jax.jit(fn)(jnp.asarray(x)), ref_y, **TOL)
+    np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(fn)))(jnp.asarray(x)), ref_dy, **TOL)
 
 
 def test_activation_unknown():
