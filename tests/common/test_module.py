@@ -226,3 +226,112 @@ def test_scan_in_context():
     )
     np.testing.assert_allclose(carry, 6.0)
     np.testing.assert_allclose(col.summaries["iter1"]["leaf"]["x_mean"], 1.0)
+
+
+def test_add_child_errors():
+    from axlearn.common.module import ChildNameConflictError
+
+    class Adder(Module):
+        @config_class
+        class Config(Module.Config):
+            # What to do in __init__.
+            case: str = "ok"
+
+        def __init__(self, cfg, *, parent):
+            super().__init__(cfg, parent=parent)
+            case = self.config.case
+            if case == "bad_name":
+                self._add_child("Bad-Name", Leaf.default_config())
+            elif case == "duplicate":
+                self._add_child("a", Leaf.default_config())
+                self._add_child("a", Leaf.default_config())
+            elif case == "not_module":
+                self._add_child("a", Parent.Config)
+            elif case == "name_mismatch":
+                self._add_child("a", Leaf.default_config().set(name="b"))
+
+    def build(case):
+        return Adder.default_config().set(name="root", case=case).instantiate(parent=None)
+
+    with pytest.raises(ValueError, match="Bad-Name"):
+        build("bad_name")
+    with pytest.raises(ChildNameConflictError, match="a already exists"):
+        build("duplicate")
+    with pytest.raises(TypeError, match="expects a Module config"):
+        build("not_module")
+    with pytest.raises(ValueError, match="different name"):
+        build("name_mismatch")
+    # The caller's config is not modified by _add_child (it is copied).
+    cfg = Leaf.default_config()
+    root = _parent()
+    root._add_child("c", cfg)
+    assert cfg.name is REQUIRED
+
+
+def test_module_output_conflict_and_non_descendant_call():
+    class Outputs(Module):
+        def __init__(self, cfg, *, parent):
+            super().__init__(cfg, parent=parent)
+            self._add_child("a", Leaf.default_config())
+            self._add_child("b", Leaf.default_config())
+
+        def twice(self):
+            self.add_module_output("o", jnp.ones(()))
+            self.add_module_output("o", jnp.ones(()))
+
+        def call_sibling(self, x):
+            # a calls b directly: b is not a descendant of a.
+            with child_context("a"):
+                return self.b(x)
+
+    root = Outputs.default_config().set(name="root").instantiate(parent=None)
+    with pytest.raises(OutputConflictError, match="'o' already exist"):
+        functional(root, None, STATE, {}, method="twice", is_training=False)
+    with pytest.raises(ValueError, match="not a descendant"):
+        functional(root, None, STATE, dict(x=jnp.ones(1)), method="call_sibling", is_training=False)
+
+
+def test_functional_does_not_mutate_inputs():
+    class Mutator(Module):
+        def forward(self, x):
+            self.state["w"] = jnp.zeros(())
+            x["extra"] = 1
+            return self.state["w"]
+
+    module = Mutator.default_config().set(name="m").instantiate(parent=None)
+    state = {"w": jnp.ones(())}
+    inputs = {"x": {"v": jnp.ones(())}}
+    functional(module, None, state, inputs, is_training=False)
+    assert float(state["w"]) == 1.0 and set(inputs["x"]) == {"v"}
+
+
+def test_is_training_and_prng_propagate_and_vmap_over_keys():
+    class Noisy(Module):
+        def forward(self, x):
+            assert self.is_training
+            return x + jax.random.normal(self.prng_key, x.shape)
+
+    class Outer(Module):
+        def __init__(self, cfg, *, parent):
+            super().__init__(cfg, parent=parent)
+            self._add_child("noisy", Noisy.default_config())
+
+        def forward(self, x):
+            return self.noisy(x)
+
+    outer = Outer.default_config().set(name="outer").instantiate(parent=None)
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+
+    def run(key):
+        return functional(outer, key, {}, dict(x=jnp.zeros(3)), is_training=True)[0]
+
+    outs = jax.jit(jax.vmap(run))(keys)
+    assert outs.shape == (4, 3)
+    assert len({tuple(np.asarray(o)) for o in outs}) == 4
+    # Each row equals the un-vmapped call with the same key.
+    np.testing.assert_allclose(outs[2], run(keys[2]), rtol=1e-6)
+    # The child's key: fold_in(root key, seed("noisy")).
+    expected = jax.random.normal(
+        jax.random.fold_in(keys[2], _generate_seed_from_name("noisy")), (3,)
+    )
+    np.testing.assert_allclose(outs[2], expected, rtol=1e-6)
