@@ -335,3 +335,51 @@ def test_activation(name):
 def test_activation_unknown():
     with pytest.raises(NotImplementedError, match="nn.swishh"):
         get_activation_fn("nn.swishh")
+
+
+def test_config_dump_lines_match_reference():
+    """Default fields print as in the reference trainer dump (None defaults are omitted)."""
+    norm = RMSNorm.default_config().set(eps=1e-5, forward_dtype=None)
+    assert norm.debug_string().split("\n") == [
+        "eps: 1e-05",
+        "forward_dtype: None",
+        "klass: 'axlearn.common.layers.RMSNorm'",
+    ]
+    assert Dropout.default_config().debug_string() == "klass: 'axlearn.common.layers.Dropout'"
+    assert StochasticDepth.default_config().debug_string().split("\n") == [
+        "klass: 'axlearn.common.layers.StochasticDepth'",
+        "mode: 'row'",
+    ]
+    batch = ("data", "expert", "fsdp")
+    linear = Linear.default_config().set(
+        bias=False,
+        param_partition_spec=(("expert", "fsdp", "seq"), "model"),
+        output_partition_spec=(batch, "seq", "model"),
+    )
+    assert linear.debug_string().split("\n") == [
+        "bias: False",
+        "klass: 'axlearn.common.layers.Linear'",
+        "output_partition_spec[0][0]: 'data'",
+        "output_partition_spec[0][1]: 'expert'",
+        "output_partition_spec[0][2]: 'fsdp'",
+        "output_partition_spec[1]: 'seq'",
+        "output_partition_spec[2]: 'model'",
+        "param_partition_spec[0][0]: 'expert'",
+        "param_partition_spec[0][1]: 'fsdp'",
+        "param_partition_spec[0][2]: 'seq'",
+        "param_partition_spec[1]: 'model'",
+    ]
+    emb = Embedding.default_config().set(param_partition_spec=(("expert", "fsdp", "seq"), "model"))
+    assert emb.debug_string().split("\n") == [
+        "klass: 'axlearn.common.layers.Embedding'",
+        "param_init.init_by_param_name['.*weight$'].distribution: 'normal'",
+        "param_init.init_by_param_name['.*weight$'].fan: 'fan_out'",
+        "param_init.init_by_param_name['.*weight$'].klass: "
+        "'axlearn.common.param_init.WeightInitializer'",
+        "param_init.init_by_param_name['.*weight$'].scale: 1.0",
+        "param_init.klass: 'axlearn.common.param_init.DefaultInitializer'",
+        "param_partition_spec[0][0]: 'expert'",
+        "param_partition_spec[0][1]: 'fsdp'",
+        "param_partition_spec[0][2]: 'seq'",
+        "param_partition_spec[1]: 'model'",
+    ]
