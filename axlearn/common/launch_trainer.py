@@ -129,16 +129,18 @@ def _use_fake_inputs(cfg: SpmdTrainer.Config) -> SpmdTrainer.Config:
 
 
 def _flag_values_json(flag_values: flags.FlagValues) -> dict[str, Any]:
-    """The flags as JSON-serializable values (only this program's flags, not absl's own)."""
+    """The flags defined by axlearn modules (and the main program), as JSON-ready values."""
     result = {}
-    for name, value in flag_values.flag_values_dict().items():
-        if flag_values[name].module_name.startswith(("absl.", "absl")):
+    for module, module_flags in flag_values.flags_by_module_dict().items():
+        if not (module.startswith("axlearn") or module == "__main__"):
             continue
-        try:
-            json.dumps(value)
-        except TypeError:
-            value = repr(value)
-        result[name] = value
+        for flag in module_flags:
+            value = flag.value
+            try:
+                json.dumps(value)
+            except TypeError:
+                value = repr(value)
+            result[flag.name] = value
     return result
 
 
