@@ -6,6 +6,8 @@ measures, interleaved (the order rotates between trials):
 - axlearn: `Checkpointer.save` (async) until committed, the caller's blocking time, and
   `Checkpointer.restore` into the same shardings;
 - orbax: `orbax.checkpoint.StandardCheckpointer` save until finished, and restore.
+Also the caller-side blocking time of async saves of a P1-sized train state (~126 MB, 1 device)
+in both snapshot modes.
 Page caches of the written files are dropped (fsync + POSIX_FADV_DONTNEED) before every read, so
 reads come from the disk. Prints JSON: per-trial numbers, medians, and ratios of medians.
 
@@ -36,10 +38,15 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
-from axlearn.common.checkpointer import Checkpointer, every_n_steps_policy  # noqa: E402
+from axlearn.common.checkpointer import (  # noqa: E402
+    Checkpointer,
+    TensorStoreStateStorage,
+    every_n_steps_policy,
+)
 from axlearn.common.config import config_for_function  # noqa: E402
 
 _BLOCK = 64 << 20
@@ -48,9 +55,11 @@ _BLOCK = 64 << 20
 def _drop_cache(path: str) -> None:
     """Flushes and evicts the page cache of every file under `path`."""
     os.sync()
-    paths = [path] if os.path.isfile(path) else [
-        os.path.join(root, name) for root, _, names in os.walk(path) for name in names
-    ]
+    paths = (
+        [path]
+        if os.path.isfile(path)
+        else [os.path.join(root, name) for root, _, names in os.walk(path) for name in names]
+    )
     for file in paths:
         fd = os.open(file, os.O_RDONLY)
         try:
@@ -142,6 +151,48 @@ def _orbax(scratch: str, state: dict) -> dict:
     return dict(save_s=save_s, restore_s=restore_s, blocking_s=blocking_s)
 
 
+def _blocking(scratch: str) -> dict:
+    """Caller-side cost of async saves of a P1-sized train state (one device, ~126 MB).
+
+    P1 (docs: DESIGN.md) has ~10.5M fp32 parameters; with AdamW's two moments the state is ~3x
+    that. Each save is followed by `wait_until_finished`, so no save waits for another: this is
+    the snapshot cost alone, for both snapshot modes.
+    """
+    rng = np.random.default_rng(2)
+    shapes = [(32768, 256)] + [(256, 768), (256, 256), (256, 1024), (256, 1024), (1024, 256)] * 2
+    params = {
+        f"p{i}": jax.device_put(rng.standard_normal(s, np.float32), jax.devices()[0])
+        for i, s in enumerate(shapes)
+    }
+    state = dict(
+        params=params,
+        mu=jax.tree.map(jnp.zeros_like, params),
+        nu=jax.tree.map(jnp.zeros_like, params),
+        step=0,
+    )
+    jax.block_until_ready(state)
+    num_bytes = sum(x.nbytes for x in jax.tree.leaves(state) if hasattr(x, "nbytes"))
+    result = dict(state_mb=num_bytes / 1e6, leaves=len(jax.tree.leaves(state)))
+    for mode in ("device", "host"):
+        ckpt_dir = os.path.join(scratch, f"blocking_{mode}")
+        cfg = Checkpointer.default_config().set(
+            name="checkpointer",
+            dir=ckpt_dir,
+            save_policy=config_for_function(every_n_steps_policy).set(n=1),
+            storage=TensorStoreStateStorage.default_config().set(snapshot=mode),
+        )
+        ckpt = cfg.instantiate(parent=None)
+        times = []
+        for step in range(1, 6):
+            times.append(ckpt.save(step=step, state=state).blocking_s)
+            ckpt.wait_until_finished()
+        ckpt.stop()
+        shutil.rmtree(ckpt_dir)
+        result[f"{mode}_blocking_s"] = times
+        result[f"{mode}_blocking_median_s"] = statistics.median(times)
+    return result
+
+
 def main() -> None:
     """Runs the benchmark and prints JSON."""
     if ARGS.trials < 3:
@@ -166,9 +217,7 @@ def main() -> None:
     gb = num_bytes / 1e9
     medians = {}
     for name, runs in trials.items():
-        medians[name] = {
-            key: statistics.median(run[key] for run in runs) for key in runs[0]
-        }
+        medians[name] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
         medians[name]["save_gb_s"] = gb / medians[name]["save_s"]
         medians[name]["restore_gb_s"] = gb / medians[name]["restore_s"]
     ours, raw, orbax = medians["axlearn"], medians["raw"], medians["orbax"]
@@ -185,6 +234,7 @@ def main() -> None:
             restore_vs_orbax=ours["restore_gb_s"] / orbax["restore_gb_s"],
             blocking_vs_orbax=ours["blocking_s"] / orbax["blocking_s"],
         ),
+        p1_like_blocking=_blocking(scratch),
         scratch=scratch,
     )
     print(json.dumps(result, indent=2))

@@ -142,7 +142,11 @@ class TensorStoreStateStorage(StateStorage):
                 "data_copy_concurrency": {"limit": max(2, os.cpu_count() or 2)},
             }
         )
-        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        # The writer thread, started now so that the first save does not pay for it.
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="axlearn_checkpoint_writer"
+        )
+        self._executor.submit(lambda: None)
         self._future: Optional[concurrent.futures.Future] = None
         self._writing_dir: Optional[str] = None
         self._lock = threading.Lock()
@@ -216,9 +220,7 @@ class TensorStoreStateStorage(StateStorage):
             self._writing_dir = ckpt_dir
         if async_save:
             if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix="axlearn_checkpoint_writer"
-                )
+                raise RuntimeError("save_to_dir called after close()")
             self._future = self._executor.submit(tensorstore_save.write_snapshot, plan, **write)
         else:
             try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import math
 import os
 import shutil
 import time
@@ -65,7 +66,7 @@ class _ArrayLeaf:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclasses.dataclass
@@ -149,7 +150,7 @@ def _chunk_shape(sharding: jax.sharding.Sharding, shape: tuple[int, ...], path: 
 
 
 def _region_bytes(region: state_tree.Region, dtype: np.dtype) -> int:
-    return int(np.prod(state_tree.region_shape(region), dtype=np.int64)) * dtype.itemsize
+    return math.prod(state_tree.region_shape(region)) * dtype.itemsize
 
 
 def _chunk_key(region: state_tree.Region, chunk_shape: tuple[int, ...]) -> str:
@@ -243,11 +244,14 @@ def snapshot_state(
             if snapshot_mode == "device":
                 device_arrays.append(leaf)
                 device_leaves.append(item)
-                item.owned_bytes = sum(
-                    _region_bytes(state_tree.normalize_index(s.index, shape), item.dtype)
-                    for s in leaf.addressable_shards
-                    if s.replica_id == 0
-                )
+                if leaf.is_fully_addressable:
+                    item.owned_bytes = item.nbytes
+                else:
+                    item.owned_bytes = sum(
+                        _region_bytes(state_tree.normalize_index(s.index, shape), item.dtype)
+                        for s in leaf.addressable_shards
+                        if s.replica_id == 0
+                    )
             else:
                 item.shards = _owned_shards(leaf, item.chunk_shape)
                 for shard in item.shards:
