@@ -161,6 +161,10 @@ def test_invalid_config():
         Checkpointer.default_config().set(name="c", dir="/tmp/x", keep_last_n=0).instantiate(
             parent=None
         )
+    with pytest.raises(ValueError, match=r"checkpointer.dir='gs://b/c': only local"):
+        Checkpointer.default_config().set(name="checkpointer", dir="gs://b/c").instantiate(
+            parent=None
+        )
     with pytest.raises(ValueError, match="snapshot"):
         TensorStoreStateStorage.default_config().set(snapshot="disk").instantiate()
 

@@ -71,6 +71,11 @@ class Checkpointer(Module):
                 f"{self.path()}.keep_every_n_steps must be None or >= 1, got "
                 f"{cfg.keep_every_n_steps!r}"
             )
+        if "://" in cfg.dir:
+            raise ValueError(
+                f"{self.path()}.dir={cfg.dir!r}: only local or mounted filesystem paths are "
+                "supported (mount the bucket, e.g. with gcsfuse, and pass the mount path)"
+            )
         self._storage: StateStorage = cfg.storage.instantiate()
         self._save_policy: CheckpointPolicy = cfg.save_policy.instantiate()
         self._gc_lock = threading.Lock()
