@@ -82,7 +82,8 @@ def test_pipelined_loop_charges_sleeps_to_the_paying_step():
     An eval sleep at step 4 and a checkpoint sleep at step 7 (each after draining the step) must
     show up as those steps' overheads, and no other step may grow by more than the noise.
     """
-    sleep_s = 0.25
+    sleep_s = 0.5
+    margin = 0.5 * sleep_s  # Far above this workload's noise, far below the sleep.
     x = jnp.ones((256, 256), jnp.float32)
 
     @jax.jit
@@ -117,8 +118,8 @@ def test_pipelined_loop_charges_sleeps_to_the_paying_step():
     typical = statistics.median(clean)
     for s in (4, 7):
         assert timings[s].wall_s >= sleep_s
-        assert timings[s].wall_s - timings[s].overhead_s < typical + 0.05
+        assert timings[s].wall_s - timings[s].overhead_s < typical + margin
     for s, t in timings.items():
         if s not in (4, 7):
             assert not t.overheads
-            assert t.wall_s < typical + 0.05, (s, t.wall_s, typical)
+            assert t.wall_s < typical + margin, (s, t.wall_s, typical)
