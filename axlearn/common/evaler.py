@@ -260,9 +260,17 @@ class ModelSummaryAccumulator(BaseMetricCalculator):
 
 
 def _iterate_input(input_module: Any):
-    """Yields host batches of an input module, from the start of its data."""
-    if hasattr(input_module, "batches") and hasattr(input_module, "dataset"):
-        yield from input_module.batches(iter(input_module.dataset()))
+    """Yields host batches of an input module, from the start of its data.
+
+    Uses `input.batches(iter(input))` when the input is iterable (axlearn inputs), else the
+    batches of `input.dataset()` (as NumPy for tf.data datasets).
+    """
+    if hasattr(type(input_module), "__iter__"):
+        it = iter(input_module)
+        if hasattr(input_module, "batches"):
+            yield from input_module.batches(it)
+        else:
+            yield from it
         return
     dataset = input_module.dataset() if hasattr(input_module, "dataset") else input_module
     if hasattr(dataset, "as_numpy_iterator"):

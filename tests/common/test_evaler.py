@@ -48,6 +48,20 @@ class ListInput(Module):
         return iter(_batches(self.config.seed))
 
 
+class IterInput(ListInput):
+    """Like axlearn inputs: iter(input) gives an iterator, input.batches(it) yields batches."""
+
+    def __iter__(self):
+        assert not self.config.is_training
+        return iter(_batches(self.config.seed))
+
+    def dataset(self):
+        raise AssertionError("iterable inputs are read with batches(iter(input))")
+
+    def batches(self, it):
+        yield from it
+
+
 class Regression(Module):
     """forward(input_batch) -> (loss, {}); summarizes the loss per real example."""
 
@@ -66,11 +80,11 @@ class Regression(Module):
         return loss, {}
 
 
-def _make_evaler(tmp_path, mesh, *, eval_dtype=None, n=5):
+def _make_evaler(tmp_path, mesh, *, eval_dtype=None, n=5, input_cls=ListInput):
     model = Regression.default_config().set(name="model").instantiate(parent=None)
     cfg = SpmdEvaler.default_config().set(
         name="evaler",
-        input=ListInput.default_config(),
+        input=input_cls.default_config(),
         eval_dtype=eval_dtype,
         summary_writer=JsonlWriter.default_config().set(dir=str(tmp_path)),
     )
@@ -88,9 +102,10 @@ def _expected_loss(w: np.ndarray) -> float:
     return float(np.sum(err * weight) / np.sum(weight))
 
 
-def test_eval_step_weighted_mean_over_whole_set(tmp_path):
+@pytest.mark.parametrize("input_cls", [ListInput, IterInput])
+def test_eval_step_weighted_mean_over_whole_set(tmp_path, input_cls):
     mesh = Mesh(np.array(jax.devices()).reshape(8), ("data",))
-    evaler = _make_evaler(tmp_path, mesh)
+    evaler = _make_evaler(tmp_path, mesh, input_cls=input_cls)
     w = np.linspace(-1, 1, DIM).astype(np.float32)
     params = dict(w=jax.device_put(w, NamedSharding(mesh, PartitionSpec())))
     key = jax.random.PRNGKey(0)
