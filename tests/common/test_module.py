@@ -335,3 +335,15 @@ def test_is_training_and_prng_propagate_and_vmap_over_keys():
         jax.random.fold_in(keys[2], _generate_seed_from_name("noisy")), (3,)
     )
     np.testing.assert_allclose(outs[2], expected, rtol=1e-6)
+
+
+def test_import_is_free_of_tensorflow_and_seqio():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import axlearn.common.module, axlearn.common.base_layer, "
+        "axlearn.common.layers; print('tensorflow' in sys.modules, 'seqio' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False"
