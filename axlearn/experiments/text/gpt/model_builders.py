@@ -97,6 +97,8 @@ def transformer_lm_config(
     qkv.layer.set(bias=False)
     if cache_dtype is not None:
         qkv.set(cache_dtype=cache_dtype)
+    if sharding:
+        qkv.layer.set(param_partition_spec=(FSDP_AXES, "model", None))
     rope = RoFormerQKVLinear.default_config().set(input_linear=qkv, rotary_value=False)
     rope.rope_pos_emb_layer.set(theta=rope_theta)
     if cache_dtype is not None:
@@ -106,6 +108,8 @@ def transformer_lm_config(
         num_heads=num_heads, causal=True, input_linear=rope
     )
     attention.output_linear.set(bias=False)
+    if sharding:
+        attention.output_linear.set(param_partition_spec=(FSDP_AXES, "model", None))
     if qk_norm:
         attention.query_scale.set(norm=_rms_norm(norm_eps))
         attention.key_scale.set(norm=_rms_norm(norm_eps))
@@ -118,8 +122,6 @@ def transformer_lm_config(
     ff.linear1.set(bias=False)
     ff.linear2.set(bias=False)
     if sharding:
-        qkv.layer.set(param_partition_spec=(FSDP_AXES, "model", None))
-        attention.output_linear.set(param_partition_spec=(FSDP_AXES, "model", None))
         ff.linear1.set(
             param_partition_spec=(FSDP_AXES, "model"),
             output_partition_spec=(BATCH_AXES, "seq", "model"),

@@ -1,0 +1,208 @@
+"""Tests of axlearn.common.causal_lm (and the model builders it is configured with)."""
+
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from axlearn.common.module import functional
+from axlearn.common.utils import flatten_items
+from axlearn.experiments.text.gpt.model_builders import (
+    honeycrisp_model_config,
+    transformer_lm_config,
+)
+
+VOCAB, BATCH, LENGTH = 64, 2, 10
+_TESTDATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "testdata")
+
+
+def _model(**kwargs):
+    defaults = dict(
+        num_layers=2,
+        model_dim=32,
+        num_heads=4,
+        num_kv_heads=2,
+        hidden_dim=48,
+        vocab_size=VOCAB,
+        rope_theta=500.0,
+        qk_norm=True,
+    )
+    defaults.update(kwargs)
+    return transformer_lm_config(**defaults).set(name="model").instantiate(parent=None)
+
+
+def _params(model, seed=0):
+    return jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(seed))
+
+
+def _loss_fn(model, *, is_training=False):
+    @jax.jit
+    def run(params, batch):
+        (loss, aux), collection = functional(
+            model,
+            jax.random.PRNGKey(5),
+            params,
+            dict(input_batch=batch, return_aux=True),
+            is_training=is_training,
+        )
+        return loss, aux, collection.summaries
+
+    return run
+
+
+def _batch(seed=1):
+    ids = jax.random.randint(jax.random.PRNGKey(seed), (BATCH, LENGTH), 2, VOCAB)
+    labels = jnp.roll(ids, -1, axis=1)
+    labels = labels.at[:, -1].set(-1).at[1, 6:].set(0)  # No target: -1 and the pad id.
+    return dict(input_ids=ids, target_labels=labels)
+
+
+def test_honeycrisp_dump_matches_reference():
+    """The model config rebuilt from the real classes prints the reference dump's lines."""
+    ours = ["model." + line for line in honeycrisp_model_config().debug_string().split("\n")]
+    with open(os.path.join(_TESTDATA, "honeycrisp_model_config.txt"), encoding="utf-8") as f:
+        reference = f.read().splitlines()
+    assert ours == reference
+
+
+def test_honeycrisp_parameter_count_from_abstract_shapes():
+    model = honeycrisp_model_config().set(name="model").instantiate(parent=None)
+    shapes = jax.eval_shape(model.initialize_parameters_recursively, jax.random.PRNGKey(0))
+    flat = dict(flatten_items(shapes))
+    assert sum(math.prod(x.shape) for x in flat.values()) == 2_737_739_264
+    prefix = "decoder/transformer/repeat/layer/"
+    expected = {
+        "decoder/emb/token_emb/weight": (49152, 3072),
+        "decoder/output_norm/scale": (3072,),
+        prefix + "self_attention/norm/scale": (26, 3072),
+        prefix + "self_attention/attention/i_proj/i_proj/qkv_proj/weight": (26, 3072, 40, 128),
+        prefix + "self_attention/attention/o_proj/weight": (26, 3072, 24, 128),
+        prefix + "self_attention/attention/scale_query/norm/scale": (26, 128),
+        prefix + "self_attention/attention/scale_key/norm/scale": (26, 128),
+        prefix + "feed_forward/norm/scale": (26, 3072),
+        prefix + "feed_forward/linear1_0/weight": (26, 3072, 8064),
+        prefix + "feed_forward/linear1_1/weight": (26, 3072, 8064),
+        prefix + "feed_forward/linear2/weight": (26, 8064, 3072),
+    }
+    assert {k: v.shape for k, v in flat.items()} == expected
+
+
+def test_stacked_paths():
+    params = jax.eval_shape(
+        _model(stack="stack", tied_embedding=False).initialize_parameters_recursively,
+        jax.random.PRNGKey(0),
+    )
+    paths = {k for k, _ in flatten_items(params)}
+    for i in (0, 1):
+        assert f"decoder/transformer/layer{i}/self_attention/attention/o_proj/weight" in paths
+        assert f"decoder/transformer/layer{i}/feed_forward/linear1_1/weight" in paths
+    assert "decoder/lm_head/weight" in paths
+
+
+def _np_log_softmax(x):
+    x = np.asarray(x, np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def test_loss_and_metrics_match_numpy():
+    model = _model(z_loss_scale=1e-3)
+    params = _params(model)
+    batch = _batch()
+    batch["target_num_bytes"] = jnp.array([30, 11])
+    loss, aux, summaries = _loss_fn(model)(params, batch)
+    logits = np.asarray(aux["logits"], np.float64)
+    labels = np.asarray(batch["target_labels"])
+    live = (labels > 0) & (labels != 0)
+    log_probs = _np_log_softmax(logits)
+    ce = -np.take_along_axis(log_probs, np.maximum(labels, 0)[..., None], -1)[..., 0]
+    log_z = np.log(np.exp(logits).sum(-1))
+    num = live.sum()
+    expected_ce = (ce * live).sum() / num
+    expected_z = (1e-3 * log_z**2 * live).sum() / num
+    np.testing.assert_allclose(loss, expected_ce + expected_z, rtol=1e-5)
+    np.testing.assert_allclose(summaries["cross_entropy_loss"].mean, expected_ce, rtol=1e-5)
+    np.testing.assert_allclose(summaries["perplexity"].mean, np.exp(expected_ce), rtol=1e-5)
+    accuracy = ((logits.argmax(-1) == labels) & live).sum() / num
+    np.testing.assert_allclose(summaries["accuracy"].mean, accuracy, rtol=1e-6)
+    assert float(summaries["num_targets"].mean) == num == 9 + 6
+    assert float(summaries["loss"].weight) == num
+    per_token = (ce + 1e-3 * log_z**2) * live
+    np.testing.assert_allclose(aux["per_label_loss"], per_token, rtol=1e-5, atol=1e-6)
+    bpb = per_token.sum() / 41 / np.log(2)
+    np.testing.assert_allclose(summaries["bits_per_byte"].mean, bpb, rtol=1e-5)
+
+
+def test_packed_segments_equal_separate_sequences():
+    model = _model()
+    params = _params(model)
+    run = _loss_fn(model)
+    a = jax.random.randint(jax.random.PRNGKey(1), (1, 6), 2, VOCAB)
+    b = jax.random.randint(jax.random.PRNGKey(2), (1, 4), 2, VOCAB)
+    packed = dict(
+        input_ids=jnp.concatenate([a, b], axis=1),
+        target_labels=jnp.concatenate([a, b], axis=1),
+        input_segment_ids=jnp.array([[1] * 6 + [2] * 4]),
+        input_positions=jnp.array([list(range(6)) + list(range(4))]),
+    )
+    logits = run(params, packed)[1]["logits"][0]
+    logits_a = run(params, dict(input_ids=a, target_labels=a))[1]["logits"][0]
+    logits_b = run(params, dict(input_ids=b, target_labels=b))[1]["logits"][0]
+    np.testing.assert_allclose(logits[:6], logits_a, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(logits[6:], logits_b, atol=1e-5, rtol=1e-5)
+
+
+def _stacked_to_repeated(params, num_layers):
+    transformer = params["decoder"]["transformer"]
+    layers = [transformer[f"layer{i}"] for i in range(num_layers)]
+    repeated = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+    decoder = dict(params["decoder"], transformer=dict(repeat=dict(layer=repeated)))
+    return dict(params, decoder=decoder)
+
+
+def test_repeated_equals_stacked():
+    stacked = _model(stack="stack")
+    repeated = _model(stack="repeat")
+    params = _params(stacked)
+    rep_params = _stacked_to_repeated(params, 2)
+    batch = _batch()
+    loss_s, aux_s, _ = _loss_fn(stacked)(params, batch)
+    loss_r, aux_r, _ = _loss_fn(repeated)(rep_params, batch)
+    np.testing.assert_allclose(aux_s["logits"], aux_r["logits"], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(loss_s, loss_r, rtol=1e-6)
+
+
+@pytest.mark.parametrize("stack", ["repeat", "stack"])
+def test_remat_same_loss_and_grads(stack):
+    plain = _model(stack=stack, dropout_rate=0.1)
+    remat = _model(stack=stack, dropout_rate=0.1, remat=True)
+    params = _params(plain)
+    batch = _batch()
+
+    def grad_fn(model):
+        def loss(params):
+            (loss, _), _ = functional(
+                model, jax.random.PRNGKey(7), params, dict(input_batch=batch), is_training=True
+            )
+            return loss
+
+        return jax.jit(jax.value_and_grad(loss))
+
+    loss_a, grads_a = grad_fn(plain)(params)
+    loss_b, grads_b = grad_fn(remat)(params)
+    np.testing.assert_allclose(loss_a, loss_b, rtol=1e-6)
+    for (path, a), (_, b) in zip(flatten_items(grads_a), flatten_items(grads_b)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5, err_msg=path)
+    # The remat model really ran its layers under jax.checkpoint.
+    stack_layer = remat.decoder.transformer
+    layer = stack_layer.repeat.layer if stack == "repeat" else stack_layer.layer0
+    assert "forward" in layer._remat_methods
+
+
+def test_missing_input_ids_is_a_clear_error():
+    model = _model()
+    with pytest.raises(KeyError, match="input_ids"):
+        functional(model, None, _params(model), dict(input_batch={}), is_training=False)
