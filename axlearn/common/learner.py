@@ -376,7 +376,12 @@ class Learner(BaseLearner):
         def scaled_fn(*, model_params, inputs):
             outputs = fn(model_params=model_params, inputs=inputs)
             if scaler is not None:
-                outputs = outputs._replace(loss=scaler.scale_loss(outputs.loss, scale_state))
+                # Differentiate the scaled loss; carry the unscaled one (it may be finite when
+                # the scaled one overflows) alongside the aux outputs.
+                outputs = outputs._replace(
+                    loss=scaler.scale_loss(outputs.loss, scale_state),
+                    aux=(outputs.aux, outputs.loss),
+                )
             return outputs
 
         forward = self._forward_fn_transformation(scaled_fn)
@@ -398,8 +403,8 @@ class Learner(BaseLearner):
 
         is_valid_step = None
         if scaler is not None:
-            loss = scaler.unscale(outputs.loss, scale_state)
-            outputs = outputs._replace(loss=loss)
+            aux, loss = outputs.aux
+            outputs = outputs._replace(loss=loss, aux=aux)
             grads = scaler.unscale(grads, scale_state)
             is_valid_step = _all_finite(grads)
             new_scale_state = scaler.update(
