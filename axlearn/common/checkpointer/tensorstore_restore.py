@@ -209,10 +209,15 @@ class _Reader:
     def _chunk_file(self, read: _LeafRead, key: str) -> str:
         return os.path.join(self.ckpt_dir, read.entry["file"], key)
 
-    def read_group(self, group: list[_LeafRead]) -> dict[int, dict[str, np.ndarray]]:
-        """Issues every chunk read of `group`, then waits and verifies them."""
-        pending = []
+    def read_group(self, group: list[_LeafRead]):
+        """Issues every chunk read of `group`, then yields (read, {key: verified chunk}) per leaf.
+
+        Leaves come back in order as soon as their chunks are read and verified, so the caller
+        can move one leaf to the devices while the reads of the next leaves are in flight.
+        """
+        pending: dict[int, list] = {}
         for read in group:
+            pending[read.index] = []
             if not read.chunks:
                 continue
             for key in read.chunks:
@@ -231,30 +236,31 @@ class _Reader:
                 timeout=self.timeout_s
             )
             for key, region in read.chunks.items():
-                pending.append((read, key, store[state_tree.region_slices(region)].read()))
-        result: dict[int, dict[str, np.ndarray]] = {read.index: {} for read in group}
-        checks = []
-        for read, key, future in pending:
-            chunk_file = self._chunk_file(read, key)
-            try:
-                data = future.result(timeout=self.timeout_s)
-            except Exception as e:  # pylint: disable=broad-except
-                raise CheckpointCorruptionError(
-                    f"Reading chunk file {chunk_file} of leaf {read.path!r} failed: {e}"
-                ) from e
-            checks.append((read, key, state_tree.crc32_hex_async(data)))
-            self.num_bytes += data.nbytes
-            result[read.index][key] = data
-        for read, key, crc in checks:
-            chunk_file = self._chunk_file(read, key)
-            expected = read.entry["checksum"].get("crc32", {}).get(key)
-            actual = crc.result()
-            if expected != actual:
-                raise CheckpointCorruptionError(
-                    f"Chunk file {chunk_file} of leaf {read.path!r} does not match its checksum "
-                    f"(index: {expected}, file: {actual}): the file was altered or truncated"
-                )
-        return result
+                pending[read.index].append((key, store[state_tree.region_slices(region)].read()))
+        for read in group:
+            checks = []
+            for key, future in pending.pop(read.index):
+                chunk_file = self._chunk_file(read, key)
+                try:
+                    data = future.result(timeout=self.timeout_s)
+                except Exception as e:  # pylint: disable=broad-except
+                    raise CheckpointCorruptionError(
+                        f"Reading chunk file {chunk_file} of leaf {read.path!r} failed: {e}"
+                    ) from e
+                checks.append((key, data, state_tree.crc32_hex_async(data)))
+            chunks = {}
+            for key, data, crc in checks:
+                expected = read.entry["checksum"].get("crc32", {}).get(key)
+                actual = crc.result()
+                if expected != actual:
+                    raise CheckpointCorruptionError(
+                        f"Chunk file {self._chunk_file(read, key)} of leaf {read.path!r} does "
+                        f"not match its checksum (index: {expected}, file: {actual}): the file "
+                        "was altered or truncated"
+                    )
+                self.num_bytes += data.nbytes
+                chunks[key] = data
+            yield read, chunks
 
     def read_bytes_leaf(self, path: str, entry: dict) -> bytes:
         me = str(jax.process_index())
@@ -325,9 +331,8 @@ def restore_state(
         nonlocal group, group_bytes
         if not group:
             return
-        data = reader.read_group(group)
-        for read in group:
-            regions = {r: _assemble(r, read, data[read.index]) for r in read.regions}
+        for read, chunks in reader.read_group(group):
+            regions = {r: _assemble(r, read, chunks) for r in read.regions}
             if read.sharding is None:
                 out[read.index] = regions[read.regions[0]]
             else:

@@ -411,7 +411,12 @@ class _Writer:
                 else:
                     staged = 0
                 crc = state_tree.crc32_hex_async(data)
-                future = store[state_tree.region_slices(shard.region)].write(data).commit
+                # The snapshot is never modified: TensorStore may write from it without a copy.
+                future = (
+                    store[state_tree.region_slices(shard.region)]
+                    .write(data, can_reference_source_data_indefinitely=True)
+                    .commit
+                )
                 inflight.append((staged, future, crc, item.path, shard.key))
                 inflight_bytes += staged
                 self.peak_host_bytes = max(
