@@ -156,6 +156,16 @@ def test_policy_decides_and_force_overrides(tmp_path):
     assert [s for s, _ in ckpt_lib.step_dirs(cfg.dir)] == [10, 11]
 
 
+def test_committed_step_is_never_rewritten(tmp_path):
+    ckpt = _checkpointer(tmp_path)
+    ckpt.save(step=5, state=dict(x=jnp.zeros(3)))
+    # Same step again, e.g. a preemption save right after the policy's save: skipped.
+    assert ckpt.save(step=5, state=dict(x=jnp.ones(3)), force=True) is None
+    _, restored = ckpt.restore(state=dict(x=jnp.zeros(3)))
+    np.testing.assert_array_equal(np.asarray(restored["x"]), np.zeros(3))
+    ckpt.stop()
+
+
 def test_invalid_config():
     with pytest.raises(ValueError, match="keep_last_n"):
         Checkpointer.default_config().set(name="c", dir="/tmp/x", keep_last_n=0).instantiate(

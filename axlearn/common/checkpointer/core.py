@@ -175,7 +175,9 @@ class Checkpointer(Module):
             force: Save even if the policy says no (e.g. on preemption).
 
         Returns:
-            The cost to the caller (`blocking_s`, `wait_for_previous_s`, ...), or None if not saved.
+            The cost to the caller (`blocking_s`, `wait_for_previous_s`, ...), or None if not saved
+            (the policy said no, or `step` is already committed: a committed step is never
+            rewritten).
 
         Raises:
             Exception: The error of the previous async save, if it failed.
@@ -183,10 +185,18 @@ class Checkpointer(Module):
         if not force and not self._save_policy(step=step, evaler_summaries=evaler_summaries or {}):
             return None
         cfg = self._config
+        ckpt_dir = self.ckpt_dir(step)
+        if self._storage.writing_dir() == ckpt_dir:
+            self.wait_until_finished()
+        if layout.is_committed(ckpt_dir):
+            # Rewriting it in place could lose the newest good checkpoint if this process died
+            # mid-way (e.g. a preemption save of a step the policy just saved).
+            logging.info("Step %d is already committed in %s: not saving it again.", step, ckpt_dir)
+            return None
         stats = self._storage.save_to_dir(
             step=step,
             state=state,
-            ckpt_dir=self.ckpt_dir(step),
+            ckpt_dir=ckpt_dir,
             on_commit_callback=self._on_commit,
             async_save=cfg.async_save is None or bool(cfg.async_save),
         )
