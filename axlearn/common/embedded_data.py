@@ -40,6 +40,9 @@ CACHE_DIR_ENV = "AXLEARN_CACHE_DIR"
 # One document in this many goes to the validation split (by a CRC32 of its id).
 _VALIDATION_EVERY = 20
 
+# Data dirs known to hold the built data set (in this process).
+_PREPARED: set = set()
+
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where the shipped corpus lives.
 CORPUS_PATH = os.path.join(_PACKAGE_ROOT, "data", "python_docs", "corpus.jsonl.gz")
@@ -145,22 +148,28 @@ def prepare(data_dir: Optional[str] = None) -> str:
         The TFDS data dir holding the data set.
     """
     data_dir = data_dir or tfds_data_dir()
+    if data_dir in _PREPARED:
+        return data_dir
     # pylint: disable-next=import-outside-toplevel
     from axlearn.common.embedded_data_builder import PythonDocs
 
     builder = PythonDocs(data_dir=data_dir)
     if builder.is_prepared():
+        _PREPARED.add(data_dir)
         return data_dir
     with _file_lock(os.path.join(data_dir, f".{BUILDER_NAME}.lock")):
         builder = PythonDocs(data_dir=data_dir)
         if not builder.is_prepared():
             import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 
+            tfds.disable_progress_bar()
+
             builder.download_and_prepare(
                 download_config=tfds.download.DownloadConfig(
                     compute_stats=tfds.download.ComputeStatsMode.SKIP
                 )
             )
+    _PREPARED.add(data_dir)
     return data_dir
 
 

@@ -44,6 +44,7 @@ class FeedContext:
         source_description: A short description of the source, used in error messages.
         malformed_counter: A tf.Variable counting skipped records of this feed, or None.
         eval_num_batches: For evaluation inputs: the number of batches every feed pads to.
+        eval_num_examples: For evaluation inputs: this feed's example count (already counted).
         claims: Records sources that sharded themselves (see `claim_shard`); internal.
     """
 
@@ -54,6 +55,7 @@ class FeedContext:
     source_description: str = "input source"
     malformed_counter: Any = None
     eval_num_batches: Optional[int] = None
+    eval_num_examples: Optional[int] = None
     claims: list = dataclasses.field(default_factory=list, compare=False)
 
 

@@ -197,6 +197,8 @@ class InputIterator:
         self._rebuild = rebuild
         self._num_batches = 0
         self._reported_malformed = 0
+        # Whether no batch has been read yet (the feeds' iterators are at the start).
+        self._fresh = True
 
     def __iter__(self) -> InputIterator:
         return self
@@ -229,6 +231,7 @@ class InputIterator:
             ) from e
 
     def __next__(self) -> dict[str, np.ndarray]:
+        self._fresh = False
         parts = [_to_numpy(self._next_from(feed)) for feed in self._feeds]
         self._num_batches += 1
         malformed = self.num_malformed_records
@@ -322,7 +325,8 @@ class InputIterator:
         for i, feed in enumerate(self._feeds):
             header, entry, payload = found[feed.index]
             # Start from a fresh iterator so restoring never depends on this one's position.
-            feed = self._feeds[i] = self._rebuild(feed.index)
+            if not self._fresh:
+                feed = self._feeds[i] = self._rebuild(feed.index)
             if entry["mode"] == "tf":
                 if not feed.serializable:
                     raise InputStateError(
@@ -336,3 +340,4 @@ class InputIterator:
             if feed.counter is not None:
                 feed.counter.assign(entry["num_malformed"])
         self._reported_malformed = self.num_malformed_records
+        self._fresh = False

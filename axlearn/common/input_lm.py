@@ -160,7 +160,9 @@ def tokenize(
             text = _replace_newlines(ex[input_key], replace_newlines_with)
             return {output_key: tf.cast(vocab.encode_tf(text), tf.int32)}
 
-        return ds.map(encode, num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.map(
+            tf.autograph.experimental.do_not_convert(encode), num_parallel_calls=tf.data.AUTOTUNE
+        )
 
     return fn
 
@@ -227,7 +229,9 @@ def concatenate_and_split(
             }
 
         ds = ds.ragged_batch(window_size, drop_remainder=False)
-        ds = ds.map(split, num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.map(
+            tf.autograph.experimental.do_not_convert(split), num_parallel_calls=tf.data.AUTOTUNE
+        )
         return ds.unbatch()
 
     return fn
@@ -281,7 +285,7 @@ def pack(
                 {"inputs": shape(inputs), "targets": shape(targets), "length": lengths}
             )
 
-        ds = ds.flat_map(chunks)
+        ds = ds.flat_map(tf.autograph.experimental.do_not_convert(chunks))
         # A sentinel longer than any chunk flushes the last sequence at the end of the data.
         sentinel = {
             "inputs": tf.fill([max_len], pad),
@@ -331,8 +335,8 @@ def pack(
             }
             return new_state, out
 
-        ds = ds.scan(init, step)
-        ds = ds.filter(lambda ex: ex["valid"])
+        ds = ds.scan(init, tf.autograph.experimental.do_not_convert(step))
+        ds = ds.filter(tf.autograph.experimental.do_not_convert(lambda ex: ex["valid"]))
 
         def finish(ex):
             del ex["valid"]
@@ -341,7 +345,9 @@ def pack(
             )
             return ex
 
-        return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.map(
+            tf.autograph.experimental.do_not_convert(finish), num_parallel_calls=tf.data.AUTOTUNE
+        )
 
     return fn
 
@@ -471,6 +477,6 @@ def text_to_lm_eval_input(
                 }
             )
 
-        return tokenizer(ds).flat_map(windows)
+        return tokenizer(ds).flat_map(tf.autograph.experimental.do_not_convert(windows))
 
     return fn

@@ -28,7 +28,6 @@ from axlearn.common.config import (
     REQUIRED,
     ConfigBase,
     ConfigOr,
-    FunctionConfigBase,
     InstantiableConfig,
     Required,
     config_class,
@@ -48,6 +47,20 @@ from axlearn.common.input_feed import (
     local_feed_indices,
 )
 from axlearn.common.input_iterator import Feed, InputError, InputIterator, InputStateError
+from axlearn.common.input_processors import (
+    concatenate_datasets,
+    describe_source,
+    disable_shuffle_recursively,
+    filter_examples,
+    handle_malformed,
+    rekey,
+    remove_fields,
+    sample_from_datasets,
+    select_fields,
+    shuffle,
+    take,
+    with_processor,
+)
 from axlearn.common.module import Module, nowrap
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -176,7 +189,14 @@ def _resolve_tfds_data_dir(dataset_name: str, data_dir: Optional[str]) -> Option
     return data_dir
 
 
+# Builders by (dataset name, data dir): building one reads metadata files, so reuse them.
+_BUILDERS: dict = {}
+
+
 def _tfds_builder(dataset_name: str, *, data_dir: Optional[str], download: bool) -> Any:
+    key = (dataset_name, data_dir)
+    if key in _BUILDERS:
+        return _BUILDERS[key]
     import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 
     where = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
@@ -196,6 +216,7 @@ def _tfds_builder(dataset_name: str, *, data_dir: Optional[str], download: bool)
             f"TFDS data set '{dataset_name}' is not prepared: looked in {builder.data_dir!r}. "
             f"Prepare it there, point data_dir/--data_dir at its parent, or set download=True."
         )
+    _BUILDERS[key] = builder
     return builder
 
 
@@ -293,102 +314,6 @@ def _with_seed(ctx: FeedContext, seed: Optional[int]) -> FeedContext:
     return dataclasses.replace(ctx, seed=seed)
 
 
-def sample_from_datasets(
-    is_training: bool,
-    *,
-    sources: Sequence[InstantiableConfig],
-    weights: Sequence[float],
-    seed: Optional[int] = None,
-) -> BuildDatasetFn:
-    """Returns a source that samples examples from several sources with the given weights.
-
-    Every source is repeated, so the mixture is infinite; use `take` for a finite one.
-
-    Args:
-        is_training: Passed to every source.
-        sources: Configs of BuildDatasetFns (use `with_processor` to process a source first).
-        weights: Sampling weights (normalized), one per source.
-        seed: Seed of the sampling; None: the Input's seed.
-
-    Returns:
-        A BuildDatasetFn.
-
-    Raises:
-        ValueError: If `sources` is empty, lengths differ or a weight is negative.
-    """
-    if not sources:
-        raise ValueError("sample_from_datasets: expected at least one source")
-    if len(sources) != len(weights):
-        raise ValueError(f"sample_from_datasets: {len(sources)} sources but {len(weights)} weights")
-    if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise ValueError(
-            f"sample_from_datasets: weights must be >= 0 with a positive sum: {weights}"
-        )
-    source_fns = [maybe_set_config(s, is_training=is_training).instantiate() for s in sources]
-
-    def fn() -> tf.data.Dataset:
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-        datasets = [source_fn().repeat() for source_fn in source_fns]
-        total = float(sum(weights))
-        return tf.data.Dataset.sample_from_datasets(
-            datasets,
-            weights=[w / total for w in weights],
-            seed=derive_seed("sample_from_datasets", seed),
-            stop_on_empty_dataset=True,
-        )
-
-    return fn
-
-
-def concatenate_datasets(is_training: bool, *, sources: Sequence[InstantiableConfig]):
-    """Returns a source that reads the given sources one after another.
-
-    Args:
-        is_training: Passed to every source.
-        sources: Configs of BuildDatasetFns.
-
-    Returns:
-        A BuildDatasetFn.
-    """
-    if not sources:
-        raise ValueError("concatenate_datasets: expected at least one source")
-    source_fns = [maybe_set_config(s, is_training=is_training).instantiate() for s in sources]
-
-    def fn() -> tf.data.Dataset:
-        ds = source_fns[0]()
-        for source_fn in source_fns[1:]:
-            ds = ds.concatenate(source_fn())
-        return ds
-
-    return fn
-
-
-def with_processor(
-    source: InstantiableConfig,
-    *,
-    processor: InstantiableConfig,
-    is_training: Optional[bool] = None,
-) -> BuildDatasetFn:
-    """Returns a source that applies `processor` to `source`.
-
-    Args:
-        source: Config of a BuildDatasetFn.
-        processor: Config of a DatasetToDatasetFn.
-        is_training: Passed to both when set.
-
-    Returns:
-        A BuildDatasetFn.
-    """
-    source_fn = maybe_set_config(source, is_training=is_training).instantiate()
-    processor_fn = maybe_set_config(processor, is_training=is_training).instantiate()
-
-    def fn() -> tf.data.Dataset:
-        return processor_fn(source_fn())
-
-    return fn
-
-
 # ------------------------------------------------------------------------------------------------
 # Processors.
 # ------------------------------------------------------------------------------------------------
@@ -422,119 +347,6 @@ def chain(*args, is_training: Optional[bool] = None) -> DatasetToDatasetFn:
         return ds
 
     return fn
-
-
-def shuffle(shuffle_buffer_size: int, *, seed: Optional[int] = None) -> DatasetToDatasetFn:
-    """Returns a processor that shuffles examples (a no-op when the buffer size is <= 0).
-
-    Args:
-        shuffle_buffer_size: The shuffle buffer size.
-        seed: Seed; None: the Input's seed.
-
-    Returns:
-        A DatasetToDatasetFn.
-    """
-
-    def fn(ds: tf.data.Dataset) -> tf.data.Dataset:
-        if shuffle_buffer_size <= 0:
-            return ds
-        return ds.shuffle(
-            shuffle_buffer_size, seed=derive_seed("shuffle", seed), reshuffle_each_iteration=True
-        )
-
-    return fn
-
-
-def take(num_examples: int) -> DatasetToDatasetFn:
-    """Returns a processor keeping the first `num_examples` examples."""
-    return lambda ds: ds.take(num_examples)
-
-
-def filter_examples(filter_fn: Callable) -> DatasetToDatasetFn:
-    """Returns a processor keeping examples for which `filter_fn(example)` is True."""
-    return lambda ds: ds.filter(filter_fn)
-
-
-def select_fields(fields: Sequence[str]) -> DatasetToDatasetFn:
-    """Returns a processor keeping only `fields` of each (dict) example."""
-    return lambda ds: ds.map(lambda ex: {k: ex[k] for k in fields})
-
-
-def remove_fields(fields: Sequence[str]) -> DatasetToDatasetFn:
-    """Returns a processor dropping `fields` from each (dict) example."""
-    return lambda ds: ds.map(lambda ex: {k: v for k, v in ex.items() if k not in fields})
-
-
-def rekey(
-    key_map: dict[str, str], *, default_value: Any = "", retain_original_inputs: bool = False
-) -> DatasetToDatasetFn:
-    """Returns a processor renaming fields: `{new_key: old_key}`.
-
-    Args:
-        key_map: New key to original key; a missing or empty original key gets `default_value`
-            (or is left out when `default_value` is None).
-        default_value: Value for missing keys.
-        retain_original_inputs: Whether to keep the fields not named in `key_map`.
-
-    Returns:
-        A DatasetToDatasetFn.
-    """
-
-    def map_fn(ex: dict) -> dict:
-        out = dict(ex) if retain_original_inputs else {}
-        for new_key, old_key in key_map.items():
-            if old_key and old_key in ex:
-                out[new_key] = ex[old_key]
-            elif default_value is not None:
-                out[new_key] = default_value
-        return out
-
-    return lambda ds: ds.map(map_fn) if key_map else ds
-
-
-def handle_malformed(
-    ds: tf.data.Dataset, *, is_valid: Callable[[Any], Any], what: str, detail: Callable
-) -> tf.data.Dataset:
-    """Applies the current feed's malformed-record policy to `ds`.
-
-    With "fail" (the default), a record for which `is_valid` is False stops the pipeline with an
-    error naming the source, the problem and the start of the record. With "skip", such records
-    are dropped and counted (`InputIterator.num_malformed_records`, logged as they occur).
-
-    Args:
-        ds: The dataset.
-        is_valid: example -> scalar bool tensor.
-        what: Describes the problem, e.g. "field 'text' is not valid UTF-8".
-        detail: example -> string tensor shown in the error (e.g. the first bytes of the text).
-
-    Returns:
-        The dataset with the policy applied.
-    """
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    ctx = current_feed()
-    if ctx.malformed_records == MALFORMED_SKIP:
-        counter = ctx.malformed_counter
-        if counter is None:
-            counter = tf.Variable(0, dtype=tf.int64, trainable=False)
-
-        def keep(ex):
-            ok = is_valid(ex)
-            with tf.control_dependencies([counter.assign_add(tf.cast(~ok, tf.int64))]):
-                return tf.identity(ok)
-
-        return ds.filter(keep)
-    message = (
-        f"Malformed record in {ctx.source_description}: {what}. Set "
-        f"input.malformed_records='skip' to count and skip such records. Record:"
-    )
-
-    def check(ex):
-        ok = is_valid(ex)
-        with tf.control_dependencies([tf.debugging.Assert(ok, [message, detail(ex)])]):
-            return tf.nest.map_structure(tf.identity, ex)
-
-    return ds.map(check)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -581,7 +393,12 @@ def count_examples(ds: tf.data.Dataset) -> int:
     if n == tf.data.INFINITE_CARDINALITY:
         raise ValueError(f"An evaluation input must be finite; got an infinite dataset {ds}")
     if n == tf.data.UNKNOWN_CARDINALITY:
-        n = int(ds.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
+        n = int(
+            ds.reduce(
+                tf.constant(0, tf.int64),
+                tf.autograph.experimental.do_not_convert(lambda c, _: c + 1),
+            )
+        )
     return n
 
 
@@ -632,7 +449,9 @@ def batch(
         per_feed = global_batch_size // ctx.num_feeds
         if not is_training:
             num_batches = ctx.eval_num_batches
-            n = count_examples(ds)
+            n = ctx.eval_num_examples
+            if n is None:
+                n = count_examples(ds)
             if num_batches is None:
                 num_batches = -(-n // per_feed)
             num_pad = num_batches * per_feed - n
@@ -660,49 +479,6 @@ def batch(
 # ------------------------------------------------------------------------------------------------
 # Config helpers.
 # ------------------------------------------------------------------------------------------------
-
-
-def disable_shuffle_recursively(cfg: ConfigBase) -> None:
-    """Sets every `train_shuffle_buffer_size` field to 0 and `train_shuffle_files` to False.
-
-    Args:
-        cfg: A config tree (modified in place).
-    """
-
-    def enter_fn(_, child, default_kv):
-        if isinstance(child, ConfigBase):
-            for k in child.keys():
-                if k.endswith("train_shuffle_buffer_size"):
-                    setattr(child, k, 0)
-                elif k == "train_shuffle_files":
-                    setattr(child, k, False)
-        return default_kv
-
-    cfg.visit(visit_fn=lambda k, v: None, enter_fn=enter_fn)
-
-
-def describe_source(cfg: ConfigBase) -> str:
-    """Returns a short description of a source config for messages (its function and data set).
-
-    Args:
-        cfg: A source config.
-
-    Returns:
-        E.g. "tfds_input(dataset_name='python_docs:1.0.0', split='train')".
-    """
-    parts: list[str] = []
-
-    def enter_fn(_, child, default_kv):
-        if isinstance(child, ConfigBase):
-            for k in ("dataset_name", "mixture_or_task_name", "split"):
-                if k in child and isinstance(getattr(child, k), str):
-                    parts.append(f"{k}={getattr(child, k)!r}")
-        return default_kv
-
-    cfg.visit(visit_fn=lambda k, v: None, enter_fn=enter_fn)
-    fn = getattr(cfg, "fn", None) if isinstance(cfg, FunctionConfigBase) else None
-    name = getattr(fn, "__name__", type(cfg).__name__)
-    return f"{name}({', '.join(dict.fromkeys(parts))})"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -785,6 +561,7 @@ class Input(Module):
         dump = [line for line in cfg.debug_string().splitlines() if not line.startswith("name:")]
         self._config_dump = "\n".join(dump)
         self._eval_num_batches: Optional[int] = None
+        self._eval_counts: dict[int, int] = {}
 
     @property
     def source(self) -> BuildDatasetFn:
@@ -815,6 +592,7 @@ class Input(Module):
             source_description=self._description,
             malformed_counter=counter,
             eval_num_batches=self._eval_num_batches,
+            eval_num_examples=self._eval_counts.get(feed_index),
         )
 
     def _examples(self, feed_index: int, counter: Any = None) -> tf.data.Dataset:
@@ -829,7 +607,16 @@ class Input(Module):
         """Counts examples of every local feed; all feeds pad to the largest batch count."""
         cfg = self.config
         per_feed = cfg.batcher.global_batch_size // self._num_feeds
-        counts = [count_examples(self._examples(f)) for f in self._feed_indices]
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        try:
+            counts = [count_examples(self._examples(f)) for f in self._feed_indices]
+        except tf.errors.OpError as e:
+            raise InputError(
+                f"Input '{self.path()}' (source {self._description}) failed while counting its "
+                f"evaluation examples: {type(e).__name__}: {e.message}"
+            ) from e
+        self._eval_counts = dict(zip(self._feed_indices, counts))
         num_batches = max(-(-n // per_feed) for n in counts)
         import jax  # pylint: disable=import-outside-toplevel
 

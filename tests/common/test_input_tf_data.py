@@ -351,7 +351,7 @@ def _text_input(**kwargs):
 def test_malformed_record_fails_naming_the_source():
     with pytest.raises(Exception, match="not valid UTF-8") as e:
         list(iter(_text_input().instantiate(parent=None)))
-    assert "_text_source" in str(e.value) and "malformed_records='skip'" in str(e.value)
+    assert "_text_source" in str(e.value) and "malformed_records to skip" in str(e.value)
 
 
 def test_malformed_records_counted_and_skipped():
