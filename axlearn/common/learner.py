@@ -15,7 +15,7 @@ The API a trainer uses (see trainer.py):
     fwd_bwd.forward_outputs.loss / .aux / .output_collection   # from loss_fn
     fwd_bwd.backward_outputs.updated_params                   # the new parameters
     collection.state_updates                                  # the new learner state (whole)
-    collection.summaries                                      # learning_rate, gradient_norm, ...
+    collection.summaries       # optimizer/learning_rate, optimizer/gradient_norm, loss_scale/...
 
 `loss_fn(*, model_params, inputs) -> ForwardOutputs(loss, aux, output_collection)`; the learner
 differentiates `loss` with respect to `model_params` (the values of `opt_params`).
@@ -42,7 +42,7 @@ from axlearn.common.config import (
     config_for_function,
     maybe_instantiate,
 )
-from axlearn.common.module import Module
+from axlearn.common.module import Module, child_context
 from axlearn.common.optimizer_base import OptParam, PartitionedGradientTransformation
 from axlearn.common.optimizers import global_norm, param_ema
 from axlearn.common.per_param_settings import LEARNER_UPDATE_TYPE, register_per_param_settings
@@ -320,7 +320,10 @@ class Learner(BaseLearner):
         opt_params = _mask_tree(model_params, should_update)
         opt_grads = _mask_tree(gradients, should_update)
         old_opt_state = self.state["optimizer"]
-        param_updates, opt_state = self.optimizer.update(opt_grads, old_opt_state, opt_params)
+        # The optimizer runs in a child context "optimizer", so its summaries are
+        # `optimizer/learning_rate`, `optimizer/gradient_norm`, ... in the learner's collection.
+        with child_context("optimizer", module=self, state=old_opt_state):
+            param_updates, opt_state = self.optimizer.update(opt_grads, old_opt_state, opt_params)
         new_values = jax.tree.map(
             lambda keep, v, u: (v + u).astype(v.dtype) if keep else v,
             should_update,

@@ -153,7 +153,7 @@ def test_forward_and_backward_matches_manual_adamw():
             np.testing.assert_allclose(params[k], ref_params[k], atol=1e-6)
     # The new state is exactly the state tree; summaries come out of the collection.
     assert jax.tree.structure(state) == jax.tree.structure(learner.init(_opt(params)))
-    assert float(collection.summaries["learning_rate"]) == pytest.approx(0.05)
+    assert float(collection.summaries["optimizer"]["learning_rate"]) == pytest.approx(0.05)
 
 
 def test_state_specs_match_init_and_frozen_params_have_no_state():
@@ -262,7 +262,7 @@ def test_honeycrisp_learner_on_a_module_with_nested_functional():
         params, state = out.backward_outputs.updated_params, collection.state_updates
         losses.append(float(out.forward_outputs.loss))
     assert losses[-1] < losses[0]
-    summaries = collection.summaries
+    summaries = collection.summaries["optimizer"]
     for name in (
         "gradient_norm",
         "nonvalid_count",
