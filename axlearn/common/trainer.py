@@ -174,7 +174,7 @@ class SpmdTrainer(Module):
         self._mesh = jax.sharding.Mesh(mesh_devices, tuple(cfg.mesh_axis_names))
         self._step_log("Mesh: %s", dict(self._mesh.shape))
 
-        with self.mesh():
+        with self._mesh_context():
             self._add_child("input", _set_if_field(cfg.input, is_training=True))
             summary_cfg = cfg.summary_writer.clone()
             if _is_unset(getattr(summary_cfg, "dir", None)):
@@ -250,8 +250,12 @@ class SpmdTrainer(Module):
         return self._trainer_state_shardings
 
     def mesh(self) -> jax.sharding.Mesh:
-        """The device mesh (usable as a context manager)."""
+        """The device mesh."""
         return self._mesh
+
+    def _mesh_context(self):
+        """Makes the mesh current (for sharding constraints and `utils.current_mesh()`)."""
+        return jax.set_mesh(self._mesh)
 
     def _step_log(self, msg: str, *args):
         logging.info(
@@ -294,7 +298,7 @@ class SpmdTrainer(Module):
             return TrainerState(prng_key=key, model=model_params, learner=learner_state)
 
         self._step_log("Initializing trainer state.")
-        with self.mesh():
+        with self._mesh_context():
             self._trainer_state = jax.jit(init_state, out_shardings=self._trainer_state_shardings)(
                 prng_key
             )
@@ -317,7 +321,7 @@ class SpmdTrainer(Module):
         from axlearn.common.checkpointer import StateMismatchError
 
         with_input = bool(self._config.save_input_iterator) and self._input_is_checkpointable()
-        with self.mesh():
+        with self._mesh_context():
             try:
                 step, state = self.checkpointer.restore(
                     step=restore_step, state=self._checkpoint_state_spec(with_input=with_input)
@@ -379,7 +383,7 @@ class SpmdTrainer(Module):
         ckpt_state = self._trainer_state._asdict()
         if self._config.save_input_iterator and self._input_is_checkpointable():
             ckpt_state["input_iter"] = self.input.iterator_state(self._input_iter)
-        with self.mesh():
+        with self._mesh_context():
             self.checkpointer.save(
                 step=self._step, state=ckpt_state, evaler_summaries=evaler_summaries
             )
@@ -519,7 +523,7 @@ class SpmdTrainer(Module):
         batch = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), input_batch
         )
-        with self.mesh():
+        with self._mesh_context():
             lowered = self._jit_train_step(batch_sharding).lower(state, batch)
             return lowered.compile()
 
@@ -542,7 +546,7 @@ class SpmdTrainer(Module):
             NonFiniteStateError: If a checkpoint of non-finite parameters was about to be saved.
         """
         cfg = self._config
-        with self._watchdog(), self.mesh():
+        with self._watchdog(), self._mesh_context():
             self._input_iter = self._new_input_iterator()
             self._prepare_training(prng_key)
             if self._step >= cfg.max_step:
@@ -676,6 +680,8 @@ class SpmdTrainer(Module):
             if self._checkpoint_due(evaler_summaries):
                 self._save_checkpoint(evaler_summaries)
         self._first_step = self._step
+        # Compile the finiteness check of checkpointed state now, not inside a step's interval.
+        jax.block_until_ready(_all_finite(self._trainer_state.model))
         self._skips_nonfinite = _learner_skips_nonfinite(cfg.learner)
         self._log_model_analysis()
         self._measure_peak()
@@ -922,6 +928,10 @@ class SpmdTrainer(Module):
                 "tokens_per_s_per_device",
                 "real_tokens_per_s_per_device",
                 "consumed_tokens",
+                "eta_s",
+                "loss_scale",
+                "skipped_steps",
+                "nonfinite_steps",
             )
             if k in record
         }
@@ -1017,12 +1027,25 @@ def _shardings(mesh: jax.sharding.Mesh, specs: Any) -> Any:
             for name in entry if isinstance(entry, (tuple, list)) else (entry,):
                 if name is not None and name not in axis_names:
                     raise ValueError(
-                        f"Partition spec {partition} of '{jax.tree_util.keystr(path)}' names mesh "
+                        f"Partition spec {partition} of '{_path_str(path)}' names mesh "
                         f"axis '{name}', which is not among the mesh axes {tuple(mesh.axis_names)}."
                     )
         return NamedSharding(mesh, partition)
 
     return jax.tree_util.tree_map_with_path(to_sharding, specs, is_leaf=is_spec)
+
+
+def _path_str(path: tuple) -> str:
+    """'a/b/c' for a jax key path."""
+    parts = []
+    for key in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return "/".join(parts)
 
 
 def _leading_dim(tree: Any) -> int:
