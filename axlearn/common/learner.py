@@ -42,10 +42,17 @@ from axlearn.common.config import (
     config_for_function,
     maybe_instantiate,
 )
-from axlearn.common.module import Module, child_context
+from axlearn.common.module import Module, child_context, functional
 from axlearn.common.optimizer_base import OptParam, PartitionedGradientTransformation
-from axlearn.common.optimizers import global_norm, param_ema
-from axlearn.common.per_param_settings import LEARNER_UPDATE_TYPE, register_per_param_settings
+from axlearn.common.optimizers import global_norm, opt_params_from_specs, param_ema
+from axlearn.common.per_param_settings import (
+    L2_REGULARIZER_SCALE,
+    LEARNER_UPDATE_TYPE,
+    WEIGHT_DECAY_SCALE,
+    collect_per_param_settings,
+    register_per_param_settings,
+)
+from axlearn.common.per_param_settings import per_param_settings_text as settings_to_text
 from axlearn.common.utils import Nested, Tensor, flatten_items, get_recursively, tree_paths
 
 
@@ -428,3 +435,49 @@ class Learner(BaseLearner):
         return ForwardBackwardOutputs(
             forward_outputs=outputs, backward_outputs=BackwardOutputs(updated_params=updated)
         )
+
+
+def per_param_settings_text(
+    learner: Learner,
+    model_param_specs: Nested[Any],
+    *,
+    descriptions: Sequence[str] = (WEIGHT_DECAY_SCALE, L2_REGULARIZER_SCALE),
+) -> str:
+    """Dumps the per-parameter settings `learner` resolves, as `param/path: value` lines.
+
+    Runs `init` and one `update` abstractly (`jax.eval_shape`, no compute) and collects what they
+    register. The default descriptions give the `_regularizer.txt` text (weight-decay scales);
+    ("update_scale", "learner_update_type") give update multipliers and update types.
+
+    Args:
+        learner: The learner.
+        model_param_specs: The model's parameter specs (shape, dtype, optional
+            weight_decay_scale).
+        descriptions: Which settings to dump.
+
+    Returns:
+        The text (see `per_param_settings.per_param_settings_text`).
+    """
+    opt_params = opt_params_from_specs(model_param_specs)
+    values = jax.tree.map(lambda p: p.value, opt_params)
+
+    def init_and_update(values):
+        params = jax.tree.map(lambda p, v: dataclasses.replace(p, value=v), opt_params, values)
+        state = learner.init(params)
+        grads = jax.tree.map(
+            lambda keep, v: jnp.zeros_like(v) if keep else None,
+            learner.should_update_with_optimizers(params),
+            values,
+        )
+        return functional(
+            learner,
+            prng_key=None,
+            state=state,
+            inputs=dict(model_params=params, gradients=grads, state_updates={}),
+            method="update",
+            is_training=True,
+        )
+
+    with collect_per_param_settings() as records:
+        jax.eval_shape(init_and_update, values)
+    return settings_to_text(records, descriptions)

@@ -275,3 +275,31 @@ def test_honeycrisp_learner_on_a_module_with_nested_functional():
         assert name in summaries, (name, sorted(summaries))
     assert int(summaries["nonvalid_count"]) == 0
     assert float(summaries["schedule_scale"]) == pytest.approx(1.0, abs=1e-3)  # After warmup.
+
+
+def test_per_param_settings_text():
+    specs = {
+        "w": TensorSpec(shape=(4, 3), dtype=np.float32),
+        "b": TensorSpec(shape=(3,), dtype=np.float32),
+        "norm": {"scale": TensorSpec(shape=(3,), dtype=np.float32)},
+    }
+    cfg = learner_lib.Learner.default_config().set(
+        name="learner",
+        optimizer=ADAMW.clone(
+            weight_decay_per_param_scale=config_for_function(
+                optimizers.per_param_scale_by_path
+            ).set(scale_by_path=[(".*norm/scale", 0.0)], description="weight_decay_scale")
+        ),
+        update_rules=[("b", learner_lib.UpdateType.NO_UPDATE)],
+    )
+    learner = cfg.instantiate(parent=None)
+    # The _regularizer.txt text: frozen parameters have no optimizer, hence no weight decay.
+    assert learner_lib.per_param_settings_text(learner, specs) == "norm/scale: 0.0\nw: 1.0"
+    text = learner_lib.per_param_settings_text(
+        learner, specs, descriptions=("learner_update_type",)
+    )
+    assert text.splitlines() == [
+        "b: UpdateType.NO_UPDATE",
+        "norm/scale: UpdateType.ALL_UPDATES",
+        "w: UpdateType.ALL_UPDATES",
+    ]
