@@ -147,7 +147,7 @@ def get_named_trainer_config(config_name: str, *, config_module: str) -> Trainer
     """Returns the function that builds the trainer config `config_name` of `config_module`.
 
     Args:
-        config_name: A key of the module's `named_trainer_configs()`, e.g. `gpt_tiny`.
+        config_name: A key of the module's `named_trainer_configs()`, e.g. `gpt-tiny`.
         config_module: The `--module` value (full path or short form, see
             `load_experiment_module`).
 
