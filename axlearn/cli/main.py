@@ -2,7 +2,7 @@
 
 Usage:
 
-    axlearn config dump --module=text.gpt.tiny --config=gpt_tiny
+    axlearn config dump --module=text.gpt.tiny --config=gpt-tiny
     axlearn config list --module=text.gpt.tiny
     axlearn checkpoint verify /path/to/checkpoints
 
