@@ -58,7 +58,14 @@ def per_param_scale_by_path(
         A function from a tree of OptParams (or specs) to a tree of float scales. It has a
         `description` attribute.
     """
-    rules = [(re.compile(regex), regex, value) for regex, value in scale_by_path]
+    rules = []
+    for i, (regex, value) in enumerate(scale_by_path):
+        try:
+            rules.append((re.compile(regex), regex, value))
+        except re.error as e:
+            raise ValueError(
+                f"{description} per_param_scale_by_path: bad regex scale_by_path[{i}] {regex!r}: {e}"
+            ) from e
 
     def fn(params: NestedOptParam) -> Any:
         paths = tree_paths(params, separator="/")
@@ -74,15 +81,7 @@ def per_param_scale_by_path(
         def per_param(path: str) -> float:
             for pattern, regex, value in rules:
                 if pattern.fullmatch(path):
-                    logging.log_first_n(
-                        logging.INFO,
-                        "%s: %s matches %s: scale=%s",
-                        1000,
-                        description,
-                        regex,
-                        path,
-                        value,
-                    )
+                    logging.vlog(1, "%s: %s matches %s: scale=%s", description, regex, path, value)
                     return value
             return default_scale
 
