@@ -64,7 +64,8 @@ def per_param_scale_by_path(
             rules.append((re.compile(regex), regex, value))
         except re.error as e:
             raise ValueError(
-                f"{description} per_param_scale_by_path: bad regex scale_by_path[{i}] {regex!r}: {e}"
+                f"{description} per_param_scale_by_path: bad regex "
+                f"scale_by_path[{i}] {regex!r}: {e}"
             ) from e
 
     def fn(params: NestedOptParam) -> Any:
