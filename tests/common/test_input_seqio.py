@@ -42,7 +42,10 @@ def tasks(embedded_cache):
 
 def _input(name: str, *, is_training: bool, num_feeds=None):
     def ids_only():
-        return lambda ds: ds.map(lambda ex: {"n": ex["text"][:1]})
+        import tensorflow as tf
+
+        # The first token of each document, with a static shape (padding needs one).
+        return lambda ds: ds.map(lambda ex: {"n": tf.reshape(ex["text"][0], [1])})
 
     return input_tf_data.Input.default_config().set(
         name="input",
