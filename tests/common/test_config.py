@@ -259,6 +259,12 @@ def test_maybe_set_config():
     maybe_set_config(cfg, "no_such_field", 3)
     maybe_set_config(cfg, rate=0.1, other=1)
     assert cfg.hidden == 3 and cfg.rate == 0.1
+    # Fields named like the positional parameters work as keywords.
+    fn_cfg = config_for_function(lambda key, value: None)
+    maybe_set_config(fn_cfg, key="k", value=2.0)
+    assert (fn_cfg.key, fn_cfg.value) == ("k", 2.0)
+    with pytest.raises(TypeError, match="takes"):
+        maybe_set_config(cfg, "hidden")
 
 
 def test_get_and_set_recursively():

@@ -323,22 +323,27 @@ def config_for_class(cls: type[T]) -> Any:
     return _cached_or_new(_class_config_class, cls)(klass=cls)
 
 
-def maybe_set_config(cfg: ConfigBase, key: str = None, value: Any = None, **kwargs) -> ConfigBase:
+def maybe_set_config(cfg: ConfigBase, *args: Any, **kwargs: Any) -> ConfigBase:
     """Sets fields of `cfg` that exist, ignoring those it lacks.
 
-    Call as `maybe_set_config(cfg, "key", value)` or `maybe_set_config(cfg, key=value, ...)`.
+    Call as `maybe_set_config(cfg, "key", value)` or `maybe_set_config(cfg, key=value, ...)`
+    (any field name works as a keyword, `key` and `value` included).
 
     Args:
         cfg: The config.
-        key: A field name (optional).
-        value: Its value.
-        **kwargs: More field values.
+        *args: Optionally one (field name, value) pair, positionally.
+        **kwargs: Field values.
 
     Returns:
         `cfg`.
+
+    Raises:
+        TypeError: If positional arguments are not exactly a (name, value) pair.
     """
-    if key is not None:
-        kwargs = {key: value, **kwargs}
+    if args:
+        if len(args) != 2:
+            raise TypeError(f"maybe_set_config takes (cfg, key, value) or keywords, got {args!r}")
+        kwargs = {args[0]: args[1], **kwargs}
     for k, v in kwargs.items():
         if k in cfg:
             setattr(cfg, k, v)
