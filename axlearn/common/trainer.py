@@ -52,6 +52,7 @@ from axlearn.common.flops import lm_training_flops, matmul_param_count
 from axlearn.common.metrics import WeightedScalar
 from axlearn.common.module import Module, child_context, new_output_collection
 from axlearn.common.module import functional as F
+from axlearn.common.preemption import PreemptionHandler
 from axlearn.common.run_summary import (
     build_run_summary,
     config_hash,
@@ -143,6 +144,10 @@ class SpmdTrainer(Module):
         log_every_n_steps: Optional[int] = None
         # Peak FLOP/s per device for MFU; None: the peak table, or a matmul probe on CPU.
         peak_flops_per_device: Optional[float] = None
+        # On SIGTERM (a preemption notice), the step in flight is finished and saved and the
+        # process exits with preemption.PREEMPTED_EXIT_CODE within this many seconds of the
+        # signal; None: preemption.DEFAULT_PREEMPTION_TIMEOUT_SECONDS.
+        preemption_timeout_seconds: Optional[float] = None
 
     def __init__(self, cfg: Config, *, parent: Optional[Module] = None, devices=None):
         super().__init__(cfg, parent=parent)
@@ -377,7 +382,9 @@ class SpmdTrainer(Module):
     def _prng_key_dtype():
         return jax.random.PRNGKey(0).dtype
 
-    def _save_checkpoint(self, evaler_summaries: Optional[dict[str, Any]]) -> None:
+    def _save_checkpoint(
+        self, evaler_summaries: Optional[dict[str, Any]], *, force: bool = False
+    ) -> None:
         """Saves the current state (the caller checked the policy); refuses non-finite state."""
         self._check_state_finite()
         ckpt_state = self._trainer_state._asdict()
@@ -385,8 +392,9 @@ class SpmdTrainer(Module):
             ckpt_state["input_iter"] = self.input.iterator_state(self._input_iter)
         with self._mesh_context():
             self.checkpointer.save(
-                step=self._step, state=ckpt_state, evaler_summaries=evaler_summaries
+                step=self._step, state=ckpt_state, evaler_summaries=evaler_summaries, force=force
             )
+        self._last_saved_step = self._step
 
     def _checkpoint_due(self, evaler_summaries) -> bool:
         policy = getattr(self.checkpointer, "save_policy", None)
@@ -398,12 +406,39 @@ class SpmdTrainer(Module):
 
     def _check_state_finite(self) -> None:
         """Raises NonFiniteStateError if any float leaf of the trainer state is NaN/inf."""
-        finite = _all_finite(self._trainer_state.model)
+        finite = _all_finite(self._checkpointed_floats())
         if not bool(finite):
             raise NonFiniteStateError(
-                f"Step {self._step}: the model parameters hold NaN/inf values; refusing to "
-                "checkpoint them. The last committed checkpoint is kept."
+                f"Step {self._step}: the trainer state (parameters or optimizer state) holds "
+                "NaN/inf values; refusing to checkpoint it. The last committed checkpoint is kept."
             )
+
+    def _checkpointed_floats(self) -> Any:
+        """The parts of the trainer state checked for NaN/inf before each save."""
+        return (self._trainer_state.model, self._trainer_state.learner)
+
+    def _stop_for_preemption(self, current: _PendingStep) -> None:
+        """After a preemption notice: finishes step `current`, saves it, waits, exits.
+
+        The step is saved unless its save policy just did; see axlearn/common/preemption.py.
+
+        Raises:
+            TrainingPreempted: Always, once the save is committed (a SystemExit whose code is
+                preemption.PREEMPTED_EXIT_CODE).
+        """
+        preemption = self._preemption
+        preemption.set_activity(f"finishing step {current.step}")
+        self._drain(current)
+        self._finish_step(current)
+        self._stop_trace()
+        if getattr(self, "_last_saved_step", None) != current.step:
+            preemption.set_activity(f"saving step {current.step}")
+            self._save_checkpoint(None, force=True)
+        preemption.set_activity(f"committing step {current.step}")
+        self.checkpointer.wait_until_finished()
+        error = preemption.preempted(step=current.step, saved_step=current.step)
+        self._step_log("%s", error)
+        raise error
 
     # ------------------------------------------------------------------------------------------
     # The train step.
@@ -546,7 +581,11 @@ class SpmdTrainer(Module):
             NonFiniteStateError: If a checkpoint of non-finite parameters was about to be saved.
         """
         cfg = self._config
-        with self._watchdog(), self._mesh_context():
+        with (
+            self._watchdog(),
+            self._mesh_context(),
+            PreemptionHandler(timeout_seconds=cfg.preemption_timeout_seconds) as self._preemption,
+        ):
             self._input_iter = self._new_input_iterator()
             self._prepare_training(prng_key)
             if self._step >= cfg.max_step:
@@ -584,6 +623,8 @@ class SpmdTrainer(Module):
                 last_record = self._finish_step(pending)
             pending = current
             self._after_step_dispatch(current)
+            if self._preemption.requested(step=self._step):
+                self._stop_for_preemption(current)
         if pending is not None:
             last_record = self._finish_step(pending)
         if stop_trace_step is not None:
@@ -681,7 +722,7 @@ class SpmdTrainer(Module):
                 self._save_checkpoint(evaler_summaries)
         self._first_step = self._step
         # Compile the finiteness check of checkpointed state now, not inside a step's interval.
-        jax.block_until_ready(_all_finite(self._trainer_state.model))
+        jax.block_until_ready(_all_finite(self._checkpointed_floats()))
         self._skips_nonfinite = _learner_skips_nonfinite(cfg.learner)
         self._log_model_analysis()
         self._measure_peak()
