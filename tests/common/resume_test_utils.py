@@ -13,12 +13,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 from typing import Any, Optional
 
 import jax
 import numpy as np
 
 from axlearn.common.checkpointer import is_committed, step_dirs
+from axlearn.common.config import config_class
+from axlearn.common.input_fake import FakeLmInput
 from axlearn.common.summary_writer import NoOpWriter
 from axlearn.common.trainer import SpmdTrainer
 from axlearn.common.utils import flatten_items
@@ -36,6 +39,44 @@ class RecordingTrainer(SpmdTrainer):
         return step
 
 
+class SigtermFakeLmInput(FakeLmInput):
+    """FakeLmInput that sends SIGTERM to its own process when fetching batch `sigterm_at_batch`.
+
+    Batch k (0-based) is step k+1's batch, so the preemption notice arrives while step k+1 is
+    being prepared, deterministically: the trainer then finishes step k+1 and saves it.
+    """
+
+    @config_class
+    class Config(FakeLmInput.Config):
+        """Configures SigtermFakeLmInput."""
+
+        # The 0-based batch index at which to send SIGTERM; None: never.
+        sigterm_at_batch: Optional[int] = None
+
+    def __iter__(self):
+        return _SigtermIterator(super().__iter__(), self.config.sigterm_at_batch)
+
+
+class _SigtermIterator:
+    def __init__(self, it, sigterm_at_batch: Optional[int]):
+        self._it = it
+        self._sigterm_at_batch = sigterm_at_batch
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._it.num_batches == self._sigterm_at_batch:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return next(self._it)
+
+    def get_state(self) -> bytes:
+        return self._it.get_state()
+
+    def set_state(self, *args, **kwargs):
+        return self._it.set_state(*args, **kwargs)
+
+
 def resume_trainer_config(
     trainer_dir: str,
     *,
@@ -44,6 +85,7 @@ def resume_trainer_config(
     keep_last_n: int = 2,
     mesh_shape: tuple = (1, 1, -1, 1),
     global_batch_size: int = 8,
+    sigterm_at_batch: Optional[int] = None,
 ) -> SpmdTrainer.Config:
     """The tiny trainer of the resume tests (see the module docstring).
 
@@ -54,6 +96,8 @@ def resume_trainer_config(
         keep_last_n: GC keeps this many newest committed checkpoints.
         mesh_shape: Over the axes (data, expert, fsdp, model).
         global_batch_size: Examples per step.
+        sigterm_at_batch: If set, the input sends SIGTERM to the process when fetching this
+            0-based batch (see SigtermFakeLmInput).
 
     Returns:
         The trainer config (a RecordingTrainer).
@@ -66,6 +110,11 @@ def resume_trainer_config(
         checkpoint_every=checkpoint_every,
     )
     cfg.klass = RecordingTrainer
+    if sigterm_at_batch is not None:
+        fields = {k: v for k, v in cfg.input.items() if k != "klass"}
+        cfg.input = SigtermFakeLmInput.default_config().set(
+            **fields, sigterm_at_batch=sigterm_at_batch
+        )
     cfg.evalers = {}
     cfg.summary_writer = NoOpWriter.default_config()
     cfg.checkpointer.keep_last_n = keep_last_n

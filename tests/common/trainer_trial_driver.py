@@ -11,8 +11,9 @@ so only the first one compiles.
 SPEC: {"num_devices": 1, "compilation_cache_dir": "...", "runs": [RUN, ...]} where RUN is
 {"name": str, "dir": trainer dir, "max_step": int, "checkpoint_every": int, "keep_last_n": int,
  "env": {VAR: value} (e.g. AXLEARN_CHECKPOINT_FAULT), "sigterm_at_step": int or absent (the
- driver sends SIGTERM once metrics.jsonl shows this step), "preemption_timeout_seconds": float
- or absent}.
+ driver sends SIGTERM once metrics.jsonl shows this step), "sigterm_at_batch": int or absent
+ (the child's input sends SIGTERM to itself when fetching this 0-based batch),
+ "preemption_timeout_seconds": float or absent}.
 
 RESULT: one record per run: {"name", "returncode" (negative: killed by that signal),
 "newest_committed_before", "committed", "partial" (step directories after the run), "child":
@@ -55,6 +56,7 @@ def _child(run: dict, spec: dict) -> int:
         max_step=run["max_step"],
         checkpoint_every=run.get("checkpoint_every", 2),
         keep_last_n=run.get("keep_last_n", 2),
+        sigterm_at_batch=run.get("sigterm_at_batch"),
     )
     if run.get("preemption_timeout_seconds") is not None:
         cfg.preemption_timeout_seconds = run["preemption_timeout_seconds"]

@@ -1,0 +1,196 @@
+"""Preemption: SIGTERM mid-run leaves a committed checkpoint of the last completed step, the
+process exits with PREEMPTED_EXIT_CODE within the configured time, and the next start resumes
+from that step (bit-identically to a run that was never preempted).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import zlib
+
+import jax
+import numpy as np
+import pytest
+
+from axlearn.common.checkpointer import FAULT_ACTION_ENV, FAULT_ENV
+from axlearn.common.preemption import (
+    PREEMPTED_EXIT_CODE,
+    PreemptionHandler,
+    TrainingPreempted,
+)
+from tests.common import resume_test_utils as rtu
+from tests.common.test_checkpoint_crash_safety import run_driver
+
+# ----------------------------------------------------------------------------------------------
+# PreemptionHandler.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_handler_receives_sigterm_and_restores_the_previous_handler():
+    previous = signal.getsignal(signal.SIGTERM)
+    exits = []
+    with PreemptionHandler(timeout_seconds=60, exit_fn=exits.append) as handler:
+        assert handler.active
+        assert signal.getsignal(signal.SIGTERM) is not previous
+        assert not handler.requested(step=1) and handler.seconds_since_notice() is None
+        os.kill(os.getpid(), signal.SIGTERM)
+        # The process is still alive; the notice is recorded.
+        deadline = time.monotonic() + 5
+        while not handler.requested(step=2) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert handler.requested(step=2)
+        assert 0 <= handler.seconds_since_notice() < 5
+        # A second SIGTERM changes nothing.
+        os.kill(os.getpid(), signal.SIGTERM)
+        err = handler.preempted(step=2, saved_step=2)
+    assert signal.getsignal(signal.SIGTERM) is previous
+    assert exits == []  # Leaving the block cancels the deadline.
+    assert isinstance(err, SystemExit) and err.code == PREEMPTED_EXIT_CODE == 75
+    assert err.step == err.saved_step == 2 and "exit code 75" in str(err)
+
+
+def test_deadline_exits_with_the_preempted_code():
+    exits = []
+    with PreemptionHandler(timeout_seconds=0.3, exit_fn=exits.append) as handler:
+        handler.set_activity("saving step 7")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert handler.requested(step=7) and exits == []
+        deadline = time.monotonic() + 10
+        while not exits and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert exits == [PREEMPTED_EXIT_CODE]
+
+
+def test_notice_time_is_taken_while_the_main_thread_is_blocked():
+    """The deadline counts from the signal, not from when Python code next runs."""
+    data = np.random.default_rng(0).integers(0, 255, size=24 << 20, dtype=np.uint8).tobytes()
+    with PreemptionHandler(timeout_seconds=600) as handler:
+        sender = threading.Timer(0.05, os.kill, args=(os.getpid(), signal.SIGTERM))
+        start = time.monotonic()
+        sender.start()
+        # A long C call in the main thread: Python-level handlers cannot run during it.
+        while time.monotonic() - start < 1.0:
+            zlib.compress(data, 9)
+        blocked_for = time.monotonic() - start
+        age = handler.seconds_since_notice()
+        sender.join()
+    assert age is not None and age > blocked_for - 0.6, (age, blocked_for)
+
+
+def test_timeout_must_be_positive():
+    with pytest.raises(ValueError, match="timeout_seconds must be > 0"):
+        PreemptionHandler(timeout_seconds=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Through the trainer.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_trainer_saves_the_last_completed_step_and_resumes_from_it(tmp_path):
+    # No periodic saves: the only checkpoint is the one taken on preemption. The input sends
+    # SIGTERM while fetching batch 4 (step 5's): step 5 is finished, saved, and the run exits.
+    full_dir, run_dir = str(tmp_path / "full"), str(tmp_path / "preempted")
+    cfg = rtu.resume_trainer_config(run_dir, max_step=8, checkpoint_every=1000, sigterm_at_batch=4)
+    cfg.preemption_timeout_seconds = 120
+    trainer = cfg.instantiate(parent=None)
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(TrainingPreempted) as info:
+        trainer.run(jax.random.PRNGKey(3))
+    assert signal.getsignal(signal.SIGTERM) is previous
+    err = info.value
+    assert err.code == PREEMPTED_EXIT_CODE
+    assert err.step == err.saved_step == trainer.step == 5
+    assert 0 < err.notice_to_exit_s < 120
+    committed, partial = rtu.committed_and_partial(os.path.join(run_dir, "checkpoints"))
+    assert committed == [5] and partial == []
+    # The last completed step was reported before exiting.
+    assert max(rtu.losses_by_step(run_dir)) == 5
+
+    resumed = rtu.resume_trainer_config(run_dir, max_step=8, checkpoint_every=1000)
+    resumed_trainer = resumed.instantiate(parent=None)
+    out = resumed_trainer.run(jax.random.PRNGKey(3))
+    assert resumed_trainer.restored_steps == [5] and out["step"] == 8
+
+    full = rtu.resume_trainer_config(full_dir, max_step=8, checkpoint_every=1000)
+    full_trainer = full.instantiate(parent=None)
+    full_trainer.run(jax.random.PRNGKey(3))
+    assert rtu.losses_by_step(run_dir) == rtu.losses_by_step(full_dir)
+    assert rtu.state_digest(resumed_trainer.trainer_state) == rtu.state_digest(
+        full_trainer.trainer_state
+    )
+
+
+def test_preemption_at_a_step_the_policy_already_saves(tmp_path):
+    # Step 4 is saved by the policy (every 2 steps); preemption after step 4 does not save twice.
+    cfg = rtu.resume_trainer_config(
+        str(tmp_path), max_step=8, checkpoint_every=2, keep_last_n=5, sigterm_at_batch=3
+    )
+    trainer = cfg.instantiate(parent=None)
+    with pytest.raises(TrainingPreempted) as info:
+        trainer.run(jax.random.PRNGKey(0))
+    assert info.value.step == info.value.saved_step == 4
+    committed, partial = rtu.committed_and_partial(os.path.join(str(tmp_path), "checkpoints"))
+    assert committed == [2, 4] and partial == []
+
+
+@pytest.mark.slow
+def test_sigterm_from_another_process(tmp_path):
+    """A real external SIGTERM at an arbitrary point of a running trainer process."""
+    common = dict(max_step=30, checkpoint_every=1000, keep_last_n=2)
+    runs = [
+        dict(name="reference", dir=str(tmp_path / "reference"), **common),
+        dict(
+            name="preempted",
+            dir=str(tmp_path / "run"),
+            sigterm_at_step=3,
+            preemption_timeout_seconds=120,
+            **common,
+        ),
+        dict(name="resumed", dir=str(tmp_path / "run"), **common),
+    ]
+    records, log_path = run_driver(tmp_path, runs)
+    log = log_path.read_text(errors="replace")
+    preempted, resumed = records["preempted"], records["resumed"]
+    assert preempted["returncode"] == PREEMPTED_EXIT_CODE, log[-4000:]
+    info = preempted["child"]["preempted"]
+    # The last completed step is committed; nothing partial is left.
+    assert info["step"] == info["saved_step"] == preempted["child"]["step"]
+    assert 3 <= info["step"] < 30
+    assert preempted["committed"] == [info["step"]] and preempted["partial"] == []
+    # The next start resumes from it and ends where the uninterrupted run ended.
+    assert resumed["returncode"] == 0, log[-4000:]
+    assert resumed["child"]["restored_steps"] == [info["step"]]
+    assert resumed["child"]["step"] == 30
+    assert resumed["child"]["state_digest"] == records["reference"]["child"]["state_digest"]
+
+
+@pytest.mark.slow
+def test_deadline_when_the_save_hangs(tmp_path):
+    """A save that cannot finish: the process still exits with the preempted code in time."""
+    common = dict(max_step=8, checkpoint_every=2, keep_last_n=5)
+    runs = [
+        dict(
+            name="preempted",
+            dir=str(tmp_path / "run"),
+            sigterm_at_batch=4,
+            preemption_timeout_seconds=4,
+            # The preemption save of step 5 hangs after writing its arrays.
+            env={FAULT_ENV: "after_arrays@5", FAULT_ACTION_ENV: "hang"},
+            **common,
+        ),
+        dict(name="resumed", dir=str(tmp_path / "run"), **common),
+    ]
+    records, log_path = run_driver(tmp_path, runs)
+    log = log_path.read_text(errors="replace")
+    preempted, resumed = records["preempted"], records["resumed"]
+    assert preempted["returncode"] == PREEMPTED_EXIT_CODE, log[-4000:]
+    assert preempted["child"] is None  # It exited from the deadline, not from run().
+    assert "still committing step 5" in log or "still saving step 5" in log, log[-4000:]
+    assert preempted["committed"] == [2, 4] and preempted["partial"] == [5]
+    assert resumed["returncode"] == 0 and resumed["child"]["restored_steps"] == [4]
+    assert resumed["child"]["step"] == 8 and resumed["partial"] == []
