@@ -1,0 +1,49 @@
+"""Tests axlearn/experiments/text/gpt/common.py `tfds_input`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from axlearn.common.config import config_for_function
+from axlearn.experiments.text.common import embedded_vocab_config
+from axlearn.experiments.text.gpt.common import tfds_input
+from tests.common import input_test_utils
+
+# The session fixture that builds the embedded data in a temporary cache dir.
+embedded_cache = input_test_utils.embedded_cache
+
+
+def _source(is_training: bool, **kwargs):
+    return config_for_function(tfds_input).set(
+        is_training=is_training,
+        dataset_name="python_docs:1.0.0",
+        vocab_cfg=embedded_vocab_config(),
+        max_sequence_length=16,
+        replace_newlines_with="<n>",
+        **kwargs,
+    )
+
+
+def test_eval_windows_overlap_by_three_quarters(embedded_cache):
+    del embedded_cache
+    ds = _source(False, split="validation[:1]").instantiate()()
+    windows = list(ds.as_numpy_iterator())
+    assert len(windows) > 2
+    # Stride max_sequence_length // 4 = 4: each window starts 4 tokens after the previous one,
+    # and scores only its last 4 targets (the first scores all 16).
+    np.testing.assert_array_equal(windows[1]["input_ids"][:12], windows[0]["input_ids"][4:])
+    assert np.count_nonzero(windows[0]["target_labels"]) == 16
+    assert np.count_nonzero(windows[1]["target_labels"][:12]) == 0
+
+
+def test_training_pieces_and_packing(embedded_cache):
+    del embedded_cache
+    plain = next(iter(_source(True, split="train", train_shuffle_buffer_size=8).instantiate()()))
+    assert set(plain) == {"input_ids", "target_labels", "target_num_bytes"}
+    packed = next(
+        iter(
+            _source(True, split="train", train_shuffle_buffer_size=8, packing=True).instantiate()()
+        )
+    )
+    assert {"input_segment_ids", "input_positions"} <= set(packed)
+    assert packed["input_ids"].shape == (16,)
