@@ -21,7 +21,7 @@ import jax
 from jax import numpy as jnp
 
 from axlearn.common.config import ConfigOr, maybe_instantiate
-from axlearn.common.utils import Nested, Tensor, cast_floats
+from axlearn.common.utils import Nested, Tensor, cast_floats, flatten_items
 
 
 def _is_weighted(x: Any) -> bool:
@@ -31,6 +31,12 @@ def _is_weighted(x: Any) -> bool:
 
 def _split_minibatches(input_batch: Nested[Tensor], steps: int) -> Nested[Tensor]:
     """Reshapes each [B, ...] leaf to [steps, B // steps, ...], minibatch i = examples i::steps."""
+    for path, x in flatten_items(input_batch):
+        if not getattr(x, "shape", ()):
+            raise ValueError(
+                f"with_minibatch_steps: input_batch leaf {path!r} has no batch axis "
+                f"(shape {getattr(x, 'shape', ())})."
+            )
     sizes = {x.shape[0] for x in jax.tree.leaves(input_batch)}
     if not sizes:
         raise ValueError("with_minibatch_steps: the input batch is empty.")

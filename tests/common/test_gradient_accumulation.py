@@ -112,5 +112,13 @@ def test_errors():
         jax.grad(lambda p: wrapped(model_params=p, inputs=dict(input_batch=_batch())).loss)(
             _params()
         )
+    with pytest.raises(ValueError, match="input_batch leaf 'w' has no batch axis"):
+        jax.grad(
+            lambda p: (
+                wrapped(
+                    model_params=p, inputs=dict(input_batch=dict(_batch(), w=np.float32(1)))
+                ).loss
+            )
+        )(_params())
     with pytest.raises(ValueError, match="steps must be >= 1"):
         with_minibatch_steps(steps=0)

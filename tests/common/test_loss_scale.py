@@ -44,7 +44,7 @@ def make_loss_fn(dtype):
         logp = jax.nn.log_softmax(logits)
         loss = -jnp.mean(jnp.take_along_axis(logp, batch["y"][:, None], axis=1))
         # `inject` > 0 multiplies the loss by a factor whose scaled gradients overflow float32.
-        loss = loss * (1.0 + batch["inject"] * 1e30)
+        loss = loss * (1.0 + batch.get("inject", 0.0) * 1e30)
         return learner_lib.ForwardOutputs(
             loss=loss, aux={}, output_collection=new_output_collection()
         )
@@ -60,6 +60,10 @@ def _trainer(dtype, scaler):
         ),
         loss_scaler=scaler,
     )
+    return _trainer_from(cfg, dtype)
+
+
+def _trainer_from(cfg, dtype=jnp.float32):
     learner = cfg.instantiate(parent=None)
     fn = make_loss_fn(dtype)
     opt = lambda p: jax.tree.map(lambda v: OptParam(v, None, None), p)
@@ -175,3 +179,27 @@ def test_fp16_loss_curve_tracks_fp32():
     aligned = np.abs(fp16[n_skip:] - fp32[: 200 - n_skip]).mean()
     assert per_step < 0.05, per_step
     assert aligned < 1e-3, aligned
+
+
+def test_loss_scaling_composes_with_gradient_accumulation():
+    """Scaled microbatch gradients, unscaled after accumulation == plain full-batch step."""
+    from axlearn.common.gradient_accumulation import with_minibatch_steps
+
+    params, batch = _data()
+    batch = dict(x=batch["x"][:32], y=batch["y"][:32])
+    results = []
+    for steps, scaler in (
+        (0, None),
+        (4, DynamicLossScaler.default_config().set(initial_scale=1024.0)),
+    ):
+        learner, step, opt = _trainer(jnp.float32, scaler)
+        if steps:
+            cfg = learner.config.set(
+                forward_fn_transformation=config_for_function(with_minibatch_steps).set(steps=steps)
+            )
+            learner, step, opt = _trainer_from(cfg)
+        new_params, _, loss, _ = step(params, learner.init(opt(params)), batch)
+        results.append((float(loss), new_params))
+    assert results[1][0] == pytest.approx(results[0][0], abs=1e-6)
+    for k, v in results[0][1].items():
+        np.testing.assert_allclose(results[1][1][k], v, atol=1e-6)
