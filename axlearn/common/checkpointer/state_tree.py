@@ -13,7 +13,7 @@ import numpy as np
 from jax import numpy as jnp
 
 from axlearn.common.checkpointer import layout
-from axlearn.common.utils import TensorSpec, flatten_items
+from axlearn.common.utils import TensorSpec
 
 # Python values stored inline in the index.
 VALUE_TYPES = (bool, int, float, str)
@@ -36,17 +36,24 @@ def flatten_state(state: Any) -> tuple[list[tuple[str, Any]], Any]:
     Raises:
         ValueError: If a leaf path cannot name a file, or two leaves map to the same path.
     """
-    items = flatten_items(state, is_leaf=is_state_leaf)
-    treedef = jax.tree_util.tree_structure(state, is_leaf=is_state_leaf)
+    keyed, treedef = jax.tree_util.tree_flatten_with_path(state, is_leaf=is_state_leaf)
     pairs = []
     seen = set()
-    for path, leaf in items:
-        disk_path = layout.validate_leaf_path(path)
+    for keys, leaf in keyed:
+        disk_path = layout.validate_leaf_path("/".join(_key_str(k) for k in keys))
         if disk_path in seen:
             raise ValueError(f"Two state leaves have the same checkpoint path {disk_path!r}")
         seen.add(disk_path)
         pairs.append((disk_path, leaf))
     return pairs, treedef
+
+
+def _key_str(key: Any) -> str:
+    """The path component of a pytree key, as in `axlearn.common.utils.flatten_items`."""
+    for attr in ("key", "idx", "name"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
 
 
 def dtype_name(dtype: Any) -> str:
