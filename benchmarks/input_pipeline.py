@@ -10,7 +10,7 @@ P1's training throughput: 4 x 128 tokens per step at `--p1_step_seconds` (defaul
 middle of the 0.2-0.3 s/step DESIGN.md gives for this machine; pass a measured value from the
 trainer or plain-JAX benchmark when available). The target is a ratio >= 5.
 
-Usage: python benchmarks/input_pipeline.py [--trials 3] [--batches 300]
+Usage: python benchmarks/input_pipeline.py [--trials 3] [--batches 2000]
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _trial(packing: bool, batches: int) -> dict:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--batches", type=int, default=300)
+    parser.add_argument("--batches", type=int, default=2000)
     parser.add_argument("--p1_step_seconds", type=float, default=0.25)
     parser.add_argument("--trial", choices=["concat", "packing"], help=argparse.SUPPRESS)
     args = parser.parse_args()
