@@ -1,0 +1,99 @@
+"""Tests for axlearn/common/launch_trainer.py and launch_trainer_main: the command line path.
+
+Runs `python -m axlearn.common.launch_trainer_main` as subprocesses: once as one process, once as
+2 processes on 127.0.0.1 (jax.distributed over CPU), and checks that both train the same losses
+and that the trainer dir holds `trainer_config` and `launch_trainer_flags`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.common import trainer_test_utils as tu
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODULE = "tests.common.trainer_mp_experiment"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(trainer_dir: str, *extra: str, devices: int = 1) -> subprocess.Popen:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    cmd = [
+        sys.executable,
+        "-m",
+        "axlearn.common.launch_trainer_main",
+        f"--module={MODULE}",
+        "--config=gpt-tiny-test",
+        f"--trainer_dir={trainer_dir}",
+        "--data_dir=FAKE",
+        "--jax_backend=cpu",
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def _wait(procs, timeout=900):
+    outs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            outs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-6000:]
+    return outs
+
+
+@pytest.mark.slow
+def test_one_vs_two_processes(tmp_path):
+    one_dir, two_dir = str(tmp_path / "one"), str(tmp_path / "two")
+    port = _free_port()
+    procs = [
+        _launch(
+            two_dir,
+            f"--distributed_coordinator=127.0.0.1:{port}",
+            "--num_processes=2",
+            f"--process_id={i}",
+        )
+        for i in range(2)
+    ]
+    _wait(procs)
+    (out,) = _wait([_launch(one_dir, devices=2)])
+    assert "Run summary" in out and "step 5/5" in out
+    one = [r["loss"] for r in tu.read_metrics(one_dir)]
+    two = [r["loss"] for r in tu.read_metrics(two_dir)]
+    assert len(one) == len(two) == 5
+    np.testing.assert_allclose(two, one, rtol=1e-4)
+    # The launcher writes the config dump and the flags into the trainer dir (process 0 only).
+    with open(os.path.join(two_dir, "trainer_config"), encoding="utf-8") as f:
+        dump = f.read()
+    assert "klass: 'axlearn.common.trainer.SpmdTrainer'" in dump
+    assert "input.klass: 'axlearn.common.input_fake.FakeLmInput'" in dump
+    assert f"dir: '{two_dir}'" in dump
+    with open(os.path.join(two_dir, "launch_trainer_flags"), encoding="utf-8") as f:
+        launch_flags = json.load(f)
+    assert launch_flags["module"] == MODULE and launch_flags["config"] == "gpt-tiny-test"
+    assert launch_flags["num_processes"] == 2 and launch_flags["data_dir"] == "FAKE"
+    summary = json.load(open(os.path.join(two_dir, "run_summary.json"), encoding="utf-8"))
+    assert summary["environment"]["process_count"] == 2
+    assert summary["environment"]["device_count"] == 2
