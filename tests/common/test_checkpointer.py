@@ -614,3 +614,22 @@ def test_restore_into_tensor_specs_and_state_spec(tmp_path):
     spec = ckpt_lib.read_state_spec(ckpt.ckpt_dir(3))
     _, restored = ckpt.restore(state=spec)
     _assert_bit_identical(host, restored)
+
+
+def test_resharding_across_unaligned_chunks(tmp_path):
+    # Saved as 8 chunks of 3 rows; restored as 6 shards of 4 rows (each spans two chunks) and
+    # as 6 column shards (each needs a slice of every chunk).
+    host = np.arange(24 * 6, dtype=np.float32).reshape(24, 6)
+    mesh8 = _mesh((8,), ("x",))
+    ckpt = _checkpointer(tmp_path)
+    ckpt.save(step=1, state=dict(w=jax.device_put(host, NamedSharding(mesh8, PartitionSpec("x")))))
+    ckpt.wait_until_finished()
+    mesh6 = _mesh((6,), ("y",))
+    for spec in (PartitionSpec("y"), PartitionSpec(None, "y")):
+        target = dict(
+            w=jax.ShapeDtypeStruct((24, 6), jnp.float32, sharding=NamedSharding(mesh6, spec))
+        )
+        _, restored = ckpt.restore(state=target)
+        for shard in restored["w"].addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data), host[shard.index])
+    assert ckpt.storage.last_restore_stats.num_bytes == host.nbytes  # Each chunk read once.

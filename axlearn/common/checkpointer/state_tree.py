@@ -132,6 +132,28 @@ def crc32_hex_async(data: Any) -> concurrent.futures.Future:
     return _crc_pool.submit(crc32_hex, data)
 
 
+_io_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def submit_io(fn, *args) -> concurrent.futures.Future:
+    """Runs `fn(*args)` on a shared thread pool for file reads (which release the GIL).
+
+    Args:
+        fn: The function.
+        *args: Its arguments.
+
+    Returns:
+        The future of its result.
+    """
+    global _io_pool  # pylint: disable=global-statement
+    with _crc_pool_lock:
+        if _io_pool is None:
+            _io_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=16, thread_name_prefix="axlearn_checkpoint_io"
+            )
+    return _io_pool.submit(fn, *args)
+
+
 Region = tuple[tuple[int, int], ...]
 
 

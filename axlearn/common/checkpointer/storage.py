@@ -272,7 +272,6 @@ class TensorStoreStateStorage(StateStorage):
             ckpt_dir=ckpt_dir,
             index=index,
             state=state,
-            context=self._context,
             budget_bytes=self._budget_bytes,
             timeout_s=float(self._config.timeout_secs),
         )

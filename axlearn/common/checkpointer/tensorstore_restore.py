@@ -5,6 +5,10 @@ hold under the *target* sharding, which may come from a different mesh or device
 the one saved (resharding). Every chunk read is checked against the CRC-32 in the index, so a
 truncated, altered or missing chunk file fails the restore with an error that names the file and
 the leaf. Reads are issued for a group of leaves at a time, at most `budget_bytes` of chunks.
+
+The arrays are TensorStore zarr arrays that this package wrote uncompressed, so chunk files are
+read directly into their destination buffers on a thread pool (several times faster than
+decoding them through TensorStore, which `verify_checkpoint` still uses as an independent reader).
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from typing import Any, Optional
 
 import jax
 import numpy as np
-import tensorstore as ts
 
 from axlearn.common.checkpointer import layout, state_tree
 from axlearn.common.utils import TensorSpec
@@ -199,10 +202,53 @@ def _assemble(region: state_tree.Region, read: _LeafRead, data: dict[str, np.nda
     return out
 
 
+def _read_chunk(file: str, read: _LeafRead, key: str, region: state_tree.Region) -> np.ndarray:
+    """Reads one chunk file, checks its size and CRC-32; returns the chunk clipped to `region`.
+
+    Our zarr arrays are uncompressed, C-order and unfiltered, so a chunk file holds exactly the
+    chunk's bytes (edge chunks padded to the full chunk shape, as zarr v2 stores them): one read
+    straight into the destination buffer, no decoding.
+    """
+    chunk_shape = tuple(max(1, c) for c in read.entry["chunk_shape"])
+    buf = np.empty(chunk_shape, read.dtype)
+    view = memoryview(buf.reshape(-1).view(np.uint8))
+    filled = 0
+    try:
+        with open(file, "rb", buffering=0) as f:
+            while filled < len(view):
+                n = f.readinto(view[filled:])
+                if not n:
+                    break
+                filled += n
+            extra = len(f.read(1))
+    except FileNotFoundError as e:
+        raise CheckpointCorruptionError(
+            f"Chunk file {file} of leaf {read.path!r} is missing"
+        ) from e
+    except OSError as e:
+        raise CheckpointCorruptionError(
+            f"Reading chunk file {file} of leaf {read.path!r} failed: {e}"
+        ) from e
+    if filled != len(view) or extra:
+        raise CheckpointCorruptionError(
+            f"Chunk file {file} of leaf {read.path!r} has the wrong size ("
+            f"{'more than ' if extra else ''}{filled} bytes, expected {len(view)}): the file was "
+            "truncated or altered"
+        )
+    data = buf[tuple(slice(0, b - a) for a, b in region)] if region else buf
+    expected = read.entry["checksum"].get("crc32", {}).get(key)
+    actual = state_tree.crc32_hex(data)
+    if expected != actual:
+        raise CheckpointCorruptionError(
+            f"Chunk file {file} of leaf {read.path!r} does not match its checksum (index: "
+            f"{expected}, file: {actual}): the file was altered or truncated"
+        )
+    return data
+
+
 class _Reader:
-    def __init__(self, ckpt_dir: str, *, context: ts.Context, timeout_s: float):
+    def __init__(self, ckpt_dir: str, *, timeout_s: float):
         self.ckpt_dir = ckpt_dir
-        self.context = context
         self.timeout_s = timeout_s
         self.num_bytes = 0
 
@@ -212,55 +258,33 @@ class _Reader:
     def read_group(self, group: list[_LeafRead]):
         """Issues every chunk read of `group`, then yields (read, {key: verified chunk}) per leaf.
 
-        Leaves come back in order as soon as their chunks are read and verified, so the caller
-        can move one leaf to the devices while the reads of the next leaves are in flight.
+        Chunks are read and verified on a thread pool; leaves come back in order as soon as their
+        chunks are ready, so the caller moves one leaf to the devices while later reads run.
         """
-        pending: dict[int, list] = {}
-        for read in group:
-            pending[read.index] = []
-            if not read.chunks:
-                continue
-            for key in read.chunks:
-                chunk_file = self._chunk_file(read, key)
-                if not os.path.isfile(chunk_file):
-                    raise CheckpointCorruptionError(
-                        f"Chunk file {chunk_file} of leaf {read.path!r} is missing"
-                    )
-            spec = state_tree.zarr_spec(
-                os.path.join(self.ckpt_dir, read.entry["file"]),
-                shape=read.shape,
-                dtype=read.dtype,
-                chunk_shape=read.entry["chunk_shape"],
-            )
-            store = ts.open(spec, open=True, assume_metadata=True, context=self.context).result(
-                timeout=self.timeout_s
-            )
-            for key, region in read.chunks.items():
-                pending[read.index].append((key, store[state_tree.region_slices(region)].read()))
-        for read in group:
-            checks = []
-            for key, future in pending.pop(read.index):
-                chunk_file = self._chunk_file(read, key)
-                try:
+        pending = {
+            read.index: [
+                (
+                    key,
+                    state_tree.submit_io(
+                        _read_chunk, self._chunk_file(read, key), read, key, region
+                    ),
+                )
+                for key, region in read.chunks.items()
+            ]
+            for read in group
+        }
+        try:
+            for read in group:
+                chunks = {}
+                for key, future in pending.pop(read.index):
                     data = future.result(timeout=self.timeout_s)
-                except Exception as e:  # pylint: disable=broad-except
-                    raise CheckpointCorruptionError(
-                        f"Reading chunk file {chunk_file} of leaf {read.path!r} failed: {e}"
-                    ) from e
-                checks.append((key, data, state_tree.crc32_hex_async(data)))
-            chunks = {}
-            for key, data, crc in checks:
-                expected = read.entry["checksum"].get("crc32", {}).get(key)
-                actual = crc.result()
-                if expected != actual:
-                    raise CheckpointCorruptionError(
-                        f"Chunk file {self._chunk_file(read, key)} of leaf {read.path!r} does "
-                        f"not match its checksum (index: {expected}, file: {actual}): the file "
-                        "was altered or truncated"
-                    )
-                self.num_bytes += data.nbytes
-                chunks[key] = data
-            yield read, chunks
+                    self.num_bytes += data.nbytes
+                    chunks[key] = data
+                yield read, chunks
+        finally:
+            for futures in pending.values():
+                for _, future in futures:
+                    future.cancel()
 
     def read_bytes_leaf(self, path: str, entry: dict) -> bytes:
         me = str(jax.process_index())
@@ -288,7 +312,6 @@ def restore_state(
     ckpt_dir: str,
     index: dict,
     state: Any,
-    context: ts.Context,
     budget_bytes: int,
     timeout_s: float,
 ) -> tuple[Any, RestoreStats]:
@@ -299,9 +322,8 @@ def restore_state(
         index: Its parsed index.
         state: The target tree: jax.Arrays or jax.ShapeDtypeStructs (with shardings) or
             TensorSpecs for sharded arrays, numpy arrays for host arrays, and values/bytes.
-        context: The TensorStore context.
         budget_bytes: Maximum bytes of chunks read at a time.
-        timeout_s: Time-out of each TensorStore operation.
+        timeout_s: Time-out of each chunk read.
 
     Returns:
         (restored state, stats).
@@ -313,7 +335,7 @@ def restore_state(
     start = time.perf_counter()
     pairs, treedef = state_tree.flatten_state(state)
     entries = check_target(ckpt_dir, index, pairs)
-    reader = _Reader(ckpt_dir, context=context, timeout_s=timeout_s)
+    reader = _Reader(ckpt_dir, timeout_s=timeout_s)
     out: list[Any] = [None] * len(pairs)
     reads = []
     for i, (path, leaf) in enumerate(pairs):
