@@ -9,13 +9,13 @@ from experiments.text.gpt.tiny import tiny_trainer_config
 
 
 def small_config():
-    """The tiny GPT config with 1 layer of dim 64, 5 steps, no evaler, no checkpoints."""
+    """The tiny GPT config with 1 layer of dim 128, 5 steps, no evaler, no checkpoints."""
     cfg = tiny_trainer_config(
         max_step=5,
         global_batch_size=8,
         seq_len=32,
         num_layers=1,
-        model_dim=64,
+        model_dim=128,
         checkpoint_every_n_steps=10**6,
     )
     cfg.evalers = {}
