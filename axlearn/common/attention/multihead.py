@@ -212,8 +212,13 @@ class MultiheadAttention(BaseLayer):
         i_proj_state, proj = self.i_proj.init_states(time_step=time_step, query=query)
         if proj is None:
             return dict(i_proj=i_proj_state), None
-        length = query.shape[1]
-        mask = _MaskInfo(self._mask_fn, jnp.arange(length)[None], jnp.arange(length)[None], True)
+        target_len, source_len = query.shape[1], proj.key.shape[1]
+        mask = _MaskInfo(
+            self._mask_fn,
+            jnp.arange(target_len)[None],
+            jnp.arange(source_len)[None],
+            default_positions=target_len == source_len,
+        )
         output = self._attend(
             *proj, biases=add_biases(attention_logit_biases), mask=mask, return_aux=return_aux
         )

@@ -174,9 +174,13 @@ class BaseQKVLinear(BaseLayer):
         )
         if time_step is None:
             return cache, None
-        cache, output = self.extend_step(cache, query)
-        cache["time_step"] = time_step.astype(jnp.int32)
-        return cache, output
+        # Prefill: positions [0, length) hold the projections of `query`.
+        q_proj, k_proj, v_proj = self.forward(query)
+        padding = ((0, 0), (0, max_len - length), (0, 0), (0, 0))
+        key = jnp.pad(k_proj.astype(dtype), padding)
+        value = jnp.pad(v_proj.astype(dtype), padding)
+        cache = dict(time_step=time_step.astype(jnp.int32), key=key, value=value)
+        return cache, self.Output(query=q_proj, key=key, value=value)
 
     def extend_step(
         self, cached_states: NestedTensor, query: Tensor
