@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 import time
 from typing import Any, Optional
@@ -202,6 +203,18 @@ def _assemble(region: state_tree.Region, read: _LeafRead, data: dict[str, np.nda
     return out
 
 
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype, align: int = 64) -> np.ndarray:
+    """np.empty with a 64-byte aligned buffer: the CPU backend then adopts it without a copy.
+
+    (Buffers adopted this way are never donated in place by XLA, so a restored array stays
+    intact even if the next step donates it.)
+    """
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + align, np.uint8)
+    offset = (-raw.ctypes.data) % align
+    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
+
+
 def _read_chunk(file: str, read: _LeafRead, key: str, region: state_tree.Region) -> np.ndarray:
     """Reads one chunk file, checks its size and CRC-32; returns the chunk clipped to `region`.
 
@@ -210,7 +223,7 @@ def _read_chunk(file: str, read: _LeafRead, key: str, region: state_tree.Region)
     straight into the destination buffer, no decoding.
     """
     chunk_shape = tuple(max(1, c) for c in read.entry["chunk_shape"])
-    buf = np.empty(chunk_shape, read.dtype)
+    buf = _aligned_empty(chunk_shape, read.dtype)
     view = memoryview(buf.reshape(-1).view(np.uint8))
     filled = 0
     try:
