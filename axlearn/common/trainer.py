@@ -17,52 +17,49 @@ step N's interval. See docs/trainer.md and docs/metrics.md.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import re
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Sequence
 from typing import Any, Callable, Literal, NamedTuple, Optional, Union
 
 import jax
 import numpy as np
 from absl import logging
-from jax import numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common import utils
 from axlearn.common.checkpointer import Checkpointer
 from axlearn.common.config import (
     REQUIRED,
-    ConfigBase,
     ConfigModifier,
     InstantiableConfig,
     Required,
     config_class,
     maybe_instantiate,
 )
-from axlearn.common.device_memory import compiled_memory_stats, live_memory_per_device
-from axlearn.common.device_peak import device_peak_flops
 from axlearn.common.evaler import SpmdEvaler
-from axlearn.common.flops import lm_training_flops, matmul_param_count
-from axlearn.common.metrics import WeightedScalar
 from axlearn.common.module import Module, child_context, new_output_collection
 from axlearn.common.module import functional as F
 from axlearn.common.preemption import PreemptionHandler
-from axlearn.common.run_summary import (
-    build_run_summary,
-    config_hash,
-    environment_info,
-    format_run_summary,
-    write_run_summary,
-)
-from axlearn.common.step_log import format_step_line, step_throughput
-from axlearn.common.step_timer import StepTimer, StepTiming
+from axlearn.common.step_timer import StepTimer
 from axlearn.common.summary_writer import BaseWriter, JsonlWriter, SummaryWriter
+from axlearn.common.trainer_metrics import TrainerMetricsMixin
+from axlearn.common.trainer_utils import (
+    all_finite,
+    eval_due,
+    is_unset,
+    leading_dim,
+    learner_skips_nonfinite,
+    scalar_tree,
+    set_if_field,
+    shardings_of_specs,
+)
+from axlearn.common.trainer_watchdog import (
+    TrainerWatchdogMixin,
+    thread_stack_traces,  # noqa: F401 (public)
+)
 from axlearn.common.utils import NestedTensor, Tensor
 from axlearn.common.utils_spmd import (
     HybridMeshShape,
@@ -94,7 +91,7 @@ class NonFiniteStateError(RuntimeError):
 
 
 # pylint: disable-next=too-many-instance-attributes
-class SpmdTrainer(Module):
+class SpmdTrainer(TrainerMetricsMixin, TrainerWatchdogMixin, Module):
     """Trains `model` with `learner` on `input` over a device mesh; see the module docstring."""
 
     @config_class
@@ -180,9 +177,9 @@ class SpmdTrainer(Module):
         self._step_log("Mesh: %s", dict(self._mesh.shape))
 
         with self._mesh_context():
-            self._add_child("input", _set_if_field(cfg.input, is_training=True))
+            self._add_child("input", set_if_field(cfg.input, is_training=True))
             summary_cfg = cfg.summary_writer.clone()
-            if _is_unset(getattr(summary_cfg, "dir", None)):
+            if is_unset(getattr(summary_cfg, "dir", None)):
                 summary_cfg.dir = os.path.join(cfg.dir, "summaries", "train_train")
             self._add_child("summary_writer", summary_cfg)
             # metrics.jsonl: one record per step, always written (not part of the config).
@@ -192,7 +189,7 @@ class SpmdTrainer(Module):
             self._add_child("model", cfg.model)
             self._add_child("learner", cfg.learner)
             ckpt_cfg = cfg.checkpointer.clone()
-            if _is_unset(getattr(ckpt_cfg, "dir", None)):
+            if is_unset(getattr(ckpt_cfg, "dir", None)):
                 ckpt_cfg.dir = os.path.join(cfg.dir, "checkpoints")
             self._add_child("checkpointer", ckpt_cfg)
 
@@ -211,8 +208,8 @@ class SpmdTrainer(Module):
             )
             self._trainer_state_shardings = TrainerState(
                 prng_key=NamedSharding(self._mesh, PartitionSpec()),
-                model=_shardings(self._mesh, self._model_param_specs),
-                learner=_shardings(self._mesh, self._learner_state_specs),
+                model=shardings_of_specs(self._mesh, self._model_param_specs),
+                learner=shardings_of_specs(self._mesh, self._learner_state_specs),
             )
             model_param_partition_specs = jax.tree.map(
                 lambda s: s.spec, self._trainer_state_shardings.model
@@ -220,7 +217,7 @@ class SpmdTrainer(Module):
             self._evalers: dict[str, SpmdEvaler] = {}
             for name, evaler_cfg in cfg.evalers.items():
                 evaler_cfg = evaler_cfg.clone()
-                if _is_unset(getattr(evaler_cfg.summary_writer, "dir", None)):
+                if is_unset(getattr(evaler_cfg.summary_writer, "dir", None)):
                     evaler_cfg.summary_writer.dir = os.path.join(cfg.dir, "summaries", name)
                 self._evalers[name] = self._add_child(
                     name,
@@ -250,7 +247,7 @@ class SpmdTrainer(Module):
         return self._trainer_state_specs
 
     @property
-    def trainer_state_shardings(self) -> TrainerState:
+    def trainer_stateshardings_of_specs(self) -> TrainerState:
         """The NamedShardings of the trainer state on the mesh."""
         return self._trainer_state_shardings
 
@@ -406,7 +403,7 @@ class SpmdTrainer(Module):
 
     def _check_state_finite(self) -> None:
         """Raises NonFiniteStateError if any float leaf of the trainer state is NaN/inf."""
-        finite = _all_finite(self._checkpointed_floats())
+        finite = all_finite(self._checkpointed_floats())
         if not bool(finite):
             raise NonFiniteStateError(
                 f"Step {self._step}: the trainer state (parameters or optimizer state) holds "
@@ -641,7 +638,7 @@ class SpmdTrainer(Module):
         eval/checkpoint overhead excludes step N's own compute, and a non-finite loss is caught
         before anything is saved.
         """
-        due = [name for name, evaler in self._evalers.items() if _eval_due(evaler, current.step)]
+        due = [name for name, evaler in self._evalers.items() if eval_due(evaler, current.step)]
         evaler_summaries: dict[str, Any] = {name: None for name in self._evalers}
         if due:
             self._drain(current)
@@ -665,6 +662,15 @@ class SpmdTrainer(Module):
                 "stopping without saving this state."
             )
 
+    def model_params_for_eval(self) -> NestedTensor:
+        """Parameters for evalers: the parameter EMA if the learner keeps one, else the model."""
+        learner_state = self._trainer_state.learner
+        if isinstance(learner_state, dict) and "ema" in learner_state:
+            ema = getattr(learner_state["ema"], "ema", None)
+            if ema is not None:
+                return ema
+        return self._trainer_state.model
+
     def _run_eval(self, names: Sequence[str]) -> dict[str, Any]:
         """Runs the named evalers on the current parameters; returns their summaries."""
         summaries = {}
@@ -673,7 +679,7 @@ class SpmdTrainer(Module):
             prng_key, evaler_summaries, _ = self._evalers[name].eval_step(
                 self._step,
                 prng_key=prng_key,
-                model_params=self._trainer_state.model,
+                model_params=self.model_params_for_eval(),
                 force_run=True,
             )
             summaries[name] = evaler_summaries
@@ -682,7 +688,7 @@ class SpmdTrainer(Module):
     def _finish_step(self, pending: _PendingStep) -> dict[str, Any]:
         """Reads step N's metrics (the host sync on its loss), closes its interval, reports it."""
         host = jax.device_get(
-            dict(loss=pending.outputs["loss"], summaries=_scalar_tree(pending.outputs["summaries"]))
+            dict(loss=pending.outputs["loss"], summaries=scalar_tree(pending.outputs["summaries"]))
         )
         timing = self._timer.end_step(pending.step)
         self._last_step_time = time.time()
@@ -714,7 +720,7 @@ class SpmdTrainer(Module):
         if self.restore_checkpoint() is None:
             self.init(prng_key)
             # Policies with min_step=1 do nothing at step 0.
-            due = [n for n, e in self._evalers.items() if _eval_due(e, self._step)]
+            due = [n for n, e in self._evalers.items() if eval_due(e, self._step)]
             evaler_summaries = {n: None for n in self._evalers}
             if due:
                 evaler_summaries.update(self._run_eval(due))
@@ -722,40 +728,12 @@ class SpmdTrainer(Module):
                 self._save_checkpoint(evaler_summaries)
         self._first_step = self._step
         # Compile the finiteness check of checkpointed state now, not inside a step's interval.
-        jax.block_until_ready(_all_finite(self._checkpointed_floats()))
-        self._skips_nonfinite = _learner_skips_nonfinite(cfg.learner)
+        jax.block_until_ready(all_finite(self._checkpointed_floats()))
+        self._skips_nonfinite = learner_skips_nonfinite(cfg.learner)
         self._log_model_analysis()
         self._measure_peak()
         if hasattr(self.summary_writer, "log_config"):
             self.summary_writer.log_config(cfg, step=self._step)
-
-    def _measure_peak(self) -> None:
-        """Sets the peak FLOP/s per device for MFU (table, configured, or CPU matmul probe).
-
-        Runs before the first step so the CPU probe's time is never charged to a step.
-        """
-        cfg = self._config
-        self._peak = None
-        if cfg.peak_flops_per_device:
-            self._peak_flops = float(cfg.peak_flops_per_device)
-            self._peak_description = (
-                f"{self._peak_flops / 1e12:.4g} TFLOP/s per device (configured)"
-            )
-        else:
-            dtype = cfg.train_dtype
-            if dtype is None or not isinstance(dtype, (str, type, np.dtype)):
-                dtype = "float32"
-            self._peak = device_peak_flops(list(self._mesh.devices.flat), dtype=dtype)
-            self._peak_flops = self._peak.flops_per_s
-            self._peak_description = self._peak.describe()
-        self._step_log("Peak for MFU: %s", self._peak_description)
-
-    def _log_model_analysis(self) -> None:
-        num_params = utils.count_model_params(self._model_param_specs)
-        self._num_params = num_params
-        self._step_log("Model parameters: %s", f"{num_params:,}")
-        for path, spec in utils.flatten_items(self._model_param_specs):
-            self._step_log("  %-60s %-20s %s", path, tuple(spec.shape), spec.mesh_axes)
 
     def _compile(self, global_batch: NestedTensor) -> None:
         """AOT-compiles the train step for this batch's shapes; logs memory analysis."""
@@ -768,7 +746,7 @@ class SpmdTrainer(Module):
     def _host_to_global(self, host_batch: NestedTensor) -> NestedTensor:
         """Turns this process's host batch into global arrays sharded over the batch axes."""
         if self._batch_spec is None:
-            global_batch_size = _leading_dim(host_batch) * jax.process_count()
+            global_batch_size = leading_dim(host_batch) * jax.process_count()
             self._batch_spec = batch_partition_spec(
                 global_batch_size, mesh=self._mesh, batch_axis_names=self._config.batch_axis_names
             )
@@ -796,234 +774,6 @@ class SpmdTrainer(Module):
             return dataset.as_numpy_iterator()
         return iter(dataset)
 
-    # ------------------------------------------------------------------------------------------
-    # Profiling and the watchdog.
-    # ------------------------------------------------------------------------------------------
-
-    def _should_trace_here(self) -> bool:
-        indices = self._config.start_trace_process_indices
-        return indices == "all" or jax.process_index() in indices
-
-    def _maybe_trace(self, stop_trace_step: Optional[int], pending) -> Optional[int]:
-        """Starts a 3-step jax.profiler trace at configured steps; stops it 3 steps later."""
-        next_step = self._step + 1
-        if stop_trace_step is not None and next_step >= stop_trace_step:
-            with self._timer.overhead("profiler"):
-                if pending is not None:
-                    jax.block_until_ready(pending.outputs["loss"])
-                self._stop_trace()
-            stop_trace_step = None
-        if next_step in self._config.start_trace_steps and self._should_trace_here():
-            if stop_trace_step is not None:
-                logging.warning("Not tracing at step %d: a trace is still running.", next_step)
-            else:
-                with self._timer.overhead("profiler"):
-                    trace_dir = os.path.join(self._config.dir, "summaries", "train_train")
-                    jax.profiler.start_trace(trace_dir)
-                    self._tracing = True
-                self._step_log("Started profiler trace for steps %d-%d.", next_step, next_step + 2)
-                stop_trace_step = next_step + 3
-        return stop_trace_step
-
-    def _stop_trace(self) -> None:
-        if getattr(self, "_tracing", False):
-            jax.profiler.stop_trace()
-            self._tracing = False
-            self._step_log("Stopped profiler trace.")
-
-    @contextlib.contextmanager
-    def _watchdog(self):
-        cfg = self._config
-        if cfg.watchdog_timeout_seconds or cfg.crash_on_hang_timeout_seconds:
-            self._watchdog_stop = threading.Event()
-            self._watchdog_thread = threading.Thread(
-                target=self._watchdog_loop, name=f"{self.path()}.watchdog", daemon=True
-            )
-            self._watchdog_thread.start()
-        try:
-            yield
-        finally:
-            if self._watchdog_thread is not None:
-                self._watchdog_stop.set()
-                self._watchdog_thread.join()
-                self._watchdog_thread = None
-
-    def _watchdog_loop(self) -> None:
-        """Logs every thread's stack if the step does not advance; optionally kills the process."""
-        cfg = self._config
-        timeouts = [
-            t for t in (cfg.watchdog_timeout_seconds, cfg.crash_on_hang_timeout_seconds) if t
-        ]
-        interval = min(min(timeouts), 60.0)
-        last_step, last_change = self._step, time.monotonic()
-        reported = False
-        while not self._watchdog_stop.wait(interval):
-            if self._step != last_step:
-                last_step, last_change, reported = self._step, time.monotonic(), False
-                continue
-            stalled = time.monotonic() - last_change
-            if (
-                cfg.watchdog_timeout_seconds
-                and stalled >= cfg.watchdog_timeout_seconds
-                and not reported
-            ):
-                logging.warning(
-                    "Watchdog: step %s has not advanced for %.0f s. Thread stacks:\n%s",
-                    self._step,
-                    stalled,
-                    thread_stack_traces(),
-                )
-                reported = True
-            if cfg.crash_on_hang_timeout_seconds and stalled >= cfg.crash_on_hang_timeout_seconds:
-                logging.error(
-                    "Watchdog: step %s has not advanced for %.0f s; exiting.", self._step, stalled
-                )
-                os._exit(1)  # pylint: disable=protected-access
-
-    # ------------------------------------------------------------------------------------------
-    # Metrics: FLOPs, peak, memory, per-step records, the run summary.
-    # ------------------------------------------------------------------------------------------
-
-    def _on_compiled(self, compiled: Any, global_batch: NestedTensor) -> None:
-        """Logs FLOPs per step, the peak FLOP/s used for MFU, and the compiled memory analysis."""
-        cfg = self._config
-        self._num_devices = self._mesh.devices.size
-        batch_shape = _batch_shape(global_batch)
-        self._tokens_per_step = int(np.prod(batch_shape)) if batch_shape else 0
-        self._step_flops = _model_step_flops(cfg.model, self._model_param_specs, batch_shape)
-        if self._step_flops is not None:
-            self._step_log("%s", self._step_flops.describe())
-        self._compiled_memory = compiled_memory_stats(compiled)
-        if self._compiled_memory is not None:
-            self._step_log("%s", self._compiled_memory.describe())
-
-    def _step_record(
-        self, pending: _PendingStep, *, loss: float, scalars: dict[str, Any], timing: StepTiming
-    ) -> dict[str, Any]:
-        """The metrics of one finished step (what the log line, JSONL and summary show)."""
-        cfg = self._config
-        wall = timing.wall_s
-        record: dict[str, Any] = dict(
-            step=pending.step,
-            max_step=cfg.max_step,
-            loss=loss,
-            step_time_s=wall,
-            overheads=dict(timing.overheads),
-            excluded_reason=timing.excluded_reason,
-        )
-        lr = _find_scalar(scalars, r"(.*/)?(learning_rate|lr)")
-        if lr is not None:
-            record["learning_rate"] = lr
-        grad_norm = _find_scalar(scalars, r"(.*/)?(gradient_norm|grad_norm|global_grad_norm)")
-        if grad_norm is not None:
-            record["gradient_norm"] = grad_norm
-        loss_scale = _find_scalar(scalars, r"(.*/)?loss_scale(/scale)?")
-        if loss_scale is not None:
-            record["loss_scale"] = loss_scale
-        skipped = _find_scalar(scalars, r"(.*/)?(nonvalid_count|num_skipped_steps)")
-        nan_steps = _find_scalar(scalars, r"(.*/)?num_nan_steps")
-        if skipped is not None or self._skips_nonfinite:
-            record["skipped_steps"] = int(skipped) if skipped is not None else 0
-            record["nonfinite_steps"] = (
-                int(nan_steps) if nan_steps is not None else self._num_nonfinite_steps
-            )
-        tokens = self._tokens_per_step
-        record["consumed_tokens"] = pending.step * tokens
-        real = _real_tokens(pending.batch)
-        if real is not None:
-            # Each process counts its own slice; the slices are equal-sized, so scale up.
-            record["real_tokens"] = real * jax.process_count()
-        if wall > 0:
-            record.update(
-                step_throughput(
-                    wall_s=wall,
-                    num_devices=self._num_devices,
-                    tokens_per_step=tokens,
-                    real_tokens=record.get("real_tokens"),
-                    flops_per_step=(
-                        self._step_flops.total_flops if self._step_flops is not None else None
-                    ),
-                    peak_flops_per_device=self._peak_flops,
-                )
-            )
-        self._records.append(record)
-        steady = [r["step_time_s"] for r in self._records if not r["excluded_reason"]]
-        avg = float(np.mean(steady)) if steady else wall
-        if math.isfinite(cfg.max_step):
-            record["eta_s"] = max(0.0, (cfg.max_step - pending.step) * avg)
-        return record
-
-    def _report_step(self, record: dict[str, Any], *, scalars: dict[str, Any]) -> None:
-        """Logs the step line; writes summaries (TensorBoard) and the JSONL record."""
-        cfg = self._config
-        step = record["step"]
-        every = cfg.log_every_n_steps or 1
-        if step % every == 0 or record["excluded_reason"] or step == cfg.max_step:
-            logging.info("%s", format_step_line(record))
-        perf = {
-            k: record[k]
-            for k in (
-                "step_time_s",
-                "tflops_per_device",
-                "mfu",
-                "tokens_per_s_per_device",
-                "real_tokens_per_s_per_device",
-                "consumed_tokens",
-                "eta_s",
-                "loss_scale",
-                "skipped_steps",
-                "nonfinite_steps",
-            )
-            if k in record
-        }
-        perf["overhead"] = dict(record["overheads"])
-        values = dict(loss=record["loss"], **_unflatten(scalars), perf=perf)
-        self.summary_writer(step, values)
-        self._jsonl_writer(step, dict(values, excluded_reason=record["excluded_reason"] or ""))
-
-    def _write_run_summary(self) -> dict[str, Any]:
-        """Logs the end-of-run summary block and writes <dir>/run_summary.json (process 0)."""
-        cfg = self._config
-        memory = [m.to_dict() for m in live_memory_per_device()]
-        summary = build_run_summary(
-            self._records,
-            num_params=self._num_params,
-            num_devices=self._mesh.devices.size,
-            tokens_per_step=getattr(self, "_tokens_per_step", 0),
-            flops_per_step=(
-                self._step_flops.total_flops if getattr(self, "_step_flops", None) else None
-            ),
-            flops=self._step_flops.to_dict() if getattr(self, "_step_flops", None) else None,
-            peak=self._peak.to_dict() if getattr(self, "_peak", None) else None,
-            memory=memory,
-            compiled_memory=(
-                self._compiled_memory.to_dict() if getattr(self, "_compiled_memory", None) else None
-            ),
-            environment=environment_info(list(self._mesh.devices.flat)),
-            config_digest=config_hash(cfg),
-            extra=dict(
-                name=cfg.name,
-                trainer_dir=cfg.dir,
-                mesh=dict(self._mesh.shape),
-                compile_s=getattr(self, "_compile_seconds", None),
-            ),
-        )
-        logging.info("\n%s", format_run_summary(summary))
-        if jax.process_index() == 0:
-            write_run_summary(cfg.dir, summary)
-        return summary
-
-
-def thread_stack_traces() -> str:
-    """Returns the current stack of every Python thread, as text."""
-    names = {t.ident: t.name for t in threading.enumerate()}
-    parts = []
-    for ident, frame in sys._current_frames().items():  # pylint: disable=protected-access
-        parts.append(
-            f"--- Thread {names.get(ident, ident)}:\n" + "".join(traceback.format_stack(frame))
-        )
-    return "\n".join(parts)
-
 
 class _PendingStep:
     """A dispatched step whose metrics have not been read yet."""
@@ -1033,106 +783,6 @@ class _PendingStep:
         self.outputs = outputs
         self.batch = batch
         self.drained = False
-
-
-def _is_unset(value: Any) -> bool:
-    return value is None or value is REQUIRED or not isinstance(value, str)
-
-
-def _set_if_field(cfg: ConfigBase, **kwargs) -> ConfigBase:
-    """Returns a copy of `cfg` with the given fields set where `cfg` has them."""
-    cfg = cfg.clone()
-    for k, v in kwargs.items():
-        if k in cfg:
-            setattr(cfg, k, v)
-    return cfg
-
-
-def _shardings(mesh: jax.sharding.Mesh, specs: Any) -> Any:
-    """NamedShardings for a tree of TensorSpec-like leaves (with `.mesh_axes`; None: replicated).
-
-    None subtrees (no state) stay None.
-
-    Raises:
-        ValueError: If a spec names an axis the mesh lacks (the message names the parameter).
-    """
-    axis_names = set(mesh.axis_names)
-
-    def is_spec(x):
-        return hasattr(x, "mesh_axes")
-
-    def to_sharding(path, spec):
-        axes = spec.mesh_axes
-        partition = PartitionSpec() if axes is None else PartitionSpec(*axes)
-        for entry in partition:
-            for name in entry if isinstance(entry, (tuple, list)) else (entry,):
-                if name is not None and name not in axis_names:
-                    raise ValueError(
-                        f"Partition spec {partition} of '{_path_str(path)}' names mesh "
-                        f"axis '{name}', which is not among the mesh axes {tuple(mesh.axis_names)}."
-                    )
-        return NamedSharding(mesh, partition)
-
-    return jax.tree_util.tree_map_with_path(to_sharding, specs, is_leaf=is_spec)
-
-
-def _path_str(path: tuple) -> str:
-    """'a/b/c' for a jax key path."""
-    parts = []
-    for key in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-        else:
-            parts.append(str(key))
-    return "/".join(parts)
-
-
-def _leading_dim(tree: Any) -> int:
-    sizes = {np.shape(x)[0] for x in jax.tree.leaves(tree) if np.ndim(x) > 0}
-    if len(sizes) != 1:
-        raise ValueError(f"Input batch leaves must share one leading (batch) dim; got {sizes}.")
-    return int(sizes.pop())
-
-
-def _scalar_tree(tree: Any) -> Any:
-    """The 0-d array leaves of `tree` (others dropped), for one batched device-to-host transfer."""
-    if isinstance(tree, dict):
-        out = {k: _scalar_tree(v) for k, v in tree.items()}
-        return {k: v for k, v in out.items() if v is not None and not _is_empty_dict(v)}
-    if isinstance(tree, WeightedScalar):
-        tree = tree.mean
-    if hasattr(tree, "ndim") and tree.ndim == 0:
-        return tree
-    return None
-
-
-def _is_empty_dict(x: Any) -> bool:
-    return isinstance(x, dict) and not x
-
-
-@jax.jit
-def _all_finite(tree: Any) -> Tensor:
-    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
-    if not leaves:
-        return jnp.array(True)
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
-
-
-def _eval_due(evaler: Any, step: int) -> bool:
-    """Whether `evaler`'s policy fires at `step`."""
-    for name in ("eval_policy", "_eval_policy"):
-        policy = getattr(evaler, name, None)
-        if policy is not None and callable(policy):
-            return bool(policy(step=step, train_summaries=None))
-    return False
-
-
-def _learner_skips_nonfinite(learner_cfg: ConfigBase) -> bool:
-    """Whether the learner skips non-finite steps (skip_and_clip_by_global_norm, loss scaling)."""
-    text = learner_cfg.debug_string()
-    return bool(re.search(r"skip_and_clip_by_global_norm|loss_scal", text))
 
 
 def select_mesh_config(trainer_config: SpmdTrainer.Config, *, mesh_selector: str):
@@ -1170,69 +820,3 @@ def select_mesh_config(trainer_config: SpmdTrainer.Config, *, mesh_selector: str
         )
     result = modifier(trainer_config)
     return trainer_config if result is None else result
-
-
-def _find_scalar(scalars: dict[str, Any], regex: str) -> Optional[float]:
-    """The first scalar whose '/'-joined path fully matches `regex`, as a float."""
-    for path, value in scalars.items():
-        if re.fullmatch(regex, path):
-            return float(value)
-    return None
-
-
-def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
-    """{"a/b": v} -> {"a": {"b": v}}."""
-    out: dict[str, Any] = {}
-    for path, value in flat.items():
-        node = out
-        parts = path.split("/")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return out
-
-
-def _batch_shape(global_batch: NestedTensor) -> Optional[tuple]:
-    """[B, T] of the batch's input ids (or its first 2-d leaf)."""
-    if isinstance(global_batch, dict) and "input_ids" in global_batch:
-        return tuple(global_batch["input_ids"].shape[:2])
-    for leaf in jax.tree.leaves(global_batch):
-        if len(leaf.shape) >= 2:
-            return tuple(leaf.shape[:2])
-    return None
-
-
-def _real_tokens(host_batch: NestedTensor) -> Optional[int]:
-    """Non-padding target tokens in this process's batch (labels > 0: -1 and pad id 0 excluded)."""
-    if not isinstance(host_batch, dict) or "target_labels" not in host_batch:
-        return None
-    return int(np.sum(np.asarray(host_batch["target_labels"]) > 0))
-
-
-def _model_step_flops(model_cfg: ConfigBase, param_specs: Any, batch_shape: Optional[tuple]):
-    """Model FLOPs per step (flops.lm_training_flops) from the model config and batch shape."""
-    if not batch_shape or len(batch_shape) < 2:
-        return None
-    flat = dict(model_cfg.to_flat_dict())
-    num_layers = _first_int(flat, r"decoder\.transformer\.num_layers")
-    num_heads = _first_int(flat, r"decoder\.transformer\..*attention\.num_heads")
-    per_head_dim = _first_int(flat, r"decoder\.transformer\..*attention\.per_head_dim")
-    dim = _first_int(flat, r"decoder\.dim")
-    if per_head_dim is None and dim and num_heads:
-        per_head_dim = dim // num_heads
-    tied = flat.get("decoder.lm_head.klass") is None
-    return lm_training_flops(
-        matmul_params=matmul_param_count(param_specs, tied_embedding=tied),
-        num_layers=num_layers or 0,
-        num_heads=num_heads or 0,
-        per_head_dim=per_head_dim or 0,
-        seq_len=int(batch_shape[1]),
-        global_batch_size=int(batch_shape[0]),
-    )
-
-
-def _first_int(flat: dict[str, Any], regex: str) -> Optional[int]:
-    for key, value in flat.items():
-        if re.fullmatch(regex, key) and isinstance(value, (int, np.integer)):
-            return int(value)
-    return None

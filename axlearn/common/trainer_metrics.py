@@ -1,0 +1,259 @@
+"""The trainer's measurements: FLOPs per step, peak FLOP/s, memory, step records, run summary.
+
+`TrainerMetricsMixin` is part of `SpmdTrainer` (axlearn/common/trainer.py); it turns each step's
+timing (`step_timer.StepTiming`) and host-side scalars into the step record that the log line,
+metrics.jsonl, TensorBoard and run_summary.json show. Definitions: docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Optional
+
+import jax
+import numpy as np
+from absl import logging
+
+from axlearn.common import utils
+from axlearn.common.config import ConfigBase
+from axlearn.common.device_memory import compiled_memory_stats, live_memory_per_device
+from axlearn.common.device_peak import device_peak_flops
+from axlearn.common.flops import lm_training_flops, matmul_param_count
+from axlearn.common.run_summary import (
+    build_run_summary,
+    config_hash,
+    environment_info,
+    format_run_summary,
+    write_run_summary,
+)
+from axlearn.common.step_log import format_step_line, step_throughput
+from axlearn.common.step_timer import StepTiming
+from axlearn.common.utils import NestedTensor
+
+
+class TrainerMetricsMixin:
+    """Measurement methods of SpmdTrainer (uses its config, mesh, specs and step log)."""
+
+    def _measure_peak(self) -> None:
+        """Sets the peak FLOP/s per device for MFU (table, configured, or CPU matmul probe).
+
+        Runs before the first step so the CPU probe's time is never charged to a step.
+        """
+        cfg = self._config
+        self._peak = None
+        if cfg.peak_flops_per_device:
+            self._peak_flops = float(cfg.peak_flops_per_device)
+            self._peak_description = (
+                f"{self._peak_flops / 1e12:.4g} TFLOP/s per device (configured)"
+            )
+        else:
+            dtype = cfg.train_dtype
+            if dtype is None or not isinstance(dtype, (str, type, np.dtype)):
+                dtype = "float32"
+            self._peak = device_peak_flops(list(self._mesh.devices.flat), dtype=dtype)
+            self._peak_flops = self._peak.flops_per_s
+            self._peak_description = self._peak.describe()
+        self._step_log("Peak for MFU: %s", self._peak_description)
+
+    def _log_model_analysis(self) -> None:
+        num_params = utils.count_model_params(self._model_param_specs)
+        self._num_params = num_params
+        self._step_log("Model parameters: %s", f"{num_params:,}")
+        for path, spec in utils.flatten_items(self._model_param_specs):
+            self._step_log("  %-60s %-20s %s", path, tuple(spec.shape), spec.mesh_axes)
+
+    def _on_compiled(self, compiled: Any, global_batch: NestedTensor) -> None:
+        """Logs FLOPs per step, the peak FLOP/s used for MFU, and the compiled memory analysis."""
+        cfg = self._config
+        self._num_devices = self._mesh.devices.size
+        batch_shape = _batch_shape(global_batch)
+        self._tokens_per_step = int(np.prod(batch_shape)) if batch_shape else 0
+        self._step_flops = _model_step_flops(cfg.model, self._model_param_specs, batch_shape)
+        if self._step_flops is not None:
+            self._step_log("%s", self._step_flops.describe())
+        self._compiled_memory = compiled_memory_stats(compiled)
+        if self._compiled_memory is not None:
+            self._step_log("%s", self._compiled_memory.describe())
+
+    def _step_record(
+        self, pending: Any, *, loss: float, scalars: dict[str, Any], timing: StepTiming
+    ) -> dict[str, Any]:
+        """The metrics of one finished step (what the log line, JSONL and summary show)."""
+        cfg = self._config
+        wall = timing.wall_s
+        record: dict[str, Any] = dict(
+            step=pending.step,
+            max_step=cfg.max_step,
+            loss=loss,
+            step_time_s=wall,
+            overheads=dict(timing.overheads),
+            excluded_reason=timing.excluded_reason,
+        )
+        lr = _find_scalar(scalars, r"(.*/)?(learning_rate|lr)")
+        if lr is not None:
+            record["learning_rate"] = lr
+        grad_norm = _find_scalar(scalars, r"(.*/)?(gradient_norm|grad_norm|global_grad_norm)")
+        if grad_norm is not None:
+            record["gradient_norm"] = grad_norm
+        loss_scale = _find_scalar(scalars, r"(.*/)?loss_scale(/scale)?")
+        if loss_scale is not None:
+            record["loss_scale"] = loss_scale
+        skipped = _find_scalar(scalars, r"(.*/)?(nonvalid_count|num_skipped_steps)")
+        nan_steps = _find_scalar(scalars, r"(.*/)?num_nan_steps")
+        if skipped is not None or self._skips_nonfinite:
+            record["skipped_steps"] = int(skipped) if skipped is not None else 0
+            record["nonfinite_steps"] = (
+                int(nan_steps) if nan_steps is not None else self._num_nonfinite_steps
+            )
+        tokens = self._tokens_per_step
+        record["consumed_tokens"] = pending.step * tokens
+        real = _real_tokens(pending.batch)
+        if real is not None:
+            # Each process counts its own slice; the slices are equal-sized, so scale up.
+            record["real_tokens"] = real * jax.process_count()
+        if wall > 0:
+            record.update(
+                step_throughput(
+                    wall_s=wall,
+                    num_devices=self._num_devices,
+                    tokens_per_step=tokens,
+                    real_tokens=record.get("real_tokens"),
+                    flops_per_step=(
+                        self._step_flops.total_flops if self._step_flops is not None else None
+                    ),
+                    peak_flops_per_device=self._peak_flops,
+                )
+            )
+        self._records.append(record)
+        steady = [r["step_time_s"] for r in self._records if not r["excluded_reason"]]
+        avg = float(np.mean(steady)) if steady else wall
+        if math.isfinite(cfg.max_step):
+            record["eta_s"] = max(0.0, (cfg.max_step - pending.step) * avg)
+        return record
+
+    def _report_step(self, record: dict[str, Any], *, scalars: dict[str, Any]) -> None:
+        """Logs the step line; writes summaries (TensorBoard) and the JSONL record."""
+        cfg = self._config
+        step = record["step"]
+        every = cfg.log_every_n_steps or 1
+        if step % every == 0 or record["excluded_reason"] or step == cfg.max_step:
+            logging.info("%s", format_step_line(record))
+        perf = {
+            k: record[k]
+            for k in (
+                "step_time_s",
+                "tflops_per_device",
+                "mfu",
+                "tokens_per_s_per_device",
+                "real_tokens_per_s_per_device",
+                "consumed_tokens",
+                "eta_s",
+                "loss_scale",
+                "skipped_steps",
+                "nonfinite_steps",
+            )
+            if k in record
+        }
+        perf["overhead"] = dict(record["overheads"])
+        values = dict(loss=record["loss"], **_unflatten(scalars), perf=perf)
+        self.summary_writer(step, values)
+        self._jsonl_writer(step, dict(values, excluded_reason=record["excluded_reason"] or ""))
+
+    def _write_run_summary(self) -> dict[str, Any]:
+        """Logs the end-of-run summary block and writes <dir>/run_summary.json (process 0)."""
+        cfg = self._config
+        memory = [m.to_dict() for m in live_memory_per_device()]
+        summary = build_run_summary(
+            self._records,
+            num_params=self._num_params,
+            num_devices=self._mesh.devices.size,
+            tokens_per_step=getattr(self, "_tokens_per_step", 0),
+            flops_per_step=(
+                self._step_flops.total_flops if getattr(self, "_step_flops", None) else None
+            ),
+            flops=self._step_flops.to_dict() if getattr(self, "_step_flops", None) else None,
+            peak=self._peak.to_dict() if getattr(self, "_peak", None) else None,
+            memory=memory,
+            compiled_memory=(
+                self._compiled_memory.to_dict() if getattr(self, "_compiled_memory", None) else None
+            ),
+            environment=environment_info(list(self._mesh.devices.flat)),
+            config_digest=config_hash(cfg),
+            extra=dict(
+                name=cfg.name,
+                trainer_dir=cfg.dir,
+                mesh=dict(self._mesh.shape),
+                compile_s=getattr(self, "_compile_seconds", None),
+            ),
+        )
+        logging.info("\n%s", format_run_summary(summary))
+        if jax.process_index() == 0:
+            write_run_summary(cfg.dir, summary)
+        return summary
+
+
+def _find_scalar(scalars: dict[str, Any], regex: str) -> Optional[float]:
+    """The first scalar whose '/'-joined path fully matches `regex`, as a float."""
+    for path, value in scalars.items():
+        if re.fullmatch(regex, path):
+            return float(value)
+    return None
+
+
+def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    """{"a/b": v} -> {"a": {"b": v}}."""
+    out: dict[str, Any] = {}
+    for path, value in flat.items():
+        node = out
+        parts = path.split("/")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out
+
+
+def _batch_shape(global_batch: NestedTensor) -> Optional[tuple]:
+    """[B, T] of the batch's input ids (or its first 2-d leaf)."""
+    if isinstance(global_batch, dict) and "input_ids" in global_batch:
+        return tuple(global_batch["input_ids"].shape[:2])
+    for leaf in jax.tree.leaves(global_batch):
+        if len(leaf.shape) >= 2:
+            return tuple(leaf.shape[:2])
+    return None
+
+
+def _real_tokens(host_batch: NestedTensor) -> Optional[int]:
+    """Non-padding target tokens in this process's batch (labels > 0: -1 and pad id 0 excluded)."""
+    if not isinstance(host_batch, dict) or "target_labels" not in host_batch:
+        return None
+    return int(np.sum(np.asarray(host_batch["target_labels"]) > 0))
+
+
+def _model_step_flops(model_cfg: ConfigBase, param_specs: Any, batch_shape: Optional[tuple]):
+    """Model FLOPs per step (flops.lm_training_flops) from the model config and batch shape."""
+    if not batch_shape or len(batch_shape) < 2:
+        return None
+    flat = dict(model_cfg.to_flat_dict())
+    num_layers = _first_int(flat, r"decoder\.transformer\.num_layers")
+    num_heads = _first_int(flat, r"decoder\.transformer\..*attention\.num_heads")
+    per_head_dim = _first_int(flat, r"decoder\.transformer\..*attention\.per_head_dim")
+    dim = _first_int(flat, r"decoder\.dim")
+    if per_head_dim is None and dim and num_heads:
+        per_head_dim = dim // num_heads
+    tied = flat.get("decoder.lm_head.klass") is None
+    return lm_training_flops(
+        matmul_params=matmul_param_count(param_specs, tied_embedding=tied),
+        num_layers=num_layers or 0,
+        num_heads=num_heads or 0,
+        per_head_dim=per_head_dim or 0,
+        seq_len=int(batch_shape[1]),
+        global_batch_size=int(batch_shape[0]),
+    )
+
+
+def _first_int(flat: dict[str, Any], regex: str) -> Optional[int]:
+    for key, value in flat.items():
+        if re.fullmatch(regex, key) and isinstance(value, (int, np.integer)):
+            return int(value)
+    return None

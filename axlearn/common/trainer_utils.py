@@ -1,0 +1,115 @@
+"""Helpers of SpmdTrainer: shardings from specs, batch/tree utilities, policy checks."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jax
+import numpy as np
+from jax import numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from axlearn.common.config import REQUIRED, ConfigBase
+from axlearn.common.metrics import WeightedScalar
+from axlearn.common.utils import Tensor
+
+
+def is_unset(value: Any) -> bool:
+    return value is None or value is REQUIRED or not isinstance(value, str)
+
+
+def set_if_field(cfg: ConfigBase, **kwargs) -> ConfigBase:
+    """Returns a copy of `cfg` with the given fields set where `cfg` has them."""
+    cfg = cfg.clone()
+    for k, v in kwargs.items():
+        if k in cfg:
+            setattr(cfg, k, v)
+    return cfg
+
+
+def shardings_of_specs(mesh: jax.sharding.Mesh, specs: Any) -> Any:
+    """NamedShardings for a tree of TensorSpec-like leaves (with `.mesh_axes`; None: replicated).
+
+    None subtrees (no state) stay None.
+
+    Raises:
+        ValueError: If a spec names an axis the mesh lacks (the message names the parameter).
+    """
+    axis_names = set(mesh.axis_names)
+
+    def is_spec(x):
+        return hasattr(x, "mesh_axes")
+
+    def to_sharding(path, spec):
+        axes = spec.mesh_axes
+        partition = PartitionSpec() if axes is None else PartitionSpec(*axes)
+        for entry in partition:
+            for name in entry if isinstance(entry, (tuple, list)) else (entry,):
+                if name is not None and name not in axis_names:
+                    raise ValueError(
+                        f"Partition spec {partition} of '{path_str(path)}' names mesh "
+                        f"axis '{name}', which is not among the mesh axes {tuple(mesh.axis_names)}."
+                    )
+        return NamedSharding(mesh, partition)
+
+    return jax.tree_util.tree_map_with_path(to_sharding, specs, is_leaf=is_spec)
+
+
+def path_str(path: tuple) -> str:
+    """'a/b/c' for a jax key path."""
+    parts = []
+    for key in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return "/".join(parts)
+
+
+def leading_dim(tree: Any) -> int:
+    sizes = {np.shape(x)[0] for x in jax.tree.leaves(tree) if np.ndim(x) > 0}
+    if len(sizes) != 1:
+        raise ValueError(f"Input batch leaves must share one leading (batch) dim; got {sizes}.")
+    return int(sizes.pop())
+
+
+def scalar_tree(tree: Any) -> Any:
+    """The 0-d array leaves of `tree` (others dropped), for one batched device-to-host transfer."""
+    if isinstance(tree, dict):
+        out = {k: scalar_tree(v) for k, v in tree.items()}
+        return {k: v for k, v in out.items() if v is not None and not _is_empty_dict(v)}
+    if isinstance(tree, WeightedScalar):
+        tree = tree.mean
+    if hasattr(tree, "ndim") and tree.ndim == 0:
+        return tree
+    return None
+
+
+def _is_empty_dict(x: Any) -> bool:
+    return isinstance(x, dict) and not x
+
+
+@jax.jit
+def all_finite(tree: Any) -> Tensor:
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    if not leaves:
+        return jnp.array(True)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def eval_due(evaler: Any, step: int) -> bool:
+    """Whether `evaler`'s policy fires at `step`."""
+    for name in ("eval_policy", "_eval_policy"):
+        policy = getattr(evaler, name, None)
+        if policy is not None and callable(policy):
+            return bool(policy(step=step, train_summaries=None))
+    return False
+
+
+def learner_skips_nonfinite(learner_cfg: ConfigBase) -> bool:
+    """Whether the learner skips non-finite steps (skip_and_clip_by_global_norm, loss scaling)."""
+    text = learner_cfg.debug_string()
+    return bool(re.search(r"skip_and_clip_by_global_norm|loss_scal", text))
