@@ -351,3 +351,24 @@ def test_reference_trainer_lines():
     actual = _select(reference_trainer_config().debug_string().splitlines())
     assert len(expected) == 71
     assert actual == expected
+
+
+@pytest.mark.slow
+def test_profiler_trace_and_watchdog(tmp_path, caplog):
+    cfg = tu.bigram_trainer_config(str(tmp_path), max_step=7)
+    cfg.set(start_trace_steps=[2], watchdog_timeout_seconds=1.0)
+    cfg.checkpointer = tu.SleepyCheckpointer.default_config().set(sleep_seconds=3.0)
+    cfg.checkpointer.save_policy.n = 6
+    with caplog.at_level("WARNING"):
+        _run(cfg)
+    records = _by_step(tu.read_metrics(str(tmp_path)))
+    # The trace covers steps 2-4: starting it is charged to step 1's interval (before step 2 is
+    # dispatched), stopping it to step 4's.
+    assert records[1].get("perf/overhead/profiler", 0) > 0
+    assert records[4].get("perf/overhead/profiler", 0) > 0
+    assert records[4]["excluded_reason"] == "profiler"
+    profile_dir = os.path.join(tmp_path, "summaries", "train_train", "plugins", "profile")
+    assert os.listdir(profile_dir)
+    # The 3 s checkpoint stalls the step for longer than the watchdog's 1 s: it logs the stacks.
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("Watchdog: step 6 has not advanced" in m and "Thread stacks" in m for m in messages)
