@@ -95,6 +95,9 @@ def main():
         _check(resharded["model"], values)
         result["resharded"] = True
         ckpt.stop()
+        # Process 0 hosts the coordination service: no process may exit while another still
+        # uses it, or the survivor is terminated (a race that shows under load).
+        client.wait_at_barrier("worker_done", 120_000)
     elif mode == "barrier_timeout":
         start = time.perf_counter()
         ckpt.save(step=7, state=state)
@@ -105,6 +108,8 @@ def main():
             result["error"] = str(e)
         result["elapsed"] = time.perf_counter() - start
     print("RESULT:" + json.dumps(result), flush=True)
+    if mode == "roundtrip":
+        jax.distributed.shutdown()  # Waits for every process to shut down.
     os._exit(0)  # pylint: disable=protected-access
 
 
