@@ -3,7 +3,8 @@
 Usage: python checkpointer_mp_worker.py MODE PROCESS_ID NUM_PROCESSES PORT CKPT_DIR
 
 Each process has 4 CPU devices; the global mesh (data=2, fsdp=4) spans both processes. Prints
-one JSON line prefixed with RESULT: and exits with os._exit (no shutdown barrier).
+one JSON line prefixed with RESULT: and exits with os._exit (after an orderly shutdown in
+roundtrip mode).
 """
 
 import json
