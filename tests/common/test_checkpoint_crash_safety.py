@@ -144,3 +144,30 @@ def test_crash_safety_20_trials(tmp_path):
     failures = _check_trials(tmp_path, trials)
     print(f"crash-safety trials: {len(trials) - len(failures)} of {len(trials)} passed")
     assert not failures, "\n".join(failures)
+
+
+def test_failed_precondition_writes_nothing(tmp_path):
+    """The trainer's finiteness gate: a save whose precondition raises leaves no directory."""
+    import jax.numpy as jnp
+
+    from axlearn.common.checkpointer import Checkpointer
+
+    checkpointer = (
+        Checkpointer.default_config()
+        .set(name="checkpointer", dir=str(tmp_path))
+        .instantiate(parent=None)
+    )
+    state = dict(w=jnp.arange(8.0))
+
+    def refuse():
+        raise FloatingPointError("not finite")
+
+    assert checkpointer.save(step=1, state=state, precondition=refuse) is not None
+    with pytest.raises(FloatingPointError, match="not finite"):
+        checkpointer.wait_until_finished()
+    assert os.listdir(tmp_path) == []
+    # The next save works; a precondition that passes is called once, before the write.
+    calls = []
+    checkpointer.save(step=2, state=state, precondition=lambda: calls.append(1))
+    checkpointer.wait_until_finished()
+    assert calls == [1] and checkpointer.latest_step() == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from types import TracebackType
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 from absl import logging
@@ -160,6 +160,7 @@ class Checkpointer(Module):
         state: Any,
         evaler_summaries: Optional[dict[str, Any]] = None,
         force: bool = False,
+        precondition: Optional[Callable[[], None]] = None,
     ) -> Optional[SaveStats]:
         """Saves `state` as `step` if the save policy (or `force`) says so.
 
@@ -173,6 +174,10 @@ class Checkpointer(Module):
                 e.g. input iterator state) and bool/int/float/str values.
             evaler_summaries: Passed to the save policy.
             force: Save even if the policy says no (e.g. on preemption).
+            precondition: If set, called before anything is written (in the writer thread for
+                async saves), e.g. to wait for an on-device check of the snapshot without
+                blocking the caller; if it raises, nothing is written and the error is raised
+                by the next `save`, `wait_until_finished` or `restore`.
 
         Returns:
             The cost to the caller (`blocking_s`, `wait_for_previous_s`, ...), or None if not saved
@@ -199,6 +204,7 @@ class Checkpointer(Module):
             ckpt_dir=ckpt_dir,
             on_commit_callback=self._on_commit,
             async_save=cfg.async_save is None or bool(cfg.async_save),
+            precondition=precondition,
         )
         logging.info(
             "Checkpoint of step %d: caller blocked %.3fs (waiting for the previous save %.3fs, "

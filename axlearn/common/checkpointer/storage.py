@@ -59,6 +59,7 @@ class StateStorage(Configurable):
         ckpt_dir: str,
         on_commit_callback: Optional[Callable[[int, str], None]] = None,
         async_save: bool = True,
+        precondition: Optional[Callable[[], None]] = None,
     ) -> SaveStats:
         """Saves `state` into `ckpt_dir`; with `async_save`, the write finishes in the background.
 
@@ -68,6 +69,8 @@ class StateStorage(Configurable):
             ckpt_dir: The step directory.
             on_commit_callback: Called as `(step, ckpt_dir)` on process 0 after the commit.
             async_save: Whether to return before the write is done.
+            precondition: Called before anything is written (in the background for async saves);
+                if it raises, the save writes nothing and fails with that error.
 
         Returns:
             The cost to the caller.
@@ -192,6 +195,7 @@ class TensorStoreStateStorage(StateStorage):
         ckpt_dir: str,
         on_commit_callback: Optional[Callable[[int, str], None]] = None,
         async_save: bool = True,
+        precondition: Optional[Callable[[], None]] = None,
     ) -> SaveStats:
         cfg = self._config
         start = time.perf_counter()
@@ -221,10 +225,10 @@ class TensorStoreStateStorage(StateStorage):
         if async_save:
             if self._executor is None:
                 raise RuntimeError("save_to_dir called after close()")
-            self._future = self._executor.submit(tensorstore_save.write_snapshot, plan, **write)
+            self._future = self._executor.submit(_write_if, precondition, plan, **write)
         else:
             try:
-                self._last_result = tensorstore_save.write_snapshot(plan, **write)
+                self._last_result = _write_if(precondition, plan, **write)
             finally:
                 with self._lock:
                     self._writing_dir = None
@@ -291,3 +295,12 @@ class TensorStoreStateStorage(StateStorage):
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+
+
+def _write_if(
+    precondition: Optional[Callable[[], None]], plan: tensorstore_save.SavePlan, **write
+) -> SaveResult:
+    """Runs `precondition` (its error abandons the save before anything is written), then writes."""
+    if precondition is not None:
+        precondition()
+    return tensorstore_save.write_snapshot(plan, **write)
