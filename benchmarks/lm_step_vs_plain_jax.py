@@ -13,7 +13,8 @@ Prints one JSON object: library_s, plain_jax_s, ratio (library / plain), median_
 median over rounds of the ratio of adjacent measurements, robust to load drift), per-round times,
 the stack variant, the load average before and after.
 
-Usage: python benchmarks/lm_step_vs_plain_jax.py [--rounds 5] [--steps 10] [--stack stack]
+Usage: python benchmarks/lm_step_vs_plain_jax.py [--rounds 5] [--steps 10] [--stack stack|repeat]
+    [--plain_unrolled]
 """
 
 import argparse
@@ -78,6 +79,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--stack", default="stack", choices=["stack", "repeat"])
+    parser.add_argument("--plain_unrolled", action="store_true")
     args = parser.parse_args()
     load_before = os.getloadavg()
 
@@ -98,9 +100,10 @@ def main():
         .instantiate(parent=None)
     )
     lib_params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
-    # The same parameter values on both sides (plain JAX uses the stacked layout).
+    # The same parameter values on both sides; with --stack repeat, plain JAX scans the
+    # stacked layers too (--plain_unrolled: it unrolls them instead).
     plain_params = jax.tree.map(jnp.copy, lib_params)
-    if args.stack == "repeat":
+    if args.stack == "repeat" and args.plain_unrolled:
         repeated = plain_params["decoder"]["transformer"].pop("repeat")["layer"]
         for i in range(cfg.num_layers):
             plain_params["decoder"]["transformer"][f"layer{i}"] = jax.tree.map(
@@ -138,6 +141,9 @@ def main():
             dict(
                 workload="P1",
                 stack=args.stack,
+                plain_layers="scan"
+                if args.stack == "repeat" and not args.plain_unrolled
+                else "unrolled",
                 library_s=round(lib_s, 5),
                 plain_jax_s=round(plain_s, 5),
                 ratio=round(lib_s / plain_s, 4),

@@ -3,8 +3,9 @@
 The math equals `axlearn.experiments.text.gpt.model_builders.transformer_lm_config(...,
 stack="stack")` with RoPE (interleaved pairs), optional QK-norm, GQA, SwiGLU, pre-norm RMSNorm
 (no biases) and a tied output head. Parameters use the same nested-dict layout as that model
-(`decoder/emb/token_emb/weight`, `decoder/transformer/layer{i}/...`, `decoder/output_norm/scale`),
-so the same parameter values can be fed to both.
+(`decoder/emb/token_emb/weight`, `decoder/transformer/layer{i}/...` or the repeated
+`decoder/transformer/repeat/layer/...`, `decoder/output_norm/scale`), so the same parameter values
+can be fed to both.
 
 Usage (see benchmarks/lm_step_vs_plain_jax.py):
 
@@ -126,18 +127,31 @@ def attention(x: jax.Array, p: dict, cfg: LmConfig) -> jax.Array:
     return jnp.einsum("btnh,dnh->btd", context, p["o_proj"]["weight"])
 
 
+def _layer(x: jax.Array, layer: dict, cfg: LmConfig) -> jax.Array:
+    """One pre-norm transformer layer: attention then SwiGLU feed-forward, both residual."""
+    sa, ff = layer["self_attention"], layer["feed_forward"]
+    x = x + attention(rms_norm(x, sa["norm"]["scale"], cfg.eps), sa["attention"], cfg)
+    hdn = rms_norm(x, ff["norm"]["scale"], cfg.eps)
+    gate = jax.nn.silu(hdn @ ff["linear1_0"]["weight"])
+    return x + (gate * (hdn @ ff["linear1_1"]["weight"])) @ ff["linear2"]["weight"]
+
+
 def forward(params: dict, input_ids: jax.Array, cfg: LmConfig) -> jax.Array:
-    """Logits [B, T, vocab] of input_ids [B, T]."""
+    """Logits [B, T, vocab] of input_ids [B, T].
+
+    Layers are unrolled for the stacked layout (`transformer/layer{i}`) and run with
+    `jax.lax.scan` for the repeated layout (`transformer/repeat/layer`, leading layer axis).
+    """
     dec = params["decoder"]
     table = dec["emb"]["token_emb"]["weight"]
     x = jnp.take(table, input_ids, axis=0)
-    for i in range(cfg.num_layers):
-        layer = dec["transformer"][f"layer{i}"]
-        sa, ff = layer["self_attention"], layer["feed_forward"]
-        x = x + attention(rms_norm(x, sa["norm"]["scale"], cfg.eps), sa["attention"], cfg)
-        hdn = rms_norm(x, ff["norm"]["scale"], cfg.eps)
-        gate = jax.nn.silu(hdn @ ff["linear1_0"]["weight"])
-        x = x + (gate * (hdn @ ff["linear1_1"]["weight"])) @ ff["linear2"]["weight"]
+    if "repeat" in dec["transformer"]:
+        x, _ = jax.lax.scan(
+            lambda x, layer: (_layer(x, layer, cfg), None), x, dec["transformer"]["repeat"]["layer"]
+        )
+    else:
+        for i in range(cfg.num_layers):
+            x = _layer(x, dec["transformer"][f"layer{i}"], cfg)
     x = rms_norm(x, dec["output_norm"]["scale"], cfg.eps)
     return jnp.einsum("btd,vd->btv", x, table)
 
