@@ -382,14 +382,35 @@ class SpmdTrainer(TrainerMetricsMixin, TrainerWatchdogMixin, Module):
     def _save_checkpoint(
         self, evaler_summaries: Optional[dict[str, Any]], *, force: bool = False
     ) -> None:
-        """Saves the current state (the caller checked the policy); refuses non-finite state."""
-        self._check_state_finite()
+        """Saves the current state (the caller checked the policy); never a non-finite state.
+
+        The state's finiteness is reduced to one flag on the device; the checkpointer's writer
+        reads it before writing anything (`precondition`), so the loop does not wait for it. A
+        non-finite state is not written: NonFiniteStateError is raised by the next save or at
+        the end of the run (at once for synchronous saves).
+        """
+        # Dispatched before the state's buffers can be donated to the next step.
+        finite = all_finite(self._checkpointed_floats())
+        step = self._step
+
+        def require_finite():
+            if not bool(finite):
+                raise NonFiniteStateError(
+                    f"Step {step}: the trainer state (parameters or optimizer state) holds "
+                    "NaN/inf values; refusing to checkpoint it. The last committed checkpoint "
+                    "is kept."
+                )
+
         ckpt_state = self._trainer_state._asdict()
         if self._config.save_input_iterator and self._input_is_checkpointable():
             ckpt_state["input_iter"] = self.input.iterator_state(self._input_iter)
         with self._mesh_context():
             self.checkpointer.save(
-                step=self._step, state=ckpt_state, evaler_summaries=evaler_summaries, force=force
+                step=self._step,
+                state=ckpt_state,
+                evaler_summaries=evaler_summaries,
+                force=force,
+                precondition=require_finite,
             )
         self._last_saved_step = self._step
 
@@ -400,15 +421,6 @@ class SpmdTrainer(TrainerMetricsMixin, TrainerWatchdogMixin, Module):
         if policy is None:
             return True
         return bool(policy(step=self._step, evaler_summaries=evaler_summaries))
-
-    def _check_state_finite(self) -> None:
-        """Raises NonFiniteStateError if any float leaf of the trainer state is NaN/inf."""
-        finite = all_finite(self._checkpointed_floats())
-        if not bool(finite):
-            raise NonFiniteStateError(
-                f"Step {self._step}: the trainer state (parameters or optimizer state) holds "
-                "NaN/inf values; refusing to checkpoint it. The last committed checkpoint is kept."
-            )
 
     def _checkpointed_floats(self) -> Any:
         """The parts of the trainer state checked for NaN/inf before each save."""

@@ -131,8 +131,8 @@ class SleepyCheckpointer(Checkpointer):
         sleep_seconds: float = 0.0
 
     @nowrap
-    def save(self, *, step, state, evaler_summaries=None, force=False):
-        del state
+    def save(self, *, step, state, evaler_summaries=None, force=False, precondition=None):
+        del state, precondition
         if not force and not self._save_policy(step=step, evaler_summaries=evaler_summaries or {}):
             return None
         time.sleep(self.config.sleep_seconds)
