@@ -3,13 +3,12 @@
 import jax
 import numpy as np
 import pytest
+import torch
+import transformers
 
 from axlearn.common.hf_llama import axlearn_to_hf_llama, hf_llama_to_axlearn
 from axlearn.common.module import functional
 from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 VOCAB, DIM, LAYERS, HEADS, KV_HEADS, HIDDEN, THETA = 96, 64, 2, 4, 2, 112, 500000.0
 
