@@ -70,20 +70,19 @@ def _step0_loss_and_grads(trainer):
     return float(loss), jax.tree.map(np.asarray, jax.device_get(grads))
 
 
-def _run_losses(cfg, **kwargs):
-    trainer = cfg.instantiate(parent=None, **kwargs)
+def _run_losses(trainer):
+    """Trains from the initial state (the same key as `_step0_loss_and_grads`); the losses."""
     trainer.run(jax.random.PRNGKey(3))
-    return [r["loss"] for r in tu.read_metrics(cfg.dir)]
+    return [r["loss"] for r in tu.read_metrics(trainer.config.dir)]
 
 
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory):
     root = tmp_path_factory.mktemp("one_device")
     devices = np.array(jax.devices()[:1]).reshape((1,) * 6)
-    trainer = _config(str(root / "init")).instantiate(parent=None, devices=devices)
+    trainer = _config(str(root)).instantiate(parent=None, devices=devices)
     loss, grads = _step0_loss_and_grads(trainer)
-    losses = _run_losses(_config(str(root / "run")), devices=devices)
-    return loss, grads, losses
+    return loss, grads, _run_losses(trainer)
 
 
 @pytest.mark.parametrize(
@@ -96,7 +95,7 @@ def one_device(tmp_path_factory):
 )
 def test_sharded_equals_one_device(tmp_path, one_device, selector, expected_mesh):
     loss1, grads1, losses1 = one_device
-    trainer = _config(str(tmp_path / "init"), selector).instantiate(parent=None)
+    trainer = _config(str(tmp_path), selector).instantiate(parent=None)
     mesh = {k: v for k, v in trainer.mesh().shape.items() if v > 1}
     assert mesh == expected_mesh
     loss, grads = _step0_loss_and_grads(trainer)
@@ -106,6 +105,6 @@ def test_sharded_equals_one_device(tmp_path, one_device, selector, expected_mesh
         np.testing.assert_allclose(
             g, flat1[path], rtol=1e-5, atol=1e-5, err_msg=jax.tree_util.keystr(path)
         )
-    losses = _run_losses(_config(str(tmp_path / "run"), selector))
+    losses = _run_losses(trainer)
     assert len(losses) == STEPS
     np.testing.assert_allclose(losses, losses1, rtol=1e-4)
