@@ -258,7 +258,6 @@ def test_outputs_tensorboard_jsonl_and_summary(tmp_path):
     assert summary["environment"]["jax_version"] == jax.__version__
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "mesh_shape,global_batch_size",
     [
@@ -353,7 +352,6 @@ def test_reference_trainer_lines():
     assert actual == expected
 
 
-@pytest.mark.slow
 def test_profiler_trace_and_watchdog(tmp_path, caplog):
     cfg = tu.bigram_trainer_config(str(tmp_path), max_step=7)
     cfg.set(start_trace_steps=[2], watchdog_timeout_seconds=1.0)
