@@ -11,17 +11,24 @@ order over `--rounds` rounds (so drift in the machine's load hits both arms alik
 - save: the checkpointer's default async save every 10 steps (`every_n_steps_policy(n=10)`);
 - nosave: the same trainer whose policy never fires.
 
-Numbers (from each run's metrics.jsonl; step 1, which carries the compile, is excluded):
+Numbers, over the window of steps (SKIP, steps - SKIP] (SKIP=5: past the compile, and the
+last save's write not cut off by the end of the run; with 60 steps the window holds the saves of
+steps 10..50):
 
-- blocking_s_per_save: the trainer's "checkpoint" overhead on save steps, i.e. everything the
-  training loop waited for in a save (finiteness check of the state, iterator state, snapshot,
-  waiting for the previous save). blocking_pct_of_step: that over the median step time of the
-  nosave arm (target < 1%).
-- inflation_pct: total step time of the save arm over the nosave arm, minus 1, all steps after
-  the first (save steps, and steps slowed by the background write, included; target < 5%).
-- non_save_step_ratio: median time of steps that did not save, save arm / nosave arm (the
-  background write's interference).
-- end_of_run_wait_s: seconds `run()` spent after the last step, waiting for the last save.
+- blocking_s_per_save: the trainer's "checkpoint" overhead on save steps (metrics.jsonl), i.e.
+  everything the training loop waited for in a save: dispatching the finiteness check, the
+  input position, the checkpointer's snapshot (on CPU a device-to-device copy of the state),
+  waiting for the previous save. blocking_pct_of_step: that over the median step time of the
+  nosave arm (target < 1%). checkpointer_blocking_s / snapshot_s: the checkpointer's own
+  account of the same (SaveStats).
+- inflation_pct: wall time of the window, save arm over nosave arm, minus 1 (save steps and any
+  step slowed by the background write included; target < 5%). On a shared machine this swings
+  with other processes' load; see the per-round values.
+- cpu_inflation_pct: process CPU time (all threads) of the window, save arm over nosave arm, minus
+  1: the CPU the saves cost (snapshot copy, finiteness reduction, CRC-32s, writes). Stable under
+  load; an upper bound of the wall-time inflation on a machine with no idle core.
+- non_save_step_ratio: median time of steps that did not save, save arm / nosave arm.
+- end_of_run_wait_s: extra seconds `run()` spent after the last step (the last save's write).
 
 Every figure is a median over the rounds. Prints one JSON object.
 
@@ -51,11 +58,14 @@ from axlearn.common.checkpointer import (
 )
 from axlearn.common.config import config_for_function
 from axlearn.common.input_fake import FakeLmInput
+from axlearn.common.summary_writer import BaseWriter, CompositeWriter, SummaryWriter
 from axlearn.common.trainer import SpmdTrainer
 from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
 
 SEQ, BATCH, VOCAB = 128, 4, 32768
 SAVE_EVERY = 10
+# Steps excluded at each end of a run from the measurement window.
+SKIP = 5
 # The reference trainer's mesh axes (the model's partition specs name them); all of size 1.
 MESH_AXIS_NAMES = ("pipeline", "data", "expert", "fsdp", "seq", "model")
 
@@ -70,6 +80,19 @@ class RecordingCheckpointer(Checkpointer):
                 self.save_stats = []
             self.save_stats.append(stats)
         return stats
+
+
+class ClockWriter(BaseWriter):
+    """Records (step, process CPU seconds, wall seconds) at each step's summaries (in memory)."""
+
+    def log_config(self, config, step: int = 0) -> None:
+        del config, step
+
+    def __call__(self, step: int, values: dict) -> None:
+        del values
+        if not hasattr(self, "clock"):
+            self.clock = {}
+        self.clock[int(step)] = (time.process_time(), time.perf_counter())
 
 
 def p1_trainer_config(trainer_dir: str, *, max_step: int, save: bool) -> SpmdTrainer.Config:
@@ -104,7 +127,12 @@ def p1_trainer_config(trainer_dir: str, *, max_step: int, save: bool) -> SpmdTra
         # DESIGN.md's measured fp32 matmul peak of this machine; skips the start-up probe.
         peak_flops_per_device=250e9,
     )
-    cfg.summary_writer.write_every_n_steps = 1
+    cfg.summary_writer = CompositeWriter.default_config().set(
+        writers=dict(
+            tensorboard=SummaryWriter.default_config().set(write_every_n_steps=1),
+            clock=ClockWriter.default_config(),
+        )
+    )
     cfg.checkpointer.save_policy = config_for_function(every_n_steps_policy).set(
         n=SAVE_EVERY if save else 10**8
     )
@@ -119,37 +147,36 @@ def _records(trainer_dir: str) -> list[dict]:
 
 
 def run_arm(*, save: bool, steps: int, root: str) -> dict:
-    """One fresh run of one arm; returns its measurements."""
+    """One fresh run of one arm; returns its measurements over the window (SKIP, steps - SKIP]."""
     trainer_dir = tempfile.mkdtemp(prefix="save_" if save else "nosave_", dir=root)
     cfg = p1_trainer_config(trainer_dir, max_step=steps, save=save)
     trainer = cfg.instantiate(
         parent=None, devices=np.array(jax.devices()[:1]).reshape(cfg.mesh_shape)
     )
-    start = time.perf_counter()
     trainer.run(jax.random.PRNGKey(0))
-    run_s = time.perf_counter() - start
-    end_wall = time.time()
-    stats = getattr(trainer.checkpointer, "save_stats", [])
-    records = [r for r in _records(trainer_dir) if r["step"] > 1]
-    saved = [r for r in records if r["step"] % SAVE_EVERY == 0] if save else []
+    end_wall = time.perf_counter()
+    clock = trainer.summary_writer.writers[1].clock
+    first, last = SKIP, steps - SKIP
+    records = [r for r in _records(trainer_dir) if first < r["step"] <= last]
+    saved = [r for r in records if save and r["step"] % SAVE_EVERY == 0]
     others = [r for r in records if r not in saved]
-    last_time = max(r["time"] for r in records)
+    stats = [s for s in getattr(trainer.checkpointer, "save_stats", []) if first < s.step <= last]
     result = dict(
-        total_step_s=sum(r["perf/step_time_s"] for r in records),
+        window_wall_s=clock[last][1] - clock[first][1],
+        window_cpu_s=clock[last][0] - clock[first][0],
         median_step_s=statistics.median(r["perf/step_time_s"] for r in records),
         median_non_save_step_s=statistics.median(r["perf/step_time_s"] for r in others),
         blocking_s=[r.get("perf/overhead/checkpoint", 0.0) for r in saved],
         checkpointer_blocking_s=[s.blocking_s for s in stats],
         snapshot_s=[s.snapshot_s for s in stats],
         wait_for_previous_s=[s.wait_for_previous_s for s in stats],
-        save_step_s=[r["perf/step_time_s"] for r in saved],
-        run_s=run_s,
-        # From the last step's record to the end of run(): the last save's wait and the summary.
-        end_of_run_s=end_wall - last_time,
+        # From the last step's summaries to the end of run(): the last save's write (if any).
+        end_of_run_s=end_wall - clock[steps][1],
+        checkpoints=[
+            parse_step_from_dir(p)
+            for p in checkpoint_paths(os.path.join(trainer_dir, "checkpoints"))
+        ],
     )
-    result["checkpoints"] = [
-        parse_step_from_dir(p) for p in checkpoint_paths(os.path.join(trainer_dir, "checkpoints"))
-    ]
     shutil.rmtree(trainer_dir, ignore_errors=True)
     return result
 
@@ -159,8 +186,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     args = parser.parse_args()
-    if args.steps < 2 * SAVE_EVERY:
-        sys.exit(f"--steps must be >= {2 * SAVE_EVERY}")
+    if args.steps < 2 * SKIP + 2 * SAVE_EVERY:
+        sys.exit(f"--steps must be >= {2 * SKIP + 2 * SAVE_EVERY}")
     load_before = os.getloadavg()
     root = tempfile.mkdtemp(prefix="checkpoint_in_training_")
     rounds = []
@@ -191,13 +218,16 @@ def main():
                 checkpointer_blocking_s=median(save["checkpointer_blocking_s"]),
                 snapshot_s=median(save["snapshot_s"]),
                 wait_for_previous_s=median(save["wait_for_previous_s"]),
-                inflation_pct=100 * (save["total_step_s"] / nosave["total_step_s"] - 1),
+                inflation_pct=100 * (save["window_wall_s"] / nosave["window_wall_s"] - 1),
+                cpu_inflation_pct=100 * (save["window_cpu_s"] / nosave["window_cpu_s"] - 1),
                 non_save_step_ratio=save["median_non_save_step_s"]
                 / nosave["median_non_save_step_s"],
                 num_saves=len(save["blocking_s"]),
                 end_of_run_wait_s=save["end_of_run_s"] - nosave["end_of_run_s"],
-                save_run_s=save["run_s"],
-                nosave_run_s=nosave["run_s"],
+                save_window_wall_s=save["window_wall_s"],
+                nosave_window_wall_s=nosave["window_wall_s"],
+                save_window_cpu_s=save["window_cpu_s"],
+                nosave_window_cpu_s=nosave["window_cpu_s"],
                 checkpoints=save["checkpoints"],
             )
         )
@@ -207,6 +237,7 @@ def main():
         "blocking_s_per_save",
         "blocking_pct_of_step",
         "inflation_pct",
+        "cpu_inflation_pct",
         "non_save_step_ratio",
         "end_of_run_wait_s",
         "checkpointer_blocking_s",
@@ -219,6 +250,7 @@ def main():
             dict(
                 workload="P1",
                 save_every_n_steps=SAVE_EVERY,
+                window=f"steps ({SKIP}, {args.steps - SKIP}]",
                 steps_per_run=args.steps,
                 rounds=args.rounds,
                 **summary,

@@ -134,10 +134,7 @@ class PreemptionHandler:
 
     def __enter__(self) -> PreemptionHandler:
         if jax.process_count() > 1:
-            # pylint: disable-next=import-outside-toplevel
-            from jax._src import distributed
-
-            if distributed.global_state.preemption_sync_manager is not None:
+            if _jax_preemption_service_running():
                 self._use_jax_sync = True
                 self._active = True
             else:
@@ -286,3 +283,14 @@ class PreemptionHandler:
         return TrainingPreempted(
             step=step, saved_step=saved_step, notice_to_exit_s=self.seconds_since_notice() or 0.0
         )
+
+
+def _jax_preemption_service_running() -> bool:
+    """Whether jax.distributed runs JAX's preemption sync manager (it listens for SIGTERM)."""
+    try:
+        # pylint: disable-next=import-outside-toplevel
+        from jax._src import distributed
+    except ImportError:  # pragma: no cover - a JAX without this module.
+        return False
+    state = getattr(distributed, "global_state", None)
+    return getattr(state, "preemption_sync_manager", None) is not None

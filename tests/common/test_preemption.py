@@ -5,8 +5,12 @@ from that step (bit-identically to a run that was never preempted).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -22,7 +26,7 @@ from axlearn.common.preemption import (
     TrainingPreempted,
 )
 from tests.common import resume_test_utils as rtu
-from tests.common.test_checkpoint_crash_safety import run_driver
+from tests.common.test_checkpoint_crash_safety import REPO_ROOT, run_driver
 
 # ----------------------------------------------------------------------------------------------
 # PreemptionHandler.
@@ -194,3 +198,72 @@ def test_deadline_when_the_save_hangs(tmp_path):
     assert preempted["committed"] == [2, 4] and preempted["partial"] == [5]
     assert resumed["returncode"] == 0 and resumed["child"]["restored_steps"] == [4]
     assert resumed["child"]["step"] == 8 and resumed["partial"] == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_workers(trainer_dir: str, max_step: int, log_dir) -> list[subprocess.Popen]:
+    port = _free_port()
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    procs = []
+    for pid in range(2):
+        log = open(log_dir / f"worker_{pid}_{len(os.listdir(log_dir))}.log", "w+b")  # noqa: SIM115
+        args = [sys.executable, "-m", "tests.common.preemption_mp_worker", str(pid), "2"]
+        args += [str(port), trainer_dir, str(max_step)]
+        proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc.log = log
+        procs.append(proc)
+    return procs
+
+
+def _results(procs: list[subprocess.Popen], timeout: float = 600) -> list[dict]:
+    results = []
+    for proc in procs:
+        proc.wait(timeout=timeout)
+        proc.log.seek(0)
+        text = proc.log.read().decode(errors="replace")
+        proc.log.close()
+        lines = [line for line in text.splitlines() if line.startswith("RESULT:")]
+        assert lines, f"worker exited {proc.returncode} without a result:\n{text[-4000:]}"
+        results.append(dict(json.loads(lines[-1][len("RESULT:") :]), returncode=proc.returncode))
+    return results
+
+
+@pytest.mark.slow
+def test_two_processes_stop_after_the_same_step(tmp_path):
+    """SIGTERM to one of 2 processes: both stop after the same step, which is committed."""
+    trainer_dir, max_step = str(tmp_path / "run"), 100
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs = _start_workers(trainer_dir, max_step, logs)
+    try:
+        metrics = os.path.join(trainer_dir, "metrics.jsonl")
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if os.path.exists(metrics) and len(rtu.losses_by_step(trainer_dir)) >= 3:
+                break
+            assert all(p.poll() is None for p in procs), "a worker exited early"
+            time.sleep(0.05)
+        os.kill(procs[1].pid, signal.SIGTERM)  # Only process 1 receives the notice.
+        results = _results(procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    steps = {r["preempted_step"] for r in results if "preempted_step" in r}
+    assert [r["returncode"] for r in results] == [PREEMPTED_EXIT_CODE] * 2, results
+    assert len(steps) == 1, results
+    (step,) = steps
+    assert 3 <= step < max_step and all(r["saved_step"] == step for r in results)
+    committed, partial = rtu.committed_and_partial(os.path.join(trainer_dir, "checkpoints"))
+    assert committed == [step] and partial == []
+
+    resumed = _results(_start_workers(trainer_dir, max_step, logs))
+    assert [r["returncode"] for r in resumed] == [0, 0], resumed
+    assert all(r["restored_steps"] == [step] and r["final_step"] == max_step for r in resumed)
