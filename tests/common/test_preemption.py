@@ -267,3 +267,53 @@ def test_two_processes_stop_after_the_same_step(tmp_path):
     resumed = _results(_start_workers(trainer_dir, max_step, logs))
     assert [r["returncode"] for r in resumed] == [0, 0], resumed
     assert all(r["restored_steps"] == [step] and r["final_step"] == max_step for r in resumed)
+
+
+def _launch(trainer_dir: str, log_path) -> subprocess.Popen:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    env["JAX_PLATFORMS"] = "cpu"
+    cmd = [sys.executable, "-m", "axlearn.common.launch_trainer_main"]
+    cmd += ["--module=tests.common.preemption_experiment", "--config=gpt-tiny-preempt"]
+    cmd += [f"--trainer_dir={trainer_dir}", "--data_dir=FAKE", "--jax_backend=cpu"]
+    log = open(log_path, "w+b")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc.log = log
+    return proc
+
+
+@pytest.mark.slow
+def test_launcher_exits_with_the_preempted_code_and_the_same_command_resumes(tmp_path):
+    """`python -m axlearn.common.launch_trainer_main ...`: SIGTERM -> exit 75; rerun resumes."""
+    from tests.common.preemption_experiment import MAX_STEP
+
+    trainer_dir = str(tmp_path / "run")
+    proc = _launch(trainer_dir, tmp_path / "first.log")
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(rtu.losses_by_step(trainer_dir)) >= 3:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    proc.log.seek(0)
+    log = proc.log.read().decode(errors="replace")
+    assert proc.returncode == PREEMPTED_EXIT_CODE, log[-4000:]
+    last = max(rtu.losses_by_step(trainer_dir))
+    assert 3 <= last < MAX_STEP
+    committed, partial = rtu.committed_and_partial(os.path.join(trainer_dir, "checkpoints"))
+    assert committed == [last] and partial == []
+    assert f"Preempted after step {last}; committed step {last}" in log
+
+    again = _launch(trainer_dir, tmp_path / "second.log")
+    again.wait(timeout=900)
+    again.log.seek(0)
+    log = again.log.read().decode(errors="replace")
+    assert again.returncode == 0, log[-4000:]
+    assert f"Restored checkpoint at step {last}" in log
+    assert sorted(rtu.losses_by_step(trainer_dir)) == list(range(1, MAX_STEP + 1))
