@@ -30,7 +30,12 @@ def main():
     from tests.common import resume_test_utils as rtu
 
     cfg = rtu.resume_trainer_config(
-        trainer_dir, max_step=int(max_step), checkpoint_every=1000, mesh_shape=(1, 1, -1, 1)
+        trainer_dir,
+        max_step=int(max_step),
+        checkpoint_every=1000,
+        mesh_shape=(1, 1, -1, 1),
+        # Keeps the run going for seconds, so the signal arrives mid-run.
+        seconds_per_batch=0.05,
     )
     cfg.preemption_timeout_seconds = 120
     trainer = cfg.instantiate(parent=None)

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 from typing import Any, Optional
 
 import jax
@@ -52,20 +53,26 @@ class SigtermFakeLmInput(FakeLmInput):
 
         # The 0-based batch index at which to send SIGTERM; None: never.
         sigterm_at_batch: Optional[int] = None
+        # Seconds to sleep before each batch (to keep a run going long enough to signal it).
+        seconds_per_batch: float = 0.0
 
     def __iter__(self):
-        return _SigtermIterator(super().__iter__(), self.config.sigterm_at_batch)
+        cfg = self.config
+        return _SigtermIterator(super().__iter__(), cfg.sigterm_at_batch, cfg.seconds_per_batch)
 
 
 class _SigtermIterator:
-    def __init__(self, it, sigterm_at_batch: Optional[int]):
+    def __init__(self, it, sigterm_at_batch: Optional[int], seconds_per_batch: float):
         self._it = it
         self._sigterm_at_batch = sigterm_at_batch
+        self._seconds_per_batch = seconds_per_batch
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._seconds_per_batch:
+            time.sleep(self._seconds_per_batch)
         if self._it.num_batches == self._sigterm_at_batch:
             os.kill(os.getpid(), signal.SIGTERM)
         return next(self._it)
@@ -86,6 +93,7 @@ def resume_trainer_config(
     mesh_shape: tuple = (1, 1, -1, 1),
     global_batch_size: int = 8,
     sigterm_at_batch: Optional[int] = None,
+    seconds_per_batch: float = 0.0,
 ) -> SpmdTrainer.Config:
     """The tiny trainer of the resume tests (see the module docstring).
 
@@ -98,6 +106,7 @@ def resume_trainer_config(
         global_batch_size: Examples per step.
         sigterm_at_batch: If set, the input sends SIGTERM to the process when fetching this
             0-based batch (see SigtermFakeLmInput).
+        seconds_per_batch: If set, the input sleeps this long before each batch.
 
     Returns:
         The trainer config (a RecordingTrainer).
@@ -110,10 +119,10 @@ def resume_trainer_config(
         checkpoint_every=checkpoint_every,
     )
     cfg.klass = RecordingTrainer
-    if sigterm_at_batch is not None:
+    if sigterm_at_batch is not None or seconds_per_batch:
         fields = {k: v for k, v in cfg.input.items() if k != "klass"}
         cfg.input = SigtermFakeLmInput.default_config().set(
-            **fields, sigterm_at_batch=sigterm_at_batch
+            **fields, sigterm_at_batch=sigterm_at_batch, seconds_per_batch=seconds_per_batch
         )
     cfg.evalers = {}
     cfg.summary_writer = NoOpWriter.default_config()

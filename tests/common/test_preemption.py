@@ -153,6 +153,8 @@ def test_sigterm_from_another_process(tmp_path):
             dir=str(tmp_path / "run"),
             sigterm_at_step=3,
             preemption_timeout_seconds=120,
+            # Keeps the run going for seconds, so the signal arrives mid-run.
+            seconds_per_batch=0.05,
             **common,
         ),
         dict(name="resumed", dir=str(tmp_path / "run"), **common),

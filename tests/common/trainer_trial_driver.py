@@ -13,6 +13,7 @@ SPEC: {"num_devices": 1, "compilation_cache_dir": "...", "runs": [RUN, ...]} whe
  "env": {VAR: value} (e.g. AXLEARN_CHECKPOINT_FAULT), "sigterm_at_step": int or absent (the
  driver sends SIGTERM once metrics.jsonl shows this step), "sigterm_at_batch": int or absent
  (the child's input sends SIGTERM to itself when fetching this 0-based batch),
+ "seconds_per_batch": float or absent (the input sleeps before each batch),
  "preemption_timeout_seconds": float or absent}.
 
 RESULT: one record per run: {"name", "returncode" (negative: killed by that signal),
@@ -57,6 +58,7 @@ def _child(run: dict, spec: dict) -> int:
         checkpoint_every=run.get("checkpoint_every", 2),
         keep_last_n=run.get("keep_last_n", 2),
         sigterm_at_batch=run.get("sigterm_at_batch"),
+        seconds_per_batch=run.get("seconds_per_batch", 0.0),
     )
     if run.get("preemption_timeout_seconds") is not None:
         cfg.preemption_timeout_seconds = run["preemption_timeout_seconds"]
