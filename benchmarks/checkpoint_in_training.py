@@ -17,8 +17,8 @@ steps 10..50):
 
 - blocking_s_per_save: the trainer's "checkpoint" overhead on save steps (metrics.jsonl), i.e.
   everything the training loop waited for in a save: dispatching the finiteness check, the
-  input position, the checkpointer's snapshot (on CPU a device-to-device copy of the state),
-  waiting for the previous save. blocking_pct_of_step: that over the median step time of the
+  input position, the checkpointer's snapshot (on CPU none: the save references the state and
+  the next step runs without donation), waiting for the previous save. blocking_pct_of_step: that over the median step time of the
   nosave arm (target < 1%). checkpointer_blocking_s / snapshot_s: the checkpointer's own
   account of the same (SaveStats).
 - inflation_pct: wall time of the window, save arm over nosave arm, minus 1 (save steps and any
@@ -29,6 +29,9 @@ steps 10..50):
   load; an upper bound of the wall-time inflation on a machine with no idle core.
 - non_save_step_ratio: median time of steps that did not save, save arm / nosave arm.
 - end_of_run_wait_s: extra seconds `run()` spent after the last step (the last save's write).
+- tensorstore_cpu_s_per_save: CPU seconds of TensorStore's threads per save (the writes), and
+  each arm's window CPU by thread name (XLA's compute threads vary by a few % run to run, which
+  is why the wall-time inflation needs several rounds).
 
 Every figure is a median over the rounds. Prints one JSON object.
 
@@ -38,6 +41,7 @@ Every figure is a median over the rounds. Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -82,8 +86,31 @@ class RecordingCheckpointer(Checkpointer):
         return stats
 
 
+def thread_cpu_by_name() -> dict[str, float]:
+    """CPU seconds (user + system) of this process's threads, summed by thread name (Linux).
+
+    XLA's CPU compute threads are "tf_XLAEigen", TensorStore's I/O and copy threads
+    "ts_pool_worker"; Python threads (the loop, the checkpoint writer) are all "python".
+    """
+    ticks = os.sysconf("SC_CLK_TCK")
+    totals: dict[str, float] = collections.defaultdict(float)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/stat", encoding="utf-8") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # The thread exited meanwhile.
+            continue
+        totals[name] += (int(fields[11]) + int(fields[12])) / ticks  # utime + stime.
+    return dict(totals)
+
+
 class ClockWriter(BaseWriter):
-    """Records (step, process CPU seconds, wall seconds) at each step's summaries (in memory)."""
+    """Records (step, process CPU seconds, wall seconds) at each step's summaries (in memory),
+    and CPU seconds by thread name at the steps in `thread_steps` (set after instantiation)."""
+
+    thread_steps: frozenset = frozenset()
 
     def log_config(self, config, step: int = 0) -> None:
         del config, step
@@ -91,8 +118,10 @@ class ClockWriter(BaseWriter):
     def __call__(self, step: int, values: dict) -> None:
         del values
         if not hasattr(self, "clock"):
-            self.clock = {}
+            self.clock, self.threads = {}, {}
         self.clock[int(step)] = (time.process_time(), time.perf_counter())
+        if int(step) in self.thread_steps:
+            self.threads[int(step)] = thread_cpu_by_name()
 
 
 def p1_trainer_config(trainer_dir: str, *, max_step: int, save: bool) -> SpmdTrainer.Config:
@@ -153,10 +182,12 @@ def run_arm(*, save: bool, steps: int, root: str) -> dict:
     trainer = cfg.instantiate(
         parent=None, devices=np.array(jax.devices()[:1]).reshape(cfg.mesh_shape)
     )
+    first, last = SKIP, steps - SKIP
+    trainer.summary_writer.writers[1].thread_steps = frozenset((first, last))
     trainer.run(jax.random.PRNGKey(0))
     end_wall = time.perf_counter()
     clock = trainer.summary_writer.writers[1].clock
-    first, last = SKIP, steps - SKIP
+    threads = trainer.summary_writer.writers[1].threads
     records = [r for r in _records(trainer_dir) if first < r["step"] <= last]
     saved = [r for r in records if save and r["step"] % SAVE_EVERY == 0]
     others = [r for r in records if r not in saved]
@@ -164,6 +195,11 @@ def run_arm(*, save: bool, steps: int, root: str) -> dict:
     result = dict(
         window_wall_s=clock[last][1] - clock[first][1],
         window_cpu_s=clock[last][0] - clock[first][0],
+        window_cpu_by_thread_s={
+            name: round(cpu - threads[first].get(name, 0.0), 3)
+            for name, cpu in threads[last].items()
+            if cpu - threads[first].get(name, 0.0) > 0
+        },
         median_step_s=statistics.median(r["perf/step_time_s"] for r in records),
         median_non_save_step_s=statistics.median(r["perf/step_time_s"] for r in others),
         blocking_s=[r.get("perf/overhead/checkpoint", 0.0) for r in saved],
@@ -228,6 +264,11 @@ def main():
                 nosave_window_wall_s=nosave["window_wall_s"],
                 save_window_cpu_s=save["window_cpu_s"],
                 nosave_window_cpu_s=nosave["window_cpu_s"],
+                # TensorStore's threads exist only in the save arm: its write CPU per save.
+                tensorstore_cpu_s_per_save=save["window_cpu_by_thread_s"].get("ts_pool_worker", 0.0)
+                / max(1, len(save["blocking_s"])),
+                save_cpu_by_thread_s=save["window_cpu_by_thread_s"],
+                nosave_cpu_by_thread_s=nosave["window_cpu_by_thread_s"],
                 checkpoints=save["checkpoints"],
             )
         )
@@ -243,6 +284,7 @@ def main():
         "checkpointer_blocking_s",
         "snapshot_s",
         "wait_for_previous_s",
+        "tensorstore_cpu_s_per_save",
     )
     summary = {k: round(median([r[k] for r in per_round]), 5) for k in keys}
     print(

@@ -99,6 +99,7 @@ def main() -> None:
     train_step, state, ids = make_step(
         dim=args.dim, hidden=args.hidden, vocab=args.vocab, tokens=args.tokens
     )
+
     def fresh_state():
         return jax.tree.map(lambda x: x.copy(), state)  # Each loop donates its own copy.
 

@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Callable, Literal, NamedTuple, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import jax
 import numpy as np
@@ -45,6 +45,11 @@ from axlearn.common.module import functional as F
 from axlearn.common.preemption import PreemptionHandler
 from axlearn.common.step_timer import StepTimer
 from axlearn.common.summary_writer import BaseWriter, JsonlWriter, SummaryWriter
+from axlearn.common.trainer_checkpointing import (  # noqa: F401 (public names)
+    NonFiniteStateError,
+    TrainerCheckpointMixin,
+    TrainerState,
+)
 from axlearn.common.trainer_metrics import TrainerMetricsMixin
 from axlearn.common.trainer_utils import (
     all_finite,
@@ -71,27 +76,12 @@ from axlearn.common.utils_spmd import (
 )
 
 
-class TrainerState(NamedTuple):
-    """The state the trainer trains and checkpoints."""
-
-    # The PRNG key of the next step.
-    prng_key: Any
-    # The model parameters.
-    model: Any
-    # The learner (optimizer) state.
-    learner: Any
-
-
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite at a step and the learner does not skip such steps."""
 
 
-class NonFiniteStateError(RuntimeError):
-    """The trainer state holds NaN/inf values; it is never checkpointed."""
-
-
 # pylint: disable-next=too-many-instance-attributes
-class SpmdTrainer(TrainerMetricsMixin, TrainerWatchdogMixin, Module):
+class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMixin, Module):
     """Trains `model` with `learner` on `input` over a device mesh; see the module docstring."""
 
     @config_class
@@ -157,6 +147,7 @@ class SpmdTrainer(TrainerMetricsMixin, TrainerWatchdogMixin, Module):
         self._step: Optional[int] = None
         self._trainer_state: Optional[TrainerState] = None
         self._compiled_train_step = None
+        self._compiled_train_step_keep_state = None
         self._watchdog_stop: Optional[threading.Event] = None
         self._watchdog_thread: Optional[threading.Thread] = None
         self._init_time = time.perf_counter()
@@ -306,149 +297,6 @@ class SpmdTrainer(TrainerMetricsMixin, TrainerWatchdogMixin, Module):
             )
         self._step = 0
 
-    def restore_checkpoint(self, restore_step: Optional[int] = None) -> Optional[int]:
-        """Restores the latest committed checkpoint (or `restore_step`) into the state shardings.
-
-        If the checkpoint holds an input iterator position (and `save_input_iterator` is set),
-        the input resumes from it; a checkpoint saved with the other `save_input_iterator`
-        setting is restored too (the input then starts from its beginning).
-
-        Args:
-            restore_step: The step to restore; None: the latest committed one, if any.
-
-        Returns:
-            The restored step, or None if there was nothing to restore.
-        """
-        # pylint: disable-next=import-outside-toplevel
-        from axlearn.common.checkpointer import StateMismatchError
-
-        with_input = bool(self._config.save_input_iterator) and self._input_is_checkpointable()
-        with self._mesh_context():
-            try:
-                step, state = self.checkpointer.restore(
-                    step=restore_step, state=self._checkpoint_state_spec(with_input=with_input)
-                )
-            except StateMismatchError as e:
-                logging.warning(
-                    "Restoring with input iterator=%s failed (%s); retrying with %s.",
-                    with_input,
-                    e,
-                    not with_input,
-                )
-                with_input = not with_input and self._input_is_checkpointable()
-                step, state = self.checkpointer.restore(
-                    step=restore_step, state=self._checkpoint_state_spec(with_input=with_input)
-                )
-        if step is None:
-            return None
-        self._step = int(step)
-        self._trainer_state = TrainerState(
-            **{k: v for k, v in state.items() if k in TrainerState._fields}
-        )
-        if self._config.save_input_iterator and "input_iter" in state:
-            self._input_iter = self.input.restore_iterator(state["input_iter"])
-            self._step_log("Restored the input iterator position.")
-        self._step_log("Restored checkpoint at step %s.", step)
-        return self._step
-
-    def _input_is_checkpointable(self) -> bool:
-        return hasattr(self.input, "iterator_state") and hasattr(self.input, "restore_iterator")
-
-    def _checkpoint_state_spec(self, *, with_input: bool) -> dict[str, Any]:
-        """The tree of (shape, dtype, sharding) the checkpointer restores into."""
-
-        def spec(s, sharding):
-            return jax.ShapeDtypeStruct(shape=tuple(s.shape), dtype=s.dtype, sharding=sharding)
-
-        specs = jax.tree.map(
-            spec,
-            self._trainer_state_specs,
-            self._trainer_state_shardings,
-            is_leaf=lambda x: isinstance(x, (utils.TensorSpec, jax.ShapeDtypeStruct)),
-        )
-        state = specs._asdict()
-        if with_input:
-            state["input_iter"] = b""
-        return state
-
-    @staticmethod
-    def _prng_key_shape() -> tuple:
-        return tuple(jax.random.PRNGKey(0).shape)
-
-    @staticmethod
-    def _prng_key_dtype():
-        return jax.random.PRNGKey(0).dtype
-
-    def _save_checkpoint(
-        self, evaler_summaries: Optional[dict[str, Any]], *, force: bool = False
-    ) -> None:
-        """Saves the current state (the caller checked the policy); never a non-finite state.
-
-        The state's finiteness is reduced to one flag on the device; the checkpointer's writer
-        reads it before writing anything (`precondition`), so the loop does not wait for it. A
-        non-finite state is not written: NonFiniteStateError is raised by the next save or at
-        the end of the run (at once for synchronous saves).
-        """
-        # Dispatched before the state's buffers can be donated to the next step.
-        finite = all_finite(self._checkpointed_floats())
-        step = self._step
-
-        def require_finite():
-            if not bool(finite):
-                raise NonFiniteStateError(
-                    f"Step {step}: the trainer state (parameters or optimizer state) holds "
-                    "NaN/inf values; refusing to checkpoint it. The last committed checkpoint "
-                    "is kept."
-                )
-
-        ckpt_state = self._trainer_state._asdict()
-        if self._config.save_input_iterator and self._input_is_checkpointable():
-            ckpt_state["input_iter"] = self.input.iterator_state(self._input_iter)
-        with self._mesh_context():
-            self.checkpointer.save(
-                step=self._step,
-                state=ckpt_state,
-                evaler_summaries=evaler_summaries,
-                force=force,
-                precondition=require_finite,
-            )
-        self._last_saved_step = self._step
-
-    def _checkpoint_due(self, evaler_summaries) -> bool:
-        policy = getattr(self.checkpointer, "save_policy", None)
-        if policy is None:
-            policy = getattr(self.checkpointer, "_save_policy", None)
-        if policy is None:
-            return True
-        return bool(policy(step=self._step, evaler_summaries=evaler_summaries))
-
-    def _checkpointed_floats(self) -> Any:
-        """The parts of the trainer state checked for NaN/inf before each save."""
-        return (self._trainer_state.model, self._trainer_state.learner)
-
-    def _stop_for_preemption(self, current: _PendingStep) -> None:
-        """After a preemption notice: finishes step `current`, saves it, waits, exits.
-
-        The step is saved unless its save policy just did; see axlearn/common/preemption.py.
-
-        Raises:
-            TrainingPreempted: Always, once the save is committed (a SystemExit whose code is
-                preemption.PREEMPTED_EXIT_CODE).
-        """
-        preemption = self._preemption
-        preemption.set_activity(f"finishing step {current.step}")
-        self._drain(current)
-        self._finish_step(current)
-        self._stop_trace()
-        if getattr(self, "_last_saved_step", None) != current.step:
-            preemption.set_activity(f"saving step {current.step}")
-            self._save_checkpoint(None, force=True)
-        preemption.set_activity(f"committing step {current.step}")
-        self.checkpointer.wait_until_finished()
-        error = preemption.preempted(step=current.step, saved_step=current.step)
-        self._step_log("%s", error)
-        raise error
-
     # ------------------------------------------------------------------------------------------
     # The train step.
     # ------------------------------------------------------------------------------------------
@@ -541,19 +389,22 @@ class SpmdTrainer(TrainerMetricsMixin, TrainerWatchdogMixin, Module):
             learner_collection,
         )
 
-    def _jit_train_step(self, batch_sharding: Any) -> Callable:
+    def _jit_train_step(self, batch_sharding: Any, *, donate_state: bool = True) -> Callable:
         return jax.jit(
             self._train_step,
             in_shardings=(self._trainer_state_shardings, batch_sharding),
             out_shardings=(self._trainer_state_shardings, None),
-            donate_argnums=(0,),
+            donate_argnums=(0,) if donate_state else (),
         )
 
-    def compile_train_step(self, input_batch: NestedTensor) -> Any:
+    def compile_train_step(self, input_batch: NestedTensor, *, donate_state: bool = True) -> Any:
         """Lowers and compiles the train step for a global batch (arrays or ShapeDtypeStructs).
 
         Args:
             input_batch: The global input batch (or its shapes, with shardings).
+            donate_state: Whether the step donates the trainer state's buffers (reuses them for
+                the new state). The trainer compiles a non-donating variant too when saves
+                reference the state (CPU), for the step after each save.
 
         Returns:
             The compiled step: (trainer_state, input_batch) -> (trainer_state, outputs).
@@ -568,7 +419,9 @@ class SpmdTrainer(TrainerMetricsMixin, TrainerWatchdogMixin, Module):
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), input_batch
         )
         with self._mesh_context():
-            lowered = self._jit_train_step(batch_sharding).lower(state, batch)
+            lowered = self._jit_train_step(batch_sharding, donate_state=donate_state).lower(
+                state, batch
+            )
             return lowered.compile()
 
     # ------------------------------------------------------------------------------------------
@@ -624,9 +477,11 @@ class SpmdTrainer(TrainerMetricsMixin, TrainerWatchdogMixin, Module):
                 with timer.overhead("compile"):
                     self._compile(global_batch)
             self._step += 1
-            self._trainer_state, outputs = self._compiled_train_step(
-                self._trainer_state, global_batch
-            )
+            train_step = self._compiled_train_step
+            if self._state_held_by_save:
+                # The last save still reads the state's arrays: do not donate them.
+                train_step, self._state_held_by_save = self._compiled_train_step_keep_state, False
+            self._trainer_state, outputs = train_step(self._trainer_state, global_batch)
             current = _PendingStep(step=self._step, outputs=outputs, batch=host_batch)
             if pending is not None:
                 last_record = self._finish_step(pending)
@@ -751,6 +606,10 @@ class SpmdTrainer(TrainerMetricsMixin, TrainerWatchdogMixin, Module):
         """AOT-compiles the train step for this batch's shapes; logs memory analysis."""
         start = time.perf_counter()
         self._compiled_train_step = self.compile_train_step(global_batch)
+        if self._saves_alias_state():
+            self._compiled_train_step_keep_state = self.compile_train_step(
+                global_batch, donate_state=False
+            )
         self._compile_seconds = time.perf_counter() - start
         self._step_log("Compiled the train step in %.2f s.", self._compile_seconds)
         self._on_compiled(self._compiled_train_step, global_batch)

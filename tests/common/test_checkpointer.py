@@ -185,6 +185,26 @@ def test_invalid_config():
 
 
 @pytest.mark.parametrize("snapshot", ["device", "host"])
+def test_alias_arrays_saves_without_a_copy(tmp_path, snapshot):
+    """alias_arrays=True: the plan holds the caller's arrays (no copy); the save is still exact."""
+    host = _host_state()
+    state = _device_state(host, _mesh((1, 8), ("data", "fsdp")))
+    ckpt = _checkpointer(
+        tmp_path, storage=TensorStoreStateStorage.default_config().set(snapshot=snapshot)
+    )
+    with ckpt:
+        stats = ckpt.save(step=3, state=dict(state=state), alias_arrays=True)
+        assert stats.snapshot == "reference"
+        ckpt.wait_until_finished()
+        # The caller's arrays were neither donated nor deleted by the save.
+        assert not any(x.is_deleted() for x in jax.tree.leaves(state))
+        step, restored = ckpt.restore(state=dict(state=state))
+    assert step == 3
+    _assert_bit_identical(dict(state=host), restored)
+
+
+
+@pytest.mark.parametrize("snapshot", ["device", "host"])
 def test_round_trip_bit_identical_and_resharding(tmp_path, snapshot):
     host = _host_state()
     mesh8 = _mesh((1, 8), ("data", "fsdp"))

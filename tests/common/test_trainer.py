@@ -228,6 +228,40 @@ def test_resume_matches_uninterrupted_run(tmp_path):
     assert again is None
 
 
+def test_saves_on_cpu_reference_the_state_and_change_nothing(tmp_path):
+    """On CPU a save references the state (no copy) and the next step does not donate it.
+
+    A run saving every step must match a run without saves bit for bit, and each checkpoint must
+    hold its step's state: the non-donating step after a save may not differ numerically, nor
+    overwrite the arrays the background write is still reading.
+    """
+    plain_dir, saving_dir = str(tmp_path / "plain"), str(tmp_path / "saving")
+    plain, _ = _run(tu.bigram_trainer_config(plain_dir, max_step=4))
+    saving_cfg = tu.bigram_trainer_config(saving_dir, max_step=4, checkpoint_every=1)
+    saving, _ = _run(saving_cfg)
+    assert saving._saves_alias_state()  # pylint: disable=protected-access
+    plain_losses = [r["loss"] for r in tu.read_metrics(plain_dir)]
+    assert [r["loss"] for r in tu.read_metrics(saving_dir)] == plain_losses
+    for a, b in zip(
+        jax.tree.leaves(plain.trainer_state), jax.tree.leaves(saving.trainer_state), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # Restoring step 2 and training 2 more steps reproduces the same final state.
+    resumed_dir = str(tmp_path / "resumed")
+    import shutil  # pylint: disable=import-outside-toplevel
+
+    shutil.copytree(saving_dir, resumed_dir)
+    for step in (3, 4):
+        shutil.rmtree(os.path.join(resumed_dir, "checkpoints", f"step_{step:08d}"))
+    os.remove(os.path.join(resumed_dir, "metrics.jsonl"))
+    resumed, _ = _run(tu.bigram_trainer_config(resumed_dir, max_step=4))
+    assert [r["loss"] for r in tu.read_metrics(resumed_dir)] == plain_losses[2:]
+    for a, b in zip(
+        jax.tree.leaves(plain.trainer_state), jax.tree.leaves(resumed.trainer_state), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_outputs_tensorboard_jsonl_and_summary(tmp_path):
     from tensorboard.backend.event_processing import event_accumulator
 

@@ -131,8 +131,17 @@ class SleepyCheckpointer(Checkpointer):
         sleep_seconds: float = 0.0
 
     @nowrap
-    def save(self, *, step, state, evaler_summaries=None, force=False, precondition=None):
-        del state, precondition
+    def save(
+        self,
+        *,
+        step,
+        state,
+        evaler_summaries=None,
+        force=False,
+        precondition=None,
+        alias_arrays=False,
+    ):
+        del state, precondition, alias_arrays
         if not force and not self._save_policy(step=step, evaler_summaries=evaler_summaries or {}):
             return None
         time.sleep(self.config.sleep_seconds)

@@ -161,6 +161,7 @@ class Checkpointer(Module):
         evaler_summaries: Optional[dict[str, Any]] = None,
         force: bool = False,
         precondition: Optional[Callable[[], None]] = None,
+        alias_arrays: bool = False,
     ) -> Optional[SaveStats]:
         """Saves `state` as `step` if the save policy (or `force`) says so.
 
@@ -178,6 +179,10 @@ class Checkpointer(Module):
                 async saves), e.g. to wait for an on-device check of the snapshot without
                 blocking the caller; if it raises, nothing is written and the error is raised
                 by the next `save`, `wait_until_finished` or `restore`.
+            alias_arrays: If True, the save takes no snapshot copy of the state's jax.Arrays: it
+                reads them while it writes (in the background), so the caller must never donate
+                or modify them after this call. SpmdTrainer does this on CPU, running the step
+                after a save without donation; see docs/checkpoints.md.
 
         Returns:
             The cost to the caller (`blocking_s`, `wait_for_previous_s`, ...), or None if not saved
@@ -205,6 +210,7 @@ class Checkpointer(Module):
             on_commit_callback=self._on_commit,
             async_save=cfg.async_save is None or bool(cfg.async_save),
             precondition=precondition,
+            alias_arrays=alias_arrays,
         )
         logging.info(
             "Checkpoint of step %d: caller blocked %.3fs (waiting for the previous save %.3fs, "

@@ -101,12 +101,25 @@ def zarr_spec(path: str, *, shape, dtype, chunk_shape) -> dict:
     }
 
 
+try:  # ISA-L's CRC-32 is zlib's checksum (same values), computed with carry-less multiply.
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the same values.
+    _crc32 = zlib.crc32
+
+
 def crc32_hex(data: Any) -> str:
-    """Returns the CRC-32 of an array's bytes (C order) or of a bytes object, as 8 hex digits."""
+    """Returns the CRC-32 of an array's bytes (C order) or of a bytes object, as 8 hex digits.
+
+    Args:
+        data: An array (any dtype; its C-order bytes are checksummed) or a bytes-like object.
+
+    Returns:
+        The zlib-compatible CRC-32 as 8 lowercase hex digits.
+    """
     if isinstance(data, (bytes, bytearray, memoryview)):
-        return f"{zlib.crc32(data):08x}"
+        return f"{_crc32(data):08x}"
     flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-    return f"{zlib.crc32(flat):08x}"
+    return f"{_crc32(flat):08x}"
 
 
 _crc_pool: concurrent.futures.ThreadPoolExecutor | None = None

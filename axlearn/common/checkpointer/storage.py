@@ -32,7 +32,8 @@ class SaveStats:
             (at most one save is in flight).
         snapshot_s: Part of `blocking_s` spent taking the snapshot (device-to-host copy, or
             dispatching the on-device copy).
-        snapshot: Where the snapshot lives while it is written: "device" or "host".
+        snapshot: Where the snapshot lives while it is written: "device", "host", or
+            "reference" (no copy: the caller's arrays, see `alias_arrays`).
         num_bytes: Bytes of array data this process writes.
         host_bytes: Upper bound of host memory this save holds on this process.
         async_save: Whether the write continues in the background.
@@ -60,6 +61,7 @@ class StateStorage(Configurable):
         on_commit_callback: Optional[Callable[[int, str], None]] = None,
         async_save: bool = True,
         precondition: Optional[Callable[[], None]] = None,
+        alias_arrays: bool = False,
     ) -> SaveStats:
         """Saves `state` into `ckpt_dir`; with `async_save`, the write finishes in the background.
 
@@ -71,6 +73,8 @@ class StateStorage(Configurable):
             async_save: Whether to return before the write is done.
             precondition: Called before anything is written (in the background for async saves);
                 if it raises, the save writes nothing and fails with that error.
+            alias_arrays: If True, take no snapshot copy: the save reads the state's jax.Arrays
+                while it writes, and the caller must not donate or modify them afterwards.
 
         Returns:
             The cost to the caller.
@@ -196,6 +200,7 @@ class TensorStoreStateStorage(StateStorage):
         on_commit_callback: Optional[Callable[[int, str], None]] = None,
         async_save: bool = True,
         precondition: Optional[Callable[[], None]] = None,
+        alias_arrays: bool = False,
     ) -> SaveStats:
         cfg = self._config
         start = time.perf_counter()
@@ -211,6 +216,7 @@ class TensorStoreStateStorage(StateStorage):
             barrier_prefix=prefix,
             snapshot_mode=self.snapshot_mode(),
             previous_barrier_prefix=self._previous_prefix,
+            alias_arrays=alias_arrays,
         )
         self._previous_prefix = prefix
         snapshotted = time.perf_counter()
@@ -233,7 +239,7 @@ class TensorStoreStateStorage(StateStorage):
                 with self._lock:
                     self._writing_dir = None
         host_bytes = plan.snapshot_host_bytes
-        if plan.snapshot_mode == "device":
+        if plan.snapshot_mode in ("device", "reference"):
             host_bytes += min(self._budget_bytes, plan.num_bytes)
         done = time.perf_counter()
         return SaveStats(

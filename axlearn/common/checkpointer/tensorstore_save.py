@@ -6,7 +6,10 @@ A save has two halves:
    as soon as it returns. The copy is either on the device (`snapshot="device"`: dispatch of an
    asynchronous device-side copy, the caller blocks only for the dispatch; host memory is then
    bounded by the write budget) or on the host (`snapshot="host"`: the caller blocks for the
-   device-to-host copy; no extra device memory).
+   device-to-host copy; no extra device memory). A caller that will never donate or modify the
+   state's arrays (e.g. the trainer on CPU, which runs the step after a save without donation)
+   may ask for no copy at all (`alias_arrays=True`, reported as snapshot "reference"): the plan
+   then holds the arrays themselves and the writer copies them to the host as it writes.
 2. `write_snapshot` runs in the background (or the caller's thread for synchronous saves). Each
    process writes only the shards it owns (replica 0 of each shard), one zarr chunk per shard,
    with a CRC-32 per chunk; process 0 writes the `index` last, after a barrier confirms every
@@ -55,7 +58,7 @@ class _ArrayLeaf:
     chunk_shape: tuple[int, ...]
     # Shards this process writes; filled lazily (from `snapshot`) in device-snapshot mode.
     shards: Optional[list[_Shard]] = None
-    # The device-side copy of the array (device-snapshot mode).
+    # The device-side copy of the array (device-snapshot mode), or the array itself (reference).
     snapshot: Optional[jax.Array] = None
     # Bytes of the shards this process writes.
     owned_bytes: int = 0
@@ -200,6 +203,7 @@ def snapshot_state(
     barrier_prefix: str,
     snapshot_mode: str,
     previous_barrier_prefix: Optional[str] = None,
+    alias_arrays: bool = False,
 ) -> SavePlan:
     """Builds the save plan of `state` and takes its consistent copy (see module docstring).
 
@@ -210,6 +214,8 @@ def snapshot_state(
         barrier_prefix: Unique per save, identical on all processes.
         snapshot_mode: "device" or "host".
         previous_barrier_prefix: The previous save's barrier prefix (its keys are deleted).
+        alias_arrays: If True, the plan references the state's jax.Arrays instead of copying
+            them (snapshot "reference"); the caller must not donate or modify them afterwards.
 
     Returns:
         The plan.
@@ -241,7 +247,7 @@ def snapshot_state(
                 dtype=np.dtype(leaf.dtype),
                 chunk_shape=_chunk_shape(leaf.sharding, shape, path),
             )
-            if snapshot_mode == "device":
+            if snapshot_mode == "device" or alias_arrays:
                 device_arrays.append(leaf)
                 device_leaves.append(item)
                 if leaf.is_fully_addressable:
@@ -283,9 +289,14 @@ def snapshot_state(
                 f"State leaf {path!r} has unsupported type {type(leaf).__name__}: checkpoints "
                 "hold jax.Arrays, numpy arrays, bytes, and bool/int/float/str values"
             )
-    if device_arrays:
+    if alias_arrays:
+        copies = device_arrays  # The caller promised not to donate or modify them.
+    elif device_arrays:
         # One batched, asynchronous device-side copy: returns after dispatch.
         copies = jax.device_put(device_arrays, [a.sharding for a in device_arrays], may_alias=False)
+    else:
+        copies = []
+    if copies:
         for item, copy in zip(device_leaves, copies):
             item.snapshot = copy
     for item in arrays:
@@ -307,7 +318,7 @@ def snapshot_state(
         arrays=arrays,
         values=values,
         byte_leaves=byte_leaves,
-        snapshot_mode=snapshot_mode,
+        snapshot_mode="reference" if alias_arrays else snapshot_mode,
         num_bytes=num_bytes,
         snapshot_host_bytes=host_bytes,
     )
@@ -405,7 +416,8 @@ class _Writer:
             for shard in shards:
                 data = shard.data
                 if isinstance(data, jax.Array):
-                    # Device snapshot: nobody else holds this copy, so aliasing is fine.
+                    # A device snapshot nobody else holds, or a reference the caller promised
+                    # not to change: reading it without a host copy is safe.
                     data = _to_host(data, copy=False)
                     staged = shard.nbytes
                 else:

@@ -1,0 +1,198 @@
+"""SpmdTrainer's checkpointing: restore, save (never a non-finite state), preemption stop.
+
+`TrainerCheckpointMixin` holds the parts of `SpmdTrainer` that talk to its checkpointer; the
+public import path of everything here is `axlearn.common.trainer`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import jax
+from absl import logging
+
+from axlearn.common import utils
+from axlearn.common.trainer_utils import all_finite
+
+
+class TrainerState(NamedTuple):
+    """The state the trainer trains and checkpoints."""
+
+    # The PRNG key of the next step.
+    prng_key: Any
+    # The model parameters.
+    model: Any
+    # The learner (optimizer) state.
+    learner: Any
+
+
+class NonFiniteStateError(RuntimeError):
+    """The trainer state holds NaN/inf values; it is never checkpointed."""
+
+
+class TrainerCheckpointMixin:
+    """Restore/save/preemption methods of SpmdTrainer (uses its children and loop state)."""
+
+    # Set by a save that referenced the state (CPU): the next step must not donate it.
+    _state_held_by_save: bool = False
+
+    def restore_checkpoint(self, restore_step: Optional[int] = None) -> Optional[int]:
+        """Restores the latest committed checkpoint (or `restore_step`) into the state shardings.
+
+        If the checkpoint holds an input iterator position (and `save_input_iterator` is set),
+        the input resumes from it; a checkpoint saved with the other `save_input_iterator`
+        setting is restored too (the input then starts from its beginning).
+
+        Args:
+            restore_step: The step to restore; None: the latest committed one, if any.
+
+        Returns:
+            The restored step, or None if there was nothing to restore.
+        """
+        # pylint: disable-next=import-outside-toplevel
+        from axlearn.common.checkpointer import StateMismatchError
+
+        with_input = bool(self._config.save_input_iterator) and self._input_is_checkpointable()
+        with self._mesh_context():
+            try:
+                step, state = self.checkpointer.restore(
+                    step=restore_step, state=self._checkpoint_state_spec(with_input=with_input)
+                )
+            except StateMismatchError as e:
+                logging.warning(
+                    "Restoring with input iterator=%s failed (%s); retrying with %s.",
+                    with_input,
+                    e,
+                    not with_input,
+                )
+                with_input = not with_input and self._input_is_checkpointable()
+                step, state = self.checkpointer.restore(
+                    step=restore_step, state=self._checkpoint_state_spec(with_input=with_input)
+                )
+        if step is None:
+            return None
+        self._step = int(step)
+        self._trainer_state = TrainerState(
+            **{k: v for k, v in state.items() if k in TrainerState._fields}
+        )
+        if self._config.save_input_iterator and "input_iter" in state:
+            self._input_iter = self.input.restore_iterator(state["input_iter"])
+            self._step_log("Restored the input iterator position.")
+        self._step_log("Restored checkpoint at step %s.", step)
+        return self._step
+
+    def _input_is_checkpointable(self) -> bool:
+        return hasattr(self.input, "iterator_state") and hasattr(self.input, "restore_iterator")
+
+    def _checkpoint_state_spec(self, *, with_input: bool) -> dict[str, Any]:
+        """The tree of (shape, dtype, sharding) the checkpointer restores into."""
+
+        def spec(s, sharding):
+            return jax.ShapeDtypeStruct(shape=tuple(s.shape), dtype=s.dtype, sharding=sharding)
+
+        specs = jax.tree.map(
+            spec,
+            self._trainer_state_specs,
+            self._trainer_state_shardings,
+            is_leaf=lambda x: isinstance(x, (utils.TensorSpec, jax.ShapeDtypeStruct)),
+        )
+        state = specs._asdict()
+        if with_input:
+            state["input_iter"] = b""
+        return state
+
+    @staticmethod
+    def _prng_key_shape() -> tuple:
+        return tuple(jax.random.PRNGKey(0).shape)
+
+    @staticmethod
+    def _prng_key_dtype():
+        return jax.random.PRNGKey(0).dtype
+
+    def _save_checkpoint(
+        self, evaler_summaries: Optional[dict[str, Any]], *, force: bool = False
+    ) -> None:
+        """Saves the current state (the caller checked the policy); never a non-finite state.
+
+        On CPU the save references the state's arrays instead of copying them, and the next
+        step runs without donation (see `_saves_alias_state`).
+
+        The state's finiteness is reduced to one flag on the device; the checkpointer's writer
+        reads it before writing anything (`precondition`), so the loop does not wait for it. A
+        non-finite state is not written: NonFiniteStateError is raised by the next save or at
+        the end of the run (at once for synchronous saves).
+        """
+        # Dispatched before the state's buffers can be donated to the next step.
+        finite = all_finite(self._checkpointed_floats())
+        step = self._step
+
+        def require_finite():
+            if not bool(finite):
+                raise NonFiniteStateError(
+                    f"Step {step}: the trainer state (parameters or optimizer state) holds "
+                    "NaN/inf values; refusing to checkpoint it. The last committed checkpoint "
+                    "is kept."
+                )
+
+        ckpt_state = self._trainer_state._asdict()
+        if self._config.save_input_iterator and self._input_is_checkpointable():
+            ckpt_state["input_iter"] = self.input.iterator_state(self._input_iter)
+        alias = self._saves_alias_state()
+        with self._mesh_context():
+            self.checkpointer.save(
+                step=self._step,
+                state=ckpt_state,
+                evaler_summaries=evaler_summaries,
+                force=force,
+                precondition=require_finite,
+                alias_arrays=alias,
+            )
+        # The save may read these arrays until its write is done: the next step keeps them.
+        self._state_held_by_save = alias
+        self._last_saved_step = self._step
+
+    def _saves_alias_state(self) -> bool:
+        """Whether saves reference the state instead of copying it (on CPU meshes).
+
+        On CPU the snapshot copy would be a host memcpy of the whole state in the step's time;
+        instead the step after a save runs without donating the state (one extra compiled
+        variant, compiled with the train step), so the saved arrays stay unchanged while the
+        checkpointer writes them. On accelerators the copy frees device memory at once and the
+        state stays donated.
+        """
+        return all(d.platform == "cpu" for d in self._mesh.devices.flat)
+
+    def _checkpoint_due(self, evaler_summaries) -> bool:
+        policy = getattr(self.checkpointer, "save_policy", None)
+        if policy is None:
+            policy = getattr(self.checkpointer, "_save_policy", None)
+        if policy is None:
+            return True
+        return bool(policy(step=self._step, evaler_summaries=evaler_summaries))
+
+    def _checkpointed_floats(self) -> Any:
+        """The parts of the trainer state checked for NaN/inf before each save."""
+        return (self._trainer_state.model, self._trainer_state.learner)
+
+    def _stop_for_preemption(self, current: Any) -> None:
+        """After a preemption notice: finishes step `current`, saves it, waits, exits.
+
+        The step is saved unless its save policy just did; see axlearn/common/preemption.py.
+
+        Raises:
+            TrainingPreempted: Always, once the save is committed (a SystemExit whose code is
+                preemption.PREEMPTED_EXIT_CODE).
+        """
+        preemption = self._preemption
+        preemption.set_activity(f"finishing step {current.step}")
+        self._drain(current)
+        self._finish_step(current)
+        self._stop_trace()
+        if getattr(self, "_last_saved_step", None) != current.step:
+            preemption.set_activity(f"saving step {current.step}")
+            self._save_checkpoint(None, force=True)
+        preemption.set_activity(f"committing step {current.step}")
+        self.checkpointer.wait_until_finished()
+        error = preemption.preempted(step=current.step, saved_step=current.step)
+        self._step_log("%s", error)
+        raise error
