@@ -18,9 +18,9 @@ steps 10..50):
 - blocking_s_per_save: the trainer's "checkpoint" overhead on save steps (metrics.jsonl), i.e.
   everything the training loop waited for in a save: dispatching the finiteness check, the
   input position, the checkpointer's snapshot (on CPU none: the save references the state and
-  the next step runs without donation), waiting for the previous save. blocking_pct_of_step: that over the median step time of the
-  nosave arm (target < 1%). checkpointer_blocking_s / snapshot_s: the checkpointer's own
-  account of the same (SaveStats).
+  the next step runs without donation), waiting for the previous save. blocking_pct_of_step:
+  that over the median step time of the nosave arm (target < 1%). checkpointer_blocking_s /
+  snapshot_s: the checkpointer's own account of the same (SaveStats).
 - inflation_pct: wall time of the window, save arm over nosave arm, minus 1 (save steps and any
   step slowed by the background write included; target < 5%). On a shared machine this swings
   with other processes' load; see the per-round values.

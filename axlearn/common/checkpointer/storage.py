@@ -10,9 +10,15 @@ import time
 import zlib
 from typing import Any, Callable, Optional
 
+import jax
 import tensorstore as ts
 
-from axlearn.common.checkpointer import layout, tensorstore_restore, tensorstore_save
+from axlearn.common.checkpointer import (
+    layout,
+    tensorstore_restore,
+    tensorstore_save,
+    thread_priority,
+)
 from axlearn.common.checkpointer.tensorstore_save import SaveResult
 from axlearn.common.config import Configurable, config_class
 
@@ -129,6 +135,10 @@ class TensorStoreStateStorage(StateStorage):
         # a device copy) or "host" (save blocks for the device-to-host copy, no extra device
         # memory). None: "device" on CPU, "host" on accelerators.
         snapshot: Optional[str] = None
+        # Niceness (0..19) of the background write's threads (the writer and TensorStore's
+        # workers), so a save takes idle CPU before training's. None: 19 on CPU backends, where
+        # training uses every core, else 0 (unchanged).
+        writer_niceness: Optional[int] = None
 
     def __init__(self, cfg: Config):
         super().__init__(cfg)
@@ -137,6 +147,11 @@ class TensorStoreStateStorage(StateStorage):
             raise ValueError(
                 f"TensorStoreStateStorage.snapshot must be one of "
                 f"{tensorstore_save.SNAPSHOT_MODES} or None, got {cfg.snapshot!r}"
+            )
+        if cfg.writer_niceness is not None and not 0 <= cfg.writer_niceness <= 19:
+            raise ValueError(
+                f"TensorStoreStateStorage.writer_niceness must be in [0, 19], got "
+                f"{cfg.writer_niceness!r}"
             )
         if cfg.max_concurrent_gb is not None and cfg.max_concurrent_gb <= 0:
             raise ValueError(
@@ -170,6 +185,12 @@ class TensorStoreStateStorage(StateStorage):
     def snapshot_mode(self) -> str:
         """The snapshot mode in effect ("device" or "host")."""
         return self._config.snapshot or tensorstore_save.default_snapshot_mode()
+
+    def _writer_niceness(self) -> int:
+        niceness = self._config.writer_niceness
+        if niceness is None:
+            niceness = 19 if jax.default_backend() == "cpu" else 0
+        return niceness
 
     def writing_dir(self) -> Optional[str]:
         with self._lock:
@@ -221,6 +242,8 @@ class TensorStoreStateStorage(StateStorage):
         self._previous_prefix = prefix
         snapshotted = time.perf_counter()
         write = dict(
+            # Only the background writer thread is reniced, never the caller's.
+            niceness=self._writer_niceness() if async_save else 0,
             context=self._context,
             budget_bytes=self._budget_bytes,
             timeout_s=float(cfg.timeout_secs),
@@ -304,9 +327,14 @@ class TensorStoreStateStorage(StateStorage):
 
 
 def _write_if(
-    precondition: Optional[Callable[[], None]], plan: tensorstore_save.SavePlan, **write
+    precondition: Optional[Callable[[], None]],
+    plan: tensorstore_save.SavePlan,
+    *,
+    niceness: int,
+    **write,
 ) -> SaveResult:
     """Runs `precondition` (its error abandons the save before anything is written), then writes."""
+    thread_priority.lower_writer_priority(niceness)
     if precondition is not None:
         precondition()
-    return tensorstore_save.write_snapshot(plan, **write)
+    return tensorstore_save.write_snapshot(plan, niceness=niceness, **write)
