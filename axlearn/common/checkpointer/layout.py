@@ -164,8 +164,7 @@ def latest_checkpoint_step(base_dir: str) -> Optional[int]:
     return None if path is None else parse_step_from_dir(path)
 
 
-def fsync_dir(path: str) -> None:
-    """Makes the entries of directory `path` (files created, renamed or removed) durable."""
+def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -187,7 +186,7 @@ def write_json_atomically(path: str, value: Any) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp_path, path)
-    fsync_dir(os.path.dirname(path) or ".")
+    _fsync_dir(os.path.dirname(path) or ".")
 
 
 def write_index_file(step_dir: str, index: dict) -> None:
