@@ -53,25 +53,26 @@ import time
 import jax
 import numpy as np
 
-from axlearn.common import learner, optimizers
-from axlearn.common.checkpointer import (
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from p1 import p1_trainer_config  # noqa: E402  pylint: disable=wrong-import-position
+
+from axlearn.common.checkpointer import (  # noqa: E402
     Checkpointer,
     checkpoint_paths,
     every_n_steps_policy,
     parse_step_from_dir,
 )
-from axlearn.common.config import config_for_function
-from axlearn.common.input_fake import FakeLmInput
-from axlearn.common.summary_writer import BaseWriter, CompositeWriter, SummaryWriter
-from axlearn.common.trainer import SpmdTrainer
-from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
+from axlearn.common.config import config_for_function  # noqa: E402
+from axlearn.common.summary_writer import (  # noqa: E402
+    BaseWriter,
+    CompositeWriter,
+    SummaryWriter,
+)
+from axlearn.common.trainer import SpmdTrainer  # noqa: E402
 
-SEQ, BATCH, VOCAB = 128, 4, 32768
 SAVE_EVERY = 10
 # Steps excluded at each end of a run from the measurement window.
 SKIP = 5
-# The reference trainer's mesh axes (the model's partition specs name them); all of size 1.
-MESH_AXIS_NAMES = ("pipeline", "data", "expert", "fsdp", "seq", "model")
 
 
 class RecordingCheckpointer(Checkpointer):
@@ -124,38 +125,11 @@ class ClockWriter(BaseWriter):
             self.threads[int(step)] = thread_cpu_by_name()
 
 
-def p1_trainer_config(trainer_dir: str, *, max_step: int, save: bool) -> SpmdTrainer.Config:
+def p1_saving_trainer_config(trainer_dir: str, *, max_step: int, save: bool) -> SpmdTrainer.Config:
     """The P1 trainer; `save`: checkpoint every SAVE_EVERY steps, else never."""
-    cfg = SpmdTrainer.default_config().set(
-        name="p1_trainer",
-        dir=trainer_dir,
-        max_step=max_step,
-        mesh_axis_names=MESH_AXIS_NAMES,
-        mesh_shape=(1,) * len(MESH_AXIS_NAMES),
-        batch_axis_names=("data", "expert", "fsdp", "seq"),
-        input=FakeLmInput.default_config().set(
-            is_training=True, global_batch_size=BATCH, source_length=SEQ, max_token_id=VOCAB
-        ),
-        model=transformer_lm_config(
-            num_layers=2,
-            model_dim=256,
-            num_heads=4,
-            num_kv_heads=4,
-            hidden_dim=1024,
-            vocab_size=VOCAB,
-            rope_theta=5e5,
-            qk_norm=True,
-            stack="stack",
-        ),
-        learner=learner.Learner.default_config().set(
-            optimizer=config_for_function(optimizers.adamw_optimizer).set(
-                learning_rate=1e-3, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01
-            )
-        ),
-        save_input_iterator=True,
-        # DESIGN.md's measured fp32 matmul peak of this machine; skips the start-up probe.
-        peak_flops_per_device=250e9,
-    )
+    # DESIGN.md's measured fp32 matmul peak of this machine; skips the start-up probe.
+    cfg = p1_trainer_config(trainer_dir, max_step=max_step, peak_flops_per_device=250e9)
+    cfg.save_input_iterator = True
     cfg.summary_writer = CompositeWriter.default_config().set(
         writers=dict(
             tensorboard=SummaryWriter.default_config().set(write_every_n_steps=1),
@@ -178,7 +152,7 @@ def _records(trainer_dir: str) -> list[dict]:
 def run_arm(*, save: bool, steps: int, root: str) -> dict:
     """One fresh run of one arm; returns its measurements over the window (SKIP, steps - SKIP]."""
     trainer_dir = tempfile.mkdtemp(prefix="save_" if save else "nosave_", dir=root)
-    cfg = p1_trainer_config(trainer_dir, max_step=steps, save=save)
+    cfg = p1_saving_trainer_config(trainer_dir, max_step=steps, save=save)
     trainer = cfg.instantiate(
         parent=None, devices=np.array(jax.devices()[:1]).reshape(cfg.mesh_shape)
     )

@@ -38,64 +38,35 @@ import optax
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import plain_jax_lm  # noqa: E402  pylint: disable=wrong-import-position
+from p1 import (  # noqa: E402  pylint: disable=wrong-import-position
+    B1,
+    B2,
+    BATCH,
+    EPS,
+    LR,
+    MESH_SHAPE,
+    SEQ,
+    VOCAB,
+    WD,
+    p1_model_config,
+    p1_trainer_config,
+)
 
-from axlearn.common import learner, optimizers  # noqa: E402
-from axlearn.common.config import config_for_function  # noqa: E402
 from axlearn.common.device_peak import device_peak_flops  # noqa: E402
 from axlearn.common.flops import lm_training_flops, matmul_param_count  # noqa: E402
 from axlearn.common.input_fake import FakeLmInput  # noqa: E402
-from axlearn.common.trainer import SpmdTrainer  # noqa: E402
-from axlearn.experiments.text.gpt.model_builders import transformer_lm_config  # noqa: E402
 
-VOCAB, SEQ, BATCH = 32768, 128, 4
-MESH_AXIS_NAMES = ("pipeline", "data", "expert", "fsdp", "seq", "model")
 TARGET_S = 0.33
-LR, B1, B2, EPS, WD = 1e-3, 0.9, 0.95, 1e-8, 0.01
 SKIP = 2
-
-
-def p1_trainer_config(trainer_dir: str, *, steps: int, peak: float) -> SpmdTrainer.Config:
-    """The P1 trainer config (no eval, no checkpoints, summaries every step)."""
-    cfg = SpmdTrainer.default_config().set(
-        name="p1_trainer",
-        dir=trainer_dir,
-        max_step=steps,
-        mesh_axis_names=MESH_AXIS_NAMES,
-        mesh_shape=(1,) * len(MESH_AXIS_NAMES),
-        batch_axis_names=("data", "expert", "fsdp", "seq"),
-        input=FakeLmInput.default_config().set(
-            is_training=True, global_batch_size=BATCH, source_length=SEQ, max_token_id=VOCAB
-        ),
-        model=transformer_lm_config(
-            num_layers=2,
-            model_dim=256,
-            num_heads=4,
-            num_kv_heads=4,
-            hidden_dim=1024,
-            vocab_size=VOCAB,
-            rope_theta=5e5,
-            qk_norm=True,
-            stack="stack",
-        ),
-        learner=learner.Learner.default_config().set(
-            optimizer=config_for_function(optimizers.adamw_optimizer).set(
-                learning_rate=LR, b1=B1, b2=B2, eps=EPS, weight_decay=WD
-            )
-        ),
-        peak_flops_per_device=peak,
-    )
-    cfg.summary_writer.write_every_n_steps = 1
-    cfg.checkpointer.save_policy.n = 10**8
-    return cfg
 
 
 def run_trainer(steps: int, peak: float) -> dict:
     """One fresh trainer run; its reported and its externally timed step times."""
     trainer_dir = tempfile.mkdtemp(prefix="p1_trainer_")
     try:
-        cfg = p1_trainer_config(trainer_dir, steps=steps, peak=peak)
+        cfg = p1_trainer_config(trainer_dir, max_step=steps, peak_flops_per_device=peak)
         trainer = cfg.instantiate(
-            parent=None, devices=np.array(jax.devices()[:1]).reshape((1,) * 6)
+            parent=None, devices=np.array(jax.devices()[:1]).reshape(MESH_SHAPE)
         )
         trainer.run(jax.random.PRNGKey(0))
         with open(os.path.join(trainer_dir, "metrics.jsonl"), encoding="utf-8") as f:
@@ -184,18 +155,7 @@ def main() -> None:
     trainer_ext_s = med("trainer", "external_median_s")
     plain_s = med("plain", "median_s")
     plain_sync_s = med("plain_blocking", "median_s")
-    specs = transformer_lm_config(
-        num_layers=2,
-        model_dim=256,
-        num_heads=4,
-        num_kv_heads=4,
-        hidden_dim=1024,
-        vocab_size=VOCAB,
-        rope_theta=5e5,
-        qk_norm=True,
-        stack="stack",
-    )
-    model = specs.set(name="model").instantiate(parent=None)
+    model = p1_model_config().set(name="model").instantiate(parent=None)
     flops = lm_training_flops(
         matmul_params=matmul_param_count(model.create_parameter_specs_recursively()),
         num_layers=2,
