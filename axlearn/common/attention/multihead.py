@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from axlearn.common.attention.qkv import (
     MultiheadOutputLinear,
     QKVLinear,
+    _input_linear_config,
 )
 from axlearn.common.attention.scale import ScaleKey, ScaleQuery
 from axlearn.common.attention_bias import (
@@ -104,16 +105,7 @@ class MultiheadAttention(BaseLayer):
             raise ValueError(f"{self.path()}: set either causal or mask, not both")
         self._mask_fn = causal_mask if cfg.causal else maybe_instantiate(cfg.mask)
         per_head_dim = self.per_head_dim()
-        self._add_child(
-            "i_proj",
-            cfg.input_linear.clone(
-                query_dim=cfg.query_dim,
-                key_dim=cfg.key_dim,
-                value_dim=cfg.value_dim,
-                num_heads=cfg.num_heads,
-                per_head_dim=per_head_dim,
-            ),
-        )
+        self._add_child("i_proj", _input_linear_config(cfg, per_head_dim=per_head_dim))
         self._add_child(
             "o_proj",
             cfg.output_linear.clone(
