@@ -368,6 +368,12 @@ class SpmdEvaler(Module):
             host_batch, mesh=self._mesh, partition=self._batch_partition
         )
 
+    def _stop_trace(self, step: int, forward_outputs: Any):
+        """Stops the profiler trace once `forward_outputs` are computed; records `step`."""
+        jax.block_until_ready(forward_outputs)
+        jax.profiler.stop_trace()
+        self._trace_steps.add(step)
+
     def eval_step(
         self,
         step: int,
@@ -405,10 +411,8 @@ class SpmdEvaler(Module):
         forward_outputs = None
         for batch_ix, host_batch in enumerate(_iterate_input(self.input)):
             if batch_ix == stop_trace_at:
-                jax.block_until_ready(forward_outputs)
-                jax.profiler.stop_trace()
+                self._stop_trace(step, forward_outputs)
                 stop_trace_at = None
-                self._trace_steps.add(step)
             if batch_ix in cfg.trace_at_iters and len(self._trace_steps) < 3:
                 jax.profiler.start_trace(self.summary_writer.config.dir)
                 stop_trace_at = batch_ix + 1
@@ -424,9 +428,7 @@ class SpmdEvaler(Module):
                 )
             num_batches += 1
         if stop_trace_at is not None:
-            jax.block_until_ready(forward_outputs)
-            jax.profiler.stop_trace()
-            self._trace_steps.add(step)
+            self._stop_trace(step, forward_outputs)
         summaries = self.metric_calculator.get_summaries(
             model_params=model_params, state=calc_state, all_forward_outputs=all_outputs
         )

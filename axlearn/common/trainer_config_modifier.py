@@ -85,6 +85,11 @@ def find_config(cfg: ConfigBase, path: str) -> Any:
     return node
 
 
+def _has_field(node: Any, name: str) -> bool:
+    """Whether `node` is a config with a field `name`."""
+    return isinstance(node, ConfigBase) and name in node
+
+
 def replace_config(cfg: ConfigBase, path: str, value: Any) -> None:
     """Sets the value at dotted `path` (which must exist) in a config tree.
 
@@ -154,7 +159,7 @@ class RematSpecModifier(ConfigModifier):
         """
         for path, remat_spec in self.config.remat_policies.items():
             target = find_config(cfg, path)
-            if not isinstance(target, ConfigBase) or "remat_spec" not in target:
+            if not _has_field(target, "remat_spec"):
                 raise ValueError(f"RematSpecModifier: {path} has no remat_spec field")
             target.remat_spec = remat_spec
         return cfg
@@ -197,7 +202,7 @@ class GradientAccumulationModifier(ConfigModifier):
         if steps < 1:
             raise ValueError(f"GradientAccumulationModifier: grad_acc_steps must be >= 1: {steps}")
         learner = find_config(cfg, "learner")
-        if not isinstance(learner, ConfigBase) or "forward_fn_transformation" not in learner:
+        if not _has_field(learner, "forward_fn_transformation"):
             raise ValueError(
                 "GradientAccumulationModifier: learner has no forward_fn_transformation field"
             )
@@ -274,7 +279,7 @@ class PartitionSpecModifier(ConfigModifier):
         for path, specs in self.config.partition_specs.items():
             target = find_config(cfg, path)
             for name, spec in specs.items():
-                if not isinstance(target, ConfigBase) or name not in target:
+                if not _has_field(target, name):
                     raise ValueError(f"PartitionSpecModifier: {path} has no field {name!r}")
                 setattr(target, name, spec)
         return cfg

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from axlearn.common.attention.qkv import (
     MultiheadOutputLinear,
     QKVLinear,
+    _input_linear_config,
 )
 from axlearn.common.attention.scale import ScaleKey, ScaleQuery
 from axlearn.common.attention_bias import (
@@ -104,16 +105,7 @@ class MultiheadAttention(BaseLayer):
             raise ValueError(f"{self.path()}: set either causal or mask, not both")
         self._mask_fn = causal_mask if cfg.causal else maybe_instantiate(cfg.mask)
         per_head_dim = self.per_head_dim()
-        self._add_child(
-            "i_proj",
-            cfg.input_linear.clone(
-                query_dim=cfg.query_dim,
-                key_dim=cfg.key_dim,
-                value_dim=cfg.value_dim,
-                num_heads=cfg.num_heads,
-                per_head_dim=per_head_dim,
-            ),
-        )
+        self._add_child("i_proj", _input_linear_config(cfg, per_head_dim=per_head_dim))
         self._add_child(
             "o_proj",
             cfg.output_linear.clone(
@@ -168,13 +160,7 @@ class MultiheadAttention(BaseLayer):
         if (key is None) != (value is None):
             raise ValueError("key and value must be both None or both set")
         q, k, v = self.i_proj(query, key=key, value=value, query_positions=query_positions)
-        target_len, source_len = q.shape[1], k.shape[1]
-        mask = _MaskInfo(
-            self._mask_fn,
-            jnp.arange(target_len)[None],
-            jnp.arange(source_len)[None],
-            default_positions=True,
-        )
+        mask = self._mask_info(jnp.arange(q.shape[1])[None], k.shape[1], default_positions=True)
         segment_bias = None
         if segment_ids is not None:
             segment_bias = make_segment_mask(
@@ -213,11 +199,8 @@ class MultiheadAttention(BaseLayer):
         if proj is None:
             return dict(i_proj=i_proj_state), None
         target_len, source_len = query.shape[1], proj.key.shape[1]
-        mask = _MaskInfo(
-            self._mask_fn,
-            jnp.arange(target_len)[None],
-            jnp.arange(source_len)[None],
-            default_positions=target_len == source_len,
+        mask = self._mask_info(
+            jnp.arange(target_len)[None], source_len, default_positions=target_len == source_len
         )
         output = self._attend(
             *proj, biases=add_biases(attention_logit_biases), mask=mask, return_aux=return_aux
@@ -246,16 +229,24 @@ class MultiheadAttention(BaseLayer):
         time_step = cached_states["i_proj"]["time_step"]
         i_proj_state, proj = self.i_proj.extend_step(cached_states["i_proj"], query)
         steps, max_len = query.shape[1], proj.key.shape[1]
-        mask = _MaskInfo(
-            self._mask_fn,
-            time_step[:, None] + jnp.arange(steps)[None],
-            jnp.arange(max_len)[None],
-            default_positions=False,
+        mask = self._mask_info(
+            time_step[:, None] + jnp.arange(steps)[None], max_len, default_positions=False
         )
         output = self._attend(
             *proj, biases=add_biases(attention_logit_biases), mask=mask, return_aux=return_aux
         )
         return dict(i_proj=i_proj_state), output
+
+    def _mask_info(
+        self, target_positions: Tensor, source_len: int, *, default_positions: bool
+    ) -> _MaskInfo:
+        """The config's mask at `target_positions` and source positions arange(source_len)."""
+        return _MaskInfo(
+            self._mask_fn,
+            target_positions,
+            jnp.arange(source_len)[None],
+            default_positions=default_positions,
+        )
 
     def _attend(
         self,

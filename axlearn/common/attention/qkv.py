@@ -54,6 +54,12 @@ class BaseMultiheadLinear(BaseLayer):
     def _bias_spec(self, cfg) -> ParameterSpec:
         raise NotImplementedError(type(self))
 
+    def _project(self, equation: str, inputs: Tensor) -> Tensor:
+        """Returns einsum(equation, inputs, weight), plus the bias if the layer has one."""
+        params = self.parameters
+        outputs = jnp.einsum(equation, inputs, params["weight"])
+        return outputs + params["bias"] if "bias" in params else outputs
+
 
 class MultiheadInputLinear(BaseMultiheadLinear):
     """Projects [batch, length, model_dim] to [batch, length, num_heads, per_head_dim]."""
@@ -68,9 +74,7 @@ class MultiheadInputLinear(BaseMultiheadLinear):
 
     def forward(self, inputs: Tensor) -> Tensor:
         """Returns the per-head projection [batch, length, num_heads, per_head_dim]."""
-        params = self.parameters
-        outputs = jnp.einsum("btd,dnh->btnh", inputs, params["weight"])
-        return outputs + params["bias"] if "bias" in params else outputs
+        return self._project("btd,dnh->btnh", inputs)
 
 
 class MultiheadOutputLinear(BaseMultiheadLinear):
@@ -84,9 +88,18 @@ class MultiheadOutputLinear(BaseMultiheadLinear):
 
     def forward(self, inputs: Tensor) -> Tensor:
         """Returns the output projection [batch, length, model_dim]."""
-        params = self.parameters
-        outputs = jnp.einsum("btnh,dnh->btd", inputs, params["weight"])
-        return outputs + params["bias"] if "bias" in params else outputs
+        return self._project("btnh,dnh->btd", inputs)
+
+
+def _input_linear_config(cfg, *, per_head_dim: int) -> InstantiableConfig:
+    """`cfg.input_linear` (a QKV projection config) set to `cfg`'s dims and `per_head_dim`."""
+    return cfg.input_linear.clone(
+        query_dim=cfg.query_dim,
+        key_dim=cfg.key_dim,
+        value_dim=cfg.value_dim,
+        num_heads=cfg.num_heads,
+        per_head_dim=per_head_dim,
+    )
 
 
 class BaseQKVLinear(BaseLayer):
@@ -262,15 +275,19 @@ class GroupedQKVLinear(QKVLinear):
         num_kv_heads: Required[int] = REQUIRED
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
-        if cfg.num_heads % cfg.num_kv_heads:
-            raise ValueError(
-                f"num_kv_heads ({cfg.num_kv_heads}) must divide num_heads ({cfg.num_heads})"
-            )
+        _check_kv_heads_divide(cfg)
         super().__init__(cfg, parent=parent)
 
     @property
     def num_kv_heads(self) -> int:
         return self.config.num_kv_heads
+
+
+def _check_kv_heads_divide(cfg):
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ValueError(
+            f"num_kv_heads ({cfg.num_kv_heads}) must divide num_heads ({cfg.num_heads})"
+        )
 
 
 def _check_equal_dims(cfg, cls_name: str):
@@ -357,10 +374,7 @@ class FusedGroupedQKVLinear(BaseQKVLinear):
         super().__init__(cfg, parent=parent)
         cfg = self.config
         _check_equal_dims(cfg, "FusedGroupedQKVLinear")
-        if cfg.num_heads % cfg.num_kv_heads:
-            raise ValueError(
-                f"num_kv_heads ({cfg.num_kv_heads}) must divide num_heads ({cfg.num_heads})"
-            )
+        _check_kv_heads_divide(cfg)
         self._add_child(
             "qkv_proj",
             cfg.layer.clone(
@@ -470,16 +484,7 @@ class RoFormerQKVLinear(BaseQKVLinear):
         super().__init__(cfg, parent=parent)
         cfg = self.config
         self._add_child("rope_pos_emb_layer", cfg.rope_pos_emb_layer.clone(dim=cfg.per_head_dim))
-        self._add_child(
-            "i_proj",
-            cfg.input_linear.clone(
-                query_dim=cfg.query_dim,
-                key_dim=cfg.key_dim,
-                value_dim=cfg.value_dim,
-                num_heads=cfg.num_heads,
-                per_head_dim=cfg.per_head_dim,
-            ),
-        )
+        self._add_child("i_proj", _input_linear_config(cfg, per_head_dim=cfg.per_head_dim))
 
     @property
     def num_kv_heads(self) -> int:

@@ -384,7 +384,11 @@ class TransformerLayer(BaseTransformerLayer):
             self._add_child("cross_attention", cfg.cross_attention.clone(target_dim=cfg.input_dim))
         self._add_child("feed_forward", cfg.feed_forward.clone(input_dim=cfg.input_dim))
 
-    def _finish(self, data: Tensor, self_probs, *, cross_attention_data, cross_biases, return_aux):
+    def _finish(
+        self, self_out, cross_attention_data, cross_biases, return_aux
+    ) -> BaseTransformerLayer.Output:
+        """Cross-attention (if `cross_attention_data`) and feed-forward after self-attention."""
+        data, self_probs = self_out.data, self_out.probs
         cross_probs = None
         if cross_attention_data is not None:
             if "cross_attention" not in self.children:
@@ -440,13 +444,7 @@ class TransformerLayer(BaseTransformerLayer):
             target_positions=target_positions,
             return_aux=self._self_aux(return_aux),
         )
-        output = self._finish(
-            out.data,
-            out.probs,
-            cross_attention_data=cross_attention_data,
-            cross_biases=cross_attention_logit_biases,
-            return_aux=return_aux,
-        )
+        output = self._finish(out, cross_attention_data, cross_attention_logit_biases, return_aux)
         self.add_module_output("output", output.data)
         return output
 
@@ -469,13 +467,7 @@ class TransformerLayer(BaseTransformerLayer):
         )
         if out is None:
             return dict(self_attention=state), None
-        output = self._finish(
-            out.data,
-            out.probs,
-            cross_attention_data=cross_attention_data,
-            cross_biases=cross_attention_logit_biases,
-            return_aux=return_aux,
-        )
+        output = self._finish(out, cross_attention_data, cross_attention_logit_biases, return_aux)
         return dict(self_attention=state), output
 
     def extend_step(
@@ -495,11 +487,5 @@ class TransformerLayer(BaseTransformerLayer):
             attention_logit_biases=self_attention_logit_biases,
             return_aux=self._self_aux(return_aux),
         )
-        output = self._finish(
-            out.data,
-            out.probs,
-            cross_attention_data=cross_attention_data,
-            cross_biases=cross_attention_logit_biases,
-            return_aux=return_aux,
-        )
+        output = self._finish(out, cross_attention_data, cross_attention_logit_biases, return_aux)
         return dict(self_attention=state), output

@@ -99,6 +99,14 @@ def adam_optimizer(
     )
 
 
+def _adam_updates(b1, b2, eps, mu_dtype, adam_update_transformation) -> list:
+    """[Adam's scaling of the gradients, then `adam_update_transformation` if set]."""
+    tx = [adam_partition(optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype))]
+    if adam_update_transformation is not None:
+        tx.append(adam_update_transformation)
+    return tx
+
+
 def adamw_optimizer(
     learning_rate: schedule.Schedule,
     *,
@@ -126,9 +134,7 @@ def adamw_optimizer(
     Returns:
         The optimizer.
     """
-    tx = [adam_partition(optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype))]
-    if adam_update_transformation is not None:
-        tx.append(adam_update_transformation)
+    tx = _adam_updates(b1, b2, eps, mu_dtype, adam_update_transformation)
     tx.append(add_decayed_weights(weight_decay, per_param_scale=weight_decay_per_param_scale))
     tx.append(scale_by_schedule(scale_from_learning_rate(learning_rate)))
     return chain(*tx)
@@ -164,9 +170,7 @@ def adamw_decoupled_optimizer(
     Returns:
         The optimizer.
     """
-    tx = [adam_partition(optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype))]
-    if adam_update_transformation is not None:
-        tx.append(adam_update_transformation)
+    tx = _adam_updates(b1, b2, eps, mu_dtype, adam_update_transformation)
     tx += [
         scale_by_schedule(scale_from_learning_rate(learning_rate, flip_sign=False)),
         add_decayed_weights(weight_decay, per_param_scale=weight_decay_per_param_scale),
