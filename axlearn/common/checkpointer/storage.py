@@ -279,16 +279,7 @@ class TensorStoreStateStorage(StateStorage):
     def restore_from_dir(
         self, step: int, state: Any, *, ckpt_dir: str, index: Optional[dict] = None
     ) -> Any:
-        """See `StateStorage.restore_from_dir`.
-
-        Args:
-            step: The step (checked against the index).
-            state: The target tree.
-            ckpt_dir: The committed step directory.
-            index: Its parsed index, if already read.
-
-        Returns:
-            The restored tree.
+        """See `StateStorage.restore_from_dir` (arguments and result).
 
         Raises:
             layout.CheckpointIndexError: If the index is missing/unreadable or names another step.
