@@ -186,8 +186,8 @@ def test_invalid_config():
 
 
 def test_chunk_files_are_zarr_that_tensorstore_reads_back(tmp_path):
-    """Restore reads chunk files itself; TensorStore (an independent reader) must read every
-    saved leaf back bit for bit too: sharded float32, bfloat16, bool and a 0-d array."""
+    """The writer writes chunk files itself; TensorStore (an independent reader) must read every
+    leaf back bit for bit: sharded float32, bfloat16, bool and a 0-d array."""
     import tensorstore as ts  # pylint: disable=import-outside-toplevel
 
     mesh = _mesh((4,), ("x",))
@@ -225,6 +225,26 @@ def test_chunk_files_are_zarr_that_tensorstore_reads_back(tmp_path):
     assert ckpt_lib.verify_checkpoint(step_dir).errors == []
     _, restored = ckpt.restore(state=state)
     _assert_bit_identical(host, restored)
+
+
+def test_edge_chunks_are_padded_as_zarr_stores_them(tmp_path):
+    """10 rows in chunks of 3: the last chunk file holds 1 row padded to 3 (zarr v2)."""
+    import tensorstore as ts  # pylint: disable=import-outside-toplevel
+
+    from axlearn.common.checkpointer import state_tree  # pylint: disable=import-outside-toplevel
+    from axlearn.common.checkpointer.tensorstore_save import (  # pylint: disable=import-outside-toplevel
+        write_chunk_file,
+    )
+
+    path = str(tmp_path / "a")
+    data = np.arange(30, dtype=np.float32).reshape(10, 3)
+    spec = state_tree.zarr_spec(path, shape=(10, 3), dtype=data.dtype, chunk_shape=(3, 3))
+    ts.open(spec, create=True, open=True).result()
+    for i in range(4):
+        crc = write_chunk_file(f"{path}/{i}.0", data[3 * i : 3 * i + 3], (3, 3))
+        assert crc == state_tree.crc32_hex(data[3 * i : 3 * i + 3])
+    assert os.path.getsize(f"{path}/3.0") == 3 * 3 * 4
+    np.testing.assert_array_equal(ts.open(spec, open=True).result().read().result(), data)
 
 
 @pytest.mark.parametrize("snapshot", ["device", "host"])

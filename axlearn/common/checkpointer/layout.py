@@ -164,7 +164,8 @@ def latest_checkpoint_step(base_dir: str) -> Optional[int]:
     return None if path is None else parse_step_from_dir(path)
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Makes the entries of directory `path` (files created, renamed or removed) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -186,7 +187,7 @@ def write_json_atomically(path: str, value: Any) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp_path, path)
-    _fsync_dir(os.path.dirname(path) or ".")
+    fsync_dir(os.path.dirname(path) or ".")
 
 
 def write_index_file(step_dir: str, index: dict) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import threading
 import zlib
 from typing import Any
@@ -122,27 +121,8 @@ def crc32_hex(data: Any) -> str:
     return f"{_crc32(flat):08x}"
 
 
-_crc_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_crc_pool_lock = threading.Lock()
-
-
-def crc32_hex_async(data: Any) -> concurrent.futures.Future:
-    """Computes `crc32_hex(data)` on a shared thread pool (zlib releases the GIL).
-
-    Args:
-        data: An array or bytes; must not change until the future is done.
-
-    Returns:
-        A future of the 8 hex digits.
-    """
-    global _crc_pool  # pylint: disable=global-statement
-    with _crc_pool_lock:
-        if _crc_pool is None:
-            _crc_pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=max(1, min(8, os.cpu_count() or 1)),
-                thread_name_prefix="axlearn_checkpoint_crc",
-            )
-    return _crc_pool.submit(crc32_hex, data)
+# Guards the creation of the shared I/O thread pools below.
+_pool_lock = threading.Lock()
 
 
 _io_pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -159,12 +139,35 @@ def submit_io(fn, *args) -> concurrent.futures.Future:
         The future of its result.
     """
     global _io_pool  # pylint: disable=global-statement
-    with _crc_pool_lock:
+    with _pool_lock:
         if _io_pool is None:
             _io_pool = concurrent.futures.ThreadPoolExecutor(
                 max_workers=16, thread_name_prefix="axlearn_checkpoint_io"
             )
     return _io_pool.submit(fn, *args)
+
+
+_write_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def submit_write(fn, *args) -> concurrent.futures.Future:
+    """Runs `fn(*args)` on a shared thread pool for chunk writes (separate from reads, so a
+    save's lowered thread priority never slows a restore).
+
+    Args:
+        fn: The function.
+        *args: Its arguments.
+
+    Returns:
+        The future of its result.
+    """
+    global _write_pool  # pylint: disable=global-statement
+    with _pool_lock:
+        if _write_pool is None:
+            _write_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=8, thread_name_prefix="axlearn_checkpoint_write"
+            )
+    return _write_pool.submit(fn, *args)
 
 
 Region = tuple[tuple[int, int], ...]
@@ -180,11 +183,6 @@ def normalize_index(index: tuple, shape: tuple[int, ...]) -> Region:
             raise ValueError(f"Strided shard index {index} is not supported")
         result.append((start, stop))
     return tuple(result)
-
-
-def region_slices(region: Region) -> tuple[slice, ...]:
-    """Returns the tuple of slices of a region."""
-    return tuple(slice(a, b) for a, b in region)
 
 
 def region_shape(region: Region) -> tuple[int, ...]:

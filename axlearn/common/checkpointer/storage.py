@@ -328,4 +328,4 @@ def _write_if(
     thread_priority.lower_writer_priority(niceness)
     if precondition is not None:
         precondition()
-    return tensorstore_save.write_snapshot(plan, **write)
+    return tensorstore_save.write_snapshot(plan, niceness=niceness, **write)

@@ -32,6 +32,27 @@ def _thread_ids_named(name: str) -> list[int]:
     return tids
 
 
+def lower_current_thread_priority(niceness: int) -> bool:
+    """Raises the calling thread's niceness to `niceness` (never lowers it).
+
+    Args:
+        niceness: The niceness, 0..19; 0 does nothing.
+
+    Returns:
+        Whether the niceness was changed.
+    """
+    if niceness <= 0 or not hasattr(os, "setpriority"):
+        return False
+    tid = threading.get_native_id()
+    try:
+        if os.getpriority(os.PRIO_PROCESS, tid) < niceness:
+            os.setpriority(os.PRIO_PROCESS, tid, niceness)
+            return True
+    except OSError:  # No per-thread niceness on this platform.
+        pass
+    return False
+
+
 def lower_writer_priority(niceness: int) -> list[int]:
     """Sets `niceness` on the calling thread and on TensorStore's worker threads.
 
