@@ -12,7 +12,9 @@ A save has two halves:
    then holds the arrays themselves and the writer copies them to the host as it writes.
 2. `write_snapshot` runs in the background (or the caller's thread for synchronous saves). Each
    process writes only the shards it owns (replica 0 of each shard), one zarr chunk per shard,
-   with a CRC-32 per chunk; process 0 writes the `index` last, after a barrier confirms every
+   with a CRC-32 per chunk: process 0 creates each array's zarr metadata through TensorStore,
+   and the chunk bytes are written straight from the host buffer (`chunk_file`: O_DIRECT where
+   the filesystem allows it). Process 0 writes the `index` last, after a barrier confirms every
    process has written its shards.
 """
 
