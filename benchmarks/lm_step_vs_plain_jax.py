@@ -31,9 +31,9 @@ import optax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plain_jax_lm  # noqa: E402  pylint: disable=wrong-import-position
+from p1 import p1_model_config  # noqa: E402  pylint: disable=wrong-import-position
 
 from axlearn.common.module import functional  # noqa: E402
-from axlearn.experiments.text.gpt.model_builders import transformer_lm_config  # noqa: E402
 
 P1 = dict(
     vocab_size=32768,
@@ -84,21 +84,7 @@ def main():
     load_before = os.getloadavg()
 
     cfg = plain_jax_lm.LmConfig(**P1)
-    model = (
-        transformer_lm_config(
-            num_layers=cfg.num_layers,
-            model_dim=cfg.dim,
-            num_heads=cfg.num_heads,
-            num_kv_heads=cfg.num_kv_heads,
-            hidden_dim=cfg.hidden_dim,
-            vocab_size=cfg.vocab_size,
-            rope_theta=cfg.rope_theta,
-            qk_norm=cfg.qk_norm,
-            stack=args.stack,
-        )
-        .set(name="model")
-        .instantiate(parent=None)
-    )
+    model = p1_model_config(stack=args.stack).set(name="model").instantiate(parent=None)
     lib_params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
     # The same parameter values on both sides; with --stack repeat, plain JAX scans the
     # stacked layers too (--plain_unrolled: it unrolls them instead).

@@ -21,8 +21,15 @@ MESH_SHAPE = (1,) * len(MESH_AXIS_NAMES)
 LR, B1, B2, EPS, WD = 1e-3, 0.9, 0.95, 1e-8, 0.01
 
 
-def p1_model_config():
-    """The P1 causal LM config (`transformer_lm_config`, stacked layers)."""
+def p1_model_config(stack: str = "stack"):
+    """The P1 causal LM config (`transformer_lm_config`).
+
+    Args:
+        stack: How the layers are stacked ("stack" or "repeat").
+
+    Returns:
+        The model config.
+    """
     return transformer_lm_config(
         num_layers=2,
         model_dim=256,
@@ -32,7 +39,7 @@ def p1_model_config():
         vocab_size=VOCAB,
         rope_theta=5e5,
         qk_norm=True,
-        stack="stack",
+        stack=stack,
     )
 
 

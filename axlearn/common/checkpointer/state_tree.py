@@ -125,11 +125,23 @@ def crc32_hex(data: Any) -> str:
 _pool_lock = threading.Lock()
 
 
-_io_pool: concurrent.futures.ThreadPoolExecutor | None = None
+# Shared thread pools by name: "io" for chunk reads (16 threads), "write" for chunk writes (8),
+# separate so that a save's lowered thread priority never slows a restore.
+_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+_POOL_WORKERS = {"io": 16, "write": 8}
+
+
+def _submit(pool: str, fn, *args) -> concurrent.futures.Future:
+    with _pool_lock:
+        if pool not in _pools:
+            _pools[pool] = concurrent.futures.ThreadPoolExecutor(
+                max_workers=_POOL_WORKERS[pool], thread_name_prefix=f"axlearn_checkpoint_{pool}"
+            )
+    return _pools[pool].submit(fn, *args)
 
 
 def submit_io(fn, *args) -> concurrent.futures.Future:
-    """Runs `fn(*args)` on a shared thread pool for file reads (which release the GIL).
+    """Runs `fn(*args)` on the shared thread pool for file reads (which release the GIL).
 
     Args:
         fn: The function.
@@ -138,21 +150,11 @@ def submit_io(fn, *args) -> concurrent.futures.Future:
     Returns:
         The future of its result.
     """
-    global _io_pool  # pylint: disable=global-statement
-    with _pool_lock:
-        if _io_pool is None:
-            _io_pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=16, thread_name_prefix="axlearn_checkpoint_io"
-            )
-    return _io_pool.submit(fn, *args)
-
-
-_write_pool: concurrent.futures.ThreadPoolExecutor | None = None
+    return _submit("io", fn, *args)
 
 
 def submit_write(fn, *args) -> concurrent.futures.Future:
-    """Runs `fn(*args)` on a shared thread pool for chunk writes (separate from reads, so a
-    save's lowered thread priority never slows a restore).
+    """Runs `fn(*args)` on the shared thread pool for chunk writes.
 
     Args:
         fn: The function.
@@ -161,13 +163,7 @@ def submit_write(fn, *args) -> concurrent.futures.Future:
     Returns:
         The future of its result.
     """
-    global _write_pool  # pylint: disable=global-statement
-    with _pool_lock:
-        if _write_pool is None:
-            _write_pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=8, thread_name_prefix="axlearn_checkpoint_write"
-            )
-    return _write_pool.submit(fn, *args)
+    return _submit("write", fn, *args)
 
 
 Region = tuple[tuple[int, int], ...]
