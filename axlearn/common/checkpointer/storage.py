@@ -162,6 +162,9 @@ class TensorStoreStateStorage(StateStorage):
             {
                 "file_io_concurrency": {"limit": 64},
                 "data_copy_concurrency": {"limit": max(2, os.cpu_count() or 2)},
+                # The zarr metadata TensorStore writes is made durable with the chunks, by one
+                # filesystem sync per save (tensorstore_save.write_snapshot).
+                "file_io_sync": False,
             }
         )
         # The writer thread, started now so that the first save does not pay for it.

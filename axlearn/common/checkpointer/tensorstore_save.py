@@ -223,7 +223,7 @@ def write_chunk_file(
         padded = np.zeros(chunk_shape, data.dtype)
         padded[tuple(slice(0, n) for n in data.shape)] = data
         data = padded
-    chunk_file.write_file_durably(path, data)
+    chunk_file.write_file_durably(path, data, fsync=False)  # write_snapshot syncs them all.
     return crc
 
 
@@ -442,7 +442,6 @@ class _Writer:
             )
         inflight: collections.deque = collections.deque()
         inflight_bytes = 0
-        written_dirs: list[str] = []
         written = 0
         fired = False
 
@@ -466,7 +465,6 @@ class _Writer:
                 item.snapshot = None
                 continue
             leaf_dir = os.path.join(plan.ckpt_dir, item.zarr_path)
-            written_dirs.append(leaf_dir)
             for shard in shards:
                 data = shard.data
                 if isinstance(data, jax.Array):
@@ -502,8 +500,6 @@ class _Writer:
             item.shards = None
         while inflight:
             retire_one()
-        for leaf_dir in written_dirs:  # The chunk files' directory entries are durable too.
-            layout.fsync_dir(leaf_dir)
         if mid_fault and not fired:
             faults.maybe_inject_fault("mid_arrays", step=plan.step)
 
@@ -607,6 +603,9 @@ def write_snapshot(
     faults.maybe_inject_fault("before_arrays", step=step)
     writer.write_arrays()
     manifest = dict(chunks=writer.checksums, bytes=writer.write_byte_leaves())
+    # Every chunk file, its directory entry and the zarr metadata become durable here, once,
+    # before this process reports its shards written (and so before the index can exist).
+    layout.sync_filesystem(plan.ckpt_dir)
     manifests_dir = os.path.join(plan.ckpt_dir, layout.MANIFESTS_DIR)
     if count > 1:
         os.makedirs(manifests_dir, exist_ok=True)
