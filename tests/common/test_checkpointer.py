@@ -715,3 +715,16 @@ def test_resharding_across_unaligned_chunks(tmp_path):
         for shard in restored["w"].addressable_shards:
             np.testing.assert_array_equal(np.asarray(shard.data), host[shard.index])
     assert ckpt.storage.last_restore_stats.num_bytes == host.nbytes  # Each chunk read once.
+
+
+def test_sync_filesystem_uses_syncfs_and_falls_back_to_sync(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(os, "sync", lambda: calls.append("sync"))
+    layout.sync_filesystem(str(tmp_path))  # syncfs on Linux: os.sync is not needed.
+    assert calls == ([] if hasattr(layout._libc(), "syncfs") else ["sync"])  # pylint: disable=protected-access
+    monkeypatch.setattr(layout, "_libc", lambda: None)
+    layout.sync_filesystem(str(tmp_path))
+    assert calls[-1] == "sync"
+    with pytest.raises(FileNotFoundError):
+        monkeypatch.undo()
+        layout.sync_filesystem(str(tmp_path / "missing"))
