@@ -31,21 +31,14 @@ import optax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plain_jax_lm  # noqa: E402  pylint: disable=wrong-import-position
-from p1 import p1_model_config  # noqa: E402  pylint: disable=wrong-import-position
+from p1 import (  # noqa: E402  pylint: disable=wrong-import-position
+    BATCH,
+    SEQ,
+    p1_model_config,
+    p1_plain_config,
+)
 
 from axlearn.common.module import functional  # noqa: E402
-
-P1 = dict(
-    vocab_size=32768,
-    dim=256,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=4,
-    hidden_dim=1024,
-    rope_theta=5e5,
-    qk_norm=True,
-)
-SEQ, BATCH = 128, 4
 
 
 def _library_step(model, optimizer):
@@ -83,7 +76,7 @@ def main():
     args = parser.parse_args()
     load_before = os.getloadavg()
 
-    cfg = plain_jax_lm.LmConfig(**P1)
+    cfg = p1_plain_config()
     model = p1_model_config(stack=args.stack).set(name="model").instantiate(parent=None)
     lib_params = jax.jit(model.initialize_parameters_recursively)(jax.random.PRNGKey(0))
     # The same parameter values on both sides; with --stack repeat, plain JAX scans the

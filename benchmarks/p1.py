@@ -19,6 +19,24 @@ MESH_AXIS_NAMES = ("pipeline", "data", "expert", "fsdp", "seq", "model")
 MESH_SHAPE = (1,) * len(MESH_AXIS_NAMES)
 # AdamW.
 LR, B1, B2, EPS, WD = 1e-3, 0.9, 0.95, 1e-8, 0.01
+# The model's sizes, in `plain_jax_lm.LmConfig`'s field names.
+P1_DIMS = dict(
+    vocab_size=VOCAB,
+    dim=256,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=4,
+    hidden_dim=1024,
+    rope_theta=5e5,
+    qk_norm=True,
+)
+
+
+def p1_plain_config():
+    """The P1 model as `benchmarks/plain_jax_lm.py` builds it (the same math in plain JAX)."""
+    import plain_jax_lm  # pylint: disable=import-outside-toplevel
+
+    return plain_jax_lm.LmConfig(**P1_DIMS)
 
 
 def p1_model_config(stack: str = "stack"):
@@ -30,15 +48,16 @@ def p1_model_config(stack: str = "stack"):
     Returns:
         The model config.
     """
+    d = P1_DIMS
     return transformer_lm_config(
-        num_layers=2,
-        model_dim=256,
-        num_heads=4,
-        num_kv_heads=4,
-        hidden_dim=1024,
-        vocab_size=VOCAB,
-        rope_theta=5e5,
-        qk_norm=True,
+        num_layers=d["num_layers"],
+        model_dim=d["dim"],
+        num_heads=d["num_heads"],
+        num_kv_heads=d["num_kv_heads"],
+        hidden_dim=d["hidden_dim"],
+        vocab_size=d["vocab_size"],
+        rope_theta=d["rope_theta"],
+        qk_norm=d["qk_norm"],
         stack=stack,
     )
 

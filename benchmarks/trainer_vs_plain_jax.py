@@ -49,6 +49,7 @@ from p1 import (  # noqa: E402  pylint: disable=wrong-import-position
     VOCAB,
     WD,
     p1_model_config,
+    p1_plain_config,
     p1_trainer_config,
 )
 
@@ -86,16 +87,7 @@ def run_trainer(steps: int, peak: float) -> dict:
 
 def run_plain(steps: int, *, pipelined: bool) -> dict:
     """The plain-JAX loop on the same batches: per-step times between host syncs on the loss."""
-    cfg = plain_jax_lm.LmConfig(
-        vocab_size=VOCAB,
-        dim=256,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=4,
-        hidden_dim=1024,
-        rope_theta=5e5,
-        qk_norm=True,
-    )
+    cfg = p1_plain_config()
     params = plain_jax_lm.init_params(jax.random.PRNGKey(0), cfg)
     optimizer = optax.adamw(LR, b1=B1, b2=B2, eps=EPS, weight_decay=WD)
     opt_state = optimizer.init(params)

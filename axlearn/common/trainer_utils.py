@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common.config import REQUIRED, ConfigBase
 from axlearn.common.metrics import WeightedScalar
-from axlearn.common.utils import Tensor
+from axlearn.common.utils import Tensor, unknown_mesh_axes
 
 
 def is_unset(value: Any) -> bool:
@@ -44,13 +44,11 @@ def shardings_of_specs(mesh: jax.sharding.Mesh, specs: Any) -> Any:
     def to_sharding(path, spec):
         axes = spec.mesh_axes
         partition = PartitionSpec() if axes is None else PartitionSpec(*axes)
-        for entry in partition:
-            for name in entry if isinstance(entry, (tuple, list)) else (entry,):
-                if name is not None and name not in axis_names:
-                    raise ValueError(
-                        f"Partition spec {partition} of '{path_str(path)}' names mesh "
-                        f"axis '{name}', which is not among the mesh axes {tuple(mesh.axis_names)}."
-                    )
+        for name in unknown_mesh_axes(partition, axis_names):
+            raise ValueError(
+                f"Partition spec {partition} of '{path_str(path)}' names mesh "
+                f"axis '{name}', which is not among the mesh axes {tuple(mesh.axis_names)}."
+            )
         return NamedSharding(mesh, partition)
 
     return jax.tree_util.tree_map_with_path(to_sharding, specs, is_leaf=is_spec)

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, NamedTuple, Optional, TypeVar, Union
+from typing import Any, Callable, Collection, NamedTuple, Optional, TypeVar, Union
 
 import jax
 import numpy as np
@@ -393,6 +393,24 @@ def _is_spec_leaf(x: Any) -> bool:
     return x is None or isinstance(x, PartitionSpec)
 
 
+def unknown_mesh_axes(spec: PartitionSpec, axis_names: Collection[str]) -> list[str]:
+    """The mesh axis names `spec` uses that are not in `axis_names`, in order.
+
+    Args:
+        spec: A PartitionSpec (entries: None, an axis name, or a tuple of axis names).
+        axis_names: The mesh's axis names.
+
+    Returns:
+        The unknown names (empty if all are known).
+    """
+    return [
+        name
+        for entry in spec
+        for name in (entry if isinstance(entry, (tuple, list)) else (entry,))
+        if name is not None and name not in axis_names
+    ]
+
+
 def partition_spec_to_named_sharding(
     mesh: jax.sharding.Mesh, partition_specs: NestedPartitionSpec
 ) -> Nested[NamedSharding]:
@@ -412,13 +430,11 @@ def partition_spec_to_named_sharding(
 
     def to_sharding(path: str, spec: Optional[PartitionSpec]) -> NamedSharding:
         spec = PartitionSpec() if spec is None else spec
-        for entry in spec:
-            for name in entry if isinstance(entry, (tuple, list)) else (entry,):
-                if name is not None and name not in axis_names:
-                    raise ValueError(
-                        f"Partition spec {spec} at '{path}' names mesh axis '{name}', which is not "
-                        f"among the mesh axes {tuple(mesh.axis_names)}"
-                    )
+        for name in unknown_mesh_axes(spec, axis_names):
+            raise ValueError(
+                f"Partition spec {spec} at '{path}' names mesh axis '{name}', which is not "
+                f"among the mesh axes {tuple(mesh.axis_names)}"
+            )
         return NamedSharding(mesh, spec)
 
     paths = tree_paths(partition_specs)
