@@ -39,20 +39,19 @@ def _bounce_buffer() -> mmap.mmap:
 
 def _write_direct(path: str, data: np.ndarray, fsync: bool) -> bool:
     """O_DIRECT write of `data` (uint8, C-contiguous); False if the filesystem refuses it."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0)
-    if flags & getattr(os, "O_DIRECT", 0) == 0:
+    direct = getattr(os, "O_DIRECT", 0)
+    if not direct:
         return False
     try:
-        fd = os.open(path, flags, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
     except OSError as e:
         if e.errno == errno.EINVAL:  # No O_DIRECT on this filesystem.
             return False
         raise
-    offset = 0
+    buf = _bounce_buffer()
+    staging = np.frombuffer(buf, np.uint8)
+    size, offset = data.size, 0
     try:
-        buf = _bounce_buffer()
-        staging = np.frombuffer(buf, np.uint8)
-        size = data.size
         while offset < size:
             n = min(size - offset, _BOUNCE_BYTES)
             staging[:n] = data[offset : offset + n]
@@ -69,11 +68,10 @@ def _write_direct(path: str, data: np.ndarray, fsync: bool) -> bool:
             os.fsync(fd)
     except OSError as e:
         if e.errno == errno.EINVAL and offset == 0:  # Refused at the first write: fall back.
-            os.close(fd)
             return False
-        os.close(fd)
         raise
-    os.close(fd)
+    finally:
+        os.close(fd)
     return True
 
 
