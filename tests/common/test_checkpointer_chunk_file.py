@@ -50,3 +50,65 @@ def test_direct_on_this_disk_and_fallback_where_refused(tmp_path, monkeypatch):
         with open(tmp_path / name, "rb") as f:
             assert f.read() == data.tobytes()
     print(f"O_DIRECT used on {tmp_path}: {direct}")
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_reads_exact_bytes_into_page_aligned_buffer(tmp_path, size):
+    data = np.random.default_rng(size).integers(0, 256, size=size, dtype=np.uint8)
+    path = str(tmp_path / "chunk")
+    chunk_file.write_file_durably(path, data)
+    read, file_size = chunk_file.read_file(path, size)
+    assert file_size == size
+    assert read.dtype == np.uint8 and read.flags.c_contiguous and read.flags.writeable
+    assert size == 0 or read.ctypes.data % 4096 == 0  # An empty array has no buffer to align.
+    np.testing.assert_array_equal(read, data)
+
+
+@pytest.mark.parametrize("actual", [0, 4095, 4097, 8192])
+def test_read_reports_wrong_size_without_data(tmp_path, actual):
+    path = str(tmp_path / "chunk")
+    chunk_file.write_file_durably(path, np.ones(actual, np.uint8))
+    read, file_size = chunk_file.read_file(path, 4096)
+    assert file_size == actual and read.size == 0
+
+
+def test_read_of_missing_file_raises(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        chunk_file.read_file(str(tmp_path / "missing"), 10)
+
+
+@pytest.mark.parametrize("refused_at", ["open", "read"])
+def test_read_falls_back_to_page_cache_where_direct_is_refused(tmp_path, monkeypatch, refused_at):
+    """The same bytes come back when O_DIRECT is refused at open (a filesystem without it) or at
+    the first read (e.g. an unaligned transfer)."""
+    size = 3 * 4096 + 5
+    data = np.random.default_rng(1).integers(0, 256, size=size, dtype=np.uint8)
+    path = str(tmp_path / "chunk")
+    chunk_file.write_file_durably(path, data)
+    direct = getattr(os, "O_DIRECT", 0)
+    real_open, real_preadv, direct_fds, flags_seen = os.open, os.preadv, set(), []
+
+    def fake_open(file, flags, *args):
+        flags_seen.append(flags)
+        if refused_at == "open" and flags & direct:
+            raise OSError(errno.EINVAL, "Invalid argument", file)
+        fd = real_open(file, flags, *args)
+        if flags & direct:
+            direct_fds.add(fd)
+        return fd
+
+    def fake_preadv(fd, buffers, offset):
+        if fd in direct_fds:
+            direct_fds.discard(fd)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr(os, "preadv", fake_preadv)
+    read, file_size = chunk_file.read_file(path, size)
+    assert file_size == size
+    np.testing.assert_array_equal(read, data)
+    # The last open was a plain one.
+    assert not flags_seen[-1] & direct
+    if direct:
+        assert flags_seen[0] & direct

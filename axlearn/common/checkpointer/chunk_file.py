@@ -1,4 +1,4 @@
-"""Writes a checkpoint chunk file durably, bypassing the page cache where the filesystem allows.
+"""Writes and reads checkpoint chunk files, bypassing the page cache where the filesystem allows.
 
 A save writes hundreds of MB every few minutes (every few seconds in small CPU runs). Through
 the page cache, the kernel copies every byte into cache pages and later writes them back, and
@@ -9,6 +9,11 @@ user-space copy, no cache pages, no writeback. Measured on the 2-core developmen
 docs/checkpoints.md). Filesystems without `O_DIRECT` (e.g. tmpfs) get a buffered write.
 Either way the file is fsynced before the function returns, unless the caller syncs the whole
 filesystem once afterwards (a save does: one `syncfs` instead of a journal commit per file).
+
+Restores read chunk files the same way, straight into the page-aligned buffer that becomes the
+restored array (the CPU backend adopts it without a copy): no cache pages filled and then copied
+out. Measured on the development VM for a 1 GiB state over 8 devices: restore 0.69-0.79 s with
+`O_DIRECT` against 1.14-1.24 s through the page cache, in the same interleaved run.
 """
 
 from __future__ import annotations
@@ -98,3 +103,69 @@ def write_file_durably(path: str, data: np.ndarray, fsync: bool = True) -> bool:
         if fsync:
             os.fsync(f.fileno())
     return False
+
+
+def _read_into(fd: int, view: memoryview, nbytes: int) -> int:
+    """Reads from offset 0 into `view` until `nbytes` bytes or end of file; returns bytes read."""
+    filled = 0
+    while filled < nbytes:
+        n = os.preadv(fd, [view[filled:]], filled)
+        if not n:
+            break
+        filled += n
+    return filled
+
+
+def _open_for_read(path: str) -> tuple[int, bool]:
+    """Opens `path` read-only, with O_DIRECT where the filesystem takes it; (fd, direct)."""
+    direct = getattr(os, "O_DIRECT", 0)
+    if direct:
+        try:
+            return os.open(path, os.O_RDONLY | direct), True
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # EINVAL: no O_DIRECT on this filesystem.
+                raise
+    return os.open(path, os.O_RDONLY), False
+
+
+def read_file(path: str, nbytes: int) -> tuple[np.ndarray, int]:
+    """Reads a file of an expected size into a new page-aligned buffer.
+
+    Args:
+        path: The file.
+        nbytes: The size the file should have.
+
+    Returns:
+        (data, size): `size` is the file's size; if it equals `nbytes`, `data` is a uint8 array of
+        the file's bytes (page aligned, C-contiguous, writable), else `data` is empty.
+
+    Raises:
+        OSError: If the file cannot be opened or read (FileNotFoundError if it is missing).
+    """
+    padded = -(-nbytes // _ALIGN) * _ALIGN  # O_DIRECT reads whole blocks.
+    fd, direct = _open_for_read(path)
+    filled = None
+    try:
+        size = os.fstat(fd).st_size
+        if size != nbytes:
+            return np.empty(0, np.uint8), size
+        raw = np.empty(padded + _ALIGN, np.uint8)
+        start = (-raw.ctypes.data) % _ALIGN
+        view = memoryview(raw[start : start + padded])
+        try:
+            filled = _read_into(fd, view if direct else view[:nbytes], nbytes)
+        except OSError as e:
+            if not (direct and e.errno == errno.EINVAL):
+                raise
+            # O_DIRECT refused mid-way (e.g. after an unaligned short read): read buffered below.
+    finally:
+        os.close(fd)
+    if filled is None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            filled = _read_into(fd, view[:nbytes], nbytes)
+        finally:
+            os.close(fd)
+    if filled != nbytes:  # The file changed size while being read.
+        return np.empty(0, np.uint8), filled
+    return raw[start : start + nbytes], size

@@ -23,7 +23,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from axlearn.common.checkpointer import layout, state_tree
+from axlearn.common.checkpointer import chunk_file, layout, state_tree
 from axlearn.common.utils import TensorSpec
 
 
@@ -203,37 +203,20 @@ def _assemble(region: state_tree.Region, read: _LeafRead, data: dict[str, np.nda
     return out
 
 
-def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype, align: int = 64) -> np.ndarray:
-    """np.empty with a 64-byte aligned buffer: the CPU backend then adopts it without a copy.
-
-    (Buffers adopted this way are never donated in place by XLA, so a restored array stays
-    intact even if the next step donates it.)
-    """
-    nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + align, np.uint8)
-    offset = (-raw.ctypes.data) % align
-    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
-
-
 def _read_chunk(file: str, read: _LeafRead, key: str, region: state_tree.Region) -> np.ndarray:
     """Reads one chunk file, checks its size and CRC-32; returns the chunk clipped to `region`.
 
     Our zarr arrays are uncompressed, C-order and unfiltered, so a chunk file holds exactly the
     chunk's bytes (edge chunks padded to the full chunk shape, as zarr v2 stores them): one read
-    straight into the destination buffer, no decoding.
+    (O_DIRECT where the filesystem allows, see chunk_file.py) straight into a page-aligned
+    buffer that the devices adopt without a copy, no decoding. (Buffers adopted this way are
+    never donated in place by XLA, so a restored array stays intact even if the next step
+    donates it.)
     """
     chunk_shape = tuple(max(1, c) for c in read.entry["chunk_shape"])
-    buf = _aligned_empty(chunk_shape, read.dtype)
-    view = memoryview(buf.reshape(-1).view(np.uint8))
-    filled = 0
+    expected_bytes = math.prod(chunk_shape) * read.dtype.itemsize
     try:
-        with open(file, "rb", buffering=0) as f:
-            while filled < len(view):
-                n = f.readinto(view[filled:])
-                if not n:
-                    break
-                filled += n
-            extra = len(f.read(1))
+        raw, size = chunk_file.read_file(file, expected_bytes)
     except FileNotFoundError as e:
         raise CheckpointCorruptionError(
             f"Chunk file {file} of leaf {read.path!r} is missing"
@@ -242,12 +225,12 @@ def _read_chunk(file: str, read: _LeafRead, key: str, region: state_tree.Region)
         raise CheckpointCorruptionError(
             f"Reading chunk file {file} of leaf {read.path!r} failed: {e}"
         ) from e
-    if filled != len(view) or extra:
+    if size != expected_bytes:
         raise CheckpointCorruptionError(
-            f"Chunk file {file} of leaf {read.path!r} has the wrong size ("
-            f"{'more than ' if extra else ''}{filled} bytes, expected {len(view)}): the file was "
-            "truncated or altered"
+            f"Chunk file {file} of leaf {read.path!r} has the wrong size ({size} bytes, "
+            f"expected {expected_bytes}): the file was truncated or altered"
         )
+    buf = raw.view(read.dtype).reshape(chunk_shape)
     data = buf[tuple(slice(0, b - a) for a, b in region)] if region else buf
     expected = read.entry["checksum"].get("crc32", {}).get(key)
     actual = state_tree.crc32_hex(data)
