@@ -227,6 +227,28 @@ def test_chunk_files_are_zarr_that_tensorstore_reads_back(tmp_path):
     _assert_bit_identical(host, restored)
 
 
+@pytest.mark.parametrize(
+    "dtype", ["float32", "bfloat16", "float16", "bool", "int8", "uint8", "int32", "int64"]
+)
+@pytest.mark.parametrize("shape,chunk_shape", [((), ()), ((0, 4), (0, 4)), ((10, 3), (3, 3))])
+def test_zarr_metadata_is_byte_for_byte_what_tensorstore_writes(
+    tmp_path, dtype, shape, chunk_shape
+):
+    """The writer writes each leaf's .zarray itself: it must be the file TensorStore creates."""
+    import tensorstore as ts  # pylint: disable=import-outside-toplevel
+
+    from axlearn.common.checkpointer import state_tree  # pylint: disable=import-outside-toplevel
+
+    np_dtype = np.dtype(jnp.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    path = str(tmp_path / "a")
+    spec = state_tree.zarr_spec(path, shape=shape, dtype=np_dtype, chunk_shape=chunk_shape)
+    ts.open(spec, create=True, open=True).result()
+    with open(os.path.join(path, ".zarray"), "rb") as f:
+        expected = f.read()
+    actual = state_tree.zarr_metadata_json(shape=shape, dtype=np_dtype, chunk_shape=chunk_shape)
+    assert actual == expected
+
+
 def test_edge_chunks_are_padded_as_zarr_stores_them(tmp_path):
     """10 rows in chunks of 3: the last chunk file holds 1 row padded to 3 (zarr v2)."""
     import tensorstore as ts  # pylint: disable=import-outside-toplevel

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import zlib
 
 import numpy as np
 import pytest
@@ -20,9 +21,10 @@ def test_writes_exact_bytes(tmp_path, size):
     path = str(tmp_path / "chunk")
     with open(path, "wb") as f:  # A longer file is truncated.
         f.write(b"x" * (size + 9000))
-    chunk_file.write_file_durably(path, data)
+    written = chunk_file.write_file_durably(path, data)
     with open(path, "rb") as f:
         assert f.read() == data.tobytes()
+    assert written.crc32 == f"{zlib.crc32(data.tobytes()):08x}"
 
 
 def test_writes_any_array_in_c_order(tmp_path):
@@ -36,7 +38,7 @@ def test_direct_on_this_disk_and_fallback_where_refused(tmp_path, monkeypatch):
     """ext4 (this machine's disk) takes O_DIRECT; a filesystem that refuses it (EINVAL at open,
     as older tmpfs or some network filesystems do) gets the same bytes through the page cache."""
     data = np.random.default_rng(0).integers(0, 256, size=10_000, dtype=np.uint8)
-    direct = chunk_file.write_file_durably(str(tmp_path / "direct"), data)
+    direct = chunk_file.write_file_durably(str(tmp_path / "direct"), data).direct
     real_open = os.open
 
     def open_without_direct(path, flags, *args):
@@ -45,7 +47,9 @@ def test_direct_on_this_disk_and_fallback_where_refused(tmp_path, monkeypatch):
         return real_open(path, flags, *args)
 
     monkeypatch.setattr(os, "open", open_without_direct)
-    assert chunk_file.write_file_durably(str(tmp_path / "buffered"), data) is False
+    buffered = chunk_file.write_file_durably(str(tmp_path / "buffered"), data)
+    assert buffered.direct is False
+    assert buffered.crc32 == f"{zlib.crc32(data.tobytes()):08x}"
     for name in ("direct", "buffered"):
         with open(tmp_path / name, "rb") as f:
             assert f.read() == data.tobytes()

@@ -22,14 +22,30 @@ import errno
 import mmap
 import os
 import threading
+from typing import NamedTuple, Optional
 
 import numpy as np
+
+from axlearn.common.checkpointer import state_tree
 
 # O_DIRECT needs the buffer address, file offset and length aligned to the logical block size;
 # 4096 covers every common device.
 _ALIGN = 4096
 # Bytes copied into the bounce buffer and written per write call.
 _BOUNCE_BYTES = 8 << 20
+# Bytes copied into the bounce buffer at a time and checksummed there while still in the CPU's
+# cache: the source is read from memory once, for the copy and the CRC-32 together.
+_STAGE_BYTES = 1 << 20
+
+
+class WrittenFile(NamedTuple):
+    """What `write_file_durably` did."""
+
+    # Whether the file was written with O_DIRECT (False: through the page cache).
+    direct: bool
+    # The zlib-compatible CRC-32 of the bytes written, as 8 hex digits.
+    crc32: str
+
 
 _local = threading.local()
 
@@ -42,24 +58,28 @@ def _bounce_buffer() -> mmap.mmap:
     return buf
 
 
-def _write_direct(path: str, data: np.ndarray, fsync: bool) -> bool:
-    """O_DIRECT write of `data` (uint8, C-contiguous); False if the filesystem refuses it."""
+def _write_direct(path: str, data: np.ndarray, fsync: bool) -> Optional[int]:
+    """O_DIRECT write of `data` (uint8, C-contiguous); returns the CRC-32 of its bytes, or None
+    if the filesystem refuses O_DIRECT."""
     direct = getattr(os, "O_DIRECT", 0)
     if not direct:
-        return False
+        return None
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
     except OSError as e:
         if e.errno == errno.EINVAL:  # No O_DIRECT on this filesystem.
-            return False
+            return None
         raise
     buf = _bounce_buffer()
     staging = np.frombuffer(buf, np.uint8)
-    size, offset = data.size, 0
+    size, offset, crc = data.size, 0, 0
     try:
         while offset < size:
             n = min(size - offset, _BOUNCE_BYTES)
-            staging[:n] = data[offset : offset + n]
+            for start in range(0, n, _STAGE_BYTES):
+                stop = min(n, start + _STAGE_BYTES)
+                staging[start:stop] = data[offset + start : offset + stop]
+                crc = state_tree.crc32(staging[start:stop], crc)
             padded = -(-n // _ALIGN) * _ALIGN
             staging[n:padded] = 0
             view = memoryview(buf)[:padded]
@@ -73,14 +93,14 @@ def _write_direct(path: str, data: np.ndarray, fsync: bool) -> bool:
             os.fsync(fd)
     except OSError as e:
         if e.errno == errno.EINVAL and offset == 0:  # Refused at the first write: fall back.
-            return False
+            return None
         raise
     finally:
         os.close(fd)
-    return True
+    return crc
 
 
-def write_file_durably(path: str, data: np.ndarray, fsync: bool = True) -> bool:
+def write_file_durably(path: str, data: np.ndarray, fsync: bool = True) -> WrittenFile:
     """Writes the bytes of `data` to `path` (created or truncated) and fsyncs the file.
 
     Args:
@@ -90,11 +110,13 @@ def write_file_durably(path: str, data: np.ndarray, fsync: bool = True) -> bool:
             filesystem durable afterwards (`layout.sync_filesystem`).
 
     Returns:
-        True if written with O_DIRECT, False if through the page cache.
+        Whether O_DIRECT was used, and the CRC-32 of the bytes written (computed as they are
+        staged, so the source is read once).
     """
     flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-    if _write_direct(path, flat, fsync):
-        return True
+    crc = _write_direct(path, flat, fsync)
+    if crc is not None:
+        return WrittenFile(direct=True, crc32=f"{crc:08x}")
     view = memoryview(flat)
     with open(path, "wb", buffering=0) as f:
         done = 0
@@ -102,7 +124,7 @@ def write_file_durably(path: str, data: np.ndarray, fsync: bool = True) -> bool:
             done += f.write(view[done:])
         if fsync:
             os.fsync(f.fileno())
-    return False
+    return WrittenFile(direct=False, crc32=state_tree.crc32_hex(flat))
 
 
 def _read_into(fd: int, view: memoryview, nbytes: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import threading
 import zlib
 from typing import Any
@@ -100,10 +101,38 @@ def zarr_spec(path: str, *, shape, dtype, chunk_shape) -> dict:
     }
 
 
+def zarr_metadata_json(*, shape, dtype, chunk_shape) -> bytes:
+    """Returns the `.zarray` file of `zarr_spec`'s array, byte for byte as TensorStore writes it.
+
+    Args:
+        shape: The array shape.
+        dtype: The numpy dtype.
+        chunk_shape: The chunk shape (entries of 0 become 1).
+
+    Returns:
+        The JSON bytes (sorted keys, no spaces).
+    """
+    metadata = zarr_spec("", shape=shape, dtype=dtype, chunk_shape=chunk_shape)["metadata"]
+    return json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
 try:  # ISA-L's CRC-32 is zlib's checksum (same values), computed with carry-less multiply.
     from isal.isal_zlib import crc32 as _crc32
 except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the same values.
     _crc32 = zlib.crc32
+
+
+def crc32(data: Any, value: int = 0) -> int:
+    """Returns the zlib-compatible CRC-32 of a bytes-like object, continuing from `value`.
+
+    Args:
+        data: A bytes-like object (e.g. a uint8 array or a memoryview).
+        value: The CRC-32 of the bytes before `data` (0 at the start).
+
+    Returns:
+        The CRC-32 of the bytes so far, as an int.
+    """
+    return _crc32(data, value)
 
 
 def crc32_hex(data: Any) -> str:

@@ -11,7 +11,6 @@ import zlib
 from typing import Any, Callable, Optional
 
 import jax
-import tensorstore as ts
 
 from axlearn.common.checkpointer import (
     layout,
@@ -117,7 +116,7 @@ class StateStorage(Configurable):
 
 
 class TensorStoreStateStorage(StateStorage):
-    """One zarr array per array leaf via TensorStore, a CRC-32 per chunk, `index` written last.
+    """One zarr array per array leaf (TensorStore's format), a CRC-32 per chunk, `index` last.
 
     See `axlearn.common.checkpointer.tensorstore_save` and `...tensorstore_restore`.
     """
@@ -126,7 +125,7 @@ class TensorStoreStateStorage(StateStorage):
     class Config(StateStorage.Config):
         """Configures TensorStoreStateStorage."""
 
-        # Time-out in seconds of each cross-process barrier and each TensorStore operation.
+        # Time-out in seconds of each cross-process barrier and each chunk write or read.
         timeout_secs: float = 3600
         # Max GB of host buffers in flight while writing a device snapshot or reading chunks.
         # None: 1 GB.
@@ -135,8 +134,8 @@ class TensorStoreStateStorage(StateStorage):
         # a device copy) or "host" (save blocks for the device-to-host copy, no extra device
         # memory). None: "device" on CPU, "host" on accelerators.
         snapshot: Optional[str] = None
-        # Niceness (0..19) of the background write's threads (the writer and TensorStore's
-        # workers), so a save takes idle CPU before training's. None: 19 on CPU backends, where
+        # Niceness (0..19) of the background write's threads (the writer and its chunk
+        # writers), so a save takes idle CPU before training's. None: 19 on CPU backends, where
         # training uses every core, else 0 (unchanged).
         writer_niceness: Optional[int] = None
 
@@ -158,15 +157,6 @@ class TensorStoreStateStorage(StateStorage):
                 f"TensorStoreStateStorage.max_concurrent_gb must be > 0, got "
                 f"{cfg.max_concurrent_gb}"
             )
-        self._context = ts.Context(
-            {
-                "file_io_concurrency": {"limit": 64},
-                "data_copy_concurrency": {"limit": max(2, os.cpu_count() or 2)},
-                # The zarr metadata TensorStore writes is made durable with the chunks, by one
-                # filesystem sync per save (tensorstore_save.write_snapshot).
-                "file_io_sync": False,
-            }
-        )
         # The writer thread, started now so that the first save does not pay for it.
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="axlearn_checkpoint_writer"
@@ -247,7 +237,6 @@ class TensorStoreStateStorage(StateStorage):
         write = dict(
             # Only the background writer thread is reniced, never the caller's.
             niceness=self._writer_niceness() if async_save else 0,
-            context=self._context,
             budget_bytes=self._budget_bytes,
             timeout_s=float(cfg.timeout_secs),
             on_commit=on_commit_callback,
