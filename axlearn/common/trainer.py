@@ -389,15 +389,37 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             learner_collection,
         )
 
-    def _jit_train_step(self, batch_sharding: Any, *, donate_state: bool = True) -> Callable:
+    def _train_step_and_input_finite(
+        self, state: TrainerState, input_batch: NestedTensor
+    ) -> tuple[TrainerState, dict[str, Any], Tensor]:
+        """The train step, plus whether the input state's checkpointed floats are all finite."""
+        new_state, outputs = self._train_step(state, input_batch)
+        return new_state, outputs, all_finite((state.model, state.learner))
+
+    def _jit_train_step(
+        self, batch_sharding: Any, *, donate_state: bool = True, input_finite: bool = False
+    ) -> Callable:
+        if input_finite:
+            fn, out_shardings = (
+                self._train_step_and_input_finite,
+                (
+                    self._trainer_state_shardings,
+                    None,
+                    None,
+                ),
+            )
+        else:
+            fn, out_shardings = self._train_step, (self._trainer_state_shardings, None)
         return jax.jit(
-            self._train_step,
+            fn,
             in_shardings=(self._trainer_state_shardings, batch_sharding),
-            out_shardings=(self._trainer_state_shardings, None),
+            out_shardings=out_shardings,
             donate_argnums=(0,) if donate_state else (),
         )
 
-    def compile_train_step(self, input_batch: NestedTensor, *, donate_state: bool = True) -> Any:
+    def compile_train_step(
+        self, input_batch: NestedTensor, *, donate_state: bool = True, input_finite: bool = False
+    ) -> Any:
         """Lowers and compiles the train step for a global batch (arrays or ShapeDtypeStructs).
 
         Args:
@@ -405,9 +427,13 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             donate_state: Whether the step donates the trainer state's buffers (reuses them for
                 the new state). The trainer compiles a non-donating variant too when saves
                 reference the state (CPU), for the step after each save.
+            input_finite: Whether the step also returns whether its input state's parameters
+                and optimizer state are all finite (that variant checks the state just saved,
+                fused with the step).
 
         Returns:
-            The compiled step: (trainer_state, input_batch) -> (trainer_state, outputs).
+            The compiled step: (trainer_state, input_batch) -> (trainer_state, outputs), or
+            -> (trainer_state, outputs, input_finite) with `input_finite`.
         """
         batch_sharding = jax.tree.map(lambda x: x.sharding, input_batch)
         state = jax.tree.map(
@@ -419,9 +445,9 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), input_batch
         )
         with self._mesh_context():
-            lowered = self._jit_train_step(batch_sharding, donate_state=donate_state).lower(
-                state, batch
-            )
+            lowered = self._jit_train_step(
+                batch_sharding, donate_state=donate_state, input_finite=input_finite
+            ).lower(state, batch)
             return lowered.compile()
 
     # ------------------------------------------------------------------------------------------
@@ -453,8 +479,15 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             if self._step >= cfg.max_step:
                 self._step_log("Already reached max_step=%s; nothing to do.", cfg.max_step)
                 return None
-            with self.checkpointer:
-                return self._train_loop()
+            try:
+                with self.checkpointer:
+                    try:
+                        return self._train_loop()
+                    finally:
+                        # Before the checkpointer waits for its last save's write.
+                        self._resolve_pending_finite()
+            finally:
+                self._resolve_pending_finite()  # E.g. a save before an early return.
 
     def _train_loop(self) -> Optional[dict[str, Any]]:
         """The pipelined loop; see the module docstring for the order of operations."""
@@ -477,11 +510,18 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
                 with timer.overhead("compile"):
                     self._compile(global_batch)
             self._step += 1
-            train_step = self._compiled_train_step
             if self._state_held_by_save:
-                # The last save still reads the state's arrays: do not donate them.
-                train_step, self._state_held_by_save = self._compiled_train_step_keep_state, False
-            self._trainer_state, outputs = train_step(self._trainer_state, global_batch)
+                # The last save still reads the state's arrays: do not donate them. This step
+                # also checks that they (the saved state) are finite, for the save's writer.
+                self._state_held_by_save = False
+                self._trainer_state, outputs, finite = self._compiled_train_step_keep_state(
+                    self._trainer_state, global_batch
+                )
+                self._resolve_pending_finite(finite)
+            else:
+                self._trainer_state, outputs = self._compiled_train_step(
+                    self._trainer_state, global_batch
+                )
             current = _PendingStep(step=self._step, outputs=outputs, batch=host_batch)
             if pending is not None:
                 last_record = self._finish_step(pending)
@@ -608,7 +648,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         self._compiled_train_step = self.compile_train_step(global_batch)
         if self._saves_alias_state():
             self._compiled_train_step_keep_state = self.compile_train_step(
-                global_batch, donate_state=False
+                global_batch, donate_state=False, input_finite=True
             )
         self._compile_seconds = time.perf_counter() - start
         self._step_log("Compiled the train step in %.2f s.", self._compile_seconds)
