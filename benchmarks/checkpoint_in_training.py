@@ -16,11 +16,11 @@ last save's write not cut off by the end of the run; with 60 steps the window ho
 steps 10..50):
 
 - blocking_s_per_save: the trainer's "checkpoint" overhead on save steps (metrics.jsonl), i.e.
-  everything the training loop waited for in a save: dispatching the finiteness check, the
-  input position, the checkpointer's snapshot (on CPU none: the save references the state and
-  the next step runs without donation), waiting for the previous save. blocking_pct_of_step:
-  that over the median step time of the nosave arm (target < 1%). checkpointer_blocking_s /
-  snapshot_s: the checkpointer's own account of the same (SaveStats).
+  everything the training loop waited for in a save: dispatching the finiteness check (on CPU
+  the next step computes it), the input position, the checkpointer's snapshot (on CPU none: the
+  save references the state and the next step runs without donation), waiting for the previous
+  save. blocking_pct_of_step: that over the median step time of the nosave arm (target < 1%).
+  checkpointer_blocking_s / snapshot_s: the checkpointer's own account of the same (SaveStats).
 - inflation_pct: wall time of the window, save arm over nosave arm, minus 1 (save steps and any
   step slowed by the background write included; target < 5%). On a shared machine this swings
   with other processes' load; see the per-round values.
@@ -29,9 +29,9 @@ steps 10..50):
   load; an upper bound of the wall-time inflation on a machine with no idle core.
 - non_save_step_ratio: median time of steps that did not save, save arm / nosave arm.
 - end_of_run_wait_s: extra seconds `run()` spent after the last step (the last save's write).
-- tensorstore_cpu_s_per_save: CPU seconds of TensorStore's threads per save (the writes), and
-  each arm's window CPU by thread name (XLA's compute threads vary by a few % run to run, which
-  is why the wall-time inflation needs several rounds).
+- save_cpu_by_thread_s / nosave_cpu_by_thread_s (per round): each arm's window CPU by thread
+  name (XLA's compute threads vary by a few % run to run, which is why the wall-time inflation
+  needs several rounds).
 
 Every figure is a median over the rounds. Prints one JSON object.
 
@@ -90,8 +90,8 @@ class RecordingCheckpointer(Checkpointer):
 def thread_cpu_by_name() -> dict[str, float]:
     """CPU seconds (user + system) of this process's threads, summed by thread name (Linux).
 
-    XLA's CPU compute threads are "tf_XLAEigen", TensorStore's I/O and copy threads
-    "ts_pool_worker"; Python threads (the loop, the checkpoint writer) are all "python".
+    XLA's CPU compute threads are "tf_XLAEigen"; Python threads (the loop, the checkpoint
+    writer and its chunk writers) are all "python".
     """
     ticks = os.sysconf("SC_CLK_TCK")
     totals: dict[str, float] = collections.defaultdict(float)
@@ -238,9 +238,6 @@ def main():
                 nosave_window_wall_s=nosave["window_wall_s"],
                 save_window_cpu_s=save["window_cpu_s"],
                 nosave_window_cpu_s=nosave["window_cpu_s"],
-                # TensorStore's threads exist only in the save arm: its write CPU per save.
-                tensorstore_cpu_s_per_save=save["window_cpu_by_thread_s"].get("ts_pool_worker", 0.0)
-                / max(1, len(save["blocking_s"])),
                 save_cpu_by_thread_s=save["window_cpu_by_thread_s"],
                 nosave_cpu_by_thread_s=nosave["window_cpu_by_thread_s"],
                 checkpoints=save["checkpoints"],
@@ -258,7 +255,6 @@ def main():
         "checkpointer_blocking_s",
         "snapshot_s",
         "wait_for_previous_s",
-        "tensorstore_cpu_s_per_save",
     )
     summary = {k: round(median([r[k] for r in per_round]), 5) for k in keys}
     print(

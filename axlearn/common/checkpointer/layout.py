@@ -15,6 +15,7 @@ A step directory without a readable `index` is uncommitted: it is never restored
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import re
@@ -188,19 +189,16 @@ def sync_filesystem(path: str) -> None:
         os.close(fd)
 
 
-_libc_handle: list = []
+@functools.cache
+def _libc() -> Optional[ctypes.CDLL]:
+    """The C library of this process (None where it cannot be loaded)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
 
 
-def _libc():
-    if not _libc_handle:
-        try:
-            _libc_handle.append(ctypes.CDLL(None, use_errno=True))
-        except OSError:
-            _libc_handle.append(None)
-    return _libc_handle[0]
-
-
-def fsync_dir(path: str) -> None:
+def _fsync_dir(path: str) -> None:
     """Makes the entries of directory `path` (files created, renamed or removed) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -223,7 +221,7 @@ def write_json_atomically(path: str, value: Any) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp_path, path)
-    fsync_dir(os.path.dirname(path) or ".")
+    _fsync_dir(os.path.dirname(path) or ".")
 
 
 def write_index_file(step_dir: str, index: dict) -> None:

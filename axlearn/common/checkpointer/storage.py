@@ -317,7 +317,7 @@ def _write_if(
     **write,
 ) -> SaveResult:
     """Runs `precondition` (its error abandons the save before anything is written), then writes."""
-    thread_priority.lower_writer_priority(niceness)
+    thread_priority.lower_current_thread_priority(niceness)
     if precondition is not None:
         precondition()
     return tensorstore_save.write_snapshot(plan, niceness=niceness, **write)

@@ -14,9 +14,9 @@ A save has two halves:
    process writes only the shards it owns (replica 0 of each shard), one zarr chunk per shard,
    with a CRC-32 per chunk: process 0 writes each array's zarr metadata (`.zarray`, the JSON
    TensorStore writes for the same spec), and the chunk bytes are written straight from the host
-   buffer (`chunk_file`: O_DIRECT where
-   the filesystem allows it). Process 0 writes the `index` last, after a barrier confirms every
-   process has written its shards.
+   buffer (`chunk_file`: O_DIRECT where the filesystem allows it). One filesystem sync makes all
+   of it durable; process 0 writes the `index` last, after a barrier confirms every process has
+   written its shards.
 """
 
 from __future__ import annotations
@@ -511,10 +511,8 @@ class _Writer:
             rel = f"{layout.HOST_DIR}/process_{me}/{path}"
             full = os.path.join(self.plan.ckpt_dir, rel)
             os.makedirs(os.path.dirname(full), exist_ok=True)
-            with open(full, "wb") as f:
+            with open(full, "wb") as f:  # Made durable by write_snapshot's filesystem sync.
                 f.write(value)
-                f.flush()
-                os.fsync(f.fileno())
             result[path] = dict(file=rel, size=len(value), checksum=state_tree.crc32_hex(value))
         return result
 
