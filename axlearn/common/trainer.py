@@ -394,26 +394,16 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
     ) -> tuple[TrainerState, dict[str, Any], Tensor]:
         """The train step, plus whether the input state's checkpointed floats are all finite."""
         new_state, outputs = self._train_step(state, input_batch)
-        return new_state, outputs, all_finite((state.model, state.learner))
+        return new_state, outputs, all_finite(self._checkpointed_floats(state))
 
     def _jit_train_step(
         self, batch_sharding: Any, *, donate_state: bool = True, input_finite: bool = False
     ) -> Callable:
-        if input_finite:
-            fn, out_shardings = (
-                self._train_step_and_input_finite,
-                (
-                    self._trainer_state_shardings,
-                    None,
-                    None,
-                ),
-            )
-        else:
-            fn, out_shardings = self._train_step, (self._trainer_state_shardings, None)
+        fn = self._train_step_and_input_finite if input_finite else self._train_step
         return jax.jit(
             fn,
             in_shardings=(self._trainer_state_shardings, batch_sharding),
-            out_shardings=out_shardings,
+            out_shardings=(self._trainer_state_shardings, None) + ((None,) if input_finite else ()),
             donate_argnums=(0,) if donate_state else (),
         )
 
@@ -634,8 +624,10 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             if self._checkpoint_due(evaler_summaries):
                 self._save_checkpoint(evaler_summaries)
         self._first_step = self._step
-        # Compile the finiteness check of checkpointed state now, not inside a step's interval.
-        jax.block_until_ready(all_finite(self._checkpointed_floats()))
+        if not self._saves_alias_state():
+            # Compile the finiteness check of saves now, not inside a step's interval. (On CPU
+            # the step after a save computes it; see _DeferredFinite.)
+            jax.block_until_ready(all_finite(self._checkpointed_floats()))
         self._skips_nonfinite = learner_skips_nonfinite(cfg.learner)
         self._log_model_analysis()
         self._measure_peak()

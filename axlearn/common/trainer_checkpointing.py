@@ -221,9 +221,11 @@ class TrainerCheckpointMixin:
             return True
         return bool(policy(step=self._step, evaler_summaries=evaler_summaries))
 
-    def _checkpointed_floats(self) -> Any:
-        """The parts of the trainer state checked for NaN/inf before each save."""
-        return (self._trainer_state.model, self._trainer_state.learner)
+    def _checkpointed_floats(self, state: Optional[TrainerState] = None) -> Any:
+        """The parts of `state` (default: the current trainer state) checked for NaN/inf before
+        each save."""
+        state = self._trainer_state if state is None else state
+        return (state.model, state.learner)
 
     def _stop_for_preemption(self, current: Any) -> None:
         """After a preemption notice: finishes step `current`, saves it, waits, exits.
