@@ -30,7 +30,9 @@ runs (as the trainer does).
 
 Interleaved: in each round every variant runs the trainer (fresh, compiled) and then plain JAX;
 the first `SKIP` steps of each run are dropped; a run's time is its median step time; a variant's
-ratio is the median over rounds of the per-round ratio trainer / plain.
+ratio is the median over rounds of the per-round ratio trainer / plain. Each run also reports its
+median process CPU time per step (all threads; the trainer's host work included), whose ratio is
+far less disturbed than wall time when other processes share the machine.
 
 Prints one JSON object. Usage:
     python benchmarks/config_variants.py [--rounds 3] [--steps 20] [--variants dump_p1,stacked]
@@ -286,20 +288,41 @@ def plain_config(shape: Shape) -> plain_jax_lm.LmConfig:
     )
 
 
+class _StampedTrainer(SpmdTrainer):
+    """SpmdTrainer that stamps the process CPU time at each step's host sync."""
+
+    def _finish_step(self, pending):
+        record = super()._finish_step(pending)
+        self._cpu_stamps.append((pending.step, time.process_time()))
+        return record
+
+
+def _cpu_median(stamps: list) -> float:
+    """Median process CPU seconds between consecutive stamps after step SKIP."""
+    kept = [t for step, t in stamps if step >= SKIP]
+    return statistics.median(b - a for a, b in zip(kept, kept[1:]))
+
+
 def run_trainer(shape: Shape, steps: int, peak: float) -> dict:
-    """One fresh trainer run; the median of its reported step times after SKIP steps."""
+    """One fresh trainer run: median reported step time and CPU time per step after SKIP steps."""
     trainer_dir = tempfile.mkdtemp(prefix="variant_trainer_")
     try:
         cfg = trainer_config(shape, trainer_dir, max_step=steps, peak_flops=peak)
+        cfg.klass = _StampedTrainer
         devices = np.array(jax.devices()[:1]).reshape(cfg.mesh_shape)
         trainer = cfg.instantiate(parent=None, devices=devices)
+        trainer._cpu_stamps = []  # pylint: disable=protected-access
         trainer.run(jax.random.PRNGKey(0))
         with open(os.path.join(trainer_dir, "metrics.jsonl"), encoding="utf-8") as f:
             records = [json.loads(line) for line in f if line.strip()]
     finally:
         shutil.rmtree(trainer_dir, ignore_errors=True)
     kept = [r["perf/step_time_s"] for r in records if r["step"] > SKIP and "perf/step_time_s" in r]
-    return dict(median_s=statistics.median(kept), loss_last=records[-1]["loss"])
+    return dict(
+        median_s=statistics.median(kept),
+        cpu_median_s=_cpu_median(trainer._cpu_stamps),  # pylint: disable=protected-access
+        loss_last=records[-1]["loss"],
+    )
 
 
 def _batches():
@@ -326,20 +349,26 @@ def run_plain(shape: Shape, step_fn: Callable, steps: int) -> dict:
     opt_state = optimizer.init(params)
     batches = _batches()
     device = jax.devices()[0]
-    times, pending, loss_last = [], None, None
+    times, stamps, pending = [], [], None
     last = time.perf_counter()
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         batch = jax.device_put(next(batches), device)
         params, opt_state, loss, _ = step_fn(params, opt_state, batch)
         if pending is not None:
-            loss_last = float(pending)
+            float(pending)
             now = time.perf_counter()
             times.append(now - last)
+            stamps.append((step - 1, time.process_time()))
             last = now
         pending = loss
     loss_last = float(pending)
     times.append(time.perf_counter() - last)
-    return dict(median_s=statistics.median(times[SKIP:]), loss_last=loss_last)
+    stamps.append((steps, time.process_time()))
+    return dict(
+        median_s=statistics.median(times[SKIP:]),
+        cpu_median_s=_cpu_median(stamps),
+        loss_last=loss_last,
+    )
 
 
 def main() -> None:
@@ -373,6 +402,9 @@ def main() -> None:
                     trainer_s=trainer["median_s"],
                     plain_s=plain["median_s"],
                     ratio=trainer["median_s"] / plain["median_s"],
+                    trainer_cpu_s=trainer["cpu_median_s"],
+                    plain_cpu_s=plain["cpu_median_s"],
+                    cpu_ratio=trainer["cpu_median_s"] / plain["cpu_median_s"],
                     trainer_loss_last=trainer["loss_last"],
                     plain_loss_last=plain["loss_last"],
                 )
@@ -386,6 +418,8 @@ def main() -> None:
             plain_jax_s_per_step=statistics.median(r["plain_s"] for r in rs),
             ratio=statistics.median(r["ratio"] for r in rs),
             round_ratios=[round(r["ratio"], 4) for r in rs],
+            cpu_ratio=statistics.median(r["cpu_ratio"] for r in rs),
+            round_cpu_ratios=[round(r["cpu_ratio"], 4) for r in rs],
             rounds=rs,
         )
     print(
