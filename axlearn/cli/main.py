@@ -5,6 +5,7 @@ Usage:
     axlearn config dump --module=text.gpt.tiny --config=gpt-tiny
     axlearn config list --module=text.gpt.tiny
     axlearn checkpoint verify /path/to/checkpoints
+    axlearn --version
 
 Each command group lives in its own module under `axlearn/cli/` and registers its subcommands
 with `add_parser(subparsers)`. Start-up stays light: nothing heavy (jax, TensorFlow, seqio) is
@@ -22,6 +23,24 @@ from typing import Optional
 from axlearn.cli import checkpoint, config_commands
 
 
+def version_string() -> str:
+    """Returns "axlearn X.Y.Z (jax A.B.C, Python D.E.F)" without importing jax.
+
+    Returns:
+        The version line.
+    """
+    from importlib import metadata  # pylint: disable=import-outside-toplevel
+
+    import axlearn  # pylint: disable=import-outside-toplevel
+
+    try:
+        jax_version = metadata.version("jax")
+    except metadata.PackageNotFoundError:
+        jax_version = "not installed"
+    python = ".".join(str(v) for v in sys.version_info[:3])
+    return f"axlearn {axlearn.__version__} (jax {jax_version}, Python {python})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Returns the parser of the `axlearn` command with every command group registered.
 
@@ -32,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="axlearn",
         description="axlearn: configure, inspect and run training experiments.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=version_string(), help="Print the version and exit."
     )
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     config_commands.add_parser(groups)
