@@ -8,6 +8,7 @@ Usage:
         --module=text.gpt.honeycrisp --config=honeycrisp-3B
     axlearn checkpoint verify /path/to/checkpoints
     axlearn compare /tmp/run_main /tmp/run_branch --format=markdown
+    axlearn --version
 
 Each command group lives in its own module under `axlearn/cli/` and registers its subcommands
 with `add_parser(subparsers)`. Start-up stays light: nothing heavy (jax, TensorFlow, seqio) is
@@ -25,6 +26,24 @@ from typing import Optional
 from axlearn.cli import checkpoint, compare, config_commands
 
 
+def version_string() -> str:
+    """Returns "axlearn X.Y.Z (jax A.B.C, Python D.E.F)" without importing jax.
+
+    Returns:
+        The version line.
+    """
+    from importlib import metadata  # pylint: disable=import-outside-toplevel
+
+    import axlearn  # pylint: disable=import-outside-toplevel
+
+    try:
+        jax_version = metadata.version("jax")
+    except metadata.PackageNotFoundError:
+        jax_version = "not installed"
+    python = ".".join(str(v) for v in sys.version_info[:3])
+    return f"axlearn {axlearn.__version__} (jax {jax_version}, Python {python})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Returns the parser of the `axlearn` command with every command group registered.
 
@@ -35,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="axlearn",
         description="axlearn: configure, inspect and run training experiments.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=version_string(), help="Print the version and exit."
     )
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     config_commands.add_parser(groups)
