@@ -11,7 +11,15 @@ Parameter paths follow child names, e.g. for a decoder layer:
 `feed_forward/linear1_1/weight`, `feed_forward/linear2/weight`, `feed_forward/norm/scale`.
 """
 
-from axlearn.common.attention import bias_layers, multihead, qkv, scale, stack, transformer
+from axlearn.common.attention import (
+    bias_layers,
+    multihead,
+    qkv,
+    scale,
+    sharding,
+    stack,
+    transformer,
+)
 from axlearn.common.attention.bias_layers import (
     AttentionLogitBiasLayer,
     CausalAttentionLogitBiasLayer,
@@ -37,11 +45,17 @@ from axlearn.common.attention.qkv import (
 )
 from axlearn.common.attention.scale import (
     BaseScaleQK,
+    PerDimScale,
     ScaleFn,
     ScaleKey,
     ScaleQuery,
     constant_scale_fn,
     pow_scale_fn,
+)
+from axlearn.common.attention.sharding import (
+    set_attention_partition_specs,
+    set_double_shard_weights_config,
+    set_feed_forward_partition_specs,
 )
 from axlearn.common.attention.stack import (
     BaseStackedTransformerLayer,
@@ -65,7 +79,7 @@ from axlearn.common.attention_bias import (
     sliding_window_causal_mask,
 )
 
-_SUBMODULES = (bias_layers, multihead, qkv, scale, stack, transformer)
+_SUBMODULES = (bias_layers, multihead, qkv, scale, sharding, stack, transformer)
 
 
 def _claim_public_names():
@@ -101,6 +115,7 @@ __all__ = [
     "MultiheadInputLinear",
     "MultiheadOutputLinear",
     "NEG_INF",
+    "PerDimScale",
     "QKVLinear",
     "RepeatedTransformerLayer",
     "RoFormerQKVLinear",
@@ -119,5 +134,8 @@ __all__ = [
     "make_segment_mask",
     "pow_scale_fn",
     "scaled_hidden_dim",
+    "set_attention_partition_specs",
+    "set_double_shard_weights_config",
+    "set_feed_forward_partition_specs",
     "sliding_window_causal_mask",
 ]
