@@ -21,6 +21,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common.config import is_named_tuple
 
+# AXLearn keeps its mesh helpers in `utils`; ours live in utils_spmd and are re-exported here.
+from axlearn.common.utils_spmd import (  # noqa: F401
+    HybridMeshShape,
+    MeshShape,
+    create_device_mesh,
+    infer_mesh_shape,
+)
+
 Tensor = jax.Array
 T = TypeVar("T")
 # A nested structure (dicts/lists/tuples) whose leaves are of type T. `Nested[Tensor]`.
@@ -30,6 +38,8 @@ NestedTensor = Union[Tensor, dict[str, Any]]
 NestedPartitionSpec = Optional[Union[PartitionSpec, dict[str, Any]]]
 
 __all__ = [
+    "HybridMeshShape",
+    "MeshShape",
     "Nested",
     "NestedPartitionSpec",
     "NestedTensor",
@@ -38,6 +48,8 @@ __all__ = [
     "Tensor",
     "TensorSpec",
     "VDict",
+    "create_device_mesh",
+    "infer_mesh_shape",
 ]
 
 
