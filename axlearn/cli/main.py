@@ -4,7 +4,10 @@ Usage:
 
     axlearn config dump --module=text.gpt.tiny --config=gpt-tiny
     axlearn config list --module=text.gpt.tiny
+    axlearn config diff --module=text.gpt.tiny --config=gpt-tiny \
+        --module=text.gpt.honeycrisp --config=honeycrisp-3B
     axlearn checkpoint verify /path/to/checkpoints
+    axlearn compare /tmp/run_main /tmp/run_branch --format=markdown
     axlearn --version
 
 Each command group lives in its own module under `axlearn/cli/` and registers its subcommands
@@ -20,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from axlearn.cli import checkpoint, config_commands
+from axlearn.cli import checkpoint, compare, config_commands
 
 
 def version_string() -> str:
@@ -58,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     config_commands.add_parser(groups)
     checkpoint.add_parser(groups)
+    compare.add_parser(groups)
     return parser
 
 
@@ -82,7 +86,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return args.func(args)
     except config_commands.CommandError as e:
         print(f"axlearn {args.group}: error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
 
 
 if __name__ == "__main__":
