@@ -27,7 +27,7 @@ Tensor = jnp.ndarray
 NEG_INF = -1e15
 
 
-class ReductionMethod(str, enum.Enum):
+class ReductionMethod(str, enum.Enum):  # noqa: UP042 (AXLearn's str+Enum semantics)
     """How `_reduce_loss` reduces a per-element loss."""
 
     NONE = "none"
