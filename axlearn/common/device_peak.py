@@ -22,28 +22,17 @@ import re
 import time
 from typing import Any, Callable, Optional, Sequence
 
-# Canonical device name -> {dtype name: peak FLOP/s per device (chip)}.
+from axlearn.cloud.gcp.system_characteristics import CHIP_SPECS
+
+# Canonical device name -> {dtype name: peak FLOP/s per device (chip)}. Read from the one table
+# of chips and instance types that launch and AOT compilation also use.
 PEAK_FLOPS_PER_DEVICE: dict[str, dict[str, float]] = {
-    "TPU v4": {"bfloat16": 275e12, "float32": 275e12},
-    "TPU v5e": {"bfloat16": 197e12, "float32": 197e12},
-    "TPU v5p": {"bfloat16": 459e12, "float32": 459e12},
-    "TPU v6e": {"bfloat16": 918e12, "float32": 918e12},
-    "NVIDIA A100": {"bfloat16": 312e12, "float32": 156e12},
-    "NVIDIA H100 SXM": {"bfloat16": 989.4e12, "float32": 494.7e12},
-    "NVIDIA H100 PCIe": {"bfloat16": 756.5e12, "float32": 378e12},
-    "NVIDIA H200": {"bfloat16": 989.4e12, "float32": 494.7e12},
+    name: dict(spec.peak_flops) for name, spec in CHIP_SPECS.items()
 }
 
 # (regex searched in device_kind, canonical name), first match wins.
 _DEVICE_KIND_PATTERNS: list[tuple[str, str]] = [
-    (r"TPU v4", "TPU v4"),
-    (r"TPU v5 ?lite|TPU v5e", "TPU v5e"),
-    (r"TPU v5p|TPU v5$", "TPU v5p"),
-    (r"TPU v6 ?lite|TPU v6e", "TPU v6e"),
-    (r"A100", "NVIDIA A100"),
-    (r"H100.*PCIe", "NVIDIA H100 PCIe"),
-    (r"H100.*(SXM|HBM3)|H100$", "NVIDIA H100 SXM"),
-    (r"H200", "NVIDIA H200"),
+    (spec.device_kind_pattern, name) for name, spec in CHIP_SPECS.items()
 ]
 
 _TABLE_NOTES = {
