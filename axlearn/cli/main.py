@@ -5,6 +5,8 @@ Usage:
     axlearn config dump --module=text.gpt.tiny --config=gpt-tiny
     axlearn config list --module=text.gpt.tiny
     axlearn checkpoint verify /path/to/checkpoints
+    axlearn gcp launch --dry_run --name=x --instance_type=tpu-v5p-128 -- python -m ...
+    axlearn local launch --num_processes=2 -- python -m axlearn.common.launch_trainer_main ...
 
 Each command group lives in its own module under `axlearn/cli/` and registers its subcommands
 with `add_parser(subparsers)`. Start-up stays light: nothing heavy (jax, TensorFlow, seqio) is
@@ -19,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from axlearn.cli import checkpoint, config_commands
+from axlearn.cli import checkpoint, config_commands, gcp, local
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     config_commands.add_parser(groups)
     checkpoint.add_parser(groups)
+    gcp.add_parser(groups)
+    local.add_parser(groups)
     return parser
 
 
@@ -53,6 +57,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         stderr), 2 on a usage error.
     """
     parser = build_parser()
+    argv = gcp.normalize_argv(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
