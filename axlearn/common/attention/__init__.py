@@ -11,7 +11,15 @@ Parameter paths follow child names, e.g. for a decoder layer:
 `feed_forward/linear1_1/weight`, `feed_forward/linear2/weight`, `feed_forward/norm/scale`.
 """
 
-from axlearn.common.attention import bias_layers, multihead, qkv, scale, stack, transformer
+from axlearn.common.attention import (
+    bias_layers,
+    multihead,
+    pipelined,
+    qkv,
+    scale,
+    stack,
+    transformer,
+)
 from axlearn.common.attention.bias_layers import (
     AttentionLogitBiasLayer,
     CausalAttentionLogitBiasLayer,
@@ -21,6 +29,11 @@ from axlearn.common.attention.multihead import (
     FlashAttention,
     GroupedQueryAttention,
     MultiheadAttention,
+)
+from axlearn.common.attention.pipelined import (
+    PipelinedTransformerLayer,
+    _TransformerPipeline,
+    pipelined_stack_config,
 )
 from axlearn.common.attention.qkv import (
     BaseMultiheadLinear,
@@ -65,7 +78,7 @@ from axlearn.common.attention_bias import (
     sliding_window_causal_mask,
 )
 
-_SUBMODULES = (bias_layers, multihead, qkv, scale, stack, transformer)
+_SUBMODULES = (bias_layers, multihead, pipelined, qkv, scale, stack, transformer)
 
 
 def _claim_public_names():
@@ -82,6 +95,7 @@ def _claim_public_names():
 _claim_public_names()
 
 __all__ = [
+    "_TransformerPipeline",
     "_TransformerRepeat",
     "_save_and_offload_only_these_names_regex",
     "AttentionLogitBiasLayer",
@@ -101,6 +115,7 @@ __all__ = [
     "MultiheadInputLinear",
     "MultiheadOutputLinear",
     "NEG_INF",
+    "PipelinedTransformerLayer",
     "QKVLinear",
     "RepeatedTransformerLayer",
     "RoFormerQKVLinear",
@@ -117,6 +132,7 @@ __all__ = [
     "causal_mask",
     "constant_scale_fn",
     "make_segment_mask",
+    "pipelined_stack_config",
     "pow_scale_fn",
     "scaled_hidden_dim",
     "sliding_window_causal_mask",
