@@ -14,6 +14,7 @@ Parameter paths follow child names, e.g. for a decoder layer:
 from axlearn.common.attention import (
     bias_layers,
     multihead,
+    pipelined,
     qkv,
     scale,
     sharding,
@@ -29,6 +30,11 @@ from axlearn.common.attention.multihead import (
     FlashAttention,
     GroupedQueryAttention,
     MultiheadAttention,
+)
+from axlearn.common.attention.pipelined import (
+    PipelinedTransformerLayer,
+    _TransformerPipeline,
+    pipelined_stack_config,
 )
 from axlearn.common.attention.qkv import (
     BaseMultiheadLinear,
@@ -79,7 +85,7 @@ from axlearn.common.attention_bias import (
     sliding_window_causal_mask,
 )
 
-_SUBMODULES = (bias_layers, multihead, qkv, scale, sharding, stack, transformer)
+_SUBMODULES = (bias_layers, multihead, pipelined, qkv, scale, sharding, stack, transformer)
 
 
 def _claim_public_names():
@@ -96,6 +102,7 @@ def _claim_public_names():
 _claim_public_names()
 
 __all__ = [
+    "_TransformerPipeline",
     "_TransformerRepeat",
     "_save_and_offload_only_these_names_regex",
     "AttentionLogitBiasLayer",
@@ -116,6 +123,7 @@ __all__ = [
     "MultiheadOutputLinear",
     "NEG_INF",
     "PerDimScale",
+    "PipelinedTransformerLayer",
     "QKVLinear",
     "RepeatedTransformerLayer",
     "RoFormerQKVLinear",
@@ -132,6 +140,7 @@ __all__ = [
     "causal_mask",
     "constant_scale_fn",
     "make_segment_mask",
+    "pipelined_stack_config",
     "pow_scale_fn",
     "scaled_hidden_dim",
     "set_attention_partition_specs",
