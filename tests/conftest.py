@@ -7,3 +7,6 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# libtpu (the [tpu] extra, for AOT compilation on CPU) takes a machine-wide lock file unless told
+# that several processes (pytest-xdist workers, subprocess tests) may load it at once.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

@@ -2,7 +2,11 @@
 
 - `axlearn config dump --module=M --config=C [--output=PATH]` prints (or writes) the config's
   `debug_string()`: one `path: value` line per leaf, keys sorted.
-- `axlearn config list --module=M` prints the module's config names, one per line.
+- `axlearn config list --module=M` prints the module's config names, one per line; with no
+  `--module`, every experiment module under the `experiments` package and its configs.
+- `axlearn config diff --module=A --config=X [--module=B] --config=Y` and
+  `axlearn config diff DUMP_A DUMP_B`: the changed, added and removed config paths, grouped by
+  subtree; exit code 0 when equal, 1 when they differ, 2 on an error (so it can gate CI).
 """
 
 from __future__ import annotations
@@ -15,7 +19,12 @@ from axlearn.common.config import ConfigBase
 
 
 class CommandError(Exception):
-    """A command failed for a reason the user can fix; `main` prints the message, exits 1."""
+    """A command failed for a reason the user can fix; `main` prints the message and exits with
+    `exit_code` (default 1)."""
+
+    def __init__(self, message: str, *, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 # The errors of an experiment lookup whose messages are complete explanations for the user.
@@ -47,15 +56,36 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     )
     dump.set_defaults(func=dump_command)
 
-    listing = commands.add_parser("list", help="List the config names of an experiment module.")
-    _add_module_flag(listing)
+    listing = commands.add_parser(
+        "list",
+        help="List the config names of an experiment module (of every module without --module).",
+    )
+    _add_module_flag(listing, required=False)
     listing.set_defaults(func=list_command)
 
+    diff = commands.add_parser(
+        "diff",
+        help="Show the config paths that differ between two experiments or two dump files; "
+        "exit 0 when equal, 1 when different.",
+        description="Either two dump files (`axlearn config dump` output, or a trainer dir's "
+        "trainer_config), or --config twice with --module once (both configs in that module) or "
+        "twice (one per config).",
+    )
+    diff.add_argument("dumps", nargs="*", metavar="DUMP", help="Two config dump files.")
+    diff.add_argument(
+        "--module", action="append", default=None, help="Experiment module (once or twice)."
+    )
+    diff.add_argument("--config", action="append", default=None, help="Config name (twice).")
+    diff.add_argument(
+        "--depth", type=int, default=2, help="Path components that name a group (default 2)."
+    )
+    diff.set_defaults(func=diff_command)
 
-def _add_module_flag(parser: argparse.ArgumentParser) -> None:
+
+def _add_module_flag(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     parser.add_argument(
         "--module",
-        required=True,
+        required=required,
         help="Experiment module: full path (experiments.text.gpt.tiny) or relative to the "
         "experiments package (text.gpt.tiny).",
     )
@@ -95,11 +125,28 @@ def dump_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_dump(module: str, config: str) -> str:
+    try:
+        config_fn = experiment_registry.get_named_trainer_config(config, config_module=module)
+    except _LOOKUP_ERRORS as e:
+        raise CommandError(str(e), exit_code=2) from e
+    cfg = config_fn()
+    if not isinstance(cfg, ConfigBase):
+        raise CommandError(
+            f"Config function {config!r} of {module!r} returned {type(cfg).__name__}, not a config",
+            exit_code=2,
+        )
+    return cfg.debug_string()
+
+
 def list_command(args: argparse.Namespace) -> int:
     """Prints the config names of an experiment module, sorted, one per line.
 
+    Without `--module`, prints every experiment module under the `experiments` package, each
+    followed by its config names (indented).
+
     Args:
-        args: Parsed arguments with `module`.
+        args: Parsed arguments with `module` (may be None).
 
     Returns:
         0 on success.
@@ -107,6 +154,12 @@ def list_command(args: argparse.Namespace) -> int:
     Raises:
         CommandError: If the module cannot be found.
     """
+    if args.module is None:
+        for module, names in experiment_registry.list_experiment_modules().items():
+            print(module)
+            for name in names:
+                print(f"  {name}")
+        return 0
     try:
         configs = experiment_registry.named_trainer_configs(args.module)
     except _LOOKUP_ERRORS as e:
@@ -114,3 +167,57 @@ def list_command(args: argparse.Namespace) -> int:
     for name in sorted(configs):
         print(name)
     return 0
+
+
+def diff_command(args: argparse.Namespace) -> int:
+    """Prints the config paths that differ between two configs.
+
+    Args:
+        args: Parsed arguments: `dumps` (two files), or `module` (1-2) and `config` (2).
+
+    Returns:
+        0 when the configs are equal (nothing printed), 1 when they differ.
+
+    Raises:
+        CommandError: (exit code 2) Wrong arguments, unknown module/config, unreadable dump.
+    """
+    from axlearn.common import config_diff  # pylint: disable=import-outside-toplevel
+
+    modules, configs = args.module or [], args.config or []
+    if args.dumps:
+        if len(args.dumps) != 2 or modules or configs:
+            raise CommandError(
+                "config diff takes two dump files, or --config twice with --module once or "
+                f"twice; got files {args.dumps}, --module {modules}, --config {configs}.",
+                exit_code=2,
+            )
+        texts, labels = [], list(args.dumps)
+        for path in args.dumps:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    texts.append(f.read())
+            except OSError as e:
+                raise CommandError(f"Cannot read dump {path!r}: {e}", exit_code=2) from e
+    else:
+        if len(configs) != 2 or len(modules) not in (1, 2):
+            raise CommandError(
+                "config diff needs --config twice and --module once or twice (or two dump "
+                f"files); got --module {modules}, --config {configs}.",
+                exit_code=2,
+            )
+        if len(modules) == 1:
+            modules = modules * 2
+        texts = [_config_dump(m, c) for m, c in zip(modules, configs)]
+        labels = [f"{m}:{c}" for m, c in zip(modules, configs)]
+    try:
+        diff = config_diff.diff_config_dumps(
+            texts[0], texts[1], source_a=labels[0], source_b=labels[1]
+        )
+    except config_diff.ConfigDumpFormatError as e:
+        raise CommandError(str(e), exit_code=2) from e
+    if not diff:
+        return 0
+    print(
+        config_diff.format_config_diff(diff, label_a=labels[0], label_b=labels[1], depth=args.depth)
+    )
+    return 1

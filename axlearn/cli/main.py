@@ -4,7 +4,13 @@ Usage:
 
     axlearn config dump --module=text.gpt.tiny --config=gpt-tiny
     axlearn config list --module=text.gpt.tiny
+    axlearn config diff --module=text.gpt.tiny --config=gpt-tiny \
+        --module=text.gpt.honeycrisp --config=honeycrisp-3B
     axlearn checkpoint verify /path/to/checkpoints
+    axlearn gcp launch --dry_run --name=x --instance_type=tpu-v5p-128 -- python -m ...
+    axlearn local launch --num_processes=2 -- python -m axlearn.common.launch_trainer_main ...
+    axlearn compare /tmp/run_main /tmp/run_branch --format=markdown
+    axlearn --version
 
 Each command group lives in its own module under `axlearn/cli/` and registers its subcommands
 with `add_parser(subparsers)`. Start-up stays light: nothing heavy (jax, TensorFlow, seqio) is
@@ -19,7 +25,25 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from axlearn.cli import checkpoint, config_commands
+from axlearn.cli import checkpoint, compare, config_commands, gcp, local
+
+
+def version_string() -> str:
+    """Returns "axlearn X.Y.Z (jax A.B.C, Python D.E.F)" without importing jax.
+
+    Returns:
+        The version line.
+    """
+    from importlib import metadata  # pylint: disable=import-outside-toplevel
+
+    import axlearn  # pylint: disable=import-outside-toplevel
+
+    try:
+        jax_version = metadata.version("jax")
+    except metadata.PackageNotFoundError:
+        jax_version = "not installed"
+    python = ".".join(str(v) for v in sys.version_info[:3])
+    return f"axlearn {axlearn.__version__} (jax {jax_version}, Python {python})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,9 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="axlearn",
         description="axlearn: configure, inspect and run training experiments.",
     )
+    parser.add_argument(
+        "--version", action="version", version=version_string(), help="Print the version and exit."
+    )
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     config_commands.add_parser(groups)
     checkpoint.add_parser(groups)
+    gcp.add_parser(groups)
+    local.add_parser(groups)
+    compare.add_parser(groups)
     return parser
 
 
@@ -53,6 +83,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         stderr), 2 on a usage error.
     """
     parser = build_parser()
+    argv = gcp.normalize_argv(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
@@ -60,7 +91,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return args.func(args)
     except config_commands.CommandError as e:
         print(f"axlearn {args.group}: error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
 
 
 if __name__ == "__main__":

@@ -22,28 +22,17 @@ import re
 import time
 from typing import Any, Callable, Optional, Sequence
 
-# Canonical device name -> {dtype name: peak FLOP/s per device (chip)}.
+from axlearn.cloud.gcp.system_characteristics import CHIP_SPECS
+
+# Canonical device name -> {dtype name: peak FLOP/s per device (chip)}. Read from the one table
+# of chips and instance types that launch and AOT compilation also use.
 PEAK_FLOPS_PER_DEVICE: dict[str, dict[str, float]] = {
-    "TPU v4": {"bfloat16": 275e12, "float32": 275e12},
-    "TPU v5e": {"bfloat16": 197e12, "float32": 197e12},
-    "TPU v5p": {"bfloat16": 459e12, "float32": 459e12},
-    "TPU v6e": {"bfloat16": 918e12, "float32": 918e12},
-    "NVIDIA A100": {"bfloat16": 312e12, "float32": 156e12},
-    "NVIDIA H100 SXM": {"bfloat16": 989.4e12, "float32": 494.7e12},
-    "NVIDIA H100 PCIe": {"bfloat16": 756.5e12, "float32": 378e12},
-    "NVIDIA H200": {"bfloat16": 989.4e12, "float32": 494.7e12},
+    name: dict(spec.peak_flops) for name, spec in CHIP_SPECS.items()
 }
 
 # (regex searched in device_kind, canonical name), first match wins.
 _DEVICE_KIND_PATTERNS: list[tuple[str, str]] = [
-    (r"TPU v4", "TPU v4"),
-    (r"TPU v5 ?lite|TPU v5e", "TPU v5e"),
-    (r"TPU v5p|TPU v5$", "TPU v5p"),
-    (r"TPU v6 ?lite|TPU v6e", "TPU v6e"),
-    (r"A100", "NVIDIA A100"),
-    (r"H100.*PCIe", "NVIDIA H100 PCIe"),
-    (r"H100.*(SXM|HBM3)|H100$", "NVIDIA H100 SXM"),
-    (r"H200", "NVIDIA H200"),
+    (spec.device_kind_pattern, name) for name, spec in CHIP_SPECS.items()
 ]
 
 _TABLE_NOTES = {
@@ -172,7 +161,8 @@ def measure_matmul_flops(
     `repeats` timed calls, as FLOP/s per device (2 * dim^3 FLOPs per matmul).
 
     Args:
-        devices: The devices (default: all local devices).
+        devices: The devices (default: all local devices); devices of other processes are
+            ignored.
         dim: Matrix size.
         dtype: Matmul dtype.
         repeats: Timed calls; the fastest counts.
@@ -188,13 +178,23 @@ def measure_matmul_flops(
     from jax.sharding import Mesh, NamedSharding  # pylint: disable=import-outside-toplevel
     from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
 
-    devices = list(devices if devices is not None else jax.local_devices())
+    # Only this process's devices: in a multi-process run each process probes its own devices,
+    # and the operands are placed from host memory straight onto them (never built on one device
+    # and moved, which would be a cross-process transfer the CPU backend does not support).
+    devices = [
+        d
+        for d in (devices if devices is not None else jax.local_devices())
+        if d.process_index == jax.process_index()
+    ]
+    if not devices:
+        raise ValueError("measure_matmul_flops: no given device is local to this process.")
     n = len(devices)
     mesh = Mesh(np.array(devices), ("d",))
     sharding = NamedSharding(mesh, P("d"))
     scale = 1.0 / np.sqrt(dim)  # Keeps the chained products bounded.
-    a = jax.device_put(jnp.full((n, dim, dim), scale, dtype=dtype), sharding)
-    b = jax.device_put(jnp.full((n, dim, dim), scale, dtype=dtype), sharding)
+    host = np.full((n, dim, dim), scale, dtype=jnp.dtype(dtype))
+    a = jax.device_put(host, sharding)
+    b = jax.device_put(host, sharding)
 
     @jax.jit
     def chain(a, b):
@@ -203,12 +203,15 @@ def measure_matmul_flops(
             x = jnp.einsum("nij,njk->nik", x, b, preferred_element_type=x.dtype)
         return x
 
-    chain(a, b).block_until_ready()  # Compile and warm up.
-    best = float("inf")
-    for _ in range(repeats):
-        start = clock()
-        chain(a, b).block_until_ready()
-        best = min(best, clock() - start)
+    # The probe's own (process-local) mesh replaces any context mesh the caller set (the
+    # trainer's global mesh spans other processes' devices).
+    with jax.set_mesh(mesh):
+        chain(a, b).block_until_ready()  # Compile and warm up.
+        best = float("inf")
+        for _ in range(repeats):
+            start = clock()
+            chain(a, b).block_until_ready()
+            best = min(best, clock() - start)
     flops_per_device = 2.0 * dim**3 * matmuls_per_call
     return flops_per_device / max(best, 1e-12)
 

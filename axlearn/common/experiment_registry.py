@@ -169,3 +169,33 @@ def get_named_trainer_config(config_name: str, *, config_module: str) -> Trainer
         f"Unknown config {config_name!r} in experiment module {config_module!r}.{hint} "
         f"Available configs ({len(available)}): {', '.join(available) or '(none)'}"
     )
+
+
+def list_experiment_modules(package: str = EXPERIMENTS_PACKAGE) -> dict[str, list[str]]:
+    """Returns every experiment module under a package and its sorted config names.
+
+    Walks the package's submodules (importing each); a module counts when it has a callable
+    `named_trainer_configs()`. Test modules (`test_*`) are skipped.
+
+    Args:
+        package: The package to walk (default: the top-level `experiments` package).
+
+    Returns:
+        {module path: [config names]}, sorted by module path. Empty when the package cannot be
+        imported.
+    """
+    import pkgutil  # pylint: disable=import-outside-toplevel
+
+    try:
+        root = importlib.import_module(package)
+    except ModuleNotFoundError:
+        return {}
+    out: dict[str, list[str]] = {}
+    for info in pkgutil.walk_packages(root.__path__, prefix=package + "."):
+        if info.name.rsplit(".", 1)[-1].startswith("test_"):
+            continue
+        mod = importlib.import_module(info.name)
+        fn = getattr(mod, "named_trainer_configs", None)
+        if callable(fn):
+            out[info.name] = sorted(fn())
+    return dict(sorted(out.items()))

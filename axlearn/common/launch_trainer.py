@@ -16,7 +16,9 @@ from typing import Any
 import jax
 from absl import flags, logging
 
+from axlearn.common.config.override import apply_overrides
 from axlearn.common.trainer import SpmdTrainer, select_mesh_config
+from axlearn.common.trainer_metrics import PARAMETER_TABLE_FILE
 from axlearn.common.utils_spmd import HybridMeshShape, infer_mesh_shape
 
 flags.DEFINE_string(
@@ -47,7 +49,25 @@ flags.DEFINE_string(
     "(e.g. tpu-v5litepod-256, gpu-p5.48xlarge-64, cpu).",
 )
 
+flags.DEFINE_multi_string(
+    "config_override",
+    [],
+    "PATH=VALUE: sets a field of the trainer config before it runs (repeatable), e.g. "
+    "max_step=20, learner.optimizer.inner.learning_rate.peak_lr=1e-3. VALUE is a Python "
+    "literal (text that is not one is a string); the same checks as Config.set() apply.",
+)
+flags.DEFINE_bool(
+    "verbose_start",
+    False,
+    "Log the config dump and the parameter table at start-up (by default they are written to "
+    "files in the trainer dir and one line says where).",
+)
+
 FLAGS = flags.FLAGS
+
+# The config dump (`debug_string()`) and the flags of a run, in its trainer dir.
+TRAINER_CONFIG_FILE = "trainer_config"
+LAUNCH_FLAGS_FILE = "launch_trainer_flags"
 
 TrainerConfigFn = Callable[[], SpmdTrainer.Config]
 
@@ -75,12 +95,15 @@ def get_trainer_config(
 
     Raises:
         ValueError: If a required flag is missing.
+        ConfigOverrideError: If a --config_override names no field or has the wrong type.
     """
     if trainer_config_fn is None:
         if not flag_values.module or not flag_values.config:
             raise ValueError("--module and --config are required to select a trainer config.")
         trainer_config_fn = _named_trainer_config_fn(flag_values.module, flag_values.config)
     cfg: SpmdTrainer.Config = trainer_config_fn()
+    if flag_values.config_override:
+        apply_overrides(cfg, flag_values.config_override)
     return apply_launch_settings(cfg, flag_values=flag_values)
 
 
@@ -157,17 +180,27 @@ def run_trainer(
         The trainer's `run()` output.
     """
     dump = trainer_config.debug_string()
-    logging.info("Trainer config:\n%s", dump)
+    verbose = flag_values.verbose_start if flag_values.is_parsed() else False
+    dump_path = os.path.join(trainer_config.dir, TRAINER_CONFIG_FILE)
+    if verbose:
+        logging.info("Trainer config:\n%s", dump)
+    else:
+        logging.info(
+            "Trainer config (%d fields) written to %s; the parameter table to %s "
+            "(--verbose_start logs both).",
+            dump.count("\n") + 1,
+            dump_path,
+            os.path.join(trainer_config.dir, PARAMETER_TABLE_FILE),
+        )
     if jax.process_index() == 0:
         os.makedirs(trainer_config.dir, exist_ok=True)
-        with open(os.path.join(trainer_config.dir, "trainer_config"), "w", encoding="utf-8") as f:
+        with open(dump_path, "w", encoding="utf-8") as f:
             f.write(dump + "\n")
         flags_json = _flag_values_json(flag_values) if flag_values.is_parsed() else {}
         flags_json["data_dir"] = os.environ.get("DATA_DIR")
-        with open(
-            os.path.join(trainer_config.dir, "launch_trainer_flags"), "w", encoding="utf-8"
-        ) as f:
+        with open(os.path.join(trainer_config.dir, LAUNCH_FLAGS_FILE), "w", encoding="utf-8") as f:
             json.dump(flags_json, f, indent=2, sort_keys=True)
     trainer: SpmdTrainer = trainer_config.instantiate(parent=None)
+    trainer.verbose_start = verbose
     seed = flag_values.trainer_prng_seed if flag_values.is_parsed() else 0
     return trainer.run(jax.random.PRNGKey(seed))

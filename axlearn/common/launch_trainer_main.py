@@ -5,19 +5,30 @@
 
 Multi-process CPU/GPU runs add --distributed_coordinator=HOST:PORT --num_processes=N
 --process_id=I on every process; TPU pods discover their peers.
+
+--config_override=PATH=VALUE (repeatable) changes a field of the config, e.g.
+--config_override=max_step=20; the trainer dir's `trainer_config` dump records the result.
+--verbose_start logs the config dump and parameter table (by default they go to files in the
+trainer dir: `trainer_config`, `model_parameters.txt`).
 """
+
+import sys
 
 from absl import app
 
 # `launch` defines the process flags and must come before anything that touches devices.
 from axlearn.common import launch  # isort: skip
 from axlearn.common import launch_trainer
+from axlearn.common.config.override import ConfigOverrideError
 
 
 def main(_):
     """Sets up JAX, builds the trainer config from flags, and runs it."""
     launch.setup()
-    trainer_config = launch_trainer.get_trainer_config()
+    try:
+        trainer_config = launch_trainer.get_trainer_config()
+    except ConfigOverrideError as e:
+        sys.exit(f"launch_trainer_main: error: --config_override: {e}")
     launch_trainer.run_trainer(trainer_config)
 
 

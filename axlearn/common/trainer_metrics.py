@@ -8,6 +8,7 @@ metrics.jsonl, TensorBoard and run_summary.json show. Definitions: docs/metrics.
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Any, Optional
 
@@ -30,6 +31,28 @@ from axlearn.common.run_summary import (
 from axlearn.common.step_log import format_step_line, step_throughput
 from axlearn.common.step_timer import StepTiming
 from axlearn.common.utils import NestedTensor
+
+# The parameter table (path, shape, partition spec per parameter) in the trainer dir.
+PARAMETER_TABLE_FILE = "model_parameters.txt"
+
+
+def write_text_file(path: str, text: str) -> None:
+    """Writes `text` (plus a final newline) to a local or remote ("scheme://") path.
+
+    Args:
+        path: The file path; its directory is created if needed.
+        text: The content.
+    """
+    if "://" in path:
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        tf.io.gfile.makedirs(os.path.dirname(path))
+        with tf.io.gfile.GFile(path, "w") as f:
+            f.write(text + "\n")
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
 
 
 class TrainerMetricsMixin:
@@ -56,12 +79,30 @@ class TrainerMetricsMixin:
             self._peak_description = self._peak.describe()
         self._step_log("Peak for MFU: %s", self._peak_description)
 
+    # Set True (e.g. by `launch_trainer --verbose_start`) to log the parameter table line by line.
+    verbose_start: bool = False
+
     def _log_model_analysis(self) -> None:
         num_params = utils.count_model_params(self._model_param_specs)
         self._num_params = num_params
-        self._step_log("Model parameters: %s", f"{num_params:,}")
-        for path, spec in utils.flatten_items(self._model_param_specs):
-            self._step_log("  %-60s %-20s %s", path, tuple(spec.shape), spec.mesh_axes)
+        rows = [
+            f"{path:<60} {str(tuple(spec.shape)):<20} {spec.mesh_axes}"
+            for path, spec in utils.flatten_items(self._model_param_specs)
+        ]
+        table_path = os.path.join(self._config.dir, PARAMETER_TABLE_FILE)
+        if jax.process_index() == 0:
+            write_text_file(table_path, f"Model parameters: {num_params:,}\n" + "\n".join(rows))
+        if self.verbose_start:
+            self._step_log("Model parameters: %s", f"{num_params:,}")
+            for row in rows:
+                self._step_log("  %s", row)
+        else:
+            self._step_log(
+                "Model parameters: %s (%d tensors; table in %s)",
+                f"{num_params:,}",
+                len(rows),
+                table_path,
+            )
 
     def _on_compiled(self, compiled: Any, global_batch: NestedTensor) -> None:
         """Logs FLOPs per step, the peak FLOP/s used for MFU, and the compiled memory analysis."""
@@ -90,7 +131,11 @@ class TrainerMetricsMixin:
             overheads=dict(timing.overheads),
             excluded_reason=timing.excluded_reason,
         )
-        lr = _find_scalar(scalars, r"(.*/)?(learning_rate|lr)")
+        # The rate applied at this step: a decoupled optimizer's `learning_rate` is its constant
+        # alpha and `effective_learning_rate` is alpha times the schedule.
+        lr = _find_scalar(scalars, r"(.*/)?effective_learning_rate")
+        if lr is None:
+            lr = _find_scalar(scalars, r"(.*/)?(learning_rate|lr)")
         if lr is not None:
             record["learning_rate"] = lr
         grad_norm = _find_scalar(scalars, r"(.*/)?(gradient_norm|grad_norm|global_grad_norm)")

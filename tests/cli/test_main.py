@@ -153,3 +153,16 @@ def test_console_script_is_installed():
     result = _run([script, "config", "list", f"--module={FAKE}"], cwd=FAKE_DIR)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "fake_small\nfake_tiny\n"
+
+
+def test_version_matches_pyproject(capsys):
+    import importlib.metadata
+    import tomllib
+
+    with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
+        version = tomllib.load(f)["project"]["version"]
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"axlearn {version} (jax {importlib.metadata.version('jax')}, Python ")

@@ -97,3 +97,34 @@ def test_one_vs_two_processes(tmp_path):
     summary = json.load(open(os.path.join(two_dir, "run_summary.json"), encoding="utf-8"))
     assert summary["environment"]["process_count"] == 2
     assert summary["environment"]["device_count"] == 2
+
+
+@pytest.mark.slow
+def test_config_override_and_quiet_start(tmp_path):
+    trainer_dir = str(tmp_path / "run")
+    (out,) = _wait(
+        [_launch(trainer_dir, "--config_override=max_step=3", "--config_override=name='trainer'")]
+    )
+    assert "step 3/3" in out and "step 4/" not in out
+    assert len(tu.read_metrics(trainer_dir)) == 3
+    # The dump records the overrides (a run is reproducible from its directory)...
+    with open(os.path.join(trainer_dir, "trainer_config"), encoding="utf-8") as f:
+        dump = f.read().splitlines()
+    assert "max_step: 3" in dump and "name: 'trainer'" in dump
+    with open(os.path.join(trainer_dir, "launch_trainer_flags"), encoding="utf-8") as f:
+        assert json.load(f)["config_override"] == ["max_step=3", "name='trainer'"]
+    # ...and start-up output points to the dump and the parameter table instead of printing them.
+    assert "input.batcher.global_batch_size" not in out
+    assert f"written to {trainer_dir}/trainer_config" in out
+    with open(os.path.join(trainer_dir, "model_parameters.txt"), encoding="utf-8") as f:
+        table = f.read()
+    assert table.startswith("Model parameters: ")
+    assert "decoder/emb/token_emb/weight" in table and "decoder/emb/token_emb/weight" not in out
+
+
+def test_config_override_bad_path_fails_before_training(tmp_path):
+    proc = _launch(str(tmp_path / "run"), "--config_override=max_steps=3")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out[-3000:]
+    assert "max_steps" in out and "did you mean max_step?" in out
+    assert "step 1/" not in out

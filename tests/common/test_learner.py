@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pathlib
 
 import jax
@@ -274,7 +275,10 @@ def test_honeycrisp_learner_on_a_module_with_nested_functional():
     ):
         assert name in summaries, (name, sorted(summaries))
     assert int(summaries["nonvalid_count"]) == 0
-    assert float(summaries["schedule_scale"]) == pytest.approx(1.0, abs=1e-3)  # After warmup.
+    # The 4th update sees step 4 (steps count from 1): 2 steps past the 2-step warm-up.
+    assert int(summaries["schedule_step"]) == 4
+    want = (1 - 0.005) * 0.5 * (1 + math.cos(math.pi * 2 / 98)) + 0.005  # alpha=0.005.
+    assert float(summaries["schedule_scale"]) == pytest.approx(want, rel=1e-5)
 
 
 def test_per_param_settings_text():
@@ -303,3 +307,37 @@ def test_per_param_settings_text():
         "norm/scale: UpdateType.ALL_UPDATES",
         "w: UpdateType.ALL_UPDATES",
     ]
+
+
+def test_decoupled_adamw_effective_learning_rate_is_alpha_times_schedule():
+    """The log line's lr for a decoupled optimizer: alpha x schedule, 0 while warm-up is at 0."""
+    alpha, peak_steps = 0.01, 4
+    update_schedule = config_for_function(schedule.polynomial).set(
+        begin_step=0, begin_value=0.0, end_step=peak_steps, end_value=1.0
+    )
+    cfg = learner_lib.Learner.default_config().set(
+        name="learner",
+        optimizer=config_for_function(optimizers.adamw_decoupled_optimizer).set(
+            learning_rate=alpha, b1=0.9, b2=0.99, eps=1e-8, update_schedule=update_schedule
+        ),
+    )
+    learner = cfg.instantiate(parent=None)
+    params = _mlp_params()
+    state = learner.init(_opt(params))
+    step = make_step(learner)
+    schedule_fn = schedule.as_schedule_fn(update_schedule)
+    for i in range(3):
+        out, collection = step(params, state, _batch())
+        params, state = out.backward_outputs.updated_params, collection.state_updates
+        summaries = collection.summaries["optimizer"]
+        assert float(summaries["learning_rate"]) == pytest.approx(alpha)
+        # The optimizer's update count is i at the i-th update (0-based) or i + 1 (1-based); the
+        # effective rate must be alpha times the schedule at whichever count the schedule saw.
+        counted = int(summaries["schedule_step"])
+        assert counted in (i, i + 1)
+        expected = alpha * float(schedule_fn(counted))
+        assert float(summaries["effective_learning_rate"]) == pytest.approx(expected, abs=1e-9)
+        # Independently: linear warm-up from 0 to 1 over `peak_steps`.
+        assert float(summaries["effective_learning_rate"]) == pytest.approx(
+            alpha * counted / peak_steps, abs=1e-9
+        )

@@ -22,6 +22,7 @@ from axlearn.common.optimizers.per_param import (
     l2_regularizer,
 )
 from axlearn.common.optimizers.transforms import (
+    _add_summary,
     _scalar_spec,
     adam_partition,
     chain,
@@ -31,6 +32,7 @@ from axlearn.common.optimizers.transforms import (
     scale,
     scale_by_param_block_rms,
     scale_by_schedule,
+    scale_by_trust_ratio,
     scale_from_learning_rate,
     trace_partition,
     with_partition_fn,
@@ -174,10 +176,29 @@ def adamw_decoupled_optimizer(
     tx += [
         scale_by_schedule(scale_from_learning_rate(learning_rate, flip_sign=False)),
         add_decayed_weights(weight_decay, per_param_scale=weight_decay_per_param_scale),
-        scale_by_schedule(update_schedule),
+        scale_by_schedule(_with_effective_lr_summary(learning_rate, update_schedule)),
         scale(-1.0),
     ]
     return chain(*tx)
+
+
+def _with_effective_lr_summary(
+    learning_rate: float, update_schedule: schedule.Schedule
+) -> schedule.ScheduleFn:
+    """`update_schedule`, adding the summary `effective_learning_rate` = lr * schedule(step).
+
+    The `learning_rate` summary of the decoupled optimizer is the constant alpha; the rate that
+    the step applies to the Adam update is alpha times the schedule, which is what the trainer's
+    log line shows.
+    """
+    fn = schedule.as_schedule_fn(update_schedule)
+
+    def wrapped(step):
+        value = fn(step)
+        _add_summary("effective_learning_rate", learning_rate * value)
+        return value
+
+    return wrapped
 
 
 def _factored_dims(shape: Sequence[int], factored: bool, min_dim_size_to_factor: int):
@@ -211,7 +232,7 @@ def scale_by_factored_rms(
 
     Args:
         factored: Whether to factor the second moment of matrices.
-        decay_rate: The second-moment decay (beta2) as a schedule of the update count.
+        decay_rate: The second-moment decay (beta2) as a schedule of the 1-based update step.
         epsilon: Added to the squared gradients.
         min_dim_size_to_factor: Only factor when the two largest axes are at least this long.
 
@@ -223,7 +244,8 @@ def scale_by_factored_rms(
         factored=factored,
         epsilon=epsilon,
         min_dim_size_to_factor=min_dim_size_to_factor,
-        decay_rate_fn=lambda step, _: beta2(step),
+        # optax passes the 0-based update count; schedules see the 1-based step.
+        decay_rate_fn=lambda count, _: beta2(count + 1),
     )
 
     def partition_fn(specs):
@@ -259,6 +281,7 @@ def adafactor_optimizer(
     weight_decay_per_param_scale: Optional[ConfigOr[Callable]] = None,
     eps: float = 1e-30,
     factored: bool = True,
+    apply_scale_by_trust_ratio: bool = False,
     min_dim_size_to_factor: int = 128,
 ) -> PartitionedGradientTransformation:
     """Adafactor (Shazeer & Stern, 2018), as optax.adafactor with schedulable decays.
@@ -279,6 +302,8 @@ def adafactor_optimizer(
         weight_decay_per_param_scale: Optional per-parameter weight-decay scales.
         eps: Added to the squared gradients.
         factored: Whether to factor the second moment of matrices.
+        apply_scale_by_trust_ratio: Whether to scale each update by the LAMB trust ratio
+            (`scale_by_trust_ratio(eps=eps)`), after weight decay.
         min_dim_size_to_factor: Only factor when the two largest axes are at least this long.
 
     Returns:
@@ -317,6 +342,8 @@ def adafactor_optimizer(
                 per_param_scale=weight_decay_per_param_scale,
             )
         )
+    if apply_scale_by_trust_ratio:
+        tx.append(scale_by_trust_ratio(eps=eps))
     tx.append(scale(-1.0))
     return chain(*tx)
 

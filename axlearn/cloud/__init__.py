@@ -1,0 +1,1 @@
+"""Launchers: jobs, bundlers and cloud runners (`axlearn gcp ...`)."""

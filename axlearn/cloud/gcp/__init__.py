@@ -1,0 +1,1 @@
+"""Google Cloud: config files, instance types, JobSet builder, runners and bundlers."""

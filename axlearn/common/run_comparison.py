@@ -1,0 +1,619 @@
+"""Comparing training runs: what `axlearn compare` computes (rendering is in
+`axlearn.common.run_comparison_format`, charts in `axlearn.common.run_plots`).
+
+A run directory is a trainer directory: `run_summary.json` (written at the end of a run, see
+`axlearn.common.run_summary`), `metrics.jsonl` (one record per step, see
+`axlearn.common.summary_writer.JsonlWriter`) and the `trainer_config` dump. A run that is still
+going (no `run_summary.json` yet) is compared on what exists, and says so.
+
+The table has one row per headline number and one column per run; each non-baseline run gets a
+diff against the baseline (absolute and %). Each row knows which direction is better. Step-time
+rows get a noise verdict from the runs' own per-step times (see `step_time_noise_test`): a
+difference inside the step-to-step spread is reported as noise, not as a regression.
+
+Example:
+
+    runs = [load_run("/tmp/main"), load_run("/tmp/branch")]
+    comparison = compare_runs(runs, baseline=0)
+    for row in comparison.rows:
+        print(row.title, [c.text for c in row.cells], [d.verdict for d in row.diffs])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+from typing import Any, Callable, Optional, Sequence
+
+# Keys of metrics.jsonl records (the trainer's summary tags).
+LOSS_KEY = "loss"
+STEP_TIME_KEY = "perf/step_time_s"
+LEARNING_RATE_KEY = "learner/optimizer/learning_rate"
+GRADIENT_NORM_KEY = "learner/optimizer/gradient_norm"
+EXCLUDED_KEY = "excluded_reason"
+
+RUN_SUMMARY = "run_summary.json"
+METRICS_JSONL = "metrics.jsonl"
+CONFIG_DUMP = "trainer_config"
+
+# Noise test: a step-time difference counts only when both hold (see `step_time_noise_test`).
+NOISE_ALPHA = 0.01
+
+
+class NotARunError(ValueError):
+    """A directory holds none of the files a run writes."""
+
+
+class NoCommonStepsError(ValueError):
+    """The runs share no step with a loss, so their losses cannot be compared."""
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def _exists(path: str) -> bool:
+    if _is_remote(path):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        return tf.io.gfile.exists(path)
+    return os.path.exists(path)
+
+
+def _read_text(path: str) -> str:
+    if _is_remote(path):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        with tf.io.gfile.GFile(path, "r") as f:
+            return f.read()
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _join(*parts: str) -> str:
+    return (
+        "/".join([parts[0].rstrip("/"), *parts[1:]])
+        if _is_remote(parts[0])
+        else (os.path.join(*parts))
+    )
+
+
+@dataclasses.dataclass
+class RunData:
+    """What a run directory holds.
+
+    Attributes:
+        path: The directory.
+        label: The run's name in tables and charts (default: the directory's base name).
+        summary: `run_summary.json`, or None if the run has not finished.
+        records: `metrics.jsonl` records by step, in step order (a step logged twice, as after a
+            resume, keeps the later record).
+        config_dump: The `trainer_config` dump text, or None.
+        notes: What is missing or partial, in words.
+    """
+
+    path: str
+    label: str
+    summary: Optional[dict[str, Any]]
+    records: list[dict[str, Any]]
+    config_dump: Optional[str]
+    notes: list[str]
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        """Returns (step, value) for every record that has a finite number under `key`."""
+        out = []
+        for r in self.records:
+            v = r.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                out.append((int(r["step"]), float(v)))
+        return out
+
+    def step_times(self) -> list[float]:
+        """Returns the per-step wall times of steps not excluded (compile, eval, checkpoint)."""
+        return [
+            float(r[STEP_TIME_KEY])
+            for r in self.records
+            if isinstance(r.get(STEP_TIME_KEY), (int, float)) and not r.get(EXCLUDED_KEY)
+        ]
+
+    def metric(self, name: str) -> Optional[float]:
+        """Returns `run_summary.json`'s metric value, or None."""
+        if not self.summary:
+            return None
+        entry = (self.summary.get("metrics") or {}).get(name)
+        return entry.get("value") if isinstance(entry, dict) else None
+
+    @property
+    def last_step(self) -> Optional[int]:
+        """The last step with a record, or None."""
+        return int(self.records[-1]["step"]) if self.records else None
+
+
+def load_run(path: str, *, label: Optional[str] = None) -> RunData:
+    """Reads a run directory (local, or any path `tf.io.gfile` reads, e.g. gs://).
+
+    Args:
+        path: The trainer directory.
+        label: The run's name (default: the directory's base name).
+
+    Returns:
+        The `RunData`.
+
+    Raises:
+        NotARunError: If the directory has none of run_summary.json, metrics.jsonl and
+            trainer_config (the message names what was looked for).
+        ValueError: If a file exists but is not valid JSON / JSON lines (names the file and line).
+    """
+    if not _exists(path):
+        raise NotARunError(f"Run directory {path!r} does not exist.")
+    files = {name: _join(path, name) for name in (RUN_SUMMARY, METRICS_JSONL, CONFIG_DUMP)}
+    present = {name: _exists(p) for name, p in files.items()}
+    if not any(present.values()):
+        raise NotARunError(
+            f"{path!r} is not a run directory: it has no {RUN_SUMMARY}, {METRICS_JSONL} or "
+            f"{CONFIG_DUMP} (a trainer directory written by launch_trainer_main has them)."
+        )
+    notes = []
+    summary = None
+    if present[RUN_SUMMARY]:
+        try:
+            summary = json.loads(_read_text(files[RUN_SUMMARY]))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{files[RUN_SUMMARY]}: not valid JSON ({e})") from e
+    else:
+        notes.append(f"no {RUN_SUMMARY} (run unfinished or crashed): using {METRICS_JSONL} only")
+    by_step: dict[int, dict[str, Any]] = {}
+    if present[METRICS_JSONL]:
+        for lineno, line in enumerate(_read_text(files[METRICS_JSONL]).splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                if lineno == len(_read_text(files[METRICS_JSONL]).splitlines()):
+                    notes.append(f"{METRICS_JSONL}: last line incomplete (run still writing)")
+                    continue
+                raise ValueError(f"{files[METRICS_JSONL]}:{lineno}: not valid JSON ({e})") from e
+            if "step" in record:
+                by_step[int(record["step"])] = record
+    else:
+        notes.append(f"no {METRICS_JSONL}: per-step rows and the noise test are unavailable")
+    config_dump = _read_text(files[CONFIG_DUMP]) if present[CONFIG_DUMP] else None
+    if config_dump is None:
+        notes.append(f"no {CONFIG_DUMP} dump: configs cannot be compared")
+    name = label or os.path.basename(path.rstrip("/")) or path
+    return RunData(
+        path=path,
+        label=name,
+        summary=summary,
+        records=[by_step[s] for s in sorted(by_step)],
+        config_dump=config_dump,
+        notes=notes,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseVerdict:
+    """Whether two runs' step times differ by more than their own step-to-step spread.
+
+    Attributes:
+        significant: True when the difference is outside the noise (both tests agree).
+        p_value: Two-sided Mann-Whitney U p-value.
+        iqr_a: (q25, q75) of run A's step times.
+        iqr_b: (q25, q75) of run B's step times.
+        n_a: Samples of A.
+        n_b: Samples of B.
+        reason: Why, in words.
+    """
+
+    significant: bool
+    p_value: Optional[float]
+    iqr_a: Optional[tuple[float, float]]
+    iqr_b: Optional[tuple[float, float]]
+    n_a: int
+    n_b: int
+    reason: str
+
+
+def _iqr(xs: Sequence[float]) -> tuple[float, float]:
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def step_time_noise_test(
+    a: Sequence[float], b: Sequence[float], *, alpha: float = NOISE_ALPHA, min_samples: int = 5
+) -> NoiseVerdict:
+    """Tests whether step times `b` differ from `a` beyond the runs' own noise.
+
+    The documented rule: a difference is significant only when (1) a two-sided Mann-Whitney U
+    test rejects "same distribution" at level `alpha`, and (2) the interquartile ranges of the
+    two runs' step times do not overlap. (1) alone flags tiny but consistent shifts in long runs
+    (a busy machine drifts); (2) alone has no error rate. Together: a shift larger than the
+    middle half of either run's spread, that is unlikely to be chance.
+
+    Args:
+        a: Baseline per-step times (compile/eval/checkpoint steps already left out).
+        b: Candidate per-step times.
+        alpha: Significance level of the U test.
+        min_samples: Fewer samples in either run: not significant ("too few steps").
+
+    Returns:
+        The `NoiseVerdict`.
+    """
+    n_a, n_b = len(a), len(b)
+    if n_a < min_samples or n_b < min_samples:
+        return NoiseVerdict(
+            False, None, None, None, n_a, n_b, f"too few steps to test ({n_a} vs {n_b})"
+        )
+    from scipy import stats  # pylint: disable=import-outside-toplevel
+
+    p = float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+    iqr_a, iqr_b = _iqr(a), _iqr(b)
+    overlap = iqr_a[0] <= iqr_b[1] and iqr_b[0] <= iqr_a[1]
+    significant = p < alpha and not overlap
+    if significant:
+        reason = f"U test p={p:.2g} < {alpha} and interquartile ranges do not overlap"
+    elif overlap:
+        reason = "within noise: interquartile ranges overlap"
+    else:
+        reason = f"within noise: U test p={p:.2g} >= {alpha}"
+    return NoiseVerdict(significant, p, iqr_a, iqr_b, n_a, n_b, reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSpec:
+    """One row of the comparison table.
+
+    Attributes:
+        key: Machine name (JSON key).
+        title: Row title.
+        better: "lower", "higher" or None (no direction: e.g. versions).
+        get: Extracts the value from a run (None when unknown).
+        fmt: Formats a value for display.
+        noise: Whether the step-time noise test decides this row's verdict.
+    """
+
+    key: str
+    title: str
+    better: Optional[str]
+    get: Callable[[RunData], Any]
+    fmt: Callable[[Any], str]
+    noise: bool = False
+
+
+def _num(fmt: str) -> Callable[[Any], str]:
+    return lambda v: "n/a" if v is None else format(v, fmt)
+
+
+def _bytes(v: Any) -> str:
+    if v is None:
+        return "n/a"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {unit}"
+    return f"{v:.0f} B"
+
+
+def _env(name: str) -> Callable[[RunData], Any]:
+    return lambda r: ((r.summary or {}).get("environment") or {}).get(name)
+
+
+def _overhead(name: str) -> Callable[[RunData], Any]:
+    def get(r: RunData) -> Any:
+        if r.summary and "overhead_totals_s" in r.summary:
+            return (r.summary.get("overhead_totals_s") or {}).get(name, 0.0)
+        if not r.records:
+            return None
+        return sum(float(x.get(f"perf/overhead/{name}", 0.0) or 0.0) for x in r.records)
+
+    return get
+
+
+def _median_step(r: RunData) -> Optional[float]:
+    times = r.step_times()
+    return statistics.median(times) if times else r.metric("median_step_s")
+
+
+def _avg_step(r: RunData) -> Optional[float]:
+    value = r.metric("avg_step_s")
+    if value is None:
+        times = r.step_times()
+        value = sum(times) / len(times) if times else None
+    return value
+
+
+def _mean_of(key: str, summary_metric: str) -> Callable[[RunData], Any]:
+    def get(r: RunData) -> Any:
+        value = r.metric(summary_metric)
+        if value is None:
+            xs = [
+                float(x[key])
+                for x in r.records
+                if isinstance(x.get(key), (int, float)) and not x.get(EXCLUDED_KEY)
+            ]
+            value = sum(xs) / len(xs) if xs else None
+        return value
+
+    return get
+
+
+def _mfu(r: RunData) -> Any:
+    value = _mean_of("perf/mfu", "mfu")(r)
+    return None if value is None else 100.0 * value
+
+
+def _commit(r: RunData) -> Any:
+    git = (r.summary or {}).get("git") or {}
+    commit = git.get("commit")
+    if commit is None:
+        return None
+    return commit[:10] + ("-dirty" if git.get("dirty") else "")
+
+
+def _config_hash(r: RunData) -> Any:
+    digest = (r.summary or {}).get("config_hash")
+    if digest is None and r.config_dump is not None:
+        import hashlib  # pylint: disable=import-outside-toplevel
+
+        digest = "sha256:" + hashlib.sha256(r.config_dump.rstrip("\n").encode()).hexdigest()
+    return digest[:17] if digest else None
+
+
+# The table's rows: the reference comparison's (Parameters, Final loss, TFLOP/s, Tok/s,
+# Avg s/step, Memory %, JAX version) and more. "Final loss" is filled per comparison (at the last
+# step all runs share), see `compare_runs`.
+ROWS: list[RowSpec] = [
+    RowSpec("parameters", "Parameters", None, lambda r: r.metric("parameters"), _num(",")),
+    RowSpec("final_loss", "Final loss", "lower", lambda r: None, _num(".4f")),
+    RowSpec(
+        "tflops_per_device",
+        "TFLOP/s/device",
+        "higher",
+        _mean_of("perf/tflops_per_device", "tflops_per_device"),
+        _num(".4g"),
+    ),
+    RowSpec(
+        "tokens_per_s_per_device",
+        "Tokens/s/device",
+        "higher",
+        _mean_of("perf/tokens_per_s_per_device", "tokens_per_s_per_device"),
+        _num(",.0f"),
+    ),
+    RowSpec("avg_step_s", "Avg s/step", "lower", _avg_step, _num(".4f"), noise=True),
+    RowSpec("median_step_s", "Median s/step", "lower", _median_step, _num(".4f"), noise=True),
+    RowSpec("mfu_pct", "MFU %", "higher", _mfu, _num(".2f")),
+    RowSpec("memory_pct", "Memory %", "lower", lambda r: r.metric("memory_pct"), _num(".3g")),
+    RowSpec(
+        "peak_memory_bytes", "Peak memory", "lower", lambda r: r.metric("peak_memory_bytes"), _bytes
+    ),
+    RowSpec("overhead_compile_s", "Compile s", "lower", _overhead("compile"), _num(".3g")),
+    RowSpec("overhead_eval_s", "Eval s", "lower", _overhead("eval"), _num(".3g")),
+    RowSpec("overhead_checkpoint_s", "Checkpoint s", "lower", _overhead("checkpoint"), _num(".3g")),
+    RowSpec("overhead_input_s", "Input wait s", "lower", _overhead("input"), _num(".3g")),
+    RowSpec("steps", "Steps", None, lambda r: r.last_step, _num("d")),
+    RowSpec("jax_version", "JAX version", None, _env("jax_version"), lambda v: str(v or "n/a")),
+    RowSpec("device_kind", "Device kind", None, _env("device_kind"), lambda v: str(v or "n/a")),
+    RowSpec("device_count", "Devices", None, _env("device_count"), _num("d")),
+    RowSpec("git_commit", "Git commit", None, _commit, lambda v: str(v or "n/a")),
+    RowSpec("config_hash", "Config hash", None, _config_hash, lambda v: str(v or "n/a")),
+]
+ROW_KEYS = [row.key for row in ROWS]
+
+# Verdicts of a diff cell.
+IMPROVED, REGRESSED, NOISE, SAME, CHANGED, UNKNOWN = (
+    "improved",
+    "regressed",
+    "within noise",
+    "same",
+    "changed",
+    "n/a",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Diff:
+    """A run's difference from the baseline in one row.
+
+    Attributes:
+        absolute: run - baseline (None for non-numeric or unknown values).
+        percent: 100 * (run - baseline) / |baseline| (None when baseline is 0 or unknown).
+        verdict: One of IMPROVED, REGRESSED, NOISE, SAME, CHANGED, UNKNOWN.
+        note: Why, for noise-tested rows.
+    """
+
+    absolute: Optional[float]
+    percent: Optional[float]
+    verdict: str
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One computed row.
+
+    Attributes:
+        spec: The row's definition.
+        values: One value per run (None when unknown).
+        diffs: One per run; the baseline's is None.
+    """
+
+    spec: RowSpec
+    values: list[Any]
+    diffs: list[Optional[Diff]]
+
+    @property
+    def texts(self) -> list[str]:
+        """The displayed values."""
+        return [self.spec.fmt(v) for v in self.values]
+
+
+@dataclasses.dataclass
+class Comparison:
+    """The comparison of runs against a baseline.
+
+    Attributes:
+        runs: The runs, in column order.
+        baseline: Index of the baseline run.
+        rows: The table.
+        loss_step: The step at which "Final loss" is compared.
+        warnings: Flags for the reader: different lengths, different configs, partial runs.
+        noise: Per non-baseline run index, the step-time `NoiseVerdict`.
+    """
+
+    runs: list[RunData]
+    baseline: int
+    rows: list[Row]
+    loss_step: Optional[int]
+    warnings: list[str]
+    noise: dict[int, NoiseVerdict]
+
+    def row(self, key: str) -> Row:
+        """Returns the row with this key."""
+        for row in self.rows:
+            if row.spec.key == key:
+                return row
+        raise KeyError(f"No row {key!r}; rows: {ROW_KEYS}")
+
+    @property
+    def regressions(self) -> list[tuple[str, str]]:
+        """(run label, row title) of every regressed cell."""
+        out = []
+        for row in self.rows:
+            for i, d in enumerate(row.diffs):
+                if d is not None and d.verdict == REGRESSED:
+                    out.append((self.runs[i].label, row.spec.title))
+        return out
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _diff(spec: RowSpec, base: Any, value: Any, noise: Optional[NoiseVerdict]) -> Diff:
+    if value is None or base is None:
+        return Diff(None, None, UNKNOWN)
+    if not (_is_number(base) and _is_number(value)):
+        return Diff(None, None, SAME if base == value else CHANGED)
+    absolute = float(value) - float(base)
+    percent = 100.0 * absolute / abs(base) if base else None
+    if absolute == 0:
+        return Diff(absolute, percent, SAME)
+    if spec.better is None:
+        return Diff(absolute, percent, CHANGED)
+    better = absolute < 0 if spec.better == "lower" else absolute > 0
+    if spec.noise and noise is not None and not noise.significant:
+        return Diff(absolute, percent, NOISE, noise.reason)
+    note = noise.reason if (spec.noise and noise is not None) else ""
+    return Diff(absolute, percent, IMPROVED if better else REGRESSED, note)
+
+
+def _loss_step(runs: Sequence[RunData]) -> Optional[int]:
+    steps = [set(s for s, _ in r.series(LOSS_KEY)) for r in runs]
+    if not any(steps):
+        return None
+    common = set.intersection(*steps) if all(steps) else set()
+    if not common:
+        raise NoCommonStepsError(
+            "The runs have no step in common with a logged loss (steps: "
+            + "; ".join(
+                f"{r.label}: {min(s)}-{max(s)}" if s else f"{r.label}: none"
+                for r, s in zip(runs, steps)
+            )
+            + "), so their losses cannot be compared."
+        )
+    return max(common)
+
+
+def normalized_config_dump(run: RunData) -> Optional[str]:
+    """Returns the run's config dump with its own trainer directory replaced by `<trainer_dir>`.
+
+    Two runs of one config differ only in where they write; that is not a config difference.
+
+    Args:
+        run: The run.
+
+    Returns:
+        The dump text, or None when the run has none.
+    """
+    if run.config_dump is None:
+        return None
+    text = run.config_dump
+    for line in text.splitlines():
+        if line.startswith("dir: "):  # The trainer's own directory (SpmdTrainer.Config.dir).
+            own = line[len("dir: ") :]
+            if own not in ("None", "'<trainer_dir>'"):
+                text = text.replace(own, "'<trainer_dir>'").replace(
+                    own[:-1] + "/", "'<trainer_dir>/"
+                )
+            break
+    return text
+
+
+def compare_runs(runs: Sequence[RunData], *, baseline: int = 0) -> Comparison:
+    """Builds the comparison table of `runs` against `runs[baseline]`.
+
+    Args:
+        runs: Two or more runs.
+        baseline: Index of the baseline run.
+
+    Returns:
+        The `Comparison`.
+
+    Raises:
+        ValueError: Fewer than two runs, or a bad baseline index.
+        NoCommonStepsError: The runs logged losses at no common step.
+    """
+    runs = list(runs)
+    if len(runs) < 2:
+        raise ValueError(f"Comparing needs at least two runs, got {len(runs)}.")
+    if not 0 <= baseline < len(runs):
+        raise ValueError(f"Baseline index {baseline} is not one of the {len(runs)} runs.")
+    warnings = [f"{r.label}: {note}" for r in runs for note in r.notes]
+    loss_step = _loss_step(runs)
+    base = runs[baseline]
+    noise = {
+        i: step_time_noise_test(base.step_times(), r.step_times())
+        for i, r in enumerate(runs)
+        if i != baseline
+    }
+    rows = []
+    for spec in ROWS:
+        if spec.key == "final_loss":
+            values = [dict(r.series(LOSS_KEY)).get(loss_step) for r in runs]
+        else:
+            values = [spec.get(r) for r in runs]
+        diffs = [
+            None if i == baseline else _diff(spec, values[baseline], v, noise.get(i))
+            for i, v in enumerate(values)
+        ]
+        rows.append(Row(spec=spec, values=values, diffs=diffs))
+    last_steps = {r.label: r.last_step for r in runs}
+    if len(set(last_steps.values())) > 1:
+        warnings.append(
+            "runs have different lengths ("
+            + ", ".join(f"{k}: {v}" for k, v in last_steps.items())
+            + f"); final loss is compared at step {loss_step}, the last step all runs logged"
+        )
+    dumps = {r.label: normalized_config_dump(r) for r in runs if r.config_dump is not None}
+    base_dump = normalized_config_dump(base)
+    differing = [k for k, d in dumps.items() if base_dump is not None and d != base_dump]
+    if differing:
+        warnings.append(
+            "configs differ from the baseline's for: "
+            + ", ".join(differing)
+            + " (see `axlearn config diff "
+            + f"{_join(base.path, CONFIG_DUMP)} "
+            + " ".join(_join(r.path, CONFIG_DUMP) for r in runs if r.label in differing[:1])
+            + "`)"
+        )
+    return Comparison(
+        runs=runs,
+        baseline=baseline,
+        rows=rows,
+        loss_step=loss_step,
+        warnings=warnings,
+        noise=noise,
+    )

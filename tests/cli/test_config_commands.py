@@ -1,0 +1,65 @@
+"""Tests axlearn/cli/config_commands.py: `config diff` and module-less `config list`."""
+
+import pytest
+
+from axlearn.cli.main import main
+
+TINY = ["--module=text.gpt.tiny", "--config=gpt-tiny"]
+HONEYCRISP = ["--module=text.gpt.honeycrisp", "--config=honeycrisp-3B"]
+
+
+def test_diff_tiny_vs_honeycrisp(capsys):
+    rc = main(["config", "diff", *TINY, *HONEYCRISP])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert out.startswith("--- text.gpt.tiny:gpt-tiny\n+++ text.gpt.honeycrisp:honeycrisp-3B\n")
+    # Values that really differ between the two experiments, grouped under their subtree.
+    assert "  ~ max_step: 300 -> 750000\n" in out
+    assert "  ~ train_dtype: 'jax.numpy.float32' -> 'jax.numpy.bfloat16'\n" in out
+    assert "[mesh_rules]\n" in out
+    assert "[model.decoder]\n" in out
+
+
+def test_diff_config_with_itself_is_silent(capsys):
+    assert main(["config", "diff", *TINY, "--config=gpt-tiny"]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_diff_dump_files(tmp_path, capsys):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    assert main(["config", "dump", *TINY, f"--output={a}"]) == 0
+    b.write_text(a.read_text().replace("\nmax_step: 300\n", "\nmax_step: 20\n"))
+    capsys.readouterr()
+    assert main(["config", "diff", str(a), str(a)]) == 0
+    assert main(["config", "diff", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "1 changed (~), 0 only in" in out
+    assert "  ~ max_step: 300 -> 20" in out
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--config=gpt-tiny"], "needs --config twice"),
+        (["a.txt"], "takes two dump files"),
+        (["/nonexistent/a", "/nonexistent/b"], "Cannot read dump '/nonexistent/a'"),
+        (["--module=text.gpt.tiny", "--config=gpt-tiny", "--config=nope"], "nope"),
+    ],
+)
+def test_diff_errors_exit_2(argv, match, capsys):
+    assert main(["config", "diff", *argv]) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_diff_bad_dump_names_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("a: 1\nthis is not a dump line\n")
+    assert main(["config", "diff", str(bad), str(bad)]) == 2
+    assert f"{bad}:2: not a config dump line" in capsys.readouterr().err
+
+
+def test_list_without_module_lists_every_experiment(capsys):
+    assert main(["config", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "experiments.text.gpt.tiny\n  gpt-tiny\n" in out
+    assert "experiments.text.gpt.honeycrisp\n  honeycrisp-3B\n" in out
