@@ -17,6 +17,7 @@ from axlearn.common.attention import (
     pipelined,
     qkv,
     scale,
+    sharding,
     stack,
     transformer,
 )
@@ -50,11 +51,17 @@ from axlearn.common.attention.qkv import (
 )
 from axlearn.common.attention.scale import (
     BaseScaleQK,
+    PerDimScale,
     ScaleFn,
     ScaleKey,
     ScaleQuery,
     constant_scale_fn,
     pow_scale_fn,
+)
+from axlearn.common.attention.sharding import (
+    set_attention_partition_specs,
+    set_double_shard_weights_config,
+    set_feed_forward_partition_specs,
 )
 from axlearn.common.attention.stack import (
     BaseStackedTransformerLayer,
@@ -78,7 +85,7 @@ from axlearn.common.attention_bias import (
     sliding_window_causal_mask,
 )
 
-_SUBMODULES = (bias_layers, multihead, pipelined, qkv, scale, stack, transformer)
+_SUBMODULES = (bias_layers, multihead, pipelined, qkv, scale, sharding, stack, transformer)
 
 
 def _claim_public_names():
@@ -115,6 +122,7 @@ __all__ = [
     "MultiheadInputLinear",
     "MultiheadOutputLinear",
     "NEG_INF",
+    "PerDimScale",
     "PipelinedTransformerLayer",
     "QKVLinear",
     "RepeatedTransformerLayer",
@@ -135,5 +143,8 @@ __all__ = [
     "pipelined_stack_config",
     "pow_scale_fn",
     "scaled_hidden_dim",
+    "set_attention_partition_specs",
+    "set_double_shard_weights_config",
+    "set_feed_forward_partition_specs",
     "sliding_window_causal_mask",
 ]
