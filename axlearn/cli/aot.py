@@ -40,6 +40,12 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--report_json", default="aot_report.json", help="Where to write the JSON report."
     )
+    parser.add_argument(
+        "--config_override",
+        action="append",
+        default=[],
+        help="PATH=VALUE change to the config (repeatable), as launch_trainer_main's.",
+    )
     parser.set_defaults(func=aot_command)
 
 
@@ -68,6 +74,7 @@ def aot_command(args: argparse.Namespace) -> int:
             compiler_options=args.compiler_options,
             dump_hlo=args.dump_hlo,
             report_json=args.report_json,
+            config_overrides=args.config_override,
         )
     except (ValueError, ImportError) as e:
         raise CommandError(str(e)) from e

@@ -3,7 +3,7 @@
     python -m axlearn.experiments.run_aot_compilation \
         --module=text.gpt.honeycrisp --config=honeycrisp-3B --topology=v5litepod-256 \
         [--topology_num_slices=2] [--compiler_options=default] [--dump_hlo=DIR] \
-        [--report_json=PATH]
+        [--report_json=PATH] [--config_override=PATH=VALUE ...]
 
 `axlearn aot` takes the same flags. Needs libtpu (`pip install 'axlearn[tpu]'`), not a TPU. The
 report (printed, and written as JSON to --report_json, default `aot_report.json`) has per-chip
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from typing import Optional
 
 # libtpu: allow several processes (this one and any other compile) on one machine.
@@ -31,6 +32,7 @@ def run_aot(
     compiler_options: str = "none",
     dump_hlo: Optional[str] = None,
     report_json: Optional[str] = "aot_report.json",
+    config_overrides: Sequence[str] = (),
 ) -> int:
     """Compiles a named experiment for a topology, prints the report and writes its JSON.
 
@@ -43,6 +45,8 @@ def run_aot(
             (`compiler_options.default_xla_options` for the topology).
         dump_hlo: If set, a directory for the optimized HLO (train_step.hlo.txt).
         report_json: Where to write the report as JSON (None: not written).
+        config_overrides: `PATH=VALUE` changes to the config, as launch_trainer_main's
+            `--config_override` (e.g. "input.batcher.global_batch_size=256").
 
     Returns:
         0 when the train step fits in HBM, 1 when it does not.
@@ -54,6 +58,7 @@ def run_aot(
     # pylint: disable=import-outside-toplevel
     from axlearn.common import aot_compilation
     from axlearn.common import compiler_options as options_lib
+    from axlearn.common.config.override import apply_overrides
     from axlearn.common.experiment_registry import get_named_trainer_config
 
     sc = aot_compilation.topology_system_characteristics(topology)
@@ -69,6 +74,8 @@ def run_aot(
             f"--compiler_options must be 'none' or 'default', got {compiler_options!r}"
         )
     trainer_config = get_named_trainer_config(config, config_module=module)()
+    if config_overrides:
+        trainer_config = apply_overrides(trainer_config, config_overrides)
     report = aot_compilation.aot_report(
         trainer_config,
         topology=sc.device_type,
@@ -112,6 +119,9 @@ def main(argv=None) -> int:
     flags.DEFINE_string(
         "report_json", "aot_report.json", "Where to write the JSON report.", flag_values=fv
     )
+    flags.DEFINE_multi_string(
+        "config_override", [], "PATH=VALUE change to the config (repeatable).", flag_values=fv
+    )
     try:
         fv(list(sys.argv if argv is None else argv))
     except flags.Error as e:
@@ -125,6 +135,7 @@ def main(argv=None) -> int:
         compiler_options=fv.compiler_options,
         dump_hlo=fv.dump_hlo,
         report_json=fv.report_json,
+        config_overrides=fv.config_override,
     )
 
 

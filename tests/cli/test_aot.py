@@ -75,3 +75,8 @@ def test_aot_report_json_and_hlo(tmp_path, capsys):
     )
     hlo = (hlo_dir / "train_step.hlo.txt").read_text()
     assert hlo.startswith("HloModule") and os.path.getsize(hlo_dir / "train_step.hlo.txt") > 1000
+
+
+def test_bad_config_override_is_an_error(capsys):
+    assert main(["aot", *TINY, "--topology=v5p-8", "--config_override=no_such_field=1"]) == 1
+    assert "no_such_field" in capsys.readouterr().err
