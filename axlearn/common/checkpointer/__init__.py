@@ -30,6 +30,7 @@ from axlearn.common.checkpointer.layout import (
 )
 from axlearn.common.checkpointer.multihost import BarrierTimeoutError
 from axlearn.common.checkpointer.policies import (
+    BestMetricPolicy,
     CheckpointPolicy,
     every_n_steps_and_last_policy,
     every_n_steps_policy,
@@ -41,6 +42,7 @@ from axlearn.common.checkpointer.storage import (
 )
 from axlearn.common.checkpointer.tensorstore_restore import (
     CheckpointCorruptionError,
+    CheckpointValidationType,
     RestoreStats,
     StateMismatchError,
 )
@@ -55,10 +57,12 @@ from axlearn.common.checkpointer.verify import (
 
 __all__ = [
     "BarrierTimeoutError",
+    "BestMetricPolicy",
     "CheckpointCorruptionError",
     "CheckpointIndexError",
     "CheckpointInfo",
     "CheckpointPolicy",
+    "CheckpointValidationType",
     "Checkpointer",
     "FAULT_ACTION_ENV",
     "FAULT_ENV",

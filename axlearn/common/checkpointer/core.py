@@ -275,6 +275,29 @@ class Checkpointer(Module):
                     logging.warning("Failed to remove %s: %s", path, e)
             return removed
 
+    @staticmethod
+    def checkpoint_paths(base_dir: str) -> list[str]:
+        """The committed step directories under `base_dir` (see `layout.checkpoint_paths`)."""
+        return layout.checkpoint_paths(base_dir)
+
+    @staticmethod
+    def latest_checkpoint_path(base_dir: str) -> str:
+        """The newest committed step directory under `base_dir` (AXLearn's static method).
+
+        Args:
+            base_dir: The checkpointer's `dir`.
+
+        Returns:
+            The step directory's path.
+
+        Raises:
+            ValueError: If `base_dir` holds no committed checkpoint.
+        """
+        path = layout.latest_checkpoint_path(base_dir)
+        if path is None:
+            raise ValueError(f"No committed checkpoint under {base_dir}")
+        return path
+
     @nowrap
     def latest_step(self) -> Optional[int]:
         """The newest committed step under `dir` (see `latest_checkpoint_step`)."""
