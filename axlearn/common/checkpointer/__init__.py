@@ -35,6 +35,12 @@ from axlearn.common.checkpointer.policies import (
     every_n_steps_and_last_policy,
     every_n_steps_policy,
 )
+from axlearn.common.checkpointer.recovery import (
+    RESTORE_FALLBACKS,
+    CorruptCheckpointError,
+    set_aside_dirs,
+    supersede_newer,
+)
 from axlearn.common.checkpointer.storage import (
     SaveStats,
     StateStorage,
@@ -64,9 +70,11 @@ __all__ = [
     "CheckpointPolicy",
     "CheckpointValidationType",
     "Checkpointer",
+    "CorruptCheckpointError",
     "FAULT_ACTION_ENV",
     "FAULT_ENV",
     "FAULT_POINTS",
+    "RESTORE_FALLBACKS",
     "InjectedFault",
     "RestoreStats",
     "SaveResult",
@@ -85,8 +93,10 @@ __all__ = [
     "parse_step_from_dir",
     "read_index_file",
     "read_state_spec",
+    "set_aside_dirs",
     "step_dir_name",
     "step_dirs",
+    "supersede_newer",
     "verify_checkpoint",
 ]
 
