@@ -27,6 +27,10 @@ Launch a command on GKE as a JobSet (TPU slices or GPU nodes).
 Actions: start (default: build the image, submit the JobSet), list (the axlearn JobSets of the
 namespace), stop --name=NAME (delete a JobSet), run (run the command on this machine, with the
 pods' environment). `--dry_run` prints the build plan and the JobSet YAML and contacts nothing.
+
+Pre-flight: before a TPU job running launch_trainer_main is submitted (and in --dry_run), its
+train step is compiled for the target slices on this machine (libtpu, the [tpu] extra); a job
+that does not fit in HBM is refused. --skip_preflight skips it.
 """
 
 
@@ -143,6 +147,12 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--service_account", default=None, help="The pods' service account.")
     parser.add_argument(
+        "--skip_preflight",
+        action="store_true",
+        help="Do not compile the experiment for the target TPU slices before launching (the "
+        "pre-flight refuses a job that does not fit in HBM).",
+    )
+    parser.add_argument(
         "--dry_run",
         action="store_true",
         help="Print the build plan and the JobSet YAML; build and submit nothing.",
@@ -196,7 +206,7 @@ def _api(args: argparse.Namespace):
 
 def launch_start(args: argparse.Namespace) -> int:
     """Prepares the launch; prints it (--dry_run) or builds the image and submits the JobSet."""
-    from axlearn.cloud.gcp import config, k8s  # pylint: disable=import-outside-toplevel
+    from axlearn.cloud.gcp import config, k8s, preflight  # pylint: disable=C0415
     from axlearn.cloud.gcp import launch as gcp_launch  # pylint: disable=import-outside-toplevel
     from axlearn.cloud.gcp.jobset import pod_template  # pylint: disable=import-outside-toplevel
 
@@ -217,8 +227,19 @@ def launch_start(args: argparse.Namespace) -> int:
     )
     try:
         prepared = gcp_launch.prepare_launch(options, config.active_config())
+        checked = preflight.check_launch(
+            prepared.command,
+            instance_type=args.instance_type,
+            num_replicas=args.num_replicas,
+            skip=args.skip_preflight,
+        )
         if args.dry_run:
-            sys.stdout.write(gcp_launch.describe_launch(prepared))
+            sys.stdout.write(gcp_launch.describe_launch(prepared, checked))
+        if checked.status == preflight.REFUSED:
+            raise CommandError(
+                f"Refused: {checked.message} Pass --skip_preflight to launch anyway."
+            )
+        if args.dry_run:
             return 0
         api = _api(args)
         if prepared.plan is not None:

@@ -22,7 +22,7 @@ labels = "v5p"
 """
 EXAMPLE = [
     "gcp", "launch", "--dry_run", "--instance_type=tpu-v5p-128", "--num_replicas=2", "--name=x",
-    "--image=us-docker.pkg.dev/my-project/axlearn/axlearn:x", "--",
+    "--image=us-docker.pkg.dev/my-project/axlearn/axlearn:x", "--skip_preflight", "--",
     "python", "-m", "axlearn.common.launch_trainer_main",
     "--module=text.gpt.honeycrisp", "--config=honeycrisp-3B",
 ]  # fmt: skip

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import getpass
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 from axlearn.cloud.common.bundler import BuildPlan
 from axlearn.cloud.common.command import complete_trainer_command, runs_trainer
@@ -169,11 +169,12 @@ def prepare_launch(options: LaunchOptions, config: dict) -> PreparedLaunch:
     return PreparedLaunch(options, sc, runner, command, trainer_dir, plan, jobset)
 
 
-def describe_launch(prepared: PreparedLaunch) -> str:
-    """Returns `--dry_run`'s output: a summary and build plan as comments, then the YAML.
+def describe_launch(prepared: PreparedLaunch, preflight: Optional[Any] = None) -> str:
+    """Returns `--dry_run`'s output: summary, build plan, pre-flight as comments, then the YAML.
 
     Args:
         prepared: The prepared launch.
+        preflight: The pre-flight's `PreflightResult` (None: not run).
 
     Returns:
         Text whose non-comment part is the JobSet manifest in YAML.
@@ -197,5 +198,7 @@ def describe_launch(prepared: PreparedLaunch) -> str:
         lines.append(f"# Image (given, not built): {o.image}")
     else:
         lines += ["#"] + ["# " + line for line in prepared.plan.describe().splitlines()]
+    if preflight is not None:
+        lines += ["#"] + ["# " + line for line in preflight.describe().splitlines()]
     body = yaml.safe_dump(prepared.jobset, sort_keys=False, default_flow_style=False, width=100)
     return "\n".join(lines) + "\n---\n" + body
