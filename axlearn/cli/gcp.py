@@ -147,15 +147,16 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--service_account", default=None, help="The pods' service account.")
     parser.add_argument(
-        "--skip_preflight",
-        action="store_true",
-        help="Do not compile the experiment for the target TPU slices before launching (the "
-        "pre-flight refuses a job that does not fit in HBM).",
-    )
-    parser.add_argument(
         "--dry_run",
         action="store_true",
-        help="Print the build plan and the JobSet YAML; build and submit nothing.",
+        help="Print the build plan, the pre-flight report and the JobSet YAML; build and submit "
+        "nothing (exit 1 when the pre-flight refuses the job).",
+    )
+    parser.add_argument(
+        "--skip_preflight",
+        action="store_true",
+        help="Do not compile the trainer for the target (libtpu) before submitting; by default "
+        "a job whose train step does not fit in the chips' HBM is refused.",
     )
 
 
@@ -206,7 +207,7 @@ def _api(args: argparse.Namespace):
 
 def launch_start(args: argparse.Namespace) -> int:
     """Prepares the launch; prints it (--dry_run) or builds the image and submits the JobSet."""
-    from axlearn.cloud.gcp import config, k8s, preflight  # pylint: disable=C0415
+    from axlearn.cloud.gcp import config, k8s  # pylint: disable=import-outside-toplevel
     from axlearn.cloud.gcp import launch as gcp_launch  # pylint: disable=import-outside-toplevel
     from axlearn.cloud.gcp.jobset import pod_template  # pylint: disable=import-outside-toplevel
 
@@ -227,20 +228,17 @@ def launch_start(args: argparse.Namespace) -> int:
     )
     try:
         prepared = gcp_launch.prepare_launch(options, config.active_config())
-        checked = preflight.check_launch(
-            prepared.command,
-            instance_type=args.instance_type,
-            num_replicas=args.num_replicas,
-            skip=args.skip_preflight,
-        )
+        report = None if args.skip_preflight else gcp_launch.launch_preflight(prepared)
         if args.dry_run:
-            sys.stdout.write(gcp_launch.describe_launch(prepared, checked))
-        if checked.status == preflight.REFUSED:
+            if not args.skip_preflight:
+                sys.stdout.write(gcp_launch.describe_preflight(report))
+            sys.stdout.write(gcp_launch.describe_launch(prepared))
+            return 0 if report is None or report.fits else 1
+        if report is not None and not report.fits:
             raise CommandError(
-                f"Refused: {checked.message} Pass --skip_preflight to launch anyway."
+                f"Pre-flight refused the job: {report.refusal_message()}\n{report.describe()}\n"
+                "Pass --skip_preflight to launch anyway."
             )
-        if args.dry_run:
-            return 0
         api = _api(args)
         if prepared.plan is not None:
             prepared.plan.run()
