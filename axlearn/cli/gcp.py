@@ -27,6 +27,10 @@ Launch a command on GKE as a JobSet (TPU slices or GPU nodes).
 Actions: start (default: build the image, submit the JobSet), list (the axlearn JobSets of the
 namespace), stop --name=NAME (delete a JobSet), run (run the command on this machine, with the
 pods' environment). `--dry_run` prints the build plan and the JobSet YAML and contacts nothing.
+
+Pre-flight: before a TPU job running launch_trainer_main is submitted (and in --dry_run), its
+train step is compiled for the target slices on this machine (libtpu, the [tpu] extra); a job
+that does not fit in HBM is refused. --skip_preflight skips it.
 """
 
 
