@@ -8,6 +8,8 @@ Usage:
         --module=text.gpt.honeycrisp --config=honeycrisp-3B
     axlearn checkpoint verify /path/to/checkpoints
     axlearn compare /tmp/run_main /tmp/run_branch --format=markdown
+    axlearn eval --trainer_dir=/tmp/gpt-tiny [--step 300]
+    axlearn generate --trainer_dir=/tmp/gpt-tiny --prompt="The Python" --seed=0
     axlearn --version
 
 Each command group lives in its own module under `axlearn/cli/` and registers its subcommands
@@ -23,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from axlearn.cli import checkpoint, compare, config_commands
+from axlearn.cli import checkpoint, compare, config_commands, inference_commands
 
 
 def version_string() -> str:
@@ -61,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     config_commands.add_parser(groups)
     checkpoint.add_parser(groups)
+    inference_commands.add_parser(groups)
     compare.add_parser(groups)
     return parser
 
