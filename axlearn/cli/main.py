@@ -10,6 +10,7 @@ Usage:
     axlearn compare /tmp/run_main /tmp/run_branch --format=markdown
     axlearn eval --trainer_dir=/tmp/gpt-tiny [--step 300]
     axlearn generate --trainer_dir=/tmp/gpt-tiny --prompt="The Python" --seed=0
+    axlearn hf export --trainer_dir=/tmp/gpt-tiny --output=/tmp/gpt-tiny-hf
     axlearn --version
 
 Each command group lives in its own module under `axlearn/cli/` and registers its subcommands
@@ -25,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from axlearn.cli import checkpoint, compare, config_commands, inference_commands
+from axlearn.cli import checkpoint, compare, config_commands, hf, inference_commands
 
 
 def version_string() -> str:
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     config_commands.add_parser(groups)
     checkpoint.add_parser(groups)
     inference_commands.add_parser(groups)
+    hf.add_parser(groups)
     compare.add_parser(groups)
     return parser
 

@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Optional, Union
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
@@ -130,7 +129,9 @@ class InferenceRunner(Module):
                     f"Unknown evaler(s) {unknown}; the experiment has {sorted(cfg.evalers)}"
                 )
             cfg.evalers = {n: cfg.evalers[n] for n in evalers}
-        return cfg.instantiate(parent=None)
+        runner = cfg.instantiate(parent=None)
+        runner.trainer_config = trainer_cfg
+        return runner
 
     def __init__(self, cfg: Config, *, parent: Optional[Module] = None, devices=None):
         super().__init__(cfg, parent=parent)
@@ -140,6 +141,8 @@ class InferenceRunner(Module):
             cfg.mesh_shape = infer_mesh_shape(cfg.mesh_shape, num_devices=mesh_devices.size)
         self._mesh = jax.sharding.Mesh(mesh_devices, tuple(cfg.mesh_axis_names))
         self._params: Optional[NestedTensor] = None
+        # The trainer config the runner was built from, if known (see `from_trainer_dir`).
+        self.trainer_config: Optional[SpmdTrainer.Config] = None
         self._step: Optional[int] = None
         with jax.set_mesh(self._mesh):
             self._add_child("model", cfg.model)
@@ -336,3 +339,50 @@ class InferenceRunner(Module):
                 if on_result is not None:
                     on_result(name, summaries)
         return results
+
+
+def find_vocab_config(trainer_cfg: Any) -> Optional[Any]:
+    """The vocabulary config of a trainer config's inputs: the first `vocab_cfg` field found.
+
+    Args:
+        trainer_cfg: The trainer config (or None).
+
+    Returns:
+        The vocabulary config (instantiate it for a seqio vocabulary), or None.
+    """
+    found = []
+
+    def visit(node):
+        if found or node is None:
+            return
+        if isinstance(node, dict):
+            for value in node.values():
+                visit(value)
+        elif hasattr(node, "keys") and hasattr(node, "klass") or hasattr(node, "fn"):
+            for key in node.keys():
+                value = getattr(node, key)
+                if key == "vocab_cfg" and value is not None:
+                    found.append(value)
+                    return
+                visit(value)
+
+    if trainer_cfg is not None:
+        visit(trainer_cfg.input)
+        visit(trainer_cfg.evalers)
+    return found[0] if found else None
+
+
+def sentencepiece_model_file(trainer_cfg: Any) -> Optional[str]:
+    """The sentencepiece model file of a trainer config's vocabulary, if it has one.
+
+    Args:
+        trainer_cfg: The trainer config (or None).
+
+    Returns:
+        The file path, or None (no vocabulary found, or not a sentencepiece one).
+    """
+    vocab_cfg = find_vocab_config(trainer_cfg)
+    if vocab_cfg is None:
+        return None
+    vocab = vocab_cfg.instantiate()
+    return getattr(vocab, "sentencepiece_model_file", None)
