@@ -373,7 +373,10 @@ def test_invalid_value_kind():
 
     with pytest.raises(InvalidConfigValueError) as e:
         Trainer.default_config().set(remat=[Opaque()])
-    assert str(e.value) == (f'Invalid config value type {Opaque!r} for value "<opaque>"')
+    assert str(e.value) == (
+        f'Invalid config value type {Opaque!r} for value "<opaque>". '
+        "Consider registering a custom validator with `register_validator`."
+    )
 
 
 def test_register_validator_admits_new_kind():

@@ -111,8 +111,13 @@ WARMUP_COSINE = config_for_function(schedule.cosine_with_linear_warmup).set(
             lambda: optimizers.adamw_optimizer(
                 WARMUP_COSINE, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1
             ),
+            # optax's schedules see the 0-based count; ours see the 1-based step.
             lambda: optax.adamw(
-                schedule.as_schedule_fn(WARMUP_COSINE), b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1
+                lambda count: schedule.as_schedule_fn(WARMUP_COSINE)(count + 1),
+                b1=0.9,
+                b2=0.95,
+                eps=1e-8,
+                weight_decay=0.1,
             ),
         ),
         (
@@ -254,7 +259,7 @@ def _adastar_numpy(
                 u[k] = ue * u[k] + (1 - ue) * raw
                 smoothed = u[k] / (1 - ue**t) if ue_debias else u[k]
             smoothed = smoothed * update_scales.get(k, 1.0)
-            new_p[k] = p[k] - sched(i) * (lr * smoothed + wd * p[k])
+            new_p[k] = p[k] - sched(t) * (lr * smoothed + wd * p[k])  # 1-based step t.
         p = new_p
         out.append(p)
     return out
@@ -417,6 +422,7 @@ def test_skip_and_clip_adaptive_drop_norm():
     tx = optimizers.skip_and_clip_by_global_norm(
         inner=optimizers.sgd_optimizer(1.0, decouple_weight_decay=True),
         drop_norm=config_for_function(optimizers.drop_norm_by_grad_norm_ema).set(multipliers=(5,)),
+        grad_norm_ema_decay=0.99,
     )
     opt = _opt_params(params)
     state = tx.init(opt)

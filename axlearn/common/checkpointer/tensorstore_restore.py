@@ -111,6 +111,14 @@ def check_target(ckpt_dir: str, index: dict, pairs: list[tuple[str, Any]]) -> di
                 f"the target expects {_describe(dtype, shape)}"
             )
     if problems:
+        layout_version = index.get("state_layout", 1)
+        if layout_version < layout.STATE_LAYOUT_VERSION:
+            problems.append(
+                f"this checkpoint predates the state layout change (state layout "
+                f"{layout_version} < {layout.STATE_LAYOUT_VERSION}: EmaState gained `scale`, "
+                "SkipClipState.grad_norm_var_ema became grad_norm_square_ema); restore it with "
+                "the axlearn version that wrote it, or restore only the model parameters"
+            )
         raise StateMismatchError(
             f"Cannot restore {ckpt_dir} into the target state:\n  " + "\n  ".join(problems)
         )

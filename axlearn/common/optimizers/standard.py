@@ -231,7 +231,7 @@ def scale_by_factored_rms(
 
     Args:
         factored: Whether to factor the second moment of matrices.
-        decay_rate: The second-moment decay (beta2) as a schedule of the update count.
+        decay_rate: The second-moment decay (beta2) as a schedule of the 1-based update step.
         epsilon: Added to the squared gradients.
         min_dim_size_to_factor: Only factor when the two largest axes are at least this long.
 
@@ -243,7 +243,8 @@ def scale_by_factored_rms(
         factored=factored,
         epsilon=epsilon,
         min_dim_size_to_factor=min_dim_size_to_factor,
-        decay_rate_fn=lambda step, _: beta2(step),
+        # optax passes the 0-based update count; schedules see the 1-based step.
+        decay_rate_fn=lambda count, _: beta2(count + 1),
     )
 
     def partition_fn(specs):
