@@ -22,6 +22,9 @@ from typing import Any
 
 from axlearn.cli.config_commands import CommandError
 
+# TensorFlow (imported by the input pipelines) logs at start-up unless told not to.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
 
 def add_parser(groups: argparse._SubParsersAction) -> None:
     """Registers the `eval` and `generate` commands.

@@ -17,8 +17,8 @@ import transformers
 
 from axlearn.common.hf_checkpoint import SAFETENSORS_INDEX_FILE, export_trainer_dir
 from axlearn.common.inference import InferenceRunner, sentencepiece_model_file
-from tests.cli.conftest import LLAMA_OVERRIDES, MODULE, _run, axlearn
 from tests.common import trainer_test_utils as tu
+from tests.trained_run import LLAMA_OVERRIDES, MODULE, _run, axlearn
 
 
 def _hf_logits(hf_dir: str, ids: np.ndarray) -> np.ndarray:

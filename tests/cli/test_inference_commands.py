@@ -1,18 +1,21 @@
 """Tests for `axlearn eval` and `axlearn generate` (axlearn/cli/inference_commands.py).
 
-A module-scoped fixture trains `tests.common.trainer_mp_experiment:gpt-tiny-eval` (1 layer of dim
-64, 6 steps on the embedded corpus, an eval and a checkpoint at step 6) with launch_trainer_main;
-the commands then run on its trainer dir as subprocesses, as a user runs them.
+The session fixture `trained_dir` (tests/trained_run.py) trains
+`tests.common.trainer_mp_experiment:gpt-tiny-eval` (1 layer of dim 64, 6 steps on the embedded
+corpus, an eval and a checkpoint at step 6) with launch_trainer_main; the commands then run on
+its trainer dir as subprocesses, as a user runs them.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from tests.cli.conftest import axlearn
+from tests.trained_run import REPO_ROOT, _env, axlearn
 
 
 def _tb_scalars(path: str) -> dict[str, dict[int, float]]:
@@ -61,3 +64,68 @@ def test_eval_errors_name_the_problem(trained_dir, tmp_path):
     assert proc.returncode == 1 and "Unknown evaler(s) ['valid']" in proc.stderr
     proc = axlearn("eval", f"--trainer_dir={trained_dir}", "--step=3", check=False)
     assert proc.returncode == 1 and "Cannot restore step 3" in proc.stderr
+
+
+def _generate(trained_dir: str, *extra: str) -> str:
+    proc = axlearn(
+        "generate",
+        f"--trainer_dir={trained_dir}",
+        "--prompt=The Python",
+        "--max_new_tokens=12",
+        "--temperature=3.0",
+        *extra,
+    )
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_generate_prints_text_deterministic_per_seed_and_streams_on_a_terminal(trained_dir):
+    import pty
+
+    first = _generate(trained_dir, "--seed=0")
+    assert first.startswith("The Python") and len(first.strip()) > len("The Python")
+    assert _generate(trained_dir, "--seed=0") == first
+    # On a terminal the tokens stream (same seed, same text).
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "axlearn.cli.main",
+            "generate",
+            f"--trainer_dir={trained_dir}",
+            "--prompt=The Python",
+            "--max_new_tokens=12",
+            "--temperature=3.0",
+            "--seed=0",
+        ],
+        env=_env(1),
+        cwd=REPO_ROOT,
+        stdout=terminal,
+        stderr=subprocess.DEVNULL,
+    )
+    os.close(terminal)
+    chunks = []
+    while True:
+        try:
+            data = os.read(controller, 4096)
+        except OSError:  # EIO: the child closed the terminal.
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=600) == 0
+    os.close(controller)
+    streamed = b"".join(chunks).decode().replace("\r\n", "\n")
+    assert streamed == first
+    # The prompt is shown before the first token is computed: output came in several pieces.
+    assert len(chunks) > 1
+
+
+def test_generate_rejects_bad_flags(tmp_path):
+    proc = axlearn(
+        "generate", f"--trainer_dir={tmp_path}", "--prompt=x", "--top_p=1.5", check=False
+    )
+    assert proc.returncode == 1 and "--top_p must be in (0, 1], got 1.5" in proc.stderr
+    proc = axlearn("generate", f"--trainer_dir={tmp_path}", check=False)
+    assert proc.returncode == 1 and "at least one --prompt" in proc.stderr

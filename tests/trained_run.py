@@ -1,5 +1,9 @@
-"""Fixtures of the `axlearn` command tests: a small trained run to evaluate, generate from and
-export (trained once per test session)."""
+"""A small trained run shared by the inference, eval, generate and Hugging Face tests.
+
+`trained_dir` (a session fixture, registered in tests/conftest.py) trains
+`tests.common.trainer_mp_experiment:gpt-tiny-eval` once per test process with
+`launch_trainer_main` in a subprocess; `axlearn(...)` runs the `axlearn` command the same way.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import sys
 
 import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULE = "tests.common.trainer_mp_experiment"
 _ATTENTION = "model.decoder.transformer.layer.self_attention.attention"
 # Without QK-norm the model is a Llama (exportable to Hugging Face).
