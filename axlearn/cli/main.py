@@ -7,6 +7,8 @@ Usage:
     axlearn config diff --module=text.gpt.tiny --config=gpt-tiny \
         --module=text.gpt.honeycrisp --config=honeycrisp-3B
     axlearn checkpoint verify /path/to/checkpoints
+    axlearn gcp launch --dry_run --name=x --instance_type=tpu-v5p-128 -- python -m ...
+    axlearn local launch --num_processes=2 -- python -m axlearn.common.launch_trainer_main ...
     axlearn compare /tmp/run_main /tmp/run_branch --format=markdown
     axlearn eval --trainer_dir=/tmp/gpt-tiny [--step 300]
     axlearn generate --trainer_dir=/tmp/gpt-tiny --prompt="The Python" --seed=0
@@ -26,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from axlearn.cli import checkpoint, compare, config_commands, hf, inference_commands
+from axlearn.cli import checkpoint, compare, config_commands, gcp, hf, inference_commands, local
 
 
 def version_string() -> str:
@@ -64,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     config_commands.add_parser(groups)
     checkpoint.add_parser(groups)
+    gcp.add_parser(groups)
+    local.add_parser(groups)
     inference_commands.add_parser(groups)
     hf.add_parser(groups)
     compare.add_parser(groups)
@@ -84,6 +88,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         stderr), 2 on a usage error.
     """
     parser = build_parser()
+    argv = gcp.normalize_argv(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())

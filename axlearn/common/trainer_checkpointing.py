@@ -136,13 +136,15 @@ class TrainerCheckpointMixin:
             state["input_iter"] = b""
         return state
 
+    # Abstract (jax.eval_shape): no computation, so this works under a mesh of devices this
+    # process cannot run on (AOT compilation for a TPU topology).
     @staticmethod
     def _prng_key_shape() -> tuple:
-        return tuple(jax.random.PRNGKey(0).shape)
+        return tuple(jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape)
 
     @staticmethod
     def _prng_key_dtype():
-        return jax.random.PRNGKey(0).dtype
+        return jax.eval_shape(lambda: jax.random.PRNGKey(0)).dtype
 
     def _save_checkpoint(
         self, evaler_summaries: Optional[dict[str, Any]], *, force: bool = False

@@ -477,6 +477,24 @@ def test_per_param_scale_by_path_unmatched_rule_is_an_error():
         fn(_opt_params(_params()))
 
 
+def test_per_param_scale_by_path_alternative_layout_rule_is_skipped():
+    # Rules for two layouts of one layer (as the reference 3B config has): the unmatched one is
+    # skipped because a rule of the same layer matched; a rule of another layer still fails.
+    params = {"ff": {"linear1_0": {"weight": np.ones((2, 2), np.float32)}}, "b": np.ones(2)}
+    fn = optimizers.per_param_scale_by_path(
+        scale_by_path=[(".*ff/linear1_0/weight", 0.25), (".*ff/wi_0_weight", 0.5)],
+        description="mup",
+    )
+    scales = fn(_opt_params(params))
+    assert scales == {"ff": {"linear1_0": {"weight": 0.25}}, "b": 1.0}
+    bad = optimizers.per_param_scale_by_path(
+        scale_by_path=[(".*ff/linear1_0/weight", 0.25), (".*attn/wo_weight", 0.5)],
+        description="mup",
+    )
+    with pytest.raises(ValueError, match=r"rule scale_by_path\[1\] '.\*attn/wo_weight'"):
+        bad(_opt_params(params))
+
+
 def test_add_decayed_weights_per_param_and_regularizer_text():
     params = _params()
     opt = _opt_params(params, wd_scales={"nested": {"v": 0.5}})

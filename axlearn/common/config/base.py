@@ -8,14 +8,14 @@ import enum
 import functools
 import re
 import types
-import typing
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 import attr
 import numpy as np
 
+from axlearn.common.config import typecheck
 from axlearn.common.config.errors import (
     REQUIRED,
     InvalidConfigClassError,
@@ -223,56 +223,17 @@ def validate_config_field_value(value: Any) -> None:
         )
 
 
-# Scalar annotations we check values against. int values are accepted for float fields.
-_SCALAR_CHECKS: dict[Any, tuple[type, ...]] = {
-    int: (int, np.integer),
-    float: (int, float, np.integer, np.floating),
-    str: (str,),
-    bool: (bool, np.bool_),
-}
-
-
-@functools.cache
-def _field_scalar_types(config_cls: type) -> dict[str, tuple[Any, tuple[type, ...]]]:
-    """Maps field name -> (annotation, accepted types) for fields annotated with a plain scalar.
-
-    A field annotated `int`, `float`, `str`, `bool`, or `Optional[...]`/`Required[...]` of one of
-    them is checked; any other annotation (or one that cannot be resolved) is not.
-    """
-    try:
-        hints = typing.get_type_hints(config_cls)
-    except Exception:  # pylint: disable=broad-except
-        return {}
-    result = {}
-    for field in attr.fields(config_cls):
-        hint = hints.get(field.name)
-        is_union = typing.get_origin(hint) in (Union, types.UnionType)
-        args = typing.get_args(hint) if is_union else (hint,)
-        if Any in args:  # Required[T] without a scalar T, or deliberately loose.
-            args = tuple(a for a in args if a is not Any)
-            if len(args) != 2 or RequiredFieldValue not in args:
-                continue
-        scalars = [a for a in args if a not in (type(None), RequiredFieldValue)]
-        if len(scalars) == 1 and scalars[0] in _SCALAR_CHECKS:
-            result[field.name] = (scalars[0], _SCALAR_CHECKS[scalars[0]])
-    return result
-
-
 def _check_field_type(instance: ConfigBase, name: str, value: Any) -> None:
+    """Raises `InvalidConfigValueError` if `value` does not fit the field's annotation."""
     if value is None or isinstance(value, RequiredFieldValue):
         return
-    checked = _field_scalar_types(type(instance)).get(name)
-    if checked is None:
+    hint = typecheck.field_hints(type(instance)).get(name)
+    if hint is None or typecheck.matches(value, hint):
         return
-    annotation, accepted = checked
-    bad = not isinstance(value, accepted)
-    if annotation in (int, float) and isinstance(value, (bool, np.bool_)):
-        bad = True
-    if bad:
-        raise InvalidConfigValueError(
-            f"{type(instance).__name__}.{name} expects {annotation.__name__}, "
-            f"got {type(value).__name__}: {value!r}"
-        )
+    raise InvalidConfigValueError(
+        f"{type(instance).__name__}.{name} expects {typecheck.describe(hint)}, "
+        f"got {type(value).__name__}: {value!r}"
+    )
 
 
 def _validate_and_transform_field(instance: ConfigBase, attribute: attr.Attribute, value: Any):
