@@ -145,7 +145,14 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry_run",
         action="store_true",
-        help="Print the build plan and the JobSet YAML; build and submit nothing.",
+        help="Print the build plan, the pre-flight report and the JobSet YAML; build and submit "
+        "nothing (exit 1 when the pre-flight refuses the job).",
+    )
+    parser.add_argument(
+        "--skip_preflight",
+        action="store_true",
+        help="Do not compile the trainer for the target (libtpu) before submitting; by default "
+        "a job whose train step does not fit in the chips' HBM is refused.",
     )
 
 
@@ -217,9 +224,17 @@ def launch_start(args: argparse.Namespace) -> int:
     )
     try:
         prepared = gcp_launch.prepare_launch(options, config.active_config())
+        report = None if args.skip_preflight else gcp_launch.launch_preflight(prepared)
         if args.dry_run:
+            if not args.skip_preflight:
+                sys.stdout.write(gcp_launch.describe_preflight(report))
             sys.stdout.write(gcp_launch.describe_launch(prepared))
-            return 0
+            return 0 if report is None or report.fits else 1
+        if report is not None and not report.fits:
+            raise CommandError(
+                f"Pre-flight refused the job: {report.refusal_message()}\n{report.describe()}\n"
+                "Pass --skip_preflight to launch anyway."
+            )
         api = _api(args)
         if prepared.plan is not None:
             prepared.plan.run()

@@ -22,7 +22,7 @@ labels = "v5p"
 """
 EXAMPLE = [
     "gcp", "launch", "--dry_run", "--instance_type=tpu-v5p-128", "--num_replicas=2", "--name=x",
-    "--image=us-docker.pkg.dev/my-project/axlearn/axlearn:x", "--",
+    "--image=us-docker.pkg.dev/my-project/axlearn/axlearn:x", "--skip_preflight", "--",
     "python", "-m", "axlearn.common.launch_trainer_main",
     "--module=text.gpt.honeycrisp", "--config=honeycrisp-3B",
 ]  # fmt: skip
@@ -44,7 +44,8 @@ def home(tmp_path, monkeypatch):
         (["gcp", "--help"], ["config", "launch"]),
         (["gcp", "config", "--help"], ["list", "activate", "cleanup"]),
         (["gcp", "launch", "--help"], ["--instance_type", "--num_replicas", "--bundler_spec",
-                                       "--dry_run", "--runner_name", "--priority", "stop"]),
+                                       "--dry_run", "--runner_name", "--priority", "stop",
+                                       "--skip_preflight"]),
         (["gcp", "launch", "stop", "--help"], ["--name", "--namespace", "--kubeconfig"]),
         (["gcp", "launch", "list", "--help"], ["--namespace"]),
         (["gcp", "launch", "run", "--help"], ["--num_processes"]),
@@ -110,3 +111,48 @@ def test_help_works_without_the_gcp_extra():
         "axlearn gcp: error: The `kubernetes` package is missing; this command needs the [gcp] "
         "extra: pip install 'axlearn[gcp]'"
     )
+
+
+REGISTRY_TESTDATA = os.path.join(REPO_ROOT, "tests", "testdata", "experiment_registry")
+
+
+def _launch(instance_type: str, module: str, config: str, *flags: str) -> list[str]:
+    return [
+        "gcp", "launch", f"--instance_type={instance_type}", "--name=pf",
+        "--image=us-docker.pkg.dev/my-project/axlearn/axlearn:x", *flags, "--",
+        "python", "-m", "axlearn.common.launch_trainer_main", f"--module={module}",
+        f"--config={config}",
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def active_config(home, capsys):
+    (home / ".axlearn.config").write_text(CONFIG)
+    assert cli_main.main(["gcp", "config", "activate", "--label=v5p"]) == 0
+    capsys.readouterr()
+
+
+def test_preflight_refuses_a_job_that_cannot_fit(active_config, capsys, monkeypatch):
+    """honeycrisp-3B unsharded on tpu-v5litepod-16: refused before anything is contacted."""
+    monkeypatch.syspath_prepend(REGISTRY_TESTDATA)
+    argv = _launch("tpu-v5litepod-16", "axlearn_test_aot_experiment", "honeycrisp-3B-unsharded")
+    # No cluster exists: reaching the Kubernetes API would fail differently.
+    assert cli_main.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Pre-flight refused the job:" in err
+    assert "each TPU v5e chip has 16.00 GiB of HBM" in err
+    assert "mesh rule 'tpu-v5litepod-16'" in err and "Pass --skip_preflight" in err
+    # --dry_run shows the report and exits 1.
+    assert cli_main.main(argv[:3] + ["--dry_run"] + argv[3:]) == 1
+    out = capsys.readouterr().out
+    assert "# Pre-flight: REFUSED:" in out and "kind: JobSet" in out
+
+
+@pytest.mark.slow
+def test_dry_run_includes_the_preflight_report(active_config, capsys):
+    argv = _launch("tpu-v5p-8", "text.gpt.tiny", "gpt-tiny", "--dry_run")
+    assert cli_main.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "# Pre-flight: fits" in out
+    assert "# AOT compilation of text.gpt.tiny:gpt-tiny for v5p-8 x1 (4 x TPU v5p" in out
+    assert "#   memory per chip: arguments" in out
