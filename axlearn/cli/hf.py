@@ -118,6 +118,8 @@ def import_command(args: argparse.Namespace) -> int:
         trace_at_steps=[],
         trainer_watchdog_timeout_seconds=None,
         data_dir=None,
+        restore_step=None,
+        restore_fallback=None,
     )
     cfg = apply_launch_settings(cfg, flag_values=settings)
     try:

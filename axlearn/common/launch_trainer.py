@@ -240,7 +240,9 @@ def trainer_config_from_dir(
     are those of the run; the mesh shape is inferred for this process's devices. With
     `check_dump`, the config before `config_overrides` is compared with the run's
     `trainer_config` dump (ignoring `dir` and the mesh shape): a difference means that the
-    experiment's code changed since the run, and raises.
+    experiment's or the library's code changed since the run; it is logged as a warning that
+    names the fields (a model that no longer matches the checkpoint fails at restore, naming the
+    parameters).
 
     Args:
         trainer_dir: The run's trainer dir (holding `launch_trainer_flags` and `trainer_config`).
@@ -251,8 +253,7 @@ def trainer_config_from_dir(
         The trainer config, its `dir` set to `trainer_dir`.
 
     Raises:
-        TrainerDirError: If `launch_trainer_flags` is missing or names no experiment, or the
-            rebuilt config differs from the dump.
+        TrainerDirError: If `launch_trainer_flags` is missing or names no experiment.
     """
     flags_path = os.path.join(trainer_dir, LAUNCH_FLAGS_FILE)
     if not os.path.exists(flags_path):
@@ -273,6 +274,8 @@ def trainer_config_from_dir(
         trace_at_steps=run_flags.get("trace_at_steps") or [],
         trainer_watchdog_timeout_seconds=run_flags.get("trainer_watchdog_timeout_seconds"),
         data_dir=run_flags.get("data_dir"),
+        restore_step=None,
+        restore_fallback=None,
     )
     cfg = apply_launch_settings(cfg, flag_values=settings)
     dump_path = os.path.join(trainer_dir, TRAINER_CONFIG_FILE)
@@ -281,8 +284,12 @@ def trainer_config_from_dir(
     return apply_overrides(cfg, list(config_overrides))
 
 
-def _check_against_dump(rebuilt: str, dump_path: str) -> None:
-    """Raises TrainerDirError if the rebuilt dump and the saved one differ (see the caller)."""
+def _check_against_dump(rebuilt: str, dump_path: str) -> list[str]:
+    """Warns about the fields in which the rebuilt dump and the saved one differ.
+
+    Returns:
+        The differences, one "path: run X, now Y" line each.
+    """
 
     def fields(text: str) -> dict[str, str]:
         out = {}
@@ -302,8 +309,11 @@ def _check_against_dump(rebuilt: str, dump_path: str) -> None:
         if saved.get(k) != now.get(k)
     ]
     if diffs:
-        raise TrainerDirError(
-            f"The experiment's config no longer matches the run's dump {dump_path} "
-            f"({len(diffs)} fields differ; the experiment code changed since the run):\n  "
-            + "\n  ".join(diffs[:20])
+        logging.warning(
+            "The experiment's config differs from the run's dump %s in %d fields (the code "
+            "changed since the run):\n  %s",
+            dump_path,
+            len(diffs),
+            "\n  ".join(diffs[:20]),
         )
+    return diffs
