@@ -27,6 +27,10 @@ Launch a command on GKE as a JobSet (TPU slices or GPU nodes).
 Actions: start (default: build the image, submit the JobSet), list (the axlearn JobSets of the
 namespace), stop --name=NAME (delete a JobSet), run (run the command on this machine, with the
 pods' environment). `--dry_run` prints the build plan and the JobSet YAML and contacts nothing.
+
+Pre-flight: before a TPU job running launch_trainer_main is submitted (and in --dry_run), its
+train step is compiled for the target slices on this machine (libtpu, the [tpu] extra); a job
+that does not fit in HBM is refused. --skip_preflight skips it.
 """
 
 
@@ -226,9 +230,8 @@ def launch_start(args: argparse.Namespace) -> int:
         prepared = gcp_launch.prepare_launch(options, config.active_config())
         report = None if args.skip_preflight else gcp_launch.launch_preflight(prepared)
         if args.dry_run:
-            if not args.skip_preflight:
-                sys.stdout.write(gcp_launch.describe_preflight(report))
-            sys.stdout.write(gcp_launch.describe_launch(prepared))
+            preflight = gcp_launch.describe_preflight(report, skipped=args.skip_preflight)
+            sys.stdout.write(gcp_launch.describe_launch(prepared, preflight=preflight))
             return 0 if report is None or report.fits else 1
         if report is not None and not report.fits:
             raise CommandError(

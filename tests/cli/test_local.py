@@ -94,3 +94,17 @@ def test_failing_command_exit_code(tmp_path):
     assert proc.returncode in (4, 5)
     index = proc.returncode - 4
     assert f"process {index} of 2 exited with code {proc.returncode}" in proc.stderr
+
+
+def test_gcp_launch_run_runs_the_command_here():
+    code = "import os; print('rank', os.environ['PROCESS_ID'], 'of', os.environ['NUM_PROCESSES'])"
+    proc = subprocess.run(
+        [sys.executable, "-m", "axlearn.cli.main", "gcp", "launch", "run", "--num_processes=2"]
+        + ["--", sys.executable, "-c", code],
+        env=_env(1),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["[0] rank 0 of 2", "[1] rank 1 of 2"]

@@ -16,8 +16,10 @@ from axlearn.common.attention import (
     multihead,
     pipelined,
     qkv,
+    remat,
     scale,
     sharding,
+    sigmoid,
     stack,
     transformer,
 )
@@ -49,6 +51,7 @@ from axlearn.common.attention.qkv import (
     RoFormerSinusoidalPositionalEmbedding,
     apply_rotary_position_embeddings,
 )
+from axlearn.common.attention.remat import RematRegexSavePatterns
 from axlearn.common.attention.scale import (
     BaseScaleQK,
     PerDimScale,
@@ -63,6 +66,7 @@ from axlearn.common.attention.sharding import (
     set_double_shard_weights_config,
     set_feed_forward_partition_specs,
 )
+from axlearn.common.attention.sigmoid import SigmoidAttention
 from axlearn.common.attention.stack import (
     BaseStackedTransformerLayer,
     RepeatedTransformerLayer,
@@ -85,7 +89,18 @@ from axlearn.common.attention_bias import (
     sliding_window_causal_mask,
 )
 
-_SUBMODULES = (bias_layers, multihead, pipelined, qkv, scale, sharding, stack, transformer)
+_SUBMODULES = (
+    bias_layers,
+    multihead,
+    pipelined,
+    qkv,
+    remat,
+    scale,
+    sharding,
+    sigmoid,
+    stack,
+    transformer,
+)
 
 
 def _claim_public_names():
@@ -125,12 +140,14 @@ __all__ = [
     "PerDimScale",
     "PipelinedTransformerLayer",
     "QKVLinear",
+    "RematRegexSavePatterns",
     "RepeatedTransformerLayer",
     "RoFormerQKVLinear",
     "RoFormerSinusoidalPositionalEmbedding",
     "ScaleFn",
     "ScaleKey",
     "ScaleQuery",
+    "SigmoidAttention",
     "StackedTransformerLayer",
     "TransformerAttentionLayer",
     "TransformerFeedForwardLayer",

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional, Protocol, Union
 
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from axlearn.common import causal_lm, input_lm, input_tf_data, learner, optimizers, schedule
 from axlearn.common.attention import (
-    FlashAttention,
     RepeatedTransformerLayer,
     TransformerLayer,
     build_remat_spec,
@@ -38,6 +38,7 @@ from axlearn.common.decoder import Decoder
 from axlearn.common.embedding import TransformerTextEmbeddings
 from axlearn.common.evaler import ModelSummaryAccumulator, SpmdEvaler
 from axlearn.common.evaler import every_n_steps_policy as eval_every_n_steps_policy
+from axlearn.common.flash_attention.layer import FlashAttention
 from axlearn.common.layers import set_bias_recursively, set_norm_recursively
 from axlearn.common.param_init import PARAM_REGEXP_WEIGHT, DefaultInitializer, WeightInitializer
 from axlearn.common.trainer import SpmdTrainer
@@ -134,8 +135,24 @@ def scaled_hidden_dim(scale: float, *, round_up_to_multiples_of: int = 256) -> F
 
 
 def flash_attention_config() -> FlashAttention.Config:
-    """A causal FlashAttention config (`jax.nn.dot_product_attention`)."""
-    return FlashAttention.default_config().set(causal=True)
+    """A causal `flash_attention.layer.FlashAttention` config sharded as AXLearn's.
+
+    Batch over (data, expert, fsdp), heads over (seq, model) inside the attention; the context
+    [batch, target, heads, head_dim] over (batch axes, seq, model).
+    """
+    batch = ("data", "expert", "fsdp")
+    return FlashAttention.default_config().set(
+        causal=True,
+        mha_dim_to_partition_spec={
+            "btnh": PartitionSpec(batch, None, ("seq", "model"), None),
+            "bsnh": PartitionSpec(batch, None, ("seq", "model"), None),
+            "bnts": PartitionSpec(batch, None, None, None),
+        },
+        output_dim_to_partition_spec={
+            "btnh": PartitionSpec(batch, "seq", "model", None),
+            "bnts": PartitionSpec(batch, "model", "seq", None),
+        },
+    )
 
 
 def mesh_shape_from_axes(
