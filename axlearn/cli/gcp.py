@@ -27,6 +27,10 @@ Launch a command on GKE as a JobSet (TPU slices or GPU nodes).
 Actions: start (default: build the image, submit the JobSet), list (the axlearn JobSets of the
 namespace), stop --name=NAME (delete a JobSet), run (run the command on this machine, with the
 pods' environment). `--dry_run` prints the build plan and the JobSet YAML and contacts nothing.
+
+Pre-flight: before a TPU job running launch_trainer_main is submitted (and in --dry_run), its
+train step is compiled for the target slices on this machine (libtpu, the [tpu] extra); a job
+that does not fit in HBM is refused. --skip_preflight skips it.
 """
 
 
@@ -145,7 +149,14 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry_run",
         action="store_true",
-        help="Print the build plan and the JobSet YAML; build and submit nothing.",
+        help="Print the build plan, the pre-flight report and the JobSet YAML; build and submit "
+        "nothing (exit 1 when the pre-flight refuses the job).",
+    )
+    parser.add_argument(
+        "--skip_preflight",
+        action="store_true",
+        help="Do not compile the trainer for the target (libtpu) before submitting; by default "
+        "a job whose train step does not fit in the chips' HBM is refused.",
     )
 
 
@@ -217,9 +228,16 @@ def launch_start(args: argparse.Namespace) -> int:
     )
     try:
         prepared = gcp_launch.prepare_launch(options, config.active_config())
+        report = None if args.skip_preflight else gcp_launch.launch_preflight(prepared)
         if args.dry_run:
-            sys.stdout.write(gcp_launch.describe_launch(prepared))
-            return 0
+            preflight = gcp_launch.describe_preflight(report, skipped=args.skip_preflight)
+            sys.stdout.write(gcp_launch.describe_launch(prepared, preflight=preflight))
+            return 0 if report is None or report.fits else 1
+        if report is not None and not report.fits:
+            raise CommandError(
+                f"Pre-flight refused the job: {report.refusal_message()}\n{report.describe()}\n"
+                "Pass --skip_preflight to launch anyway."
+            )
         api = _api(args)
         if prepared.plan is not None:
             prepared.plan.run()

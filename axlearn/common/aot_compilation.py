@@ -469,8 +469,8 @@ class AotReport:
                 )
             )
         lines.append(
-            f"  of which parameters {_gib(self.param_bytes_per_chip)}, optimizer state "
-            f"{_gib(self.optimizer_bytes_per_chip)}"
+            f"  trainer state per chip: parameters {_gib(self.param_bytes_per_chip)}, optimizer "
+            f"state {_gib(self.optimizer_bytes_per_chip)}"
         )
         needed = _gib(self.bytes_needed) if self.bytes_needed is not None else "unknown"
         headroom = _gib(self.headroom_bytes) if self.headroom_bytes is not None else "unknown"

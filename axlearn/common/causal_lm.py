@@ -50,6 +50,31 @@ _BATCH_SEQ_KEYS = (
 )
 
 
+def first_max_index(logits: Tensor) -> Tensor:
+    """`jnp.argmax(logits, axis=-1)` (the first index of the maximum) for non-NaN logits, faster.
+
+    XLA's CPU backend lowers argmax to a variadic (value, index) reduction that runs several times
+    slower than a plain reduction; on P1's [4, 128, 32768] logits it took ~73 ms of CPU time per
+    step. Here the maximum is a plain max-reduce (shared with the loss's logsumexp) and the first
+    index reaching it a float32 min-reduce (indices below 2**24 are exact in float32): ~39 ms.
+    Ties resolve to the first index, as argmax does. Rows containing NaN give
+    logits.shape[-1] (argmax would point at the NaN).
+
+    Args:
+        logits: Float tensor [..., num_classes] with num_classes <= 2**24.
+
+    Returns:
+        Int32 tensor [...].
+    """
+    num_classes = logits.shape[-1]
+    if num_classes > 2**24:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    index = jnp.arange(num_classes, dtype=jnp.float32)
+    first = jnp.min(jnp.where(logits == top, index, float(num_classes)), axis=-1)
+    return first.astype(jnp.int32)
+
+
 class Model(BaseModel):
     """A decoder-only transformer language model trained with next-token cross-entropy."""
 
@@ -153,7 +178,7 @@ class Model(BaseModel):
         )
         num_targets = parts["num_targets"]
         denom = jnp.maximum(1.0, num_targets)
-        correct = (jnp.argmax(logits, axis=-1) == target_labels) & live
+        correct = (first_max_index(logits) == target_labels) & live
         accuracy = correct.sum() / denom
         per_token_loss = parts["pre_mask_loss"] * live
         batch_size = target_labels.shape[0]

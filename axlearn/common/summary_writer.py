@@ -43,7 +43,7 @@ import numpy as np
 from absl import logging
 
 from axlearn.common.config import REQUIRED, ConfigBase, Required, RequiredFieldValue, config_class
-from axlearn.common.metrics import WeightedScalar
+from axlearn.common.metrics import WeightedSummary
 from axlearn.common.module import Module
 from axlearn.common.utils import NestedTensor, flatten_items
 
@@ -80,7 +80,7 @@ def processor_zero_only(fn: Callable) -> Callable:
 
 
 def _is_summary_leaf(x: Any) -> bool:
-    return isinstance(x, WeightedScalar)
+    return isinstance(x, WeightedSummary)
 
 
 def fetch_to_host(values: NestedTensor) -> NestedTensor:
@@ -252,8 +252,8 @@ class CompositeWriter(BaseWriter):
 
 
 def _host_value(value: Any) -> Any:
-    """Unwraps a WeightedScalar to its mean; converts 0-d arrays to NumPy scalars."""
-    if isinstance(value, WeightedScalar):
+    """Unwraps a WeightedSummary to its mean; converts 0-d arrays to NumPy scalars."""
+    if isinstance(value, WeightedSummary):
         value = value.mean
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value[()]

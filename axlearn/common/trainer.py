@@ -132,6 +132,9 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         log_every_n_steps: Optional[int] = None
         # Peak FLOP/s per device for MFU; None: the peak table, or a matmul probe on CPU.
         peak_flops_per_device: Optional[float] = None
+        # If set, resume from this committed step instead of the newest (e.g. to go around a
+        # corrupt or bad one; --restore_step): newer step directories are set aside, not deleted.
+        restore_step: Optional[int] = None
         # On SIGTERM (a preemption notice), the step in flight is finished and saved and the
         # process exits with preemption.PREEMPTED_EXIT_CODE within this many seconds of the
         # signal; None: preemption.DEFAULT_PREEMPTION_TIMEOUT_SECONDS.
@@ -637,7 +640,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         self._timer = StepTimer()
         self._num_nonfinite_steps = 0
         self._records: list[dict[str, Any]] = []
-        if self.restore_checkpoint() is None:
+        if self.restore_checkpoint(self._restore_step_to_apply()) is None:
             self.init(prng_key)
             # Policies with min_step=1 do nothing at step 0.
             due = [n for n, e in self._evalers.items() if eval_due(e, self._step)]

@@ -267,3 +267,19 @@ def test_score_and_decode_entry_points():
     assert direct.sequences.shape == sampled.sequences.shape
     with pytest.raises(KeyError, match="prefix"):
         call("beam_search_decode", dict(input_batch=dict(input_ids=prefix)))
+
+
+def test_first_max_index_matches_numpy_argmax_with_ties():
+    """first_max_index equals np.argmax (first index of the max), ties and -inf included."""
+    from axlearn.common.causal_lm import first_max_index
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 5, 300)).astype(np.float32)
+    # Ties: integer-valued logits make many equal maxima; the first must win.
+    logits[1] = rng.integers(0, 3, size=(5, 300)).astype(np.float32)
+    logits[2, 0] = -np.inf
+    logits[2, 1, 7] = np.inf
+    logits[2, 2] = 0.0
+    got = np.asarray(first_max_index(jnp.asarray(logits)))
+    np.testing.assert_array_equal(got, np.argmax(logits, axis=-1))
+    assert got.dtype == np.int32

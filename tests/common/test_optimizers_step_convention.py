@@ -165,3 +165,31 @@ def test_adafactor_decay_matches_optax_with_1_based_steps():
         u1, s1 = ours.update(g, s1, opt)
         u2, s2 = ref.update(g, s2, params)
         np.testing.assert_allclose(u1["w"], u2["w"], rtol=1e-6)
+
+
+def test_scale_by_trust_ratio_matches_optax_and_adafactor_flag():
+    params = {"w": np.asarray([3.0, 4.0], np.float32), "z": np.zeros((2,), np.float32)}
+    g = {"w": np.asarray([0.6, 0.8], np.float32), "z": np.asarray([1.0, 0.0], np.float32)}
+    ours = optimizers.scale_by_trust_ratio(eps=1e-6)
+    u, _ = ours.update(g, ours.init(_opt(params)), _opt(params))
+    ref = optax.scale_by_trust_ratio(eps=1e-6)
+    want, _ = ref.update(g, ref.init(params), params)
+    np.testing.assert_allclose(u["w"], want["w"], rtol=1e-6)  # |p| / |g| = 5.
+    np.testing.assert_allclose(u["z"], g["z"])  # Zero param norm: ratio 1.
+    tx = optimizers.adafactor_optimizer(
+        0.1,
+        b1=None,
+        b2=0.99,
+        multiply_by_parameter_scale=False,
+        clipping_threshold=None,
+        apply_scale_by_trust_ratio=True,
+    )
+    u, _ = tx.update({"w": g["w"]}, tx.init(_opt({"w": params["w"]})), _opt({"w": params["w"]}))
+    # The trust ratio rescales the update to the parameter norm: |u| = |p| = 5.
+    assert float(np.linalg.norm(u["w"])) == pytest.approx(5.0, rel=1e-4)
+
+
+def test_per_param_scale_by_rms():
+    fn = optimizers.per_param_scale_by_rms(min_scale=0.5)
+    scales = fn(_opt({"a": np.full((4,), 2.0, np.float32), "b": np.zeros((2,), np.float32)}))
+    assert float(scales["a"]) == pytest.approx(2.0) and float(scales["b"]) == pytest.approx(0.5)

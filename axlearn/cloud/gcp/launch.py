@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import getpass
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 from axlearn.cloud.common.bundler import BuildPlan
 from axlearn.cloud.common.command import complete_trainer_command, runs_trainer
@@ -169,11 +169,12 @@ def prepare_launch(options: LaunchOptions, config: dict) -> PreparedLaunch:
     return PreparedLaunch(options, sc, runner, command, trainer_dir, plan, jobset)
 
 
-def describe_launch(prepared: PreparedLaunch) -> str:
+def describe_launch(prepared: PreparedLaunch, *, preflight: Optional[str] = None) -> str:
     """Returns `--dry_run`'s output: a summary and build plan as comments, then the YAML.
 
     Args:
         prepared: The prepared launch.
+        preflight: The pre-flight's comment lines (`describe_preflight`), shown after the plan.
 
     Returns:
         Text whose non-comment part is the JobSet manifest in YAML.
@@ -197,5 +198,87 @@ def describe_launch(prepared: PreparedLaunch) -> str:
         lines.append(f"# Image (given, not built): {o.image}")
     else:
         lines += ["#"] + ["# " + line for line in prepared.plan.describe().splitlines()]
+    if preflight:
+        lines += ["#"] + preflight.rstrip("\n").splitlines()
     body = yaml.safe_dump(prepared.jobset, sort_keys=False, default_flow_style=False, width=100)
     return "\n".join(lines) + "\n---\n" + body
+
+
+def _flag_values(command: Sequence[str], names: Sequence[str]) -> list[str]:
+    """Values of `--name=value` / `--name value` flags in a command, in order."""
+    values = []
+    for i, arg in enumerate(command):
+        for name in names:
+            if arg.startswith(f"--{name}="):
+                values.append(arg.split("=", 1)[1])
+            elif arg == f"--{name}" and i + 1 < len(command):
+                values.append(command[i + 1])
+    return values
+
+
+def launch_preflight(prepared: PreparedLaunch) -> Optional[Any]:
+    """Compiles the job's trainer for the target before submitting (the launch pre-flight).
+
+    Runs when the command runs `launch_trainer_main` on a TPU instance type: the experiment
+    (`--module`, `--config`, with its `--config_override`s) is compiled here for
+    `num_replicas` slices of the instance type, with the mesh rule the job's `--mesh_selector`
+    picks.
+
+    Args:
+        prepared: The prepared launch.
+
+    Returns:
+        The `AotReport` (`.fits`, `.refusal_message()`, `.describe()`), or None when there is
+        nothing to check (a GPU instance type, or not a trainer command).
+
+    Raises:
+        ValueError: The command names no experiment, or an unknown one; libtpu is missing (the
+            message names the [tpu] extra and --skip_preflight).
+    """
+    # pylint: disable=import-outside-toplevel
+    if prepared.system.platform != "tpu" or not runs_trainer(prepared.command):
+        return None
+    modules = _flag_values(prepared.command, ("module", "config_module"))
+    configs = _flag_values(prepared.command, ("config",))
+    if not modules or not configs:
+        raise ValueError(
+            "Pre-flight: the trainer command names no experiment (--module and --config); "
+            "pass --skip_preflight to launch without compiling first."
+        )
+    from axlearn.common import aot_compilation
+    from axlearn.common.config.override import apply_overrides
+    from axlearn.common.experiment_registry import get_named_trainer_config
+
+    try:
+        aot_compilation.require_libtpu()
+        trainer_config = get_named_trainer_config(configs[-1], config_module=modules[-1])()
+    except ImportError as e:
+        raise ValueError(f"Pre-flight: {e} Or pass --skip_preflight.") from e
+    overrides = _flag_values(prepared.command, ("config_override",))
+    if overrides:
+        trainer_config = apply_overrides(trainer_config, overrides)
+    return aot_compilation.run_preflight(
+        trainer_config,
+        prepared.options.instance_type,
+        prepared.options.num_replicas,
+        config_name=f"{modules[-1]}:{configs[-1]}",
+    )
+
+
+def describe_preflight(report: Optional[Any], *, skipped: bool = False) -> str:
+    """Returns the pre-flight part of `--dry_run`'s output, as comment lines.
+
+    Args:
+        report: From `launch_preflight` (None: nothing was checked).
+        skipped: Whether --skip_preflight skipped it.
+
+    Returns:
+        Comment lines ending with a newline.
+    """
+    if skipped:
+        return "# Pre-flight: skipped: --skip_preflight\n"
+    if report is None:
+        return "# Pre-flight: nothing to compile (not a TPU trainer command).\n"
+    verdict = "fits" if report.fits else "REFUSED: " + report.refusal_message()
+    lines = [f"Pre-flight: {verdict}"] + report.describe().splitlines()
+    return "".join(f"# {line}\n" for line in lines)

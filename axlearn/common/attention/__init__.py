@@ -16,7 +16,10 @@ from axlearn.common.attention import (
     multihead,
     pipelined,
     qkv,
+    remat,
     scale,
+    sharding,
+    sigmoid,
     stack,
     transformer,
 )
@@ -48,14 +51,22 @@ from axlearn.common.attention.qkv import (
     RoFormerSinusoidalPositionalEmbedding,
     apply_rotary_position_embeddings,
 )
+from axlearn.common.attention.remat import RematRegexSavePatterns
 from axlearn.common.attention.scale import (
     BaseScaleQK,
+    PerDimScale,
     ScaleFn,
     ScaleKey,
     ScaleQuery,
     constant_scale_fn,
     pow_scale_fn,
 )
+from axlearn.common.attention.sharding import (
+    set_attention_partition_specs,
+    set_double_shard_weights_config,
+    set_feed_forward_partition_specs,
+)
+from axlearn.common.attention.sigmoid import SigmoidAttention
 from axlearn.common.attention.stack import (
     BaseStackedTransformerLayer,
     RepeatedTransformerLayer,
@@ -78,7 +89,18 @@ from axlearn.common.attention_bias import (
     sliding_window_causal_mask,
 )
 
-_SUBMODULES = (bias_layers, multihead, pipelined, qkv, scale, stack, transformer)
+_SUBMODULES = (
+    bias_layers,
+    multihead,
+    pipelined,
+    qkv,
+    remat,
+    scale,
+    sharding,
+    sigmoid,
+    stack,
+    transformer,
+)
 
 
 def _claim_public_names():
@@ -115,14 +137,17 @@ __all__ = [
     "MultiheadInputLinear",
     "MultiheadOutputLinear",
     "NEG_INF",
+    "PerDimScale",
     "PipelinedTransformerLayer",
     "QKVLinear",
+    "RematRegexSavePatterns",
     "RepeatedTransformerLayer",
     "RoFormerQKVLinear",
     "RoFormerSinusoidalPositionalEmbedding",
     "ScaleFn",
     "ScaleKey",
     "ScaleQuery",
+    "SigmoidAttention",
     "StackedTransformerLayer",
     "TransformerAttentionLayer",
     "TransformerFeedForwardLayer",
@@ -135,5 +160,8 @@ __all__ = [
     "pipelined_stack_config",
     "pow_scale_fn",
     "scaled_hidden_dim",
+    "set_attention_partition_specs",
+    "set_double_shard_weights_config",
+    "set_feed_forward_partition_specs",
     "sliding_window_causal_mask",
 ]

@@ -20,7 +20,7 @@ class CheckpointInfo:
     Attributes:
         step: The step.
         path: The directory.
-        committed: Whether it has a readable index.
+        committed: Whether its commit marker (`index`) exists (readable or not).
         size_bytes: Total size of its files.
         num_leaves: Leaves in the index (None if uncommitted).
         error: Why the index is unreadable, if it is.
@@ -41,7 +41,7 @@ class VerifyResult:
     Attributes:
         step: The step.
         path: The directory.
-        committed: Whether it has a readable index.
+        committed: Whether its commit marker (`index`) exists; an unreadable one is an error.
         num_leaves: Leaves checked.
         num_chunks: Chunk files checked.
         num_bytes: Bytes of array data checked.
@@ -86,9 +86,9 @@ def list_checkpoints(base_dir: str) -> list[CheckpointInfo]:
     for step, path in layout.step_dirs(base_dir):
         info = CheckpointInfo(step=step, path=path, committed=False, size_bytes=_dir_size(path))
         if layout.is_committed(path):
+            info.committed = True
             try:
                 index = layout.read_index_file(path)
-                info.committed = True
                 info.num_leaves = len(index["leaves"])
             except layout.CheckpointIndexError as e:
                 info.error = str(e)
@@ -110,6 +110,8 @@ def verify_checkpoint(step_dir: str) -> VerifyResult:
     try:
         index = layout.read_index_file(step_dir)
     except layout.CheckpointIndexError as e:
+        # An index that exists but cannot be read is a corrupt checkpoint, not an uncommitted one.
+        result.committed = layout.is_committed(step_dir)
         result.errors.append(str(e))
         return result
     result.committed = True

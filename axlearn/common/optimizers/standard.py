@@ -32,6 +32,7 @@ from axlearn.common.optimizers.transforms import (
     scale,
     scale_by_param_block_rms,
     scale_by_schedule,
+    scale_by_trust_ratio,
     scale_from_learning_rate,
     trace_partition,
     with_partition_fn,
@@ -280,6 +281,7 @@ def adafactor_optimizer(
     weight_decay_per_param_scale: Optional[ConfigOr[Callable]] = None,
     eps: float = 1e-30,
     factored: bool = True,
+    apply_scale_by_trust_ratio: bool = False,
     min_dim_size_to_factor: int = 128,
 ) -> PartitionedGradientTransformation:
     """Adafactor (Shazeer & Stern, 2018), as optax.adafactor with schedulable decays.
@@ -300,6 +302,8 @@ def adafactor_optimizer(
         weight_decay_per_param_scale: Optional per-parameter weight-decay scales.
         eps: Added to the squared gradients.
         factored: Whether to factor the second moment of matrices.
+        apply_scale_by_trust_ratio: Whether to scale each update by the LAMB trust ratio
+            (`scale_by_trust_ratio(eps=eps)`), after weight decay.
         min_dim_size_to_factor: Only factor when the two largest axes are at least this long.
 
     Returns:
@@ -338,6 +342,8 @@ def adafactor_optimizer(
                 per_param_scale=weight_decay_per_param_scale,
             )
         )
+    if apply_scale_by_trust_ratio:
+        tx.append(scale_by_trust_ratio(eps=eps))
     tx.append(scale(-1.0))
     return chain(*tx)
 

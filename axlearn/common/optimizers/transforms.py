@@ -476,6 +476,62 @@ def scale_by_param_block_rms(min_scale: float = 1e-3) -> PartitionedGradientTran
     )
 
 
+def scale_by_trust_ratio(
+    min_norm: float = 0.0, trust_coefficient: float = 1.0, eps: float = 0.0
+) -> PartitionedGradientTransformation:
+    """Scales each update by trust_coefficient * |param| / (|update| + eps) (LAMB).
+
+    As optax.scale_by_trust_ratio, but per layer under a VDict (repeated layers). Norms are at
+    least `min_norm`; where either norm is 0 the ratio is 1.
+
+    Args:
+        min_norm: Minimum of the parameter and update norms.
+        trust_coefficient: Multiplier of the ratio.
+        eps: Added to the update norm.
+
+    Returns:
+        The transformation.
+
+    Raises:
+        ValueError: If called without params.
+    """
+
+    def update_fn(updates, state, params):
+        if params is None:
+            raise ValueError("Params must not be None for trust ratio scaling!")
+
+        def one(u, p):
+            p_norm = optax.safe_norm(p, min_norm)
+            u_norm = optax.safe_norm(u, min_norm)
+            ratio = trust_coefficient * p_norm / (u_norm + eps)
+            zero = jnp.logical_or(p_norm == 0.0, u_norm == 0.0)
+            return u * jnp.where(zero, jnp.array(1.0, dtype=p.dtype), ratio)
+
+        return _vectorized_tree_map(one, updates, opt_param_values(params)), state
+
+    return PartitionedGradientTransformation(
+        lambda _: optax.ScaleByTrustRatioState(),
+        update_fn,
+        lambda _: optax.ScaleByTrustRatioState(),
+    )
+
+
+def per_param_scale_by_rms(*, min_scale: float = 1e-4) -> Callable[[Any], Any]:
+    """Returns a function mapping a tree of OptParams to max(RMS(param), min_scale) per leaf.
+
+    Args:
+        min_scale: The minimum scale.
+
+    Returns:
+        The per-parameter scale function (e.g. for `scale_update_per_param`).
+    """
+
+    def fn(params):
+        return jax.tree.map(lambda p: optax.safe_root_mean_squares(p.value, min_scale), params)
+
+    return fn
+
+
 # --------------------------------------------------------------------------------------------
 # Parameter EMA.
 # --------------------------------------------------------------------------------------------

@@ -219,7 +219,7 @@ def test_cli_start_list_stop(server, kubeconfig, active_config, capsys):
     flags = [f"--kubeconfig={kubeconfig}"]
     rc = cli_main.main(
         ["gcp", "launch", "--name=cli-job", "--instance_type=tpu-v5p-128", "--num_replicas=2"]
-        + ["--image=img:7", *flags, "--"]
+        + ["--image=img:7", "--skip_preflight", *flags, "--"]
         + ["python", "-m", "axlearn.common.launch_trainer_main", "--module=text.gpt.honeycrisp"]
     )
     assert rc == 0, capsys.readouterr().err
