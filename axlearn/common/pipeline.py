@@ -418,8 +418,10 @@ class Pipeline(BaseLayer):
                     stage0_in,
                     state,
                 )
-                mask = lambda x: valid.reshape(valid.shape + (1,) * (x.ndim - 1))  # noqa: E731
-                inputs = jax.tree.map(lambda x: jnp.where(mask(x), x, jnp.zeros_like(x)), inputs)
+                # Bubble slots (not `valid`) compute on stale but finite activations; their
+                # outputs are never used. (Zeros would be worse: e.g. the backward pass of an
+                # RMSNorm of zeros overflows in float16, and inf * 0 = NaN.)
+                del valid
                 side_t = jax.tree.map(lambda x: self._constrain(x[microbatch]), side_mb)
                 params_t = jax.tree.map(
                     lambda p: jax.vmap(
@@ -447,8 +449,10 @@ class Pipeline(BaseLayer):
                 )
                 return (out, buffer), ys
 
+            # Stages > 0 start on a copy of microbatch 0 (finite, input-like values).
             state0 = jax.tree.map(
-                lambda b: self._constrain(jnp.zeros((num_stages, *b.shape[1:]), b.dtype)), buffer
+                lambda b: self._constrain(jnp.broadcast_to(b[0], (num_stages, *b.shape[1:]))),
+                buffer,
             )
             (_, buffer), ys = jax.lax.scan(step, (state0, buffer), jnp.arange(schedule.num_steps()))
         # ys: [T, S, mb, ...] -> [S * V (chunk order), M, mb, ...] -> [S * V, B, ...].

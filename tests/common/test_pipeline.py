@@ -520,6 +520,7 @@ def pipeline_trainer_config(
     )
     cfg.set(dir=str(trainer_dir), mesh_shape=(1, 4, 1, 1, 1, 2), mesh_rules=[])
     cfg.evalers = {}
+    cfg.checkpointer.keep_last_n = 100
     cfg.input = FakeLmInput.default_config().set(
         is_training=True, global_batch_size=8, source_length=16, max_token_id=4096
     )
