@@ -2,8 +2,8 @@
 
     python benchmarks/pipeline_bubble.py [--repeats=5] [--microbatches=4,8,16]
 
-1. Bubble. A stack of 8 tanh(Linear(256)) layers pipelined over S=4 stages (GPipe: 2 layers per
-   stage; circular: V=2 chunks of 1 layer per stage), fixed microbatch size, M microbatches.
+1. Bubble. A stack of 8 tanh(Linear(1024)) layers pipelined over S=4 stages (GPipe: 2 layers per
+   stage; circular: V=2 chunks of 1 layer per stage), microbatch of 128 rows, M microbatches.
    One forward+backward step runs V*M + S - 1 pipeline steps, so its time is
    T(M) = a*M + b. The slope `a` (least squares over the M values) is the cost of useful work
    per microbatch; the measured bubble is 1 - a*M / T(M), compared with (S-1)/(V*M+S-1).
@@ -42,7 +42,7 @@ from axlearn.common.module import functional
 from axlearn.common.pipeline import CircularSchedule, GPipeSchedule, Pipeline, pipeline_report
 from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
 
-DIM, MICROBATCH, NUM_STAGES, NUM_LAYERS = 256, 16, 4, 8
+DIM, MICROBATCH, NUM_STAGES, NUM_LAYERS = 1024, 128, 4, 8
 
 
 class _Chunk(BaseLayer):
@@ -200,7 +200,7 @@ def measure_memory():
             compiled = jax.jit(jax.value_and_grad(loss)).lower(abstract, batch).compile()
         mem = compiled.memory_analysis()
         param_bytes = sum(
-            int(np.prod(sh.shard_shape(s.shape))) * 4
+            int(np.prod(sh.shard_shape(tuple(s.shape)))) * 4
             for s, sh in zip(
                 jax.tree.leaves(specs, is_leaf=lambda x: hasattr(x, "mesh_axes")),
                 jax.tree.leaves(shardings),
