@@ -40,6 +40,11 @@ class LmConfig:
     eps: float = 1e-5
     z_loss_scale: float = 0.0
     pad_token_id: int = 0
+    # One [dim, heads + 2 * kv_heads, head_dim] projection (FusedGroupedQKVLinear) or three
+    # (GroupedQKVLinear: q_proj, k_proj, v_proj).
+    fused_qkv: bool = True
+    # Whether the output head reuses the token embedding (else `decoder/lm_head/weight`).
+    tied_embedding: bool = True
 
     @property
     def head_dim(self) -> int:
@@ -58,17 +63,23 @@ def init_params(key: jax.Array, cfg: LmConfig) -> dict:
         The nested parameter dict.
     """
     h, n, k = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-    keys = iter(jax.random.split(key, 1 + 5 * cfg.num_layers))
+    per_layer = 5 if cfg.fused_qkv else 7
+    keys = iter(jax.random.split(key, 1 + per_layer * cfg.num_layers + (not cfg.tied_embedding)))
 
     def normal(shape, fan_in):
         return jax.random.normal(next(keys), shape, jnp.float32) / jnp.sqrt(fan_in)
 
     layers = {}
     for i in range(cfg.num_layers):
+        if cfg.fused_qkv:
+            projections = dict(qkv_proj=dict(weight=normal((cfg.dim, n + 2 * k, h), cfg.dim)))
+        else:
+            projections = {
+                name: dict(weight=normal((cfg.dim, heads, h), cfg.dim))
+                for name, heads in (("q_proj", n), ("k_proj", k), ("v_proj", k))
+            }
         attention = dict(
-            i_proj=dict(
-                i_proj=dict(qkv_proj=dict(weight=normal((cfg.dim, n + 2 * k, h), cfg.dim)))
-            ),
+            i_proj=dict(i_proj=projections),
             o_proj=dict(weight=normal((cfg.dim, n, h), n * h)),
         )
         if cfg.qk_norm:
@@ -83,13 +94,30 @@ def init_params(key: jax.Array, cfg: LmConfig) -> dict:
                 linear2=dict(weight=normal((cfg.hidden_dim, cfg.dim), cfg.hidden_dim)),
             ),
         )
-    return dict(
-        decoder=dict(
-            emb=dict(token_emb=dict(weight=normal((cfg.vocab_size, cfg.dim), cfg.dim))),
-            transformer=layers,
-            output_norm=dict(scale=jnp.ones([cfg.dim])),
-        )
+    decoder = dict(
+        emb=dict(token_emb=dict(weight=normal((cfg.vocab_size, cfg.dim), cfg.dim))),
+        transformer=layers,
+        output_norm=dict(scale=jnp.ones([cfg.dim])),
     )
+    if not cfg.tied_embedding:
+        decoder["lm_head"] = dict(weight=normal((cfg.vocab_size, cfg.dim), cfg.dim))
+    return dict(decoder=decoder)
+
+
+def repeat_layers(params: dict) -> dict:
+    """The same parameters in the repeated layout (`transformer/repeat/layer`, leading layer axis).
+
+    Args:
+        params: Parameters from `init_params` (stacked layout `transformer/layer{i}`).
+
+    Returns:
+        A new parameter dict that `forward` runs with `jax.lax.scan`.
+    """
+    layers = params["decoder"]["transformer"]
+    stacked = jax.tree.map(
+        lambda *xs: jnp.stack(xs), *(layers[f"layer{i}"] for i in range(len(layers)))
+    )
+    return dict(decoder=dict(params["decoder"], transformer=dict(repeat=dict(layer=stacked))))
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -111,8 +139,15 @@ def attention(x: jax.Array, p: dict, cfg: LmConfig) -> jax.Array:
     """Causal GQA self-attention of x [B, T, D]."""
     b, t, _ = x.shape
     n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    proj = jnp.einsum("btd,dnh->btnh", x, p["i_proj"]["i_proj"]["qkv_proj"]["weight"])
-    q, key, value = jnp.split(proj, [n, n + k], axis=2)
+    projections = p["i_proj"]["i_proj"]
+    if "qkv_proj" in projections:
+        proj = jnp.einsum("btd,dnh->btnh", x, projections["qkv_proj"]["weight"])
+        q, key, value = jnp.split(proj, [n, n + k], axis=2)
+    else:
+        q, key, value = (
+            jnp.einsum("btd,dnh->btnh", x, projections[name]["weight"])
+            for name in ("q_proj", "k_proj", "v_proj")
+        )
     q, key = rope(q, cfg.rope_theta), rope(key, cfg.rope_theta)
     if cfg.qk_norm:
         q = rms_norm(q, p["scale_query"]["norm"]["scale"], cfg.eps)
@@ -153,7 +188,8 @@ def forward(params: dict, input_ids: jax.Array, cfg: LmConfig) -> jax.Array:
         for i in range(cfg.num_layers):
             x = _layer(x, dec["transformer"][f"layer{i}"], cfg)
     x = rms_norm(x, dec["output_norm"]["scale"], cfg.eps)
-    return jnp.einsum("btd,vd->btv", x, table)
+    head = dec["lm_head"]["weight"] if "lm_head" in dec else table
+    return jnp.einsum("btd,vd->btv", x, head)
 
 
 def loss_fn(params: dict, batch: dict, cfg: LmConfig) -> tuple[jax.Array, dict]:

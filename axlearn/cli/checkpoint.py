@@ -4,7 +4,11 @@
   size, number of leaves.
 - `axlearn checkpoint verify DIR [--step N]` reads every array chunk and bytes file and checks it
   against the checksums in the index; DIR is a checkpointer directory (every step is checked) or
-  one `step_%08d` directory. Exits 1 if a committed checkpoint fails verification.
+  one `step_%08d` directory. Exits 1 if a committed checkpoint (one whose `index` exists, readable
+  or not) fails verification.
+- `axlearn checkpoint select DIR --step N` verifies step N and sets every newer step directory
+  aside (renamed `step_%08d.superseded-<time>`, nothing deleted), so that the next run resumes
+  from step N; the same as the trainer's `--restore_step=N`.
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     verify.add_argument("dir", help="A checkpointer directory or one step_%%08d directory.")
     verify.add_argument("--step", type=int, default=None, help="Verify only this step.")
     verify.set_defaults(func=verify_command)
+    select = commands.add_parser(
+        "select", help="Make the next run resume from --step (newer steps are set aside)."
+    )
+    select.add_argument("dir", help="The checkpointer directory.")
+    select.add_argument("--step", type=int, required=True, help="The step to resume from.")
+    select.set_defaults(func=select_command)
 
 
 def _format_size(num_bytes: int) -> str:
@@ -58,7 +68,8 @@ def list_command(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.dir):
         raise CommandError(f"{args.dir} is not a directory")
     infos = checkpointer.list_checkpoints(args.dir)
-    if not infos:
+    aside = checkpointer.set_aside_dirs(args.dir)
+    if not infos and not aside:
         print(f"No step directories under {args.dir}")
         return 0
     for info in infos:
@@ -67,6 +78,8 @@ def list_command(args: argparse.Namespace) -> int:
             status = f"corrupt index: {info.error}"
         leaves = "" if info.num_leaves is None else f"  {info.num_leaves} leaves"
         print(f"step {info.step:>8}  {status:<11}  {_format_size(info.size_bytes):>10}{leaves}")
+    for path in aside:
+        print(f"set aside (never restored or removed): {path}")
     return 0
 
 
@@ -115,3 +128,35 @@ def verify_command(args: argparse.Namespace) -> int:
         for error in result.errors:
             print(f"    {error}")
     return 1 if failed else 0
+
+
+def select_command(args: argparse.Namespace) -> int:
+    """Verifies step `args.step` and sets every newer step directory of `args.dir` aside.
+
+    Args:
+        args: Parsed arguments with `dir` and `step`.
+
+    Returns:
+        0 if the step is intact and newer steps were set aside, 1 if the step fails verification
+        (then nothing is changed).
+
+    Raises:
+        CommandError: If `args.dir` is not a directory or has no directory for `--step`.
+    """
+    from axlearn.common import checkpointer  # pylint: disable=import-outside-toplevel
+
+    if not os.path.isdir(args.dir):
+        raise CommandError(f"{args.dir} is not a directory")
+    dirs = dict(checkpointer.step_dirs(args.dir))
+    if args.step not in dirs:
+        raise CommandError(f"No directory for step {args.step} under {args.dir}")
+    result = checkpointer.verify_checkpoint(dirs[args.step])
+    if not result.ok:
+        print(f"step {args.step} cannot be selected: it fails verification:")
+        for error in result.errors or ["uncommitted"]:
+            print(f"    {error}")
+        return 1
+    for path in checkpointer.supersede_newer(args.dir, args.step):
+        print(f"set aside: {path}")
+    print(f"The next run under {args.dir} resumes from step {args.step}.")
+    return 0

@@ -7,6 +7,9 @@ Usage:
     axlearn config diff --module=text.gpt.tiny --config=gpt-tiny \
         --module=text.gpt.honeycrisp --config=honeycrisp-3B
     axlearn checkpoint verify /path/to/checkpoints
+    axlearn aot --module=text.gpt.honeycrisp --config=honeycrisp-3B --topology=v5litepod-256
+    axlearn gcp launch --dry_run --name=x --instance_type=tpu-v5p-128 -- python -m ...
+    axlearn local launch --num_processes=2 -- python -m axlearn.common.launch_trainer_main ...
     axlearn compare /tmp/run_main /tmp/run_branch --format=markdown
     axlearn --version
 
@@ -23,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from axlearn.cli import checkpoint, compare, config_commands
+from axlearn.cli import aot, checkpoint, compare, config_commands, gcp, local
 
 
 def version_string() -> str:
@@ -61,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     groups = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     config_commands.add_parser(groups)
     checkpoint.add_parser(groups)
+    aot.add_parser(groups)
+    gcp.add_parser(groups)
+    local.add_parser(groups)
     compare.add_parser(groups)
     return parser
 
@@ -79,6 +85,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         stderr), 2 on a usage error.
     """
     parser = build_parser()
+    argv = gcp.normalize_argv(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())

@@ -186,8 +186,9 @@ class BaseLayer(Module):
         dtype: Optional[jnp.dtype] = None
         # The parameter initializer (a DefaultInitializer config); None: inherited from the parent.
         param_init: Optional[DefaultInitializer.Config] = None
-        # How this layer's parameters are partitioned over mesh axes (layer-specific structure).
-        param_partition_spec: NestedParameterSpec = None
+        # How this layer's parameters are partitioned over mesh axes (layer-specific structure:
+        # a tuple/PartitionSpec of mesh axes per parameter axis, or a dict of them).
+        param_partition_spec: Optional[Union[Sequence[Any], dict[str, Any], ParameterSpec]] = None
         # If not None, the layer's methods run under jax.checkpoint with these arguments.
         remat_spec: Optional[RematSpec] = None
         # If not None, noise applied by apply_parameter_noise_recursively().

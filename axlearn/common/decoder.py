@@ -1,16 +1,23 @@
 """The decoder-only transformer: embeddings, transformer stack, output norm and LM head.
 
-Decoding with a KV cache:
+Signatures follow AXLearn's `axlearn.common.decoder`:
 
-    states = decoder.init_states(batch_size=B, max_sequence_length=L)           # empty cache
-    states, out = decoder.prefill_states(time_step=t, input_ids=ids)           # ids: [B, L]
+    out = decoder(input_batch=dict(input_ids=ids))                       # {"logits", ...}
+    states = decoder.init_states(batch_size=B, max_sequence_length=L)     # empty cache
+    states, out = decoder.prefill_states(time_step=t, input_batch=dict(input_ids=ids))
     states, out = decoder.extend_step(cached_states=states, input_ids=next_ids)  # [B, 1]
+    out = decoder.sample_decode(input_batch=dict(prefix=p), max_sequence_length=L, num_decodes=n)
+    out = decoder.beam_search_decode(input_batch=dict(prefix=p), max_sequence_length=L,
+                                     num_decodes=n)
 
-`prefill_states` processes all of `input_ids` (logits for every position) and continues at
-`time_step`; each `extend_step` writes one token at the current time step and returns its
-logits. `sample_decode` runs the whole loop (greedy when temperature is 0).
+`prefill_states` processes all of `input_ids` [B, L] (logits for every position) and leaves the
+cache holding positions < `time_step`; each `extend_step` writes one token per row at its time
+step and returns its logits. `sample_decode` and `beam_search_decode` (run by the `decoding`
+child, a `DecodingLayer`) use `axlearn.common.decoding`'s conventions: the prompt starts with a
+prompt token (e.g. BOS) and the outputs drop it.
 """
 
+import contextlib
 from typing import Optional
 
 import jax
@@ -24,28 +31,202 @@ from axlearn.common.attention import (
 from axlearn.common.base_layer import BaseLayer, ParameterSpec
 from axlearn.common.config import (
     REQUIRED,
+    ConfigOr,
     Configurable,
     InstantiableConfig,
     Required,
     config_class,
+    maybe_instantiate,
 )
-from axlearn.common.decoding import DecodeOutputs, decode_loop, infer_initial_time_step
+from axlearn.common.decoding import (
+    BeamSearchOutputs,
+    BrevityPenaltyFn,
+    SampleOutputs,
+    StopDecodingCondition,
+    StopOnSubsequence,
+    beam_search_decode,
+    infer_initial_time_step,
+    sample_decode,
+)
 from axlearn.common.embedding import TransformerTextEmbeddings
 from axlearn.common.layers import Dropout, LayerNorm, set_dropout_rate_recursively
-from axlearn.common.module import Module, child_context, new_output_collection
-from axlearn.common.utils import NestedTensor, Tensor, with_sharding_constraint
+from axlearn.common.logit_modifiers import LogitsToLogitsFn
+from axlearn.common.module import (
+    Module,
+    child_context,
+    current_context,
+    new_output_collection,
+)
+from axlearn.common.utils import (
+    Nested,
+    NestedTensor,
+    Tensor,
+    validate_contains_paths,
+    with_sharding_constraint,
+)
+
+
+@contextlib.contextmanager
+def _temporary_output_collection():
+    """Sends summaries/outputs of the enclosed calls to a throw-away collection.
+
+    Used inside decoding loops, whose summaries would otherwise leak loop tracers. No child
+    context is entered, so the module path is unchanged.
+    """
+    ctx = current_context()
+    saved = ctx.output_collection
+    ctx.output_collection = new_output_collection()
+    try:
+        yield
+    finally:
+        ctx.output_collection = saved
+
+
+def _scores_from_logits(
+    logits: Tensor, logits_modifier: Optional[LogitsToLogitsFn] = None
+) -> Tensor:
+    """log_softmax(logits) in float32, then the optional modifier."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    if logits_modifier is not None:
+        log_probs = logits_modifier(log_probs)
+    return log_probs
 
 
 class DecodingLayer(Configurable):
-    """The decoding algorithm of a Decoder: KV-cached greedy or sampled generation.
+    """The decoding algorithms of a decoder: sampling and beam search on its KV cache.
 
-    `decode` runs `axlearn.common.decoding.decode_loop`; subclasses may implement other search
-    strategies with the same interface.
+    Works with any decoder offering `prefill_states(time_step=, input_batch=)`,
+    `extend_step(cached_states=, input_ids=)` and `prng_key`.
     """
 
-    def decode(self, **kwargs) -> DecodeOutputs:
-        """Runs the decode loop; see `axlearn.common.decoding.decode_loop` for arguments."""
-        return decode_loop(**kwargs)
+    @config_class
+    class Config(Configurable.Config):
+        """Configures DecodingLayer (pad and EOS ids come from the decoder)."""
+
+    def __init__(self, cfg: Config, *, decoder: Module, pad_token_id: int, eos_token_id: int):
+        super().__init__(cfg)
+        self._decoder = decoder
+        self._pad_token_id = pad_token_id
+        self._eos_token_id = eos_token_id
+
+    def _prefill(
+        self, input_batch: Nested[Tensor], max_sequence_length: int, **kwargs
+    ) -> tuple[Tensor, Tensor, NestedTensor, NestedTensor]:
+        validate_contains_paths(input_batch, paths=["prefix"])
+        prefix = input_batch["prefix"]
+        if prefix.shape[1] > max_sequence_length:
+            raise ValueError(
+                f"prefix length {prefix.shape[1]} > max_sequence_length {max_sequence_length}"
+            )
+        pad = jnp.full(
+            (prefix.shape[0], max_sequence_length - prefix.shape[1]),
+            self._pad_token_id,
+            prefix.dtype,
+        )
+        input_ids = jnp.concatenate([prefix, pad], axis=1).astype(jnp.int32)
+        time_step = infer_initial_time_step(prefix, pad_id=self._pad_token_id)
+        batch = {k: v for k, v in input_batch.items() if k != "prefix"}
+        batch["input_ids"] = input_ids
+        states, outputs = self._decoder.prefill_states(
+            time_step=time_step, input_batch=batch, **kwargs
+        )
+        return input_ids, time_step, states, outputs
+
+    def _tokens_to_scores(self, logits_modifier: Optional[LogitsToLogitsFn], **kwargs):
+        def tokens_to_scores(token_ids: Tensor, cache: NestedTensor):
+            with _temporary_output_collection():
+                cache, outputs = self._decoder.extend_step(
+                    cached_states=cache, input_ids=token_ids, **kwargs
+                )
+            return _scores_from_logits(outputs["logits"][:, -1], logits_modifier), cache
+
+        return tokens_to_scores
+
+    def sample_decode(
+        self,
+        *,
+        input_batch: Nested[Tensor],
+        max_sequence_length: int,
+        num_decodes: int,
+        logits_modifier: Optional[ConfigOr[LogitsToLogitsFn]] = None,
+        stop_decoding_condition: Optional[StopDecodingCondition] = None,
+        **kwargs,
+    ) -> SampleOutputs:
+        """Samples `num_decodes` continuations of each prompt.
+
+        Args:
+            input_batch: {"prefix": int [batch, prefix_len]} prompts starting with a prompt
+                token, right-padded with pad_token_id; other keys go to `prefill_states`.
+            max_sequence_length: Length of the cache and of the returned sequences.
+            num_decodes: Samples per prompt.
+            logits_modifier: Applied to the log-probabilities before sampling (e.g.
+                `logit_modifiers.top_k_logits(1)` for greedy decoding).
+            stop_decoding_condition: Default: stop after eos_token_id.
+            **kwargs: Passed to `prefill_states` and `extend_step`.
+
+        Returns:
+            SampleOutputs with sequences [batch, num_decodes, max_sequence_length].
+        """
+        prng_key = self._decoder.prng_key
+        if prng_key is None:
+            raise ValueError(
+                "sample_decode needs a PRNG key: invoke the model with one (e.g. "
+                "functional(model, prng_key, ...)); greedy decoding also needs one."
+            )
+        logits_modifier = maybe_instantiate(logits_modifier)
+        input_ids, time_step, states, outputs = self._prefill(
+            input_batch, max_sequence_length, **kwargs
+        )
+        scores = _scores_from_logits(outputs["logits"], logits_modifier)
+        # Score of input token j + 1 given tokens <= j.
+        next_ids = jnp.roll(input_ids, -1, axis=1)[..., None]
+        input_token_scores = jnp.take_along_axis(scores, next_ids, axis=-1)[..., 0]
+        return sample_decode(
+            inputs=input_ids,
+            time_step=time_step,
+            cache=states,
+            tokens_to_scores=self._tokens_to_scores(logits_modifier, **kwargs),
+            stop_decoding_condition=(
+                stop_decoding_condition or StopOnSubsequence([[self._eos_token_id]])
+            ),
+            num_decodes=num_decodes,
+            prng_key=prng_key,
+            pad_id=self._pad_token_id,
+            input_token_scores=input_token_scores,
+        )
+
+    def beam_search_decode(
+        self,
+        *,
+        input_batch: Nested[Tensor],
+        max_sequence_length: int,
+        num_decodes: int,
+        brevity_penalty: Optional[BrevityPenaltyFn] = None,
+        **kwargs,
+    ) -> BeamSearchOutputs:
+        """Beam search with `num_decodes` beams.
+
+        Args:
+            input_batch: {"prefix": ...} as in `sample_decode`.
+            max_sequence_length: Length of the cache and of the returned sequences.
+            num_decodes: Number of beams.
+            brevity_penalty: Length normalization (see `decoding.brevity_penalty_fn`).
+            **kwargs: Passed to `prefill_states` and `extend_step`.
+
+        Returns:
+            BeamSearchOutputs.
+        """
+        input_ids, time_step, states, _ = self._prefill(input_batch, max_sequence_length, **kwargs)
+        return beam_search_decode(
+            inputs=input_ids,
+            time_step=time_step,
+            cache=states,
+            tokens_to_scores=self._tokens_to_scores(None, **kwargs),
+            eos_id=self._eos_token_id,
+            num_decodes=num_decodes,
+            brevity_penalty=brevity_penalty,
+            pad_id=self._pad_token_id,
+        )
 
 
 class LmHead(BaseLayer):
@@ -113,7 +294,7 @@ class Decoder(BaseLayer):
         eos_token_id: int = 1  # End-of-sequence token id.
         # Partition spec of the logits [batch, seq_len, vocab].
         logits_partition_spec: tuple = ("data", None, "model")
-        # The decoding algorithm.
+        # The decoding algorithms (sample_decode, beam_search_decode).
         decoding: InstantiableConfig = DecodingLayer.default_config()
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
@@ -131,7 +312,9 @@ class Decoder(BaseLayer):
             self._add_child(
                 "lm_head", cfg.lm_head.clone(vocab_size=cfg.vocab_size, embedding_dim=cfg.dim)
             )
-        self._decoding = cfg.decoding.instantiate()
+        self._decoding = cfg.decoding.instantiate(
+            decoder=self, pad_token_id=cfg.pad_token_id, eos_token_id=cfg.eos_token_id
+        )
         self._pad_token_id = cfg.pad_token_id
         self._eos_token_id = cfg.eos_token_id
         self._logits_partition_spec = cfg.logits_partition_spec
@@ -151,37 +334,44 @@ class Decoder(BaseLayer):
 
     def forward(
         self,
-        input_ids: Tensor,
+        input_batch: Nested[Tensor],
         *,
-        input_segment_ids: Optional[Tensor] = None,
-        token_type_ids: Optional[Tensor] = None,
-        positions: Optional[Tensor] = None,
         cross_attention_data: Optional[Tensor] = None,
         cross_attention_logit_biases: Optional[Tensor] = None,
     ) -> dict[str, Tensor]:
         """Computes logits for every position.
 
         Args:
-            input_ids: Int [batch, seq_len].
-            input_segment_ids: Optional int [batch, seq_len] segment ids of packed sequences
-                (tokens attend only within their segment; 0 is padding).
-            token_type_ids: Optional int [batch, seq_len].
-            positions: Optional int [batch, seq_len] positions (restarting per packed segment);
-                None means arange(seq_len).
+            input_batch: A dict with
+                input_ids: Int [batch, seq_len].
+                input_segment_ids: Optional int [batch, seq_len] segment ids of packed
+                    sequences (tokens attend only within their segment; 0 is padding).
+                token_type_ids: Optional int [batch, seq_len].
+                positions: Optional int [batch, seq_len] positions (restarting per packed
+                    segment); None means arange(seq_len).
             cross_attention_data: Optional [batch, source_len, source_dim].
             cross_attention_logit_biases: Optional cross-attention biases.
 
         Returns:
             {"logits": [batch, seq_len, vocab], "hidden_states": [batch, seq_len, dim]}.
+
+        Raises:
+            KeyError: If input_batch has no "input_ids".
         """
-        x = self.emb(input_ids, token_type_ids=token_type_ids, positions=positions)
+        validate_contains_paths(input_batch, paths=["input_ids"])
+        input_ids = input_batch["input_ids"]
+        segment_ids = input_batch.get("input_segment_ids")
+        positions = input_batch.get("positions")
+        x = self.emb(
+            input_ids, token_type_ids=input_batch.get("token_type_ids"), positions=positions
+        )
         biases = self.compute_attention_logit_biases(
-            input_ids, segment_ids=input_segment_ids, positions=positions
+            input_ids, segment_ids=segment_ids, positions=positions
         )
         out = self.transformer(
             x,
             self_attention_logit_biases=biases,
-            target_segment_ids=input_segment_ids,
+            target_segment_ids=segment_ids,
             target_positions=positions,
             cross_attention_data=cross_attention_data,
             cross_attention_logit_biases=cross_attention_logit_biases,
@@ -221,33 +411,60 @@ class Decoder(BaseLayer):
         )
 
     def prefill_states(
-        self, *, time_step: Tensor, input_ids: Tensor
+        self,
+        *,
+        time_step: Tensor,
+        input_batch: Nested[Tensor],
+        cross_attention_data: Optional[Tensor] = None,
+        cross_attention_logit_biases: Optional[Tensor] = None,
     ) -> tuple[NestedTensor, dict[str, Tensor]]:
-        """Processes `input_ids` [batch, max_len] and returns the cache to continue at time_step.
+        """Processes `input_batch["input_ids"]` [batch, max_len]; the cache continues at time_step.
 
         Args:
-            time_step: Int [batch]: where decoding continues (e.g. the prompt lengths).
-            input_ids: Int [batch, max_len]: the prompts, right-padded to the cache length.
+            time_step: Int [batch]: where decoding continues; the cache holds the positions
+                before it (later positions are overwritten by `extend_step`).
+            input_batch: {"input_ids": int [batch, max_len]} (optional "token_type_ids"), the
+                prompts right-padded to the cache length. Packed inputs are not supported.
+            cross_attention_data: Optional [batch, source_len, source_dim].
+            cross_attention_logit_biases: Optional cross-attention biases.
 
         Returns:
             (states, outputs) with outputs["logits"] [batch, max_len, vocab] for every position.
+
+        Raises:
+            ValueError: If input_batch has "input_segment_ids".
         """
-        x = self.emb(input_ids)
+        validate_contains_paths(input_batch, paths=["input_ids"])
+        if input_batch.get("input_segment_ids") is not None:
+            raise ValueError("prefill_states does not support input_segment_ids.")
+        input_ids = input_batch["input_ids"]
+        x = self.emb(input_ids, token_type_ids=input_batch.get("token_type_ids"))
         biases = self.compute_attention_logit_biases(input_ids)
         state, out = self.transformer.init_states(
-            time_step=time_step, data=x, self_attention_logit_biases=biases
+            time_step=time_step,
+            data=x,
+            self_attention_logit_biases=biases,
+            cross_attention_data=cross_attention_data,
+            cross_attention_logit_biases=cross_attention_logit_biases,
         )
         states = dict(transformer_state=state, input_ids=input_ids, time_step=time_step)
         return states, self._logits(out.data)
 
     def extend_step(
-        self, *, cached_states: NestedTensor, input_ids: Tensor
+        self,
+        *,
+        cached_states: NestedTensor,
+        input_ids: Tensor,
+        cross_attention_data: Optional[Tensor] = None,
+        cross_attention_logit_biases: Optional[Tensor] = None,
     ) -> tuple[NestedTensor, dict[str, Tensor]]:
         """Consumes one token per row at its time step.
 
         Args:
             cached_states: From `init_states`, `prefill_states` or `extend_step`.
             input_ids: Int [batch, 1].
+            cross_attention_data: Optional [batch, source_len, source_dim].
+            cross_attention_logit_biases: Optional biases [batch, (heads,) 1, source_len].
 
         Returns:
             (updated states, outputs) with outputs["logits"] [batch, 1, vocab].
@@ -256,7 +473,7 @@ class Decoder(BaseLayer):
         cached_ids = cached_states["input_ids"]
         max_len = cached_ids.shape[1]
         one_hot = jax.nn.one_hot(time_step, max_len, dtype=cached_ids.dtype)
-        ids = cached_ids * (1 - one_hot) + input_ids * one_hot
+        ids = cached_ids * (1 - one_hot) + input_ids.astype(cached_ids.dtype) * one_hot
         biases = None
         if "attention_mask" in self.children:
             full = self.compute_attention_logit_biases(
@@ -266,7 +483,11 @@ class Decoder(BaseLayer):
             biases = jnp.take_along_axis(full, time_step[:, None, None, None], axis=2, mode="clip")
         x = self.emb(input_ids, positions=time_step[:, None])
         state, out = self.transformer.extend_step(
-            cached_states["transformer_state"], x, self_attention_logit_biases=biases
+            cached_states["transformer_state"],
+            x,
+            self_attention_logit_biases=biases,
+            cross_attention_data=cross_attention_data,
+            cross_attention_logit_biases=cross_attention_logit_biases,
         )
         states = dict(transformer_state=state, input_ids=ids, time_step=time_step + 1)
         return states, self._logits(out.data)
@@ -274,66 +495,31 @@ class Decoder(BaseLayer):
     def sample_decode(
         self,
         *,
-        prefix: Tensor,
-        max_decode_len: int,
-        temperature: float = 1.0,
-        top_k: Optional[int] = None,
-        top_p: Optional[float] = None,
-        prng_key: Optional[Tensor] = None,
-        stop_at_eos: bool = True,
-    ) -> DecodeOutputs:
-        """Generates `max_decode_len` tokens after each prompt with the KV cache.
-
-        Args:
-            prefix: Int [batch, prefix_len] prompts, right-padded with pad_token_id (each row
-                needs at least one token).
-            max_decode_len: Number of tokens to generate.
-            temperature: 0 for greedy decoding, else the sampling temperature.
-            top_k: Optional top-k filtering for sampling.
-            top_p: Optional nucleus filtering for sampling.
-            prng_key: Sampling key; defaults to the invocation's key.
-            stop_at_eos: Whether rows stop (emit pad_token_id) after eos_token_id.
-
-        Returns:
-            DecodeOutputs with sequences [batch, prefix_len + max_decode_len].
-        """
-        batch, prefix_len = prefix.shape
-        total = prefix_len + max_decode_len
-        ids = jnp.concatenate(
-            [prefix, jnp.full((batch, max_decode_len), self._pad_token_id, prefix.dtype)], axis=1
-        ).astype(jnp.int32)
-        time_step = infer_initial_time_step(prefix, pad_id=self._pad_token_id)
-        states, out = self.prefill_states(time_step=time_step, input_ids=ids)
-        last = jnp.clip(time_step - 1, 0, total - 1)
-        init_logits = jnp.take_along_axis(out["logits"], last[:, None, None], axis=1)[:, 0]
-        if prng_key is None and temperature > 0:
-            prng_key = self.prng_key
-
-        def step_fn(token_ids, states):
-            # Summaries from inside the loop are discarded (they would leak scan tracers).
-            with child_context(
-                "decode_step", module=self, output_collection=new_output_collection()
-            ):
-                states, step_out = self.extend_step(cached_states=states, input_ids=token_ids)
-            return step_out["logits"][:, -1], states
-
-        return self._decoding.decode(
-            step_fn=step_fn,
-            init_states=states,
-            init_logits=init_logits,
-            sequences=ids,
-            time_step=time_step,
-            num_steps=max_decode_len,
-            prng_key=prng_key,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            eos_id=self._eos_token_id if stop_at_eos else None,
-            pad_id=self._pad_token_id,
+        input_batch: Nested[Tensor],
+        max_sequence_length: int,
+        num_decodes: int,
+        **kwargs,
+    ) -> SampleOutputs:
+        """Sample decoding; see `DecodingLayer.sample_decode`."""
+        return self._decoding.sample_decode(
+            input_batch=input_batch,
+            max_sequence_length=max_sequence_length,
+            num_decodes=num_decodes,
+            **kwargs,
         )
 
-    def greedy_decode(self, *, prefix: Tensor, max_decode_len: int, **kwargs) -> DecodeOutputs:
-        """`sample_decode` with temperature 0 (argmax at every step)."""
-        return self.sample_decode(
-            prefix=prefix, max_decode_len=max_decode_len, temperature=0.0, **kwargs
+    def beam_search_decode(
+        self,
+        *,
+        input_batch: Nested[Tensor],
+        max_sequence_length: int,
+        num_decodes: int,
+        **kwargs,
+    ) -> BeamSearchOutputs:
+        """Beam search; see `DecodingLayer.beam_search_decode`."""
+        return self._decoding.beam_search_decode(
+            input_batch=input_batch,
+            max_sequence_length=max_sequence_length,
+            num_decodes=num_decodes,
+            **kwargs,
         )

@@ -1,15 +1,32 @@
-"""Autoregressive decoding: logit modifiers, token sampling and the decode loop.
+"""Autoregressive decoding: sampling and beam search over a cached decoder.
 
-The loop works with any step function `step_fn(token_ids [batch, 1], states) -> (logits
-[batch, vocab], states)`, e.g. `Decoder.extend_step` on a KV cache.
+Both loops follow AXLearn's conventions. `inputs` [batch, length] holds each prompt, starting
+with a prompt token (e.g. BOS) and right-padded with `pad_id`; `time_step` [batch] is the index
+of each prompt's last token (`infer_initial_time_step`). The loop feeds the token at `time_step`
+to `tokens_to_scores(token_ids [batch * num_decodes, 1], cache) -> (log_probs [batch *
+num_decodes, vocab], cache)` (e.g. `Decoder.extend_step` on a KV cache prefilled up to
+`time_step`), writes the chosen token at `time_step + 1`, and so on. Non-pad tokens of `inputs`
+after `time_step` are forced (teacher forcing). Outputs drop the first (prompt) token: their
+position j holds the token at input position j + 1.
+
+`sample_decode` draws `num_decodes` samples per prompt from softmax(scores) (temperature, top-k
+and top-p go into `tokens_to_scores` through `axlearn.common.logit_modifiers`; top-k with k=1 is
+greedy decoding) and stops rows on a `StopDecodingCondition` (e.g. `StopOnSubsequence([[eos]])`).
+`beam_search_decode` keeps `num_decodes` beams and returns the best finished (EOS-terminated)
+and live sequences.
 """
 
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Sequence
+from typing import Callable, Literal, NamedTuple, Optional, Protocol, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from axlearn.common.utils import NestedTensor, Tensor
+from axlearn.common.utils import NestedTensor, Tensor, vectorized_tree_map
+
+# "Effectively -inf" for scores: finite so that sums of a few stay finite.
+NEG_INF = -1.0e7
 
 # Logits of disallowed tokens after top-k / top-p filtering.
 _MASKED_LOGIT = -1e30
@@ -102,115 +119,509 @@ def sample_tokens(
 
 
 def infer_initial_time_step(prefix: Tensor, *, pad_id: int) -> Tensor:
-    """The position after each row's last non-padding token (0 for an all-padding row).
+    """The index of each prompt's last non-pad token (0 for an all-padding prompt).
+
+    Padding inside a prompt is allowed; only the last non-pad token counts.
 
     Args:
-        prefix: Int tensor [batch, length], right-padded with `pad_id`.
+        prefix: Int tensor [batch, ..., length].
         pad_id: The padding id.
 
     Returns:
-        Int32 [batch].
+        Int32 [batch, ...] with values in [0, length).
     """
-    length = prefix.shape[1]
-    non_pad = prefix != pad_id
-    last = jnp.max(jnp.where(non_pad, jnp.arange(length)[None] + 1, 0), axis=1)
-    return last.astype(jnp.int32)
+    positions = jnp.arange(prefix.shape[-1], dtype=jnp.int32)
+    return jnp.max(jnp.where(prefix != pad_id, positions, 0), axis=-1).astype(jnp.int32)
 
 
-class DecodeOutputs(NamedTuple):
-    """Decoding results.
+# ------------------------------------------------------------------------------------------
+# The decoding dimension.
+# ------------------------------------------------------------------------------------------
+
+
+def add_decoding_dim(x: Tensor, num_decodes: int) -> Tensor:
+    """Tiles a non-scalar [batch, ...] into [batch, num_decodes, ...] (scalars pass through)."""
+    if x.ndim == 0:
+        return x
+    return jnp.repeat(jnp.expand_dims(x, 1), num_decodes, axis=1)
+
+
+def flatten_decoding_dim(x: Tensor) -> Tensor:
+    """Merges the first two axes of a non-scalar: [batch, num_decodes, ...] -> [batch * n, ...]."""
+    if x.ndim == 0:
+        return x
+    return x.reshape((-1, *x.shape[2:]))
+
+
+def unflatten_decoding_dim(x: Tensor, batch_size: int, num_decodes: int) -> Tensor:
+    """Splits the first axis of a non-scalar: [batch * num_decodes, ...] -> [batch, n, ...].
+
+    Raises:
+        ValueError: If the first axis is not batch_size * num_decodes.
+    """
+    if x.ndim == 0:
+        return x
+    if x.shape[0] != batch_size * num_decodes:
+        raise ValueError(
+            f"Expected a leading axis of {batch_size} * {num_decodes}, got shape {x.shape}"
+        )
+    return x.reshape((batch_size, num_decodes, *x.shape[1:]))
+
+
+def _gather_decodes(tree: NestedTensor, indices: Tensor) -> NestedTensor:
+    """out[b, k] = x[b, indices[b, k]] for every [batch, num_decodes, ...] leaf of `tree`."""
+
+    def gather(x):
+        if x.ndim < 2:
+            return x
+        idx = indices.reshape(indices.shape + (1,) * (x.ndim - 2))
+        return jnp.take_along_axis(x, idx, axis=1)
+
+    return vectorized_tree_map(gather, tree)
+
+
+def _write_at(buffer: Tensor, index: Tensor, value: Tensor) -> Tensor:
+    """buffer[b, k, index[b]] = value[b, k]; an index past the end writes nothing."""
+    mask = jax.nn.one_hot(index, buffer.shape[-1], dtype=jnp.bool_)[:, None, :]
+    return jnp.where(mask, value[..., None].astype(buffer.dtype), buffer)
+
+
+def _read_at(buffer: Tensor, index: Tensor) -> Tensor:
+    """buffer[b, k, index[b]] (indices past the end read the last position)."""
+    return jnp.take_along_axis(buffer, index[:, None, None], axis=2, mode="clip")[..., 0]
+
+
+def _run_loop(loop: str, cond_fn, body_fn, init):
+    if loop == "lax":
+        return jax.lax.while_loop(cond_fn, body_fn, init)
+    if loop == "python":
+        state = init
+        while bool(cond_fn(state)):
+            state = body_fn(state)
+        return state
+    raise NotImplementedError(f"loop must be 'lax' or 'python', got {loop!r}")
+
+
+def _check_inputs(inputs: Tensor, time_step: Tensor, max_decode_len: int) -> None:
+    if inputs.shape[0] != time_step.shape[0]:
+        raise ValueError(
+            f"inputs.shape[0] ({inputs.shape[0]}) != time_step.shape[0] ({time_step.shape[0]})"
+        )
+    if inputs.shape[1] > max_decode_len:
+        raise ValueError(f"inputs.shape[1] ({inputs.shape[1]}) > max_decode_len ({max_decode_len})")
+
+
+# ------------------------------------------------------------------------------------------
+# Stop conditions.
+# ------------------------------------------------------------------------------------------
+
+
+class StopDecodingCondition(Protocol):
+    """Decides which sequences stop after the token at `index` was written."""
+
+    def __call__(self, *, index: Tensor, sequences: Tensor, prefix_len: Tensor) -> Tensor:
+        """Returns bool [batch, num_decodes].
+
+        Args:
+            index: Int [batch] (or scalar): the index of the token just written.
+            sequences: Int [batch, num_decodes, length]; values after `index` are undefined.
+            prefix_len: Int [batch]: prompt lengths (index of the last prompt token + 1).
+        """
+
+
+class StopOnSubsequence:
+    """Stops a sequence once it ends with one of `stopping_seqs` (e.g. [[eos_id]])."""
+
+    def __init__(
+        self, stopping_seqs: Union[int, Sequence[int], Sequence[Sequence[int]]], pad_value=-1
+    ):
+        """Initializes the condition.
+
+        Args:
+            stopping_seqs: A token id, a sequence of ids, or a list of such sequences.
+            pad_value: A value no token takes (used to left-pad the shorter stopping sequences).
+
+        Raises:
+            ValueError: If a stopping sequence is empty.
+        """
+        if isinstance(stopping_seqs, int):
+            stopping_seqs = [[stopping_seqs]]
+        elif len(stopping_seqs) and isinstance(stopping_seqs[0], (int, np.integer)):
+            stopping_seqs = [list(stopping_seqs)]
+        empty = [i for i, seq in enumerate(stopping_seqs) if len(seq) == 0]
+        if empty or not stopping_seqs:
+            raise ValueError(f"Stopping sequences must be non-empty; empty at indices {empty}")
+        self.pad_value = pad_value
+        self.longest = max(len(seq) for seq in stopping_seqs)
+        self.targets = jnp.asarray(
+            [[pad_value] * (self.longest - len(seq)) + list(seq) for seq in stopping_seqs]
+        )
+
+    def __call__(self, *, index: Tensor, sequences: Tensor, prefix_len: Tensor) -> Tensor:
+        del prefix_len
+        batch = sequences.shape[0]
+        index = jnp.broadcast_to(jnp.asarray(index), (batch,))
+        padded = jnp.pad(
+            sequences,
+            [(0, 0), (0, 0), (self.longest - 1, 0)],
+            constant_values=self.pad_value,
+        )
+        # The `longest` tokens ending at `index` (in padded coordinates: index .. index+longest-1).
+        window = index[:, None, None] + jnp.arange(self.longest)
+        tail = jnp.take_along_axis(padded, window, axis=2)  # [batch, n, longest].
+        match = (tail[:, :, None, :] == self.targets) | (self.targets == self.pad_value)
+        return match.all(axis=-1).any(axis=-1)
+
+
+class StopOnMaxLength:
+    """Stops once `max_num_decodes` tokens were generated after the prompt."""
+
+    def __init__(self, max_num_decodes: int):
+        """Initializes the condition with the number of tokens to generate per prompt."""
+        self.max_num_decodes = max_num_decodes
+
+    def __call__(self, *, index: Tensor, sequences: Tensor, prefix_len: Tensor) -> Tensor:
+        batch, num_decodes, length = sequences.shape
+        index = jnp.broadcast_to(jnp.asarray(index), (batch,))
+        limit = jnp.minimum(prefix_len + self.max_num_decodes, length)
+        return jnp.broadcast_to((index >= limit)[:, None], (batch, num_decodes))
+
+
+class CompositeDecodingCondition:
+    """Stops when any of `conditions` says so."""
+
+    def __init__(self, conditions: Sequence[StopDecodingCondition]):
+        """Initializes with a non-empty list of conditions.
+
+        Raises:
+            ValueError: If `conditions` is empty.
+        """
+        if not conditions:
+            raise ValueError("CompositeDecodingCondition needs at least one condition")
+        self.conditions = list(conditions)
+
+    def __call__(self, *, index: Tensor, sequences: Tensor, prefix_len: Tensor) -> Tensor:
+        stop = jnp.zeros(sequences.shape[:2], bool)
+        for condition in self.conditions:
+            stop = stop | condition(index=index, sequences=sequences, prefix_len=prefix_len)
+        return stop
+
+
+# ------------------------------------------------------------------------------------------
+# Sampling.
+# ------------------------------------------------------------------------------------------
+
+
+class SampleOutputs(NamedTuple):
+    """Results of `sample_decode`.
 
     Fields:
-        sequences: [batch, length]: the prefix with generated tokens written from each row's
-            initial time step (pad_id after EOS and beyond what was generated).
-        tokens: [batch, num_steps]: the generated tokens (pad_id after an EOS).
-        num_decoded: [batch]: generated tokens per row, including the EOS.
+        sequences: Int32 [batch, num_decodes, max_decode_len]: position j is the token at input
+            position j + 1 (prompt tokens, then samples; pad_id after a stop).
+        token_scores: Float32 [batch, num_decodes, max_decode_len]: log-probability of each
+            token in `sequences` under the (modified) scores; 0 after a stop.
     """
 
     sequences: Tensor
-    tokens: Tensor
-    num_decoded: Tensor
+    token_scores: Tensor
 
 
-def decode_loop(
+TokensToScoresFn = Callable[[Tensor, NestedTensor], tuple[Tensor, NestedTensor]]
+
+
+def sample_decode(
     *,
-    step_fn: Callable[[Tensor, NestedTensor], tuple[Tensor, NestedTensor]],
-    init_states: NestedTensor,
-    init_logits: Tensor,
-    sequences: Tensor,
+    inputs: Tensor,
     time_step: Tensor,
-    num_steps: int,
-    prng_key: Optional[Tensor],
-    temperature: float = 0.0,
-    top_k: Optional[int] = None,
-    top_p: Optional[float] = None,
-    eos_id: Optional[int] = None,
+    cache: NestedTensor,
+    tokens_to_scores: TokensToScoresFn,
+    stop_decoding_condition: StopDecodingCondition,
+    num_decodes: int,
+    prng_key: Tensor,
+    max_decode_len: Optional[int] = None,
+    loop: Literal["lax", "python"] = "lax",
     pad_id: int = 0,
-) -> DecodeOutputs:
-    """Generates `num_steps` tokens per row with a `jax.lax.scan`.
-
-    Step i picks token i from the current logits (of the position before time_step + i), writes
-    it at time_step + i, and (unless it is the last step) calls `step_fn` to get the next logits.
-    After a row emits `eos_id`, it emits `pad_id`.
+    input_token_scores: Optional[Tensor] = None,
+) -> SampleOutputs:
+    """Samples `num_decodes` continuations of each prompt (see the module docstring).
 
     Args:
-        step_fn: (token_ids [batch, 1], states) -> (logits [batch, vocab], states).
-        init_states: The states after the prefix (e.g. a prefilled KV cache).
-        init_logits: [batch, vocab] logits predicting the token at `time_step`.
-        sequences: [batch, length] buffer holding the prefix; generated tokens are written into
-            it (writes at positions >= length are dropped).
-        time_step: [batch] position of each row's first generated token.
-        num_steps: Number of tokens to generate (static).
-        prng_key: Key for sampling (None for greedy decoding).
-        temperature: See `sample_tokens`; 0 is greedy.
-        top_k: See `sample_tokens`.
-        top_p: See `sample_tokens`.
-        eos_id: Optional end-of-sequence id.
-        pad_id: Id emitted after EOS.
+        inputs: Int [batch, length]: prompts padded with `pad_id`.
+        time_step: Int [batch]: index of each prompt's last token.
+        cache: Decoder state after the prompt (leaves [batch, ...], scalars, or stacked under a
+            VDict); it is tiled `num_decodes` times.
+        tokens_to_scores: (token_ids [batch * n, 1], cache) -> (scores [batch * n, vocab],
+            cache). Tokens are drawn from softmax(scores).
+        stop_decoding_condition: When a sequence stops (it then emits pad_id).
+        num_decodes: Samples per prompt.
+        prng_key: Random key.
+        max_decode_len: Length of the sequences (default: inputs.shape[1]).
+        loop: "lax" (jax.lax.while_loop) or "python" (for debugging).
+        pad_id: The padding id (it also marks where forced prompt tokens end).
+        input_token_scores: Optional float [batch, length'] scores of the prompt tokens
+            (entry j scores input token j + 1), length' < max_decode_len + 1.
 
     Returns:
-        DecodeOutputs.
+        SampleOutputs.
+
+    Raises:
+        ValueError: If shapes are inconsistent.
     """
-    batch, length = sequences.shape
-    keys = (
-        jax.random.split(prng_key, num_steps)
-        if prng_key is not None
-        else jnp.zeros((num_steps, 2), jnp.uint32)
-    )
-
-    def body(carry, xs):
-        states, logits, seqs, done, count = carry
-        i, key = xs
-        token = sample_tokens(
-            key if prng_key is not None else None,
-            logits,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
+    batch_size, length = inputs.shape
+    if max_decode_len is None:
+        max_decode_len = length
+    _check_inputs(inputs, time_step, max_decode_len)
+    total = max_decode_len + 1  # One more slot: the output drops the first token.
+    sequences = jnp.full((batch_size, num_decodes, total), pad_id, jnp.int32)
+    sequences = sequences.at[:, :, :length].set(inputs[:, None, :].astype(jnp.int32))
+    token_scores = jnp.zeros((batch_size, num_decodes, total), jnp.float32)
+    if input_token_scores is not None:
+        n = input_token_scores.shape[1]
+        if n >= total:
+            raise ValueError(f"input_token_scores.shape[1] ({n}) must be < {total}")
+        token_scores = token_scores.at[:, :, 1 : 1 + n].set(
+            input_token_scores[:, None, :].astype(jnp.float32)
         )
-        token = jnp.where(done, pad_id, token)
-        count = count + (~done).astype(jnp.int32)
-        if eos_id is not None:
-            done = done | (token == eos_id)
-        position = time_step + i
-        write = jax.nn.one_hot(position, length, dtype=jnp.int32)
-        seqs = seqs * (1 - write) + token[:, None] * write
-
-        def advance(states):
-            return step_fn(token[:, None], states)
-
-        def stay(states):
-            return logits, states
-
-        logits, states = jax.lax.cond(i < num_steps - 1, advance, stay, states)
-        return (states, logits, seqs, done, count), token
-
-    init = (
-        init_states,
-        init_logits,
-        sequences.astype(jnp.int32),
-        jnp.zeros([batch], bool),
-        jnp.zeros([batch], jnp.int32),
+    time_step = time_step.astype(jnp.int32)
+    init = dict(
+        index=time_step,
+        sequences=sequences,
+        token_scores=token_scores,
+        stopped=jnp.zeros((batch_size, num_decodes), bool),
+        cache=vectorized_tree_map(lambda x: add_decoding_dim(x, num_decodes), cache),
+        prng_key=prng_key,
     )
-    (_, _, seqs, _, count), tokens = jax.lax.scan(body, init, (jnp.arange(num_steps), keys))
-    return DecodeOutputs(sequences=seqs, tokens=tokens.T, num_decoded=count)
+
+    def cond_fn(state):
+        active = (state["index"] < total - 1) & ~state["stopped"].all(axis=1)
+        return active.any()
+
+    def body_fn(state):
+        index = state["index"]
+        token_ids = flatten_decoding_dim(_read_at(state["sequences"], index)[..., None])
+        flat_cache = vectorized_tree_map(flatten_decoding_dim, state["cache"])
+        scores, flat_cache = tokens_to_scores(token_ids, flat_cache)
+        scores = unflatten_decoding_dim(scores, batch_size, num_decodes).astype(jnp.float32)
+        new_cache = vectorized_tree_map(
+            lambda x: unflatten_decoding_dim(x, batch_size, num_decodes), flat_cache
+        )
+        prng_key, sample_key = jax.random.split(state["prng_key"])
+        sampled = jax.random.categorical(sample_key, scores, axis=-1).astype(jnp.int32)
+        next_index = index + 1
+        forced = _read_at(state["sequences"], next_index)
+        out_of_prompt = forced == pad_id
+        token = jnp.where(out_of_prompt, sampled, forced)
+        log_prob = jnp.take_along_axis(scores, token[..., None], axis=-1)[..., 0]
+        stopped = state["stopped"]
+        token = jnp.where(stopped, pad_id, token)
+        log_prob = jnp.where(stopped, 0.0, log_prob)
+        sequences = _write_at(state["sequences"], next_index, token)
+        token_scores = _write_at(state["token_scores"], next_index, log_prob)
+        stop_now = out_of_prompt & stop_decoding_condition(
+            index=jnp.minimum(next_index, total - 1),
+            sequences=sequences,
+            prefix_len=time_step + 1,
+        )
+        return dict(
+            index=next_index,
+            sequences=sequences,
+            token_scores=token_scores,
+            stopped=stopped | stop_now,
+            cache=new_cache,
+            prng_key=prng_key,
+        )
+
+    final = _run_loop(loop, cond_fn, body_fn, init)
+    return SampleOutputs(
+        sequences=final["sequences"][:, :, 1:], token_scores=final["token_scores"][:, :, 1:]
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Beam search.
+# ------------------------------------------------------------------------------------------
+
+
+class BrevityPenaltyFn(Protocol):
+    """Normalizes beam scores by length."""
+
+    def __call__(self, *, length: Tensor, raw_scores: Tensor) -> Tensor:
+        """Returns normalized scores of the shape of `raw_scores`.
+
+        Args:
+            length: Sequence lengths, broadcastable to raw_scores [batch, num_decodes].
+            raw_scores: Summed log-probabilities.
+        """
+
+
+def brevity_penalty_fn(*, alpha: float = 0.0, bp_type: Literal["t5", "hf"] = "t5"):
+    """A brevity penalty dividing scores by a length penalty (alpha=0: no normalization).
+
+    Args:
+        alpha: The exponent.
+        bp_type: "t5": ((5 + length) / 6) ** alpha; "hf": length ** alpha.
+
+    Returns:
+        A BrevityPenaltyFn.
+
+    Raises:
+        NotImplementedError: For another bp_type.
+    """
+    if bp_type not in ("t5", "hf"):
+        raise NotImplementedError(f"bp_type must be 't5' or 'hf', got {bp_type!r}")
+
+    def fn(*, length: Tensor, raw_scores: Tensor) -> Tensor:
+        length = jnp.asarray(length, jnp.float32)
+        base = (5.0 + length) / 6.0 if bp_type == "t5" else length
+        return raw_scores / jnp.power(base, alpha)
+
+    return fn
+
+
+class BeamSearchOutputs(NamedTuple):
+    """Results of `beam_search_decode`, best first.
+
+    Fields:
+        sequences: Int32 [batch, num_decodes, max_decode_len]: finished sequences (ending with
+            EOS), position j holding input position j + 1.
+        scores: Float32 [batch, num_decodes]: their length-normalized log-probabilities
+            (NEG_INF-ish for empty slots).
+        live_sequences: Int32 [batch, num_decodes, max_decode_len]: the best unfinished ones.
+        live_scores: Float32 [batch, num_decodes]: their (unnormalized) log-probabilities.
+    """
+
+    sequences: Tensor
+    scores: Tensor
+    live_sequences: Tensor
+    live_scores: Tensor
+
+
+def beam_search_decode(
+    *,
+    inputs: Tensor,
+    time_step: Tensor,
+    cache: NestedTensor,
+    tokens_to_scores: TokensToScoresFn,
+    eos_id: int,
+    num_decodes: int,
+    max_decode_len: Optional[int] = None,
+    loop: Literal["lax", "python"] = "lax",
+    brevity_penalty: Optional[BrevityPenaltyFn] = None,
+    pad_id: int = 0,
+) -> BeamSearchOutputs:
+    """Beam search with `num_decodes` beams (see the module docstring for the conventions).
+
+    At every step each live beam is extended by every token; a candidate ending in `eos_id`
+    competes for the finished set (score normalized by `brevity_penalty` at its length), the
+    others for the `num_decodes` live beams. The search stops at `max_decode_len` or once no
+    live beam can beat the worst finished one. Note that one beam is not greedy decoding: every
+    beam's EOS continuation is a finished candidate.
+
+    Args:
+        inputs: Int [batch, length]: prompts padded with `pad_id`.
+        time_step: Int [batch]: index of each prompt's last token.
+        cache: Decoder state after the prompt (see `sample_decode`).
+        tokens_to_scores: (token_ids [batch * beams, 1], cache) -> (log_probs [batch * beams,
+            vocab], cache); higher is better.
+        eos_id: End-of-sequence id.
+        num_decodes: Number of beams (and of returned sequences).
+        max_decode_len: Length of the sequences (default: inputs.shape[1]).
+        loop: "lax" or "python".
+        brevity_penalty: Length normalization of finished scores (default: none).
+        pad_id: The padding id.
+
+    Returns:
+        BeamSearchOutputs.
+
+    Raises:
+        ValueError: If shapes are inconsistent.
+    """
+    if brevity_penalty is None:
+        brevity_penalty = brevity_penalty_fn(alpha=0.0)
+    batch_size, length = inputs.shape
+    beams = num_decodes
+    if max_decode_len is None:
+        max_decode_len = length
+    _check_inputs(inputs, time_step, max_decode_len)
+    total = max_decode_len + 1
+    live_seqs = jnp.full((batch_size, beams, total), pad_id, jnp.int32)
+    live_seqs = live_seqs.at[:, :, :length].set(inputs[:, None, :].astype(jnp.int32))
+    # Only the first beam is alive at the start (the others are copies of it).
+    first_only = jnp.asarray([0.0] + [NEG_INF] * (beams - 1), jnp.float32)
+    init = dict(
+        index=time_step.astype(jnp.int32),
+        live_scores=jnp.tile(first_only, (batch_size, 1)),
+        finished_scores=jnp.full((batch_size, beams), NEG_INF, jnp.float32),
+        live_seqs=live_seqs,
+        finished_seqs=jnp.zeros((batch_size, beams, total), jnp.int32),
+        cache=vectorized_tree_map(lambda x: add_decoding_dim(x, beams), cache),
+    )
+
+    def cond_fn(state):
+        not_at_end = state["index"] < total - 1
+        best_live = brevity_penalty(
+            length=jnp.asarray(total), raw_scores=state["live_scores"].max(axis=1)
+        )
+        worst_finished = state["finished_scores"].min(axis=1)
+        return (not_at_end & ~(worst_finished > best_live)).any()
+
+    def body_fn(state):
+        index = state["index"]
+        next_index = index + 1
+        token_ids = flatten_decoding_dim(_read_at(state["live_seqs"], index)[..., None])
+        flat_cache = vectorized_tree_map(flatten_decoding_dim, state["cache"])
+        log_probs, flat_cache = tokens_to_scores(token_ids, flat_cache)
+        log_probs = unflatten_decoding_dim(log_probs, batch_size, beams).astype(jnp.float32)
+        new_cache = vectorized_tree_map(
+            lambda x: unflatten_decoding_dim(x, batch_size, beams), flat_cache
+        )
+        vocab = log_probs.shape[-1]
+        log_probs = log_probs + state["live_scores"][..., None]  # [batch, beams, vocab].
+        finishing_scores = log_probs[:, :, eos_id]
+        log_probs = log_probs.at[:, :, eos_id].add(NEG_INF)  # Live beams do not end in EOS.
+        top_scores, top_flat = jax.lax.top_k(log_probs.reshape(batch_size, beams * vocab), beams)
+        top_tokens, top_beams = top_flat % vocab, top_flat // vocab
+
+        # Inside the prompt, the next token is forced and only the first beam stays alive.
+        forced = jnp.take_along_axis(
+            inputs.astype(jnp.int32), next_index[:, None], axis=1, mode="clip"
+        )  # [batch, 1].
+        in_prompt = forced != pad_id
+        live_scores = jnp.where(in_prompt, first_only[None], top_scores)
+        tokens = jnp.where(in_prompt, forced, top_tokens)
+        live_seqs = _write_at(_gather_decodes(state["live_seqs"], top_beams), next_index, tokens)
+        live_cache = _gather_decodes(new_cache, top_beams)
+
+        finishing_scores = brevity_penalty(length=next_index[:, None], raw_scores=finishing_scores)
+        finishing_scores = jnp.where(in_prompt, NEG_INF, finishing_scores)
+        finishing_seqs = _write_at(
+            state["live_seqs"], next_index, jnp.full((batch_size, beams), eos_id)
+        )
+        all_scores = jnp.concatenate([state["finished_scores"], finishing_scores], axis=1)
+        all_seqs = jnp.concatenate([state["finished_seqs"], finishing_seqs], axis=1)
+        finished_scores, best = jax.lax.top_k(all_scores, beams)
+        finished_seqs = _gather_decodes(all_seqs, best)
+
+        # Rows past the end keep their state (rows start at different time steps).
+        done = next_index >= total
+
+        def keep(old, new):
+            mask = done.reshape(done.shape + (1,) * (new.ndim - 1))
+            return jnp.where(mask, old, new)
+
+        return dict(
+            index=next_index,
+            live_scores=keep(state["live_scores"], live_scores),
+            finished_scores=keep(state["finished_scores"], finished_scores),
+            live_seqs=keep(state["live_seqs"], live_seqs),
+            finished_seqs=keep(state["finished_seqs"], finished_seqs),
+            cache=live_cache,
+        )
+
+    final = _run_loop(loop, cond_fn, body_fn, init)
+    return BeamSearchOutputs(
+        sequences=final["finished_seqs"][:, :, 1:],
+        scores=final["finished_scores"],
+        live_sequences=final["live_seqs"][:, :, 1:],
+        live_scores=final["live_scores"],
+    )

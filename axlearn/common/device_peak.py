@@ -161,7 +161,8 @@ def measure_matmul_flops(
     `repeats` timed calls, as FLOP/s per device (2 * dim^3 FLOPs per matmul).
 
     Args:
-        devices: The devices (default: all local devices).
+        devices: The devices (default: all local devices); devices of other processes are
+            ignored.
         dim: Matrix size.
         dtype: Matmul dtype.
         repeats: Timed calls; the fastest counts.
@@ -177,13 +178,23 @@ def measure_matmul_flops(
     from jax.sharding import Mesh, NamedSharding  # pylint: disable=import-outside-toplevel
     from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
 
-    devices = list(devices if devices is not None else jax.local_devices())
+    # Only this process's devices: in a multi-process run each process probes its own devices,
+    # and the operands are placed from host memory straight onto them (never built on one device
+    # and moved, which would be a cross-process transfer the CPU backend does not support).
+    devices = [
+        d
+        for d in (devices if devices is not None else jax.local_devices())
+        if d.process_index == jax.process_index()
+    ]
+    if not devices:
+        raise ValueError("measure_matmul_flops: no given device is local to this process.")
     n = len(devices)
     mesh = Mesh(np.array(devices), ("d",))
     sharding = NamedSharding(mesh, P("d"))
     scale = 1.0 / np.sqrt(dim)  # Keeps the chained products bounded.
-    a = jax.device_put(jnp.full((n, dim, dim), scale, dtype=dtype), sharding)
-    b = jax.device_put(jnp.full((n, dim, dim), scale, dtype=dtype), sharding)
+    host = np.full((n, dim, dim), scale, dtype=jnp.dtype(dtype))
+    a = jax.device_put(host, sharding)
+    b = jax.device_put(host, sharding)
 
     @jax.jit
     def chain(a, b):
@@ -192,12 +203,15 @@ def measure_matmul_flops(
             x = jnp.einsum("nij,njk->nik", x, b, preferred_element_type=x.dtype)
         return x
 
-    chain(a, b).block_until_ready()  # Compile and warm up.
-    best = float("inf")
-    for _ in range(repeats):
-        start = clock()
-        chain(a, b).block_until_ready()
-        best = min(best, clock() - start)
+    # The probe's own (process-local) mesh replaces any context mesh the caller set (the
+    # trainer's global mesh spans other processes' devices).
+    with jax.set_mesh(mesh):
+        chain(a, b).block_until_ready()  # Compile and warm up.
+        best = float("inf")
+        for _ in range(repeats):
+            start = clock()
+            chain(a, b).block_until_ready()
+            best = min(best, clock() - start)
     flops_per_device = 2.0 * dim**3 * matmuls_per_call
     return flops_per_device / max(best, 1e-12)
 

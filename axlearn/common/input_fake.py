@@ -139,6 +139,19 @@ class FakeLmInput(Module):
         return iter(self)
 
     @nowrap
+    def element_spec(self) -> dict[str, Any]:
+        """Returns this process's batch shapes (`jax.ShapeDtypeStruct`s), as batches have them."""
+        import jax  # pylint: disable=import-outside-toplevel
+
+        cfg = self.config
+        rows, length = len(self._rows), cfg.source_length
+        return {
+            "input_ids": jax.ShapeDtypeStruct((rows, length), np.int32),
+            "target_labels": jax.ShapeDtypeStruct((rows, length), np.int32),
+            "target_num_bytes": jax.ShapeDtypeStruct((rows,), np.int32),
+        }
+
+    @nowrap
     def batches(self, it: FakeLmIterator):
         """Yields the batches of `it`."""
         yield from it

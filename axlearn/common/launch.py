@@ -7,7 +7,11 @@ itself), checks the backend, and records `--data_dir` in the `DATA_DIR` environm
 Flags:
     --jax_backend: cpu, gpu or tpu (default: whatever JAX picks; TPU pods must pass tpu so that
         jax.distributed is initialized).
-    --distributed_coordinator, --num_processes, --process_id: multi-process CPU/GPU runs.
+    --distributed_coordinator, --num_processes, --process_id: multi-process CPU/GPU runs. Each
+        one left unset takes its value from the environment variable the launchers set
+        (DISTRIBUTED_COORDINATOR, NUM_PROCESSES, PROCESS_ID; see
+        `axlearn.cloud.common.process_env`), so a JobSet pod and `axlearn local launch` run the
+        documented command unchanged.
     --initialization_timeout: seconds to wait for all processes to connect.
     --data_dir: the TFDS data directory, or FAKE to train on synthetic inputs.
     --jax_profiler_port: serve the JAX profiler on this port.
@@ -24,6 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import jax  # noqa: E402  (imported after the environment above is set)
 
+from axlearn.cloud.common.process_env import distributed_flag_defaults  # noqa: E402
 from axlearn.common.utils_spmd import setup as setup_spmd  # noqa: E402
 
 flags.DEFINE_string(
@@ -40,12 +45,20 @@ flags.DEFINE_string(
 flags.DEFINE_string(
     "distributed_coordinator",
     None,
-    "host:port of process 0's coordinator for multi-process CPU/GPU runs. Must be unset on TPU.",
+    "host:port of process 0's coordinator for multi-process CPU/GPU runs (default: the "
+    "DISTRIBUTED_COORDINATOR environment variable). Must be unset on TPU.",
 )
 flags.DEFINE_integer(
-    "num_processes", None, "Total number of processes (CPU/GPU multi-process). Unset on TPU."
+    "num_processes",
+    None,
+    "Total number of processes (CPU/GPU multi-process; default: the NUM_PROCESSES environment "
+    "variable). Unset on TPU.",
 )
-flags.DEFINE_integer("process_id", None, "This process's rank (CPU/GPU multi-process).")
+flags.DEFINE_integer(
+    "process_id",
+    None,
+    "This process's rank (CPU/GPU multi-process; default: the PROCESS_ID environment variable).",
+)
 flags.DEFINE_integer(
     "initialization_timeout",
     None,
@@ -64,8 +77,14 @@ def setup(flag_values: flags.FlagValues = FLAGS) -> None:
 
     Raises:
         RuntimeError: If the devices do not belong to the requested backend.
+        ValueError: If NUM_PROCESSES or PROCESS_ID (used for an unset flag) is not an integer.
     """
     backend = flag_values.jax_backend
+    if backend != "tpu":
+        # Unset distributed flags take the launcher's environment (JobSet pod, local launch).
+        for name, value in distributed_flag_defaults().items():
+            if flag_values[name].value is None and value is not None:
+                flag_values[name].value = value
     if backend and not jax.config.jax_platforms:
         jax.config.update("jax_platforms", backend)
     setup_spmd(

@@ -49,6 +49,21 @@ flags.DEFINE_string(
     "(e.g. tpu-v5litepod-256, gpu-p5.48xlarge-64, cpu).",
 )
 
+flags.DEFINE_integer(
+    "restore_step",
+    None,
+    "Resume from this committed checkpoint step instead of the newest one; newer step "
+    "directories are set aside as step_%08d.superseded-<time> (never deleted). Applied once: a "
+    "restart with the same flag resumes from the run's newer checkpoints.",
+)
+flags.DEFINE_enum(
+    "restore_fallback",
+    None,
+    ["none", "previous"],
+    "When the newest checkpoint is corrupt: 'none' (default) refuses to start, naming the file; "
+    "'previous' sets it aside as step_%08d.corrupt-<time> and restores the newest intact older "
+    "step. Nothing is deleted either way.",
+)
 flags.DEFINE_multi_string(
     "config_override",
     [],
@@ -134,6 +149,10 @@ def apply_launch_settings(
         cfg.mesh_shape = (-1,) + (1,) * (len(cfg.mesh_axis_names) - 1)
     if not isinstance(cfg.mesh_shape, HybridMeshShape):
         cfg.mesh_shape = infer_mesh_shape(cfg.mesh_shape)
+    if flag_values.restore_step is not None:
+        cfg.restore_step = flag_values.restore_step
+    if flag_values.restore_fallback is not None:
+        cfg.checkpointer.restore_fallback = flag_values.restore_fallback
     if flag_values.trace_at_steps:
         cfg.start_trace_steps = [int(s) for s in flag_values.trace_at_steps]
     if cfg.watchdog_timeout_seconds is None:

@@ -478,3 +478,61 @@ class Embedding(BaseLayer):
     def embeddings(self) -> Tensor:
         """The table, [num_embeddings, dim]."""
         return self.parameters["weight"]
+
+
+def set_bias_recursively(cfg: ConfigBase, bias: bool = False) -> ConfigBase:
+    """Sets `bias` on every config in the tree rooted at `cfg` that has a `bias` field.
+
+    Args:
+        cfg: The root config (edited in place).
+        bias: The value to set.
+
+    Returns:
+        `cfg`.
+    """
+
+    def enter_fn(_, value, default_kv):
+        if isinstance(value, ConfigBase) and "bias" in value and isinstance(value.bias, bool):
+            value.bias = bias
+        return default_kv
+
+    cfg.visit(visit_fn=lambda k, v: None, enter_fn=enter_fn)
+    return cfg
+
+
+def set_norm_recursively(cfg: ConfigBase, norm_cfg: ConfigBase) -> ConfigBase:
+    """Replaces every normalization-layer config under `cfg` by a copy of `norm_cfg`.
+
+    A normalization config is one whose `klass` subclasses BaseNormalizationLayer; the copy keeps
+    the replaced config's `input_dim` when it was set.
+
+    Args:
+        cfg: The root config (edited in place).
+        norm_cfg: The normalization config to use.
+
+    Returns:
+        `cfg`.
+    """
+
+    def is_norm(value) -> bool:
+        klass = getattr(value, "klass", None) if isinstance(value, ConfigBase) else None
+        return isinstance(klass, type) and issubclass(klass, BaseNormalizationLayer)
+
+    def enter_fn(_, value, default_kv):
+        if isinstance(value, ConfigBase):
+            for key, child in value.items():
+                if is_norm(child):
+                    new = norm_cfg.clone()
+                    if "input_dim" in child and child.input_dim is not REQUIRED:
+                        new.input_dim = child.input_dim
+                    setattr(value, key, new)
+            return [(k, v) for k, v in default_kv if not is_norm(v)] if default_kv else default_kv
+        return default_kv
+
+    cfg.visit(visit_fn=lambda k, v: None, enter_fn=enter_fn)
+    return cfg
+
+
+# Normalization layers defined in layers_norm.py (kept apart for length), exported here as in
+# AXLearn. Imported last: layers_norm imports BaseNormalizationLayer from this module.
+from axlearn.common.layers_norm import BatchNorm, GroupNorm, L2Norm  # noqa: E402,F401

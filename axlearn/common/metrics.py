@@ -1,4 +1,8 @@
-"""Metrics that accumulate over batches: weighted scalars and the accumulator used by evalers.
+"""Metrics that accumulate over batches: weighted means, reducers and the evalers' accumulator.
+
+AXLearn's names: `WeightedSummary` (any weighted mean), `WeightedScalar` (a scalar one, what
+our modules add), `MinSummary`/`MaxSummary`/`SumSummary` (elementwise reductions) and
+`MetricAccumulator`; all are `summary.Summary` pytrees.
 
 `WeightedScalar(mean, weight)` is a pytree (it can be returned from jitted functions and added as a
 module summary). Adding two gives the weighted mean of both, with the weights summed, so the mean
@@ -23,36 +27,61 @@ import jax
 import jax.numpy as jnp
 
 from axlearn.common.config import Configurable
+from axlearn.common.summary import Summary
 
 
-@jax.tree_util.register_pytree_node_class
-class WeightedScalar:
-    """A mean and its (non-negative) weight, e.g. a loss averaged over `weight` tokens.
+class MetricSummary(Summary):
+    """Base class of metric summaries computed during training and evaluation."""
+
+
+class WeightedValue(MetricSummary):
+    """A mean and the (non-negative) weight behind it."""
+
+    # The mean (a tensor or Python number).
+    mean: Any
+    # The total weight behind the mean (>= 0).
+    weight: Any
+
+    def value(self) -> Any:
+        """The value shown in summaries: the mean."""
+        return self.mean
+
+
+class WeightedSummary(WeightedValue):
+    """A weighted mean that accumulates: adding two gives the weighted mean, weights summed.
+
+    A weight of zero contributes nothing; when all weights are zero the mean is 0.
+    """
+
+    def __add__(self, other: WeightedSummary) -> WeightedSummary:
+        if not isinstance(other, WeightedSummary):
+            return NotImplemented
+        weight = self.weight + other.weight
+        # Division guarded on both branches so gradients stay finite when the weight is zero.
+        safe = jnp.where(weight > 0, weight, 1)
+        mean = jnp.where(
+            weight > 0, (self.mean * self.weight + other.mean * other.weight) / safe, 0.0
+        )
+        return type(self)(mean, weight)
+
+    def accumulate(self, other: Summary) -> WeightedSummary:
+        """Returns `self + other`.
+
+        Raises:
+            TypeError: If `other` is not a WeightedSummary.
+        """
+        if not isinstance(other, WeightedSummary):
+            raise TypeError(f"Expected WeightedSummary, got {type(other)}.")
+        return self + other
+
+
+class WeightedScalar(WeightedSummary):
+    """A scalar mean and its (non-negative) weight, e.g. a loss averaged over `weight` tokens.
 
     Attributes:
         mean: The mean (a scalar tensor or Python number).
         weight: The total weight behind the mean (scalar, >= 0).
     """
-
-    __slots__ = ("mean", "weight")
-
-    def __init__(self, mean: Any, weight: Any):
-        self.mean = mean
-        self.weight = weight
-
-    def tree_flatten(self):
-        """Pytree flattening: children (mean, weight), no aux data."""
-        return (self.mean, self.weight), None
-
-    @classmethod
-    def tree_unflatten(cls, aux_data, children) -> WeightedScalar:
-        """Pytree unflattening."""
-        del aux_data
-        return cls(*children)
-
-    def value(self) -> Any:
-        """The value shown in summaries: the mean."""
-        return self.mean
 
     def validate(self) -> None:
         """Raises ValueError if mean or weight is not a scalar."""
@@ -61,18 +90,7 @@ class WeightedScalar:
             if hasattr(v, "shape") and tuple(v.shape) != ():
                 raise ValueError(f"WeightedScalar.{name} must be a scalar, got shape {v.shape}")
 
-    def __add__(self, other: WeightedScalar) -> WeightedScalar:
-        if not isinstance(other, WeightedScalar):
-            return NotImplemented
-        weight = self.weight + other.weight
-        # Division guarded on both branches so gradients stay finite when the weight is zero.
-        safe = jnp.where(weight > 0, weight, 1)
-        mean = jnp.where(
-            weight > 0, (self.mean * self.weight + other.mean * other.weight) / safe, 0.0
-        )
-        return WeightedScalar(mean, weight)
-
-    def accumulate(self, other: WeightedScalar) -> WeightedScalar:
+    def accumulate(self, other: Summary) -> WeightedSummary:
         """Returns `self + other`.
 
         Raises:
@@ -84,8 +102,60 @@ class WeightedScalar:
             )
         return self + other
 
-    def __repr__(self) -> str:
-        return f"WeightedScalar(mean={self.mean!r}, weight={self.weight!r})"
+
+class _ReducerSummary(MetricSummary):
+    """A tensor reduced elementwise across accumulation (subclasses define the reduction)."""
+
+    # The tensor.
+    _value: Any
+
+    def value(self) -> Any:
+        """The reduced tensor."""
+        return self._value
+
+    def validate(self) -> None:
+        """Raises ValueError if the value is not an array."""
+        if not hasattr(self._value, "shape"):
+            raise ValueError(
+                f"{type(self).__name__} value must be a Tensor, but got {type(self._value)}."
+            )
+
+    def _accumulate_op(self, this_value: Any, other_value: Any) -> Any:
+        raise NotImplementedError(type(self))
+
+    def accumulate(self, other: Summary) -> _ReducerSummary:
+        """Combines elementwise with a summary of the same type and shape.
+
+        Raises:
+            TypeError: If `other` is of another type.
+            ValueError: If the shapes differ.
+        """
+        if not isinstance(other, type(self)):
+            raise TypeError(f"Expected {type(self).__name__}, got {type(other)}.")
+        if self._value.shape != other._value.shape:
+            raise ValueError(f"Shape mismatch: {self._value.shape} vs {other._value.shape}.")
+        return type(self)(self._accumulate_op(self._value, other._value))
+
+
+class MinSummary(_ReducerSummary):
+    """The elementwise minimum across accumulation."""
+
+    def _accumulate_op(self, this_value: Any, other_value: Any) -> Any:
+        return jnp.minimum(this_value, other_value)
+
+
+class MaxSummary(_ReducerSummary):
+    """The elementwise maximum across accumulation."""
+
+    def _accumulate_op(self, this_value: Any, other_value: Any) -> Any:
+        return jnp.maximum(this_value, other_value)
+
+
+class SumSummary(_ReducerSummary):
+    """The elementwise sum across accumulation."""
+
+    def _accumulate_op(self, this_value: Any, other_value: Any) -> Any:
+        return this_value + other_value
 
 
 def _is_summary(x: Any) -> bool:

@@ -8,6 +8,7 @@ the fan-scaled (variance scaling) initializer for weights.
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 from collections.abc import Sequence
@@ -36,12 +37,112 @@ class FanAxes(NamedTuple):
     both fans; batch axes count towards neither.
     """
 
+    class AxisType(enum.Enum):
+        """The kind of an axis, for `prepend_axis`/`append_axis`."""
+
+        IN_AXIS = "in_axis"
+        OUT_AXIS = "out_axis"
+        BATCH_AXIS = "batch_axis"
+        NONE = None
+
     # The input axis (or axes).
     in_axis: Union[tuple[int, ...], int]
     # The output axis (or axes).
     out_axis: Union[tuple[int, ...], int]
     # Axes ignored when computing fans.
     batch_axis: Union[tuple[int, ...], int] = ()
+
+    def canonicalize(self) -> FanAxes:
+        """Returns the equivalent FanAxes whose fields are sorted tuples.
+
+        Raises:
+            TypeError: If a field is not None, an int or a tuple of ints.
+        """
+
+        def one(value):
+            if value is None:
+                return ()
+            if isinstance(value, int):
+                return (value,)
+            if isinstance(value, tuple):
+                return tuple(sorted(value))
+            raise TypeError(f"Invalid type {type(value)} for data {value}.")
+
+        return FanAxes(*(one(getattr(self, f)) for f in self._fields))
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, FanAxes):
+            return False
+        return tuple(self.canonicalize()) == tuple(other.canonicalize())
+
+    def __ne__(self, other: Any) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.canonicalize()))
+
+    def _insert_axis(self, axis: int, *, axis_type: FanAxes.AxisType) -> FanAxes:
+        """Returns a copy with a new axis of `axis_type` at the start (0) or end (-1).
+
+        Existing non-negative indices shift by one when inserting at 0; negative ones when
+        inserting at -1.
+
+        Raises:
+            ValueError: If axis is not 0 or -1.
+        """
+        if axis not in (0, -1):
+            raise ValueError("Location must be either 0 or -1.")
+
+        def move(index: int) -> int:
+            if index >= 0 and axis == 0:
+                return index + 1
+            if index < 0 and axis == -1:
+                return index - 1
+            return index
+
+        fields = {k: tuple(move(i) for i in v) for k, v in self.canonicalize()._asdict().items()}
+        if axis_type != FanAxes.AxisType.NONE:
+            fields[axis_type.value] = tuple(fields[axis_type.value]) + (axis,)
+        return FanAxes(**fields)
+
+    def prepend_axis(self, *, axis_type: FanAxes.AxisType) -> FanAxes:
+        """Returns a copy for a shape with a new leading axis of `axis_type`.
+
+        Args:
+            axis_type: The new axis's type (NONE: a receptive-field axis).
+
+        Returns:
+            The new FanAxes.
+        """
+        return self._insert_axis(0, axis_type=axis_type)
+
+    def append_axis(self, *, axis_type: FanAxes.AxisType) -> FanAxes:
+        """Returns a copy for a shape with a new trailing axis of `axis_type`.
+
+        Args:
+            axis_type: The new axis's type (NONE: a receptive-field axis).
+
+        Returns:
+            The new FanAxes.
+        """
+        return self._insert_axis(-1, axis_type=axis_type)
+
+
+def maybe_prepend_axis(
+    fan_axes: Optional[FanAxes], *, axis_type: FanAxes.AxisType
+) -> Optional[FanAxes]:
+    """Returns `fan_axes.prepend_axis(axis_type=axis_type)`, or None if `fan_axes` is None.
+
+    Args:
+        fan_axes: The fan axes, or None.
+        axis_type: The type of the prepended axis.
+
+    Returns:
+        The new fan axes, or None.
+    """
+    if fan_axes is None:
+        return None
+    return fan_axes.prepend_axis(axis_type=axis_type)
 
 
 def compute_fans(shape: Shape, axes: FanAxes) -> dict[str, float]:

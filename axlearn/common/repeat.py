@@ -65,12 +65,14 @@ def _prepend_fan_axes(fan_axes: Optional[FanAxes]) -> Optional[FanAxes]:
     )
 
 
-def prepend_axis_to_specs(specs, size: int):
-    """Adds a leading (unpartitioned, batch) axis of `size` to every ParameterSpec in `specs`.
+def prepend_axis_to_specs(specs, size: int, *, mesh_axis: Optional[str] = None):
+    """Adds a leading (batch) axis of `size` to every ParameterSpec in `specs`.
 
     Args:
         specs: A nested dict of completed ParameterSpecs.
         size: The new leading dimension (e.g. the number of repeated layers).
+        mesh_axis: The mesh axis the new axis is sharded over (None: unpartitioned), e.g.
+            "pipeline" for pipeline stages.
 
     Returns:
         The transformed tree.
@@ -83,7 +85,7 @@ def prepend_axis_to_specs(specs, size: int):
         return dataclasses.replace(
             spec,
             shape=(size, *spec.shape),
-            mesh_axes=PartitionSpec(None, *(spec.mesh_axes or (None,) * len(spec.shape))),
+            mesh_axes=PartitionSpec(mesh_axis, *(spec.mesh_axes or (None,) * len(spec.shape))),
             factorization=factorization,
             fan_axes=_prepend_fan_axes(spec.fan_axes),
         )

@@ -51,6 +51,10 @@ def config_hash(config: Any) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+# Set in launch images (Dockerfile, from the bundler's GIT_COMMIT build argument).
+GIT_COMMIT_ENV = "AXLEARN_GIT_COMMIT"
+
+
 def git_commit(path: Optional[str] = None) -> dict[str, Any]:
     """Returns {"commit": sha or None, "dirty": bool or None} of the git checkout holding `path`.
 
@@ -59,7 +63,9 @@ def git_commit(path: Optional[str] = None) -> dict[str, Any]:
 
     Returns:
         The commit and whether tracked files have uncommitted changes (None when not a checkout
-        or git is unavailable).
+        or git is unavailable). Outside a checkout (a container image built by a launch bundler,
+        which has no .git), the commit is the `AXLEARN_GIT_COMMIT` environment variable the
+        image sets from its GIT_COMMIT build argument, if any.
     """
     path = path or os.path.dirname(os.path.abspath(__file__))
     if os.path.isfile(path):
@@ -80,7 +86,7 @@ def git_commit(path: Optional[str] = None) -> dict[str, Any]:
 
     commit = git("rev-parse", "HEAD")
     if commit is None:
-        return dict(commit=None, dirty=None)
+        return dict(commit=os.environ.get(GIT_COMMIT_ENV) or None, dirty=None)
     status = git("status", "--porcelain", "--untracked-files=no")
     return dict(commit=commit, dirty=bool(status) if status is not None else None)
 

@@ -6,8 +6,11 @@ A schedule is anything `as_schedule_fn` accepts: a number (a constant schedule),
     config_for_function(cosine_with_linear_warmup).set(peak_lr=1.0, max_step=100, warmup_steps=10)
 
 Every schedule here is a config-able function: its keyword arguments are config fields and it
-returns a `ScheduleFn`. Steps are the optimizer's update count: the first update is step 0 unless
-a transformation documents otherwise. Schedule functions are traceable (steps may be JAX arrays).
+returns a `ScheduleFn`. Steps count from 1, as in AXLearn: an update sees the number of updates
+done including itself (`count + 1` of its transformation's state), so the first update is step 1,
+the step the trainer logs and checkpoints. A linear warm-up of 100 steps to 1.0 gives 0.01 at
+step 1, 0.02 at step 2 and 1.0 at step 100. Schedule functions are traceable (steps may be JAX
+arrays).
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from collections.abc import Callable
 from typing import Any, Union
 
 import jax
-import optax
 from jax import numpy as jnp
+
+# Re-exported as AXLearn's schedule module does, for configs naming `schedule.constant_schedule`.
+from optax import constant_schedule, cosine_decay_schedule  # noqa: F401
 
 from axlearn.common.config import InstantiableConfig, config_for_function
 
@@ -195,30 +200,34 @@ def adafactor(
 
 
 def adafactor_decay_rate(c: float = 0.8, step_offset: int = 0) -> ScheduleFn:
-    """Adafactor's second-moment decay: 1 - (t + 1) ** -c with t = max(step - step_offset, 0).
+    """Adafactor's second-moment decay (section 7.2 of arXiv:1804.04235): 1 - t ** -c.
 
-    This equals optax's adafactor decay (`decay_rate=c`) for update counts starting at 0.
+    t = max(step - step_offset, 1): the first step (step_offset + 1) gets 0, i.e. the first
+    update replaces the running average. With steps counting from 1 this equals optax's adafactor
+    decay (`decay_rate=c`), whose update counts start at 0.
 
     Args:
         c: The exponent.
-        step_offset: Steps to subtract (to restart the schedule when fine-tuning).
+        step_offset: Steps to subtract (to restart the schedule when fine-tuning from a state that
+            has already taken `step_offset` steps); steps <= step_offset are clamped to 1.
 
     Returns:
         The schedule.
     """
 
     def fn(step):
-        t = jnp.maximum(jnp.asarray(step, jnp.float32) - step_offset, 0.0)
-        return 1.0 - (t + 1.0) ** (-c)
+        t = jnp.maximum(jnp.asarray(step, jnp.float32) - step_offset, 1.0)
+        return 1.0 - t ** (-c)
 
     return fn
 
 
 def decay_bias_correction(decay: float) -> ScheduleFn:
-    """A decay schedule whose EMA is bias-corrected: decay * (1 - decay**t) / (1 - decay**(t+1)).
+    """A bias-corrected decay: decay * (1 - decay**(t - 1)) / (1 - decay**t) at step t.
 
-    With update counts starting at 0, an EMA updated with this decay equals the debiased EMA with
-    constant `decay` (the first update copies the value).
+    Steps count from 1: the decay is 0 at step 1, so an EMA updated with
+    `ema = decay_t * ema + (1 - decay_t) * value` holds value(1) after step 1 and equals the
+    debiased EMA with constant `decay` afterwards (section 7.1 of arXiv:1804.04235).
 
     Args:
         decay: The constant decay to bias-correct.
@@ -228,7 +237,7 @@ def decay_bias_correction(decay: float) -> ScheduleFn:
     """
 
     def fn(step):
-        t = jnp.asarray(step, jnp.float32) + 1.0
+        t = jnp.asarray(step, jnp.float32)
         return decay * (1.0 - decay ** (t - 1.0)) / (1.0 - decay**t)
 
     return fn
@@ -322,43 +331,55 @@ def cosine_with_linear_warmup(
 ) -> ScheduleFn:
     """Linear warm-up from `begin_value` to `peak_lr`, then cosine decay to `alpha * peak_lr`.
 
-    For step s < warmup_steps: begin_value + (peak_lr - begin_value) * s / warmup_steps.
-    Then (with d = s - decay start, D = max_step - decay start):
-    peak_lr * ((1 - alpha) * 0.5 * (1 + cos(pi * min(d, D) / D)) + alpha).
+    Steps count from 1 (see the module docstring). For 1 <= s <= warmup_steps:
+    begin_value + (peak_lr - begin_value) * s / warmup_steps (peak_lr at s = warmup_steps).
+    Then, with d the step relative to the decay start and D = max_step - decay start:
+    peak_lr * ((1 - alpha) * 0.5 * (1 + cos(pi * min(d, D) / D)) + alpha), reaching
+    alpha * peak_lr at max_step.
 
     Args:
         peak_lr: The peak value.
         max_step: The step at which the cosine decay ends.
         warmup_steps: Steps of linear warm-up (0: no warm-up).
-        begin_value: The value at step 0.
+        begin_value: The value the warm-up starts from (at step 0).
         alpha: The final value as a fraction of peak_lr.
-        decay_begin_step: If > warmup_steps, the value stays at peak_lr from warmup_steps until
-            this step, where the cosine decay begins.
+        decay_begin_step: If > warmup_steps, the value stays at peak_lr after the warm-up until
+            this step, after which the cosine decay begins.
 
     Returns:
         The schedule.
+
+    Raises:
+        ValueError: If max_step is not after the decay start.
     """
-    sub, start_step = [], []
+    segments, segment_steps = [], []
     if warmup_steps > 0:
-        sub.append(
+        segments.append(
             config_for_function(polynomial).set(
                 begin_step=0, begin_value=begin_value, end_step=warmup_steps, end_value=peak_lr
             )
         )
-        start_step.append(warmup_steps)
+        segment_steps.append(warmup_steps)
     decay_start = warmup_steps
     if decay_begin_step is not None and decay_begin_step > warmup_steps:
-        sub.append(config_for_function(constant).set(value=peak_lr))
-        start_step.append(decay_begin_step)
+        segments.append(
+            config_for_function(polynomial).set(
+                begin_step=0,
+                begin_value=peak_lr,
+                end_step=decay_begin_step - warmup_steps,
+                end_value=peak_lr,
+            )
+        )
+        segment_steps.append(decay_begin_step - warmup_steps)
         decay_start = decay_begin_step
     if max_step <= decay_start:
         raise ValueError(f"max_step ({max_step}) must be > the decay start step ({decay_start}).")
-    sub.append(
-        config_for_function(optax.cosine_decay_schedule).set(
+    segments.append(
+        config_for_function(cosine_decay_schedule).set(
             init_value=peak_lr, decay_steps=max_step - decay_start, alpha=alpha
         )
     )
-    return stepwise(sub=sub, start_step=start_step)
+    return segment_wise(segments=segments, segment_steps=segment_steps)
 
 
 def constant_with_linear_warmup(
@@ -366,16 +387,25 @@ def constant_with_linear_warmup(
 ) -> ScheduleFn:
     """Linear warm-up from `begin_value` to `peak_lr` over `warmup_steps`, then constant.
 
+    Steps count from 1: the value is begin_value + (peak_lr - begin_value) * s / warmup_steps
+    for 1 <= s <= warmup_steps, then peak_lr.
+
     Args:
         peak_lr: The value after warm-up.
         warmup_steps: Steps of linear warm-up (> 0).
-        begin_value: The value at step 0.
+        begin_value: The value the warm-up starts from (at step 0).
 
     Returns:
         The schedule.
     """
-    return polynomial(
-        begin_step=0, begin_value=begin_value, end_step=warmup_steps, end_value=peak_lr
+    return segment_wise(
+        segments=[
+            config_for_function(polynomial).set(
+                begin_step=0, begin_value=begin_value, end_step=warmup_steps, end_value=peak_lr
+            ),
+            config_for_function(constant_schedule).set(value=peak_lr),
+        ],
+        segment_steps=[warmup_steps],
     )
 
 
@@ -387,20 +417,22 @@ def linear_schedule_with_warmup(
     begin_value: float = 0.0,
     end_value: float = 0.0,
 ) -> ScheduleFn:
-    """Linear warm-up to `peak_lr`, then linear decay to `end_value` at `max_step`.
+    """Linear warm-up to `peak_lr` (reached at step `warmup_steps`), then linear decay.
+
+    Steps count from 1; the decay reaches `end_value` at `max_step` and stays there.
 
     Args:
         peak_lr: The peak value, reached at `warmup_steps`.
         max_step: The step at which `end_value` is reached.
         warmup_steps: Steps of linear warm-up (> 0).
-        begin_value: The value at step 0.
+        begin_value: The value the warm-up starts from (at step 0).
         end_value: The value at and after `max_step`.
 
     Returns:
         The schedule.
     """
-    return stepwise(
-        sub=[
+    return segment_wise(
+        segments=[
             config_for_function(polynomial).set(
                 begin_step=0, begin_value=begin_value, end_step=warmup_steps, end_value=peak_lr
             ),
@@ -411,12 +443,15 @@ def linear_schedule_with_warmup(
                 end_value=end_value,
             ),
         ],
-        start_step=[warmup_steps],
+        segment_steps=[warmup_steps],
     )
 
 
 def ema_schedule(decay: float = 0.9999, *, warmup_steps: int = 1) -> ScheduleFn:
     """EMA decay with warm-up: step / (1 + step) while step < warmup_steps, then `decay`.
+
+    During warm-up the decay is 0, 1/2, 2/3, ... at steps 0, 1, 2, ... (so 1/2 at the first
+    update, which sees step 1).
 
     Args:
         decay: The decay after warm-up.

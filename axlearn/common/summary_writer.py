@@ -14,6 +14,9 @@ Device values are fetched to the host in ONE batched transfer (`fetch_to_host`) 
   non-finite floats are written as the strings "NaN", "Infinity", "-Infinity" so every line stays
   strict JSON. Only process 0 writes.
 - `CompositeWriter`: several named writers; a child whose `dir` is unset gets `<dir>/<name>`.
+- `WandBWriter`: Weights & Biases (the optional `wandb` package, `pip install 'axlearn[wandb]'`):
+  scalars and histograms, the config dump as the run config, the run resumed by the id kept in
+  its `dir`.
 
 Interface for the trainer:
 
@@ -30,6 +33,7 @@ import json
 import math
 import numbers
 import os
+import secrets
 import time
 from functools import wraps
 from typing import Any, Callable, Optional
@@ -39,7 +43,7 @@ import numpy as np
 from absl import logging
 
 from axlearn.common.config import REQUIRED, ConfigBase, Required, RequiredFieldValue, config_class
-from axlearn.common.metrics import WeightedScalar
+from axlearn.common.metrics import WeightedSummary
 from axlearn.common.module import Module
 from axlearn.common.utils import NestedTensor, flatten_items
 
@@ -76,7 +80,7 @@ def processor_zero_only(fn: Callable) -> Callable:
 
 
 def _is_summary_leaf(x: Any) -> bool:
-    return isinstance(x, WeightedScalar)
+    return isinstance(x, WeightedSummary)
 
 
 def fetch_to_host(values: NestedTensor) -> NestedTensor:
@@ -248,8 +252,8 @@ class CompositeWriter(BaseWriter):
 
 
 def _host_value(value: Any) -> Any:
-    """Unwraps a WeightedScalar to its mean; converts 0-d arrays to NumPy scalars."""
-    if isinstance(value, WeightedScalar):
+    """Unwraps a WeightedSummary to its mean; converts 0-d arrays to NumPy scalars."""
+    if isinstance(value, WeightedSummary):
         value = value.mean
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value[()]
@@ -405,3 +409,130 @@ class JsonlWriter(BaseWriter):
                 record[path] = converted
         with _open_for_append(self._path) as f:
             f.write(json.dumps(record, allow_nan=False) + "\n")
+
+
+# The file in a WandBWriter's `dir` holding its W&B run id, so that a restarted job resumes the run.
+WANDB_RUN_ID_FILE = "wandb_run_id"
+
+
+def _import_wandb():
+    try:
+        import wandb  # pylint: disable=import-outside-toplevel
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(
+            "WandBWriter needs the `wandb` package: pip install 'axlearn[wandb]'"
+        ) from e
+    return wandb
+
+
+class WandBWriter(BaseWriter):
+    """Logs to Weights & Biases with the `wandb` package (process 0 only; the [wandb] extra).
+
+    Scalars (numbers, 0-d arrays, WeightedScalar means) are logged with `wandb.log(..., step=)`
+    under their '/'-joined paths, arrays of rank >= 1 as `wandb.Histogram`s, strings are skipped.
+    `log_config` sets the flattened config (`path: repr`) as the run config. The run id is kept in
+    `<dir>/wandb_run_id`: a restarted job with the same `dir` resumes the same run. The W&B mode
+    (online, offline, disabled) is `mode` or, if unset, the `WANDB_MODE` environment variable.
+    """
+
+    @config_class
+    class Config(BaseWriter.Config):
+        """Configures WandBWriter (see `wandb.init`)."""
+
+        # The run's display name; None: a name chosen by W&B.
+        exp_name: Optional[str] = None
+        # The W&B project; None: wandb's default (WANDB_PROJECT or "uncategorized").
+        project: Optional[str] = None
+        # The W&B entity (user or team); None: the account's default.
+        entity: Optional[str] = None
+        # The run's group; None: no group.
+        group: Optional[str] = None
+        # Tags of the run.
+        tags: Optional[list[str]] = None
+        # "online", "offline" or "disabled"; None: WANDB_MODE or wandb's default (online).
+        mode: Optional[str] = None
+        # Log only at steps divisible by this.
+        write_every_n_steps: int = 1
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        if cfg.write_every_n_steps < 1:
+            raise ValueError(
+                f"{self.path()}.write_every_n_steps must be >= 1, got {cfg.write_every_n_steps}"
+            )
+        if cfg.mode not in (None, "online", "offline", "disabled"):
+            raise ValueError(
+                f"{self.path()}.mode must be online, offline or disabled, got {cfg.mode!r}"
+            )
+        self._run = None
+        if jax.process_index() == 0:
+            self._wandb = _import_wandb()
+            self._run = self._init_run()
+
+    @property
+    def run(self) -> Any:
+        """The `wandb` run (None on processes other than 0)."""
+        return self._run
+
+    def _init_run(self):
+        cfg = self.config
+        _makedirs(cfg.dir)
+        id_path = os.path.join(cfg.dir, WANDB_RUN_ID_FILE)
+        if os.path.exists(id_path):
+            with open(id_path, encoding="utf-8") as f:
+                run_id = f.read().strip()
+        else:
+            run_id = secrets.token_hex(6)  # W&B ids: lowercase letters and digits.
+            with open(id_path, "w", encoding="utf-8") as f:
+                f.write(run_id + "\n")
+        return self._wandb.init(
+            id=run_id,
+            resume="allow",
+            # Several writers (trainer, evalers) may each hold a run in one process.
+            reinit="create_new",
+            name=cfg.exp_name,
+            project=cfg.project,
+            entity=cfg.entity,
+            group=cfg.group,
+            tags=cfg.tags,
+            mode=cfg.mode,
+            dir=cfg.dir,
+        )
+
+    def writing_at_step(self, step: int) -> bool:
+        return step % self.config.write_every_n_steps == 0
+
+    def log_config(self, config: ConfigBase, step: int = 0) -> None:
+        """Sets the run config to `config`'s flattened fields (`path: repr(value)`)."""
+        del step
+        if self._run is None:
+            return
+        flat = {}
+        for line in config.debug_string().split("\n"):
+            key, sep, value = line.partition(": ")
+            if sep:
+                flat[key] = value
+        self._run.config.update(flat, allow_val_change=True)
+
+    def __call__(self, step: int, values: dict[str, Any]) -> None:
+        if self._run is None or not self.writing_at_step(step):
+            return
+        values = fetch_to_host(values)
+        record = {}
+        for path, value in flatten_items(values, is_leaf=_is_summary_leaf):
+            value = _host_value(value)
+            if isinstance(value, (bool, np.bool_)):
+                record[path] = int(value)
+            elif isinstance(value, (numbers.Number, np.generic)):
+                record[path] = value.item() if isinstance(value, np.generic) else value
+            elif isinstance(value, np.ndarray) and value.size:
+                record[path] = self._wandb.Histogram(np.asarray(value, np.float64))
+        if record:
+            self._run.log(record, step=int(step))
+
+    def finish(self) -> None:
+        """Ends the run (flushes everything to disk or the server). Further calls do nothing."""
+        if self._run is not None:
+            self._run.finish()
+            self._run = None

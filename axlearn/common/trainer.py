@@ -54,6 +54,7 @@ from axlearn.common.trainer_metrics import TrainerMetricsMixin
 from axlearn.common.trainer_utils import (
     all_finite,
     eval_due,
+    global_batch_specs,
     is_unset,
     leading_dim,
     learner_skips_nonfinite,
@@ -131,6 +132,9 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         log_every_n_steps: Optional[int] = None
         # Peak FLOP/s per device for MFU; None: the peak table, or a matmul probe on CPU.
         peak_flops_per_device: Optional[float] = None
+        # If set, resume from this committed step instead of the newest (e.g. to go around a
+        # corrupt or bad one; --restore_step): newer step directories are set aside, not deleted.
+        restore_step: Optional[int] = None
         # On SIGTERM (a preemption notice), the step in flight is finished and saved and the
         # process exits with preemption.PREEMPTED_EXIT_CODE within this many seconds of the
         # signal; None: preemption.DEFAULT_PREEMPTION_TIMEOUT_SECONDS.
@@ -408,12 +412,25 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         )
 
     def compile_train_step(
-        self, input_batch: NestedTensor, *, donate_state: bool = True, input_finite: bool = False
+        self,
+        input_batch: Optional[NestedTensor] = None,
+        *,
+        trainer_state_specs: Optional[TrainerState] = None,
+        compiler_options: Optional[dict[str, Any]] = None,
+        donate_state: bool = True,
+        input_finite: bool = False,
     ) -> Any:
-        """Lowers and compiles the train step for a global batch (arrays or ShapeDtypeStructs).
+        """Lowers and compiles the train step (ahead of time: nothing runs).
 
         Args:
-            input_batch: The global input batch (or its shapes, with shardings).
+            input_batch: The global input batch (arrays, or ShapeDtypeStructs with shardings).
+                None: the shapes come from the input's `element_spec()`
+                (`trainer_utils.global_batch_specs`), so a trainer built on devices this process
+                cannot run on (AOT compilation for a TPU topology) compiles without data.
+            trainer_state_specs: The trainer state's shapes (arrays or ShapeDtypeStructs). None:
+                the current state if initialized, else `self.trainer_state_specs`.
+            compiler_options: XLA compiler options for `Lowered.compile`
+                (see `axlearn.common.compiler_options`).
             donate_state: Whether the step donates the trainer state's buffers (reuses them for
                 the new state). The trainer compiles a non-donating variant too when saves
                 reference the state (CPU), for the step after each save.
@@ -425,11 +442,20 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             The compiled step: (trainer_state, input_batch) -> (trainer_state, outputs), or
             -> (trainer_state, outputs, input_finite) with `input_finite`.
         """
+        if input_batch is None:
+            input_batch = global_batch_specs(
+                self.input, mesh=self._mesh, batch_axis_names=self._config.batch_axis_names
+            )
+        if trainer_state_specs is None:
+            trainer_state_specs = self._trainer_state
+            if trainer_state_specs is None:
+                trainer_state_specs = self._trainer_state_specs
         batch_sharding = jax.tree.map(lambda x: x.sharding, input_batch)
         state = jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-            self._trainer_state,
+            trainer_state_specs,
             self._trainer_state_shardings,
+            is_leaf=lambda x: isinstance(x, (utils.TensorSpec, jax.ShapeDtypeStruct)),
         )
         batch = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), input_batch
@@ -438,7 +464,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             lowered = self._jit_train_step(
                 batch_sharding, donate_state=donate_state, input_finite=input_finite
             ).lower(state, batch)
-            return lowered.compile()
+            return lowered.compile(compiler_options)
 
     # ------------------------------------------------------------------------------------------
     # The loop.
@@ -614,7 +640,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         self._timer = StepTimer()
         self._num_nonfinite_steps = 0
         self._records: list[dict[str, Any]] = []
-        if self.restore_checkpoint() is None:
+        if self.restore_checkpoint(self._restore_step_to_apply()) is None:
             self.init(prng_key)
             # Policies with min_step=1 do nothing at step 0.
             due = [n for n, e in self._evalers.items() if eval_due(e, self._step)]

@@ -6,6 +6,8 @@ public import path of everything here is `axlearn.common.trainer`.
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 from typing import Any, NamedTuple, Optional
 
@@ -14,6 +16,9 @@ from absl import logging
 
 from axlearn.common import utils
 from axlearn.common.trainer_utils import all_finite
+
+# In the checkpointer dir: the `restore_step` already applied (JSON {"step": N}).
+RESTORE_STEP_MARKER = "restore_step_applied"
 
 
 class TrainerState(NamedTuple):
@@ -116,6 +121,50 @@ class TrainerCheckpointMixin:
         self._step_log("Restored checkpoint at step %s.", step)
         return self._step
 
+    def _restore_step_to_apply(self) -> Optional[int]:
+        """The step `restore_step` asks for, the first time only (None: the newest one).
+
+        Applying it sets every newer step directory aside (nothing is deleted) and records the
+        step in `<checkpointer dir>/restore_step_applied`, so that a restart with the same flag
+        resumes from the run's newer checkpoints instead of discarding them again.
+        """
+        # pylint: disable-next=import-outside-toplevel
+        from axlearn.common.checkpointer import layout, recovery
+
+        step = self._config.restore_step
+        if step is None:
+            return None
+        ckpt_dir = self.checkpointer.config.dir
+        marker = os.path.join(ckpt_dir, RESTORE_STEP_MARKER)
+        try:
+            with open(marker, encoding="utf-8") as f:
+                if json.load(f).get("step") == step:
+                    self._step_log(
+                        "restore_step=%d was applied by an earlier start (%s); resuming from "
+                        "the newest checkpoint.",
+                        step,
+                        marker,
+                    )
+                    return None
+        except (OSError, ValueError):
+            pass
+        step_dir = self.checkpointer.ckpt_dir(step)
+        if not layout.is_committed(step_dir):
+            raise ValueError(
+                f"{self.path()}.restore_step={step} (--restore_step): {step_dir} is not a "
+                f"committed checkpoint; committed steps: "
+                f"{[s for s, p in layout.step_dirs(ckpt_dir) if layout.is_committed(p)]}"
+            )
+        if jax.process_index() == 0:
+            # Read the chosen step's index before anything is renamed.
+            try:
+                layout.read_index_file(step_dir)
+            except layout.CheckpointIndexError as e:
+                raise recovery.CorruptCheckpointError(recovery.corrupt_message(step_dir, e)) from e
+            recovery.supersede_newer(ckpt_dir, step)
+            layout.write_json_atomically(marker, {"step": step})
+        return step
+
     def _input_is_checkpointable(self) -> bool:
         return hasattr(self.input, "iterator_state") and hasattr(self.input, "restore_iterator")
 
@@ -136,13 +185,15 @@ class TrainerCheckpointMixin:
             state["input_iter"] = b""
         return state
 
+    # Abstract (jax.eval_shape): no computation, so this works under a mesh of devices this
+    # process cannot run on (AOT compilation for a TPU topology).
     @staticmethod
     def _prng_key_shape() -> tuple:
-        return tuple(jax.random.PRNGKey(0).shape)
+        return tuple(jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape)
 
     @staticmethod
     def _prng_key_dtype():
-        return jax.random.PRNGKey(0).dtype
+        return jax.eval_shape(lambda: jax.random.PRNGKey(0)).dtype
 
     def _save_checkpoint(
         self, evaler_summaries: Optional[dict[str, Any]], *, force: bool = False

@@ -111,3 +111,45 @@ def learner_skips_nonfinite(learner_cfg: ConfigBase) -> bool:
     """Whether the learner skips non-finite steps (skip_and_clip_by_global_norm, loss scaling)."""
     text = learner_cfg.debug_string()
     return bool(re.search(r"skip_and_clip_by_global_norm|loss_scal", text))
+
+
+def global_batch_specs(input_module: Any, *, mesh: jax.sharding.Mesh, batch_axis_names: Any) -> Any:
+    """Global batch shapes (ShapeDtypeStructs with shardings) from an input's `element_spec()`.
+
+    `element_spec()` describes this process's batch (as `tf.data`'s `element_spec` does); the
+    global batch is that times the process count, sharded as the trainer shards real batches
+    (`utils_spmd.batch_partition_spec`). No data is read.
+
+    Args:
+        input_module: The trainer's input (e.g. `input_tf_data.Input`, `input_fake.FakeLmInput`).
+        mesh: The trainer's mesh.
+        batch_axis_names: The trainer's `batch_axis_names`.
+
+    Returns:
+        A tree of `jax.ShapeDtypeStruct`s shaped like the global batch.
+
+    Raises:
+        ValueError: If the input has no `element_spec()` (naming the input's path).
+    """
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.utils_spmd import batch_partition_spec
+
+    spec_fn = getattr(input_module, "element_spec", None)
+    if spec_fn is None:
+        raise ValueError(
+            f"{input_module.path()} ({type(input_module).__name__}) has no element_spec(), so "
+            "the batch shapes are unknown; pass input_batch to compile_train_step."
+        )
+    host_specs = spec_fn()
+    leaves = jax.tree.leaves(host_specs)
+    global_size = int(leaves[0].shape[0]) * jax.process_count()
+    sharding = NamedSharding(
+        mesh, batch_partition_spec(global_size, mesh=mesh, batch_axis_names=batch_axis_names)
+    )
+
+    def to_global(spec):
+        dtype = np.dtype(getattr(spec.dtype, "as_numpy_dtype", spec.dtype))
+        shape = (global_size,) + tuple(int(d) for d in tuple(spec.shape)[1:])
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    return jax.tree.map(to_global, host_specs)

@@ -21,6 +21,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common.config import is_named_tuple
 
+# AXLearn keeps its mesh helpers in `utils`; ours live in utils_spmd and are re-exported here.
+from axlearn.common.utils_spmd import (  # noqa: F401
+    HybridMeshShape,
+    MeshShape,
+    create_device_mesh,
+    infer_mesh_shape,
+)
+
 Tensor = jax.Array
 T = TypeVar("T")
 # A nested structure (dicts/lists/tuples) whose leaves are of type T. `Nested[Tensor]`.
@@ -30,6 +38,8 @@ NestedTensor = Union[Tensor, dict[str, Any]]
 NestedPartitionSpec = Optional[Union[PartitionSpec, dict[str, Any]]]
 
 __all__ = [
+    "HybridMeshShape",
+    "MeshShape",
     "Nested",
     "NestedPartitionSpec",
     "NestedTensor",
@@ -38,6 +48,8 @@ __all__ = [
     "Tensor",
     "TensorSpec",
     "VDict",
+    "create_device_mesh",
+    "infer_mesh_shape",
 ]
 
 
@@ -502,3 +514,52 @@ def save_and_offload_only_these_names_regex(
         return decisions.recompute
 
     return policy
+
+
+def vectorized_tree_map(fn: Callable, tree: Any, *rest: Any) -> Any:
+    """Like `jax.tree.map`, but maps `fn` over the leading axis of every subtree under a VDict.
+
+    Decoding caches of repeated layers are stacked on a leading layer axis under a VDict; with
+    this map, `fn` sees each layer's tensors (e.g. [batch, ...]) rather than the stacked ones.
+
+    Args:
+        fn: Function of one leaf (and the matching leaves of `rest`).
+        tree: The tree to map.
+        *rest: Trees with the same structure as `tree`.
+
+    Returns:
+        The mapped tree (VDicts stay VDicts).
+    """
+
+    def apply(node, *others):
+        if isinstance(node, VDict):
+            out = jax.vmap(lambda x, *o: vectorized_tree_map(fn, dict(x), *map(dict, o)))(
+                node, *others
+            )
+            return VDict(out)
+        return fn(node, *others)
+
+    return jax.tree.map(apply, tree, *rest, is_leaf=lambda x: isinstance(x, VDict))
+
+
+def validate_contains_paths(x: Nested, paths: Sequence[str]) -> None:
+    """Raises a KeyError naming the missing paths if `x` lacks any of `paths`.
+
+    Args:
+        x: A nested dict (e.g. an input batch).
+        paths: "/"-separated paths, e.g. ["prefix"] or ["inputs/input_ids"].
+
+    Raises:
+        KeyError: If a path is missing.
+    """
+    missing = []
+    for path in paths:
+        node = x
+        for part in path.split("/"):
+            if not isinstance(node, Mapping) or part not in node:
+                missing.append(path)
+                break
+            node = node[part]
+    if missing:
+        keys = sorted(x) if isinstance(x, Mapping) else type(x).__name__
+        raise KeyError(f"Input is missing required path(s) {missing}; it has keys {keys}.")

@@ -234,8 +234,14 @@ def create_device_mesh(
             )
         if len(granules) == 1:
             return _standard_mesh(tuple(i * d for i, d in zip(ici, dcn)), devices)
+        # As for one slice (`_standard_mesh`), a logical ICI axis may split physical axes
+        # (e.g. 8 over a 4x4x4 slice).
         return mesh_utils.create_hybrid_device_mesh(
-            ici, dcn, devices, process_is_granule=attr == "process_index"
+            ici,
+            dcn,
+            devices,
+            process_is_granule=attr == "process_index",
+            allow_split_physical_axes=True,
         )
     shape = infer_mesh_shape(mesh_shape, num_devices=num_devices)
     if math.prod(shape) != num_devices:

@@ -226,3 +226,60 @@ def test_missing_input_ids_is_a_clear_error():
     model = _model()
     with pytest.raises(KeyError, match="input_ids"):
         functional(model, None, _params(model), dict(input_batch={}), is_training=False)
+
+
+def test_score_and_decode_entry_points():
+    """Model.score equals forward's per-token loss; Model.*_decode equal the decoder's."""
+    model = _model()
+    params = _params(model)
+    batch = _batch()
+    _, aux, _ = _loss_fn(model)(params, batch)
+
+    def call(method, inputs, key=None):
+        out, _ = functional(model, key, params, inputs, method=method, is_training=False)
+        return out
+
+    scores = jax.jit(lambda b: call("score", dict(input_batch=b)))(batch)
+    np.testing.assert_allclose(scores["per_token_loss"], aux["per_label_loss"], atol=1e-6)
+    np.testing.assert_array_equal(scores["live_targets"], (batch["target_labels"] > 0))
+    logits = jax.jit(lambda b: call("extract_logits", dict(input_batch=b)))(batch)
+    np.testing.assert_allclose(logits, aux["logits"], atol=1e-6)
+
+    prefix = jnp.array([[5, 6, 7, 0, 0, 0], [8, 9, 0, 0, 0, 0]])
+    key = jax.random.PRNGKey(2)
+    sampled = jax.jit(
+        lambda p, k: call("sample_decode", dict(input_batch=dict(prefix=p), num_decodes=2), k)
+    )(prefix, key)
+    direct, _ = functional(
+        model.decoder,
+        key,
+        params["decoder"],
+        dict(input_batch=dict(prefix=prefix), max_sequence_length=6, num_decodes=2),
+        method="sample_decode",
+        is_training=False,
+    )
+    assert sampled.sequences.shape == (BATCH, 2, 6)
+    np.testing.assert_array_equal(sampled.sequences[:, :, 0], [[6, 6], [9, 9]])
+    beams = jax.jit(
+        lambda p: call("beam_search_decode", dict(input_batch=dict(prefix=p), num_decodes=2))
+    )(prefix)
+    assert beams.sequences.shape == beams.live_sequences.shape == (BATCH, 2, 6)
+    assert direct.sequences.shape == sampled.sequences.shape
+    with pytest.raises(KeyError, match="prefix"):
+        call("beam_search_decode", dict(input_batch=dict(input_ids=prefix)))
+
+
+def test_first_max_index_matches_numpy_argmax_with_ties():
+    """first_max_index equals np.argmax (first index of the max), ties and -inf included."""
+    from axlearn.common.causal_lm import first_max_index
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 5, 300)).astype(np.float32)
+    # Ties: integer-valued logits make many equal maxima; the first must win.
+    logits[1] = rng.integers(0, 3, size=(5, 300)).astype(np.float32)
+    logits[2, 0] = -np.inf
+    logits[2, 1, 7] = np.inf
+    logits[2, 2] = 0.0
+    got = np.asarray(first_max_index(jnp.asarray(logits)))
+    np.testing.assert_array_equal(got, np.argmax(logits, axis=-1))
+    assert got.dtype == np.int32

@@ -52,7 +52,10 @@ def test_list_and_verify(ckpt_dir):
     assert not uncommitted.ok and not uncommitted.committed
     spec = ckpt_lib.read_state_spec(os.path.join(ckpt_dir, "step_00000001"))
     assert spec == dict(
-        w=jax.ShapeDtypeStruct((8, 4), jnp.float32), b=jax.ShapeDtypeStruct((3,), jnp.int32)
+        w=jax.ShapeDtypeStruct((8, 4), jnp.float32),
+        b=jax.ShapeDtypeStruct((3,), jnp.int32),
+        it=b"",
+        step=0,
     )
 
 
@@ -94,3 +97,25 @@ def test_cli_verify(ckpt_dir, capsys):
     assert main(["checkpoint", "verify", ckpt_dir, "--step", "9"]) == 1
     assert "No directory for step 9" in capsys.readouterr().err
     np.testing.assert_equal(main(["checkpoint", "list", "/nonexistent/dir"]), 1)
+
+
+def test_read_state_spec_restores_a_trainer_checkpoint(tmp_path):
+    """The documented restore without the model at hand works on a trainer's checkpoint, whose
+    state includes the input iterator position (a bytes leaf) next to the arrays."""
+    from tests.common import trainer_test_utils as tu  # pylint: disable=import-outside-toplevel
+
+    cfg = tu.bigram_trainer_config(str(tmp_path), max_step=2, checkpoint_every=2)
+    cfg.instantiate(parent=None).run(jax.random.PRNGKey(0))
+    ckpt_dir = os.path.join(str(tmp_path), "checkpoints")
+    step_dir = os.path.join(ckpt_dir, "step_00000002")
+    spec = ckpt_lib.read_state_spec(step_dir)
+    assert spec["input_iter"] == b""
+    assert isinstance(spec["model"]["emb"]["weight"], jax.ShapeDtypeStruct)
+    ckpt = Checkpointer.default_config().set(name="ckpt", dir=ckpt_dir).instantiate(parent=None)
+    step, restored = ckpt.restore(state=spec, step=2)
+    ckpt.stop()
+    assert step == 2
+    assert restored["input_iter"] != b""  # The saved iterator position, read back.
+    weight = restored["model"]["emb"]["weight"]
+    assert weight.shape == spec["model"]["emb"]["weight"].shape
+    assert np.isfinite(np.asarray(weight)).all()

@@ -208,10 +208,10 @@ def test_keys_items_len_contains():
 
 
 def test_assignment_copies_mutable_values_but_not_callables():
-    values = [1, 2]
+    values = [("a", 1), ("b", 2)]
     cfg = Trainer.default_config().set(mesh_rules=values)
-    values.append(3)
-    assert cfg.mesh_rules == [1, 2]
+    values.append(("c", 3))
+    assert cfg.mesh_rules == [("a", 1), ("b", 2)]
     # Mutable defaults are not shared between instances.
     a, b = Trainer.default_config(), Trainer.default_config()
     a.blocks["x"] = Block.default_config()
@@ -373,7 +373,10 @@ def test_invalid_value_kind():
 
     with pytest.raises(InvalidConfigValueError) as e:
         Trainer.default_config().set(remat=[Opaque()])
-    assert str(e.value) == (f'Invalid config value type {Opaque!r} for value "<opaque>"')
+    assert str(e.value) == (
+        f'Invalid config value type {Opaque!r} for value "<opaque>". '
+        "Consider registering a custom validator with `register_validator`."
+    )
 
 
 def test_register_validator_admits_new_kind():

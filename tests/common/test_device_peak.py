@@ -1,9 +1,16 @@
 """Tests axlearn/common/device_peak.py."""
 
+import os
+import socket
+import subprocess
+import sys
+
 import jax
 import pytest
 
 from axlearn.common import device_peak
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize(
@@ -59,3 +66,44 @@ def test_device_peak_flops_cpu_is_measured():
     assert peak.flops_per_s > 1e6  # Any real CPU does more than a MFLOP/s.
     assert "measured" in peak.describe() and "8 CPU device(s)" in peak.note
     assert peak.to_dict()["flops_per_s"] == peak.flops_per_s
+
+
+_TWO_PROCESS_PROBE = """
+import sys, jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
+from axlearn.common import device_peak
+import numpy as np
+# As the trainer calls it: all global devices, inside the global mesh's context (jax.set_mesh).
+# Only the local devices are probed.
+with jax.set_mesh(jax.sharding.Mesh(np.array(jax.devices()), ("data",))):
+    peak = device_peak.device_peak_flops(jax.devices(), probe_dim=64, probe_repeats=1)
+assert peak.flops_per_s > 0, peak
+print("PROBED", len(jax.devices()), peak.note)
+"""
+
+
+def test_device_peak_flops_two_processes(tmp_path):
+    """Each process of a multi-process run probes its own devices (no cross-process transfer)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(
+        os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2"
+    )
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _TWO_PROCESS_PROBE, f"127.0.0.1:{port}", str(i)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+        # 4 global devices, 2 of them local: the probe ran on the 2 local ones.
+        assert "PROBED 4" in out and "on 2 CPU device(s)" in out, out[-3000:]

@@ -113,3 +113,15 @@ def test_replace_inputs_with_fake_errors_name_the_path():
         replace_inputs_with_fake(
             _Trainer(input=_lm_input(True, 8), evalers={"x": _Evaler(input=bad)})
         )
+
+
+def test_element_spec_matches_batches():
+    cfg = FakeLmInput.default_config().set(
+        name="fake", is_training=True, global_batch_size=8, source_length=16
+    )
+    fake = cfg.instantiate(parent=None, process_index=1, process_count=2)
+    batch = next(iter(fake))
+    spec = fake.element_spec()
+    assert set(spec) == set(batch)
+    for key, value in batch.items():
+        assert spec[key].shape == value.shape and spec[key].dtype == value.dtype, key

@@ -383,3 +383,25 @@ def test_config_dump_lines_match_reference():
         "param_partition_spec[0][2]: 'seq'",
         "param_partition_spec[1]: 'model'",
     ]
+
+
+def test_set_bias_and_norm_recursively():
+    from axlearn.common.layers import RMSNorm, set_bias_recursively, set_norm_recursively
+    from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
+
+    cfg = transformer_lm_config(
+        num_layers=1, model_dim=16, num_heads=2, hidden_dim=32, vocab_size=50
+    )
+    layer = cfg.decoder.transformer.layer
+    layer.feed_forward.linear1.bias = True
+    set_bias_recursively(cfg, False)
+    assert layer.feed_forward.linear1.bias is False
+    set_bias_recursively(cfg, True)
+    assert layer.feed_forward.linear2.bias is True
+    assert layer.self_attention.attention.output_linear.bias is True
+    norm = RMSNorm.default_config().set(eps=1e-3)
+    set_norm_recursively(cfg, norm)
+    for found in (cfg.decoder.output_norm, layer.feed_forward.norm, layer.self_attention.norm):
+        assert found.klass is RMSNorm and found.eps == 1e-3 and found is not norm
+    # Norms with an input_dim keep it (here: the per-head QK-norm is unset, so still None).
+    assert layer.self_attention.attention.query_scale.norm is None

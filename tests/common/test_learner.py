@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pathlib
 
 import jax
@@ -274,7 +275,10 @@ def test_honeycrisp_learner_on_a_module_with_nested_functional():
     ):
         assert name in summaries, (name, sorted(summaries))
     assert int(summaries["nonvalid_count"]) == 0
-    assert float(summaries["schedule_scale"]) == pytest.approx(1.0, abs=1e-3)  # After warmup.
+    # The 4th update sees step 4 (steps count from 1): 2 steps past the 2-step warm-up.
+    assert int(summaries["schedule_step"]) == 4
+    want = (1 - 0.005) * 0.5 * (1 + math.cos(math.pi * 2 / 98)) + 0.005  # alpha=0.005.
+    assert float(summaries["schedule_scale"]) == pytest.approx(want, rel=1e-5)
 
 
 def test_per_param_settings_text():

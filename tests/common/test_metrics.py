@@ -65,3 +65,33 @@ def test_metric_accumulator_structure_change_is_an_error():
     acc.update(dict(a=WeightedScalar(1.0, 1.0)))
     with pytest.raises(ValueError, match="structure changed"):
         acc.update(dict(b=WeightedScalar(1.0, 1.0)))
+
+
+def test_weighted_summary_and_reducers():
+    from axlearn.common.metrics import (
+        MaxSummary,
+        MinSummary,
+        SumSummary,
+        WeightedScalar,
+        WeightedSummary,
+    )
+    from axlearn.common.summary import Summary
+
+    a = WeightedSummary(jnp.asarray([1.0, 3.0]), jnp.asarray(1.0))
+    b = WeightedSummary(jnp.asarray([4.0, 0.0]), jnp.asarray(2.0))
+    c = a.accumulate(b)
+    np.testing.assert_allclose(c.mean, [3.0, 1.0])
+    assert float(c.weight) == 3.0 and isinstance(c, Summary)
+    with pytest.raises(TypeError, match="Expected WeightedSummary"):
+        a.accumulate(MinSummary(jnp.zeros(2)))
+    # WeightedScalar is a WeightedSummary (and stays a WeightedScalar when added).
+    s = WeightedScalar(2.0, 1.0) + WeightedScalar(5.0, 2.0)
+    assert isinstance(s, WeightedScalar) and isinstance(s, WeightedSummary)
+    x, y = jnp.asarray([1.0, 5.0]), jnp.asarray([3.0, 2.0])
+    np.testing.assert_array_equal(MinSummary(x).accumulate(MinSummary(y)).value(), [1.0, 2.0])
+    np.testing.assert_array_equal(MaxSummary(x).accumulate(MaxSummary(y)).value(), [3.0, 5.0])
+    np.testing.assert_array_equal(SumSummary(x).accumulate(SumSummary(y)).value(), [4.0, 7.0])
+    with pytest.raises(ValueError, match="Shape mismatch"):
+        SumSummary(x).accumulate(SumSummary(jnp.zeros(3)))
+    with pytest.raises(ValueError, match="must be a Tensor"):
+        MinSummary(3).validate()

@@ -111,8 +111,13 @@ WARMUP_COSINE = config_for_function(schedule.cosine_with_linear_warmup).set(
             lambda: optimizers.adamw_optimizer(
                 WARMUP_COSINE, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1
             ),
+            # optax's schedules see the 0-based count; ours see the 1-based step.
             lambda: optax.adamw(
-                schedule.as_schedule_fn(WARMUP_COSINE), b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1
+                lambda count: schedule.as_schedule_fn(WARMUP_COSINE)(count + 1),
+                b1=0.9,
+                b2=0.95,
+                eps=1e-8,
+                weight_decay=0.1,
             ),
         ),
         (
@@ -254,7 +259,7 @@ def _adastar_numpy(
                 u[k] = ue * u[k] + (1 - ue) * raw
                 smoothed = u[k] / (1 - ue**t) if ue_debias else u[k]
             smoothed = smoothed * update_scales.get(k, 1.0)
-            new_p[k] = p[k] - sched(i) * (lr * smoothed + wd * p[k])
+            new_p[k] = p[k] - sched(t) * (lr * smoothed + wd * p[k])  # 1-based step t.
         p = new_p
         out.append(p)
     return out
@@ -417,6 +422,7 @@ def test_skip_and_clip_adaptive_drop_norm():
     tx = optimizers.skip_and_clip_by_global_norm(
         inner=optimizers.sgd_optimizer(1.0, decouple_weight_decay=True),
         drop_norm=config_for_function(optimizers.drop_norm_by_grad_norm_ema).set(multipliers=(5,)),
+        grad_norm_ema_decay=0.99,
     )
     opt = _opt_params(params)
     state = tx.init(opt)
@@ -469,6 +475,24 @@ def test_per_param_scale_by_path_unmatched_rule_is_an_error():
     )
     with pytest.raises(ValueError, match=r"rule scale_by_path\[1\] '.\*feed_forward/wi_0_weight'"):
         fn(_opt_params(_params()))
+
+
+def test_per_param_scale_by_path_alternative_layout_rule_is_skipped():
+    # Rules for two layouts of one layer (as the reference 3B config has): the unmatched one is
+    # skipped because a rule of the same layer matched; a rule of another layer still fails.
+    params = {"ff": {"linear1_0": {"weight": np.ones((2, 2), np.float32)}}, "b": np.ones(2)}
+    fn = optimizers.per_param_scale_by_path(
+        scale_by_path=[(".*ff/linear1_0/weight", 0.25), (".*ff/wi_0_weight", 0.5)],
+        description="mup",
+    )
+    scales = fn(_opt_params(params))
+    assert scales == {"ff": {"linear1_0": {"weight": 0.25}}, "b": 1.0}
+    bad = optimizers.per_param_scale_by_path(
+        scale_by_path=[(".*ff/linear1_0/weight", 0.25), (".*attn/wo_weight", 0.5)],
+        description="mup",
+    )
+    with pytest.raises(ValueError, match=r"rule scale_by_path\[1\] '.\*attn/wo_weight'"):
+        bad(_opt_params(params))
 
 
 def test_add_decayed_weights_per_param_and_regularizer_text():

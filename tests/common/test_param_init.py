@@ -158,3 +158,28 @@ def test_per_group_initializer():
     assert init.debug_string(name="w") == "constant(2.0) [PerGroupInitializer]"
     with pytest.raises(ValueError, match="divisible"):
         init.initialize("w", prng_key=jax.random.PRNGKey(0), shape=(3, 7), dtype=jnp.float32)
+
+
+def test_fan_axes_canonicalize_insert_and_maybe_prepend():
+    from axlearn.common.param_init import FanAxes, compute_fans, maybe_prepend_axis
+
+    axes = FanAxes(in_axis=0, out_axis=(2, 1))
+    assert axes.canonicalize() == FanAxes(in_axis=(0,), out_axis=(1, 2), batch_axis=())
+    assert axes == FanAxes(in_axis=(0,), out_axis=(1, 2))  # Equality up to canonical form.
+    assert hash(axes) == hash(FanAxes(in_axis=(0,), out_axis=(1, 2)))
+    # A leading batch axis (e.g. stacked repeated layers) leaves the fans unchanged.
+    stacked = axes.prepend_axis(axis_type=FanAxes.AxisType.BATCH_AXIS)
+    assert stacked == FanAxes(in_axis=1, out_axis=(2, 3), batch_axis=0)
+    assert compute_fans((5, 4, 3, 2), stacked) == compute_fans((4, 3, 2), axes)
+    # Appending a receptive-field axis moves negative indices only.
+    neg = FanAxes(in_axis=-2, out_axis=-1).append_axis(axis_type=FanAxes.AxisType.NONE)
+    assert neg == FanAxes(in_axis=-3, out_axis=-2)
+    assert FanAxes(0, 1).append_axis(axis_type=FanAxes.AxisType.OUT_AXIS) == FanAxes(0, (1, -1))
+    assert maybe_prepend_axis(None, axis_type=FanAxes.AxisType.IN_AXIS) is None
+    assert maybe_prepend_axis(FanAxes(0, 1), axis_type=FanAxes.AxisType.IN_AXIS) == FanAxes(
+        (0, 1), 2
+    )
+    with pytest.raises(ValueError, match="Location must be either 0 or -1"):
+        FanAxes(0, 1)._insert_axis(1, axis_type=FanAxes.AxisType.NONE)
+    with pytest.raises(TypeError, match="Invalid type"):
+        FanAxes([0], 1).canonicalize()

@@ -129,3 +129,10 @@ def test_config_hash_and_git_and_env():
 
 def test_ranges():
     assert run_summary._ranges([7, 1, 2, 3]) == "1-3, 7"  # pylint: disable=protected-access
+
+
+def test_git_commit_outside_a_checkout_reads_the_image_env(tmp_path, monkeypatch):
+    monkeypatch.delenv(run_summary.GIT_COMMIT_ENV, raising=False)
+    assert run_summary.git_commit(str(tmp_path)) == {"commit": None, "dirty": None}
+    monkeypatch.setenv(run_summary.GIT_COMMIT_ENV, "ab" * 20)
+    assert run_summary.git_commit(str(tmp_path)) == {"commit": "ab" * 20, "dirty": None}

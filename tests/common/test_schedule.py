@@ -78,14 +78,25 @@ def test_adafactor_schedule():
 
 
 def test_adafactor_decay_rate_and_bias_correction():
-    _check(
-        schedule.adafactor_decay_rate(0.8, step_offset=2), lambda s: 1 - (max(s - 2, 0) + 1) ** -0.8
-    )
+    # Steps count from 1: beta2 = 1 - max(step - offset, 1) ** -c, 0 at the first step.
+    _check(schedule.adafactor_decay_rate(0.8, step_offset=2), lambda s: 1 - max(s - 2, 1) ** -0.8)
+    assert float(schedule.adafactor_decay_rate()(1)) == 0.0
     d = 0.9
     _check(
         schedule.decay_bias_correction(d),
-        lambda s: d * (1 - d**s) / (1 - d ** (s + 1)),
+        lambda s: d * (1 - d ** (s - 1)) / (1 - d**s),
+        steps=STEPS[1:],
     )
+    # An EMA with the corrected decay, updated at steps 1, 2, ..., is the debiased EMA.
+    fn = schedule.decay_bias_correction(d)
+    values = [3.0, -1.0, 2.0, 5.0]
+    ema = 0.0
+    for step, v in enumerate(values, start=1):
+        decay_t = float(fn(step))
+        ema = decay_t * ema + (1 - decay_t) * v
+        weights = [d ** (step - i) for i in range(1, step + 1)]
+        want = sum(w * x for w, x in zip(weights, values)) / sum(weights)
+        assert ema == pytest.approx(want, rel=1e-6)
 
 
 def test_cosine_with_linear_warmup():
@@ -95,7 +106,9 @@ def test_cosine_with_linear_warmup():
     )
 
     def want(s):
-        if s < warmup:
+        if s <= 0:
+            return 0.0
+        if s <= warmup:
             return begin + (peak - begin) * s / warmup
         d = min(s - warmup, max_step - warmup)
         return peak * (
@@ -110,26 +123,55 @@ def test_cosine_with_decay_begin_and_no_warmup():
     fn = schedule.cosine_with_linear_warmup(2.0, max_step=20, warmup_steps=4, decay_begin_step=10)
 
     def want(s):
-        if s < 4:
+        if s <= 4:
             return 2.0 * s / 4
-        if s < 10:
+        if s <= 10:
             return 2.0
         return 2.0 * 0.5 * (1 + math.cos(math.pi * (s - 10) / 10))
 
     _check(fn, want)
     fn = schedule.cosine_with_linear_warmup(1.0, max_step=19, warmup_steps=0)
-    _check(fn, lambda s: 0.5 * (1 + math.cos(math.pi * s / 19)))
+    _check(fn, lambda s: 0.0 if s == 0 else 0.5 * (1 + math.cos(math.pi * s / 19)))
 
 
 def test_linear_warmup_schedules():
     _check(
         schedule.constant_with_linear_warmup(0.8, warmup_steps=5, begin_value=0.3),
-        lambda s: 0.3 + 0.5 * min(s / 5, 1.0),
+        lambda s: 0.0 if s == 0 else 0.3 + 0.5 * min(s / 5, 1.0),
     )
     _check(
         schedule.linear_schedule_with_warmup(1.0, max_step=15, warmup_steps=5, end_value=0.2),
-        lambda s: s / 5 if s < 5 else 1.0 + (0.2 - 1.0) * min((s - 5) / 10, 1.0),
+        lambda s: s / 5 if s <= 5 else 1.0 + (0.2 - 1.0) * min((s - 5) / 10, 1.0),
     )
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        config_for_function(schedule.cosine_with_linear_warmup).set(
+            peak_lr=1.0, max_step=10_000, warmup_steps=100
+        ),
+        config_for_function(schedule.constant_with_linear_warmup).set(
+            peak_lr=1.0, warmup_steps=100
+        ),
+        config_for_function(schedule.linear_schedule_with_warmup).set(
+            peak_lr=1.0, max_step=10_000, warmup_steps=100
+        ),
+    ],
+)
+def test_step_convention_pinned(cfg):
+    """AXLearn's convention: steps count from 1, so warm-up of 100 steps to 1.0 gives 0.01 at
+    step 1, 0.02 at step 2 and exactly the peak at step 100 (not 0 at the first update)."""
+    fn = schedule.as_schedule_fn(cfg)
+    assert float(fn(1)) == pytest.approx(0.01, rel=1e-6)
+    assert float(fn(2)) == pytest.approx(0.02, rel=1e-6)
+    assert float(fn(100)) == pytest.approx(1.0, rel=1e-6)
+    assert float(fn(50)) == pytest.approx(0.5, rel=1e-6)
+
+
+def test_constant_schedule_reexported():
+    cfg = config_for_function(schedule.constant_schedule).set(value=0.25)
+    assert float(schedule.as_schedule_fn(cfg)(3)) == 0.25
 
 
 def test_stepwise():

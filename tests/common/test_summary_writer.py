@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -185,3 +186,137 @@ def test_import_does_not_import_tensorflow():
         "assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _read_wandb_records(run_dir: str) -> list:
+    """Parses the records of an offline run's `run-<id>.wandb` file.
+
+    The file is a 7-byte header (":W&B", a 2-byte magic, a version byte) followed by a LevelDB-style
+    log: 32 KiB blocks of chunks, each [crc32 (4), length (2, little-endian), type (1), data];
+    type 1 is a whole record, 2/3/4 the first/middle/last pieces of one. Each record is a
+    `wandb_internal_pb2.Record` protobuf.
+    """
+    import glob
+
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B"
+    pos, records, pending = 7, [], b""
+    block = 32768
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block
+            continue
+        length = int.from_bytes(data[pos + 4 : pos + 6], "little")
+        kind = data[pos + 6]
+        chunk = data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind == 0 and length == 0:
+            continue
+        pending += chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def _finished_records(run_dir: str, timeout: float = 60) -> list:
+    """The run's records once its "exit" record is on disk (W&B's service writes the file
+    asynchronously, after `finish()` returns)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = _read_wandb_records(run_dir)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        assert time.monotonic() < deadline, f"no exit record in {run_dir} after {timeout} s"
+        time.sleep(0.1)
+
+
+def _wandb_history(run_dir: str) -> dict[int, dict]:
+    history = {}
+    for record in _finished_records(run_dir):
+        if record.WhichOneof("record_type") == "history":
+            items = {
+                (item.key or "/".join(item.nested_key)): json.loads(item.value_json)
+                for item in record.history.item
+            }
+            history[items["_step"]] = items
+    return history
+
+
+def test_wandb_writer_offline_files_hold_scalars_config_and_resume(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    import glob
+
+    from axlearn.common.summary_writer import WANDB_RUN_ID_FILE, WandBWriter
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = WandBWriter.default_config().set(name="wandb", dir=str(tmp_path), exp_name="run-a")
+
+    class Thing(Configurable):
+        @config_class
+        class Config(Configurable.Config):
+            value: int = 3  # A field.
+
+    writer = cfg.instantiate(parent=None)
+    writer.log_config(Thing.default_config().set(value=7))
+    losses = {0: 4.0, 1: 3.5, 2: 3.25}
+    for step, loss in losses.items():
+        writer(
+            step,
+            {
+                "loss": jnp.asarray(loss),
+                "learner": {"lr": np.float32(0.5 * step)},
+                "acc": WeightedScalar(0.25 * step, 8),
+                "note": "text is skipped",
+            },
+        )
+    writer.finish()
+    run_id = open(tmp_path / WANDB_RUN_ID_FILE, encoding="utf-8").read().strip()
+    (run_dir,) = glob.glob(str(tmp_path / "wandb" / f"offline-run-*-{run_id}"))
+    history = _wandb_history(run_dir)
+    assert sorted(history) == [0, 1, 2]
+    for step, loss in losses.items():
+        assert history[step]["loss"] == pytest.approx(loss)
+        assert history[step]["learner/lr"] == pytest.approx(0.5 * step)
+        assert history[step]["acc"] == pytest.approx(0.25 * step)
+        assert "note" not in history[step]
+    config = {}
+    for record in _finished_records(run_dir):
+        if record.WhichOneof("record_type") == "config":
+            config.update({i.key: json.loads(i.value_json) for i in record.config.update})
+    dump = dict(
+        line.split(": ", 1)
+        for line in Thing.default_config().set(value=7).debug_string().split("\n")
+    )
+    assert config["value"] == "7"
+    assert {k: config[k] for k in dump} == dump
+
+    # A restarted writer with the same dir resumes the same run id.
+    writer2 = cfg.instantiate(parent=None)
+    writer2(3, {"loss": 3.0})
+    assert writer2.run.id == run_id
+    writer2.finish()
+    # The resumed run's records (in a new offline-run dir of the same id) hold step 3.
+    deadline = time.monotonic() + 60
+    while True:
+        runs = glob.glob(str(tmp_path / "wandb" / f"offline-run-*-{run_id}"))
+        resumed = [h for h in map(_wandb_history, runs) if 3 in h]
+        if resumed or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert resumed and resumed[0][3]["loss"] == pytest.approx(3.0)
+
+
+def test_wandb_writer_rejects_bad_mode(tmp_path):
+    pytest.importorskip("wandb")
+    from axlearn.common.summary_writer import WandBWriter
+
+    cfg = WandBWriter.default_config().set(name="wandb", dir=str(tmp_path), mode="sometimes")
+    with pytest.raises(ValueError, match="wandb.mode must be online, offline or disabled"):
+        cfg.instantiate(parent=None)

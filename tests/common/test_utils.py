@@ -144,3 +144,29 @@ def test_save_and_offload_regex_policy(saved, offloaded, expected):
     residuals = [desc for _, desc in saved_residuals(jax.checkpoint(f, policy=policy), jnp.ones(3))]
     named = [d.split("'")[1] for d in residuals if d.startswith("named")]
     assert named == expected
+
+
+def test_vectorized_tree_map_maps_per_layer():
+    from axlearn.common.utils import VDict, vectorized_tree_map
+
+    tree = dict(a=jnp.ones((2, 3)), stacked=VDict(x=jnp.arange(24.0).reshape(4, 2, 3)))
+    seen = []
+
+    def fn(x):
+        seen.append(x.shape)
+        return x.sum(axis=0)
+
+    out = vectorized_tree_map(fn, tree)
+    assert isinstance(out["stacked"], VDict)
+    assert out["a"].shape == (3,)
+    # Under the VDict, fn sees one layer [2, 3] and the result is stacked back: [4, 3].
+    assert (2, 3) in seen and (4, 2, 3) not in seen
+    np.testing.assert_array_equal(out["stacked"]["x"], np.arange(24.0).reshape(4, 2, 3).sum(1))
+
+
+def test_validate_contains_paths():
+    from axlearn.common.utils import validate_contains_paths
+
+    validate_contains_paths(dict(a=1, b=dict(c=2)), paths=["a", "b/c"])
+    with pytest.raises(KeyError, match=r"\['b/d'\].*\['a', 'b'\]"):
+        validate_contains_paths(dict(a=1, b=dict(c=2)), paths=["a", "b/d"])

@@ -138,6 +138,17 @@ class SystemCharacteristics:
         return f"{self.platform}-{self.device_type}"
 
     @property
+    def chip_config_name(self) -> str:
+        """Returns the `get_topology_desc` chip config: "megacore" for v4/v5p, else "default".
+
+        v4 and v5p chips have two TensorCores that JAX drives as one device (megacore); without
+        this, a topology description has two devices per chip (TensorCores), unlike the slice.
+        """
+        if self.platform != "tpu":
+            raise ValueError(f"{self.device_type} is not a TPU slice; it has no chip config.")
+        return "megacore" if self.chip in ("TPU v4", "TPU v5p") else "default"
+
+    @property
     def topology_name(self) -> str:
         """Returns the name `get_topology_desc` takes ("v5p:4x4x4"); TPU only."""
         if self.platform != "tpu":

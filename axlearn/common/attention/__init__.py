@@ -11,7 +11,18 @@ Parameter paths follow child names, e.g. for a decoder layer:
 `feed_forward/linear1_1/weight`, `feed_forward/linear2/weight`, `feed_forward/norm/scale`.
 """
 
-from axlearn.common.attention import bias_layers, multihead, qkv, scale, stack, transformer
+from axlearn.common.attention import (
+    bias_layers,
+    multihead,
+    pipelined,
+    qkv,
+    remat,
+    scale,
+    sharding,
+    sigmoid,
+    stack,
+    transformer,
+)
 from axlearn.common.attention.bias_layers import (
     AttentionLogitBiasLayer,
     CausalAttentionLogitBiasLayer,
@@ -21,6 +32,11 @@ from axlearn.common.attention.multihead import (
     FlashAttention,
     GroupedQueryAttention,
     MultiheadAttention,
+)
+from axlearn.common.attention.pipelined import (
+    PipelinedTransformerLayer,
+    _TransformerPipeline,
+    pipelined_stack_config,
 )
 from axlearn.common.attention.qkv import (
     BaseMultiheadLinear,
@@ -35,14 +51,22 @@ from axlearn.common.attention.qkv import (
     RoFormerSinusoidalPositionalEmbedding,
     apply_rotary_position_embeddings,
 )
+from axlearn.common.attention.remat import RematRegexSavePatterns
 from axlearn.common.attention.scale import (
     BaseScaleQK,
+    PerDimScale,
     ScaleFn,
     ScaleKey,
     ScaleQuery,
     constant_scale_fn,
     pow_scale_fn,
 )
+from axlearn.common.attention.sharding import (
+    set_attention_partition_specs,
+    set_double_shard_weights_config,
+    set_feed_forward_partition_specs,
+)
+from axlearn.common.attention.sigmoid import SigmoidAttention
 from axlearn.common.attention.stack import (
     BaseStackedTransformerLayer,
     RepeatedTransformerLayer,
@@ -65,7 +89,18 @@ from axlearn.common.attention_bias import (
     sliding_window_causal_mask,
 )
 
-_SUBMODULES = (bias_layers, multihead, qkv, scale, stack, transformer)
+_SUBMODULES = (
+    bias_layers,
+    multihead,
+    pipelined,
+    qkv,
+    remat,
+    scale,
+    sharding,
+    sigmoid,
+    stack,
+    transformer,
+)
 
 
 def _claim_public_names():
@@ -82,6 +117,7 @@ def _claim_public_names():
 _claim_public_names()
 
 __all__ = [
+    "_TransformerPipeline",
     "_TransformerRepeat",
     "_save_and_offload_only_these_names_regex",
     "AttentionLogitBiasLayer",
@@ -101,13 +137,17 @@ __all__ = [
     "MultiheadInputLinear",
     "MultiheadOutputLinear",
     "NEG_INF",
+    "PerDimScale",
+    "PipelinedTransformerLayer",
     "QKVLinear",
+    "RematRegexSavePatterns",
     "RepeatedTransformerLayer",
     "RoFormerQKVLinear",
     "RoFormerSinusoidalPositionalEmbedding",
     "ScaleFn",
     "ScaleKey",
     "ScaleQuery",
+    "SigmoidAttention",
     "StackedTransformerLayer",
     "TransformerAttentionLayer",
     "TransformerFeedForwardLayer",
@@ -117,7 +157,11 @@ __all__ = [
     "causal_mask",
     "constant_scale_fn",
     "make_segment_mask",
+    "pipelined_stack_config",
     "pow_scale_fn",
     "scaled_hidden_dim",
+    "set_attention_partition_specs",
+    "set_double_shard_weights_config",
+    "set_feed_forward_partition_specs",
     "sliding_window_causal_mask",
 ]

@@ -6,7 +6,9 @@ Public names are re-exported by `axlearn.common.attention`.
 import functools
 from typing import Callable, Optional
 
-from axlearn.common.base_layer import BaseLayer
+import jax
+
+from axlearn.common.base_layer import BaseLayer, ParameterSpec
 from axlearn.common.config import (
     REQUIRED,
     InstantiableConfig,
@@ -15,6 +17,7 @@ from axlearn.common.config import (
     config_for_function,
 )
 from axlearn.common.module import Module
+from axlearn.common.param_init import constant_initializer
 from axlearn.common.utils import Tensor
 
 # A function mapping per_head_dim to a scale factor.
@@ -48,6 +51,44 @@ def pow_scale_fn(exp: float) -> ScaleFn:
         The function.
     """
     return functools.partial(pow, exp=exp)
+
+
+# 1 / softplus(0): PerDimScale's scale is 1 at its initial parameter 0.
+_INV_SOFTPLUS_0 = 1.442695041
+
+
+class PerDimScale(BaseLayer):
+    """Learned per-dimension scale: x * softplus(param) / softplus(0), param initialized to 0.
+
+    Used by `ScaleQuery.per_dim_scale` (one scale per query channel, shared by all heads); it is
+    the identity at initialization.
+    """
+
+    @config_class
+    class Config(BaseLayer.Config):
+        """Configures PerDimScale."""
+
+        dim: Required[int] = REQUIRED  # Size of the last axis of the input.
+
+    def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
+        return dict(
+            param=ParameterSpec(
+                shape=(self.config.dim,),
+                mesh_axes=(None,),
+                initializer=constant_initializer(0.0),
+            )
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Returns x * softplus(param) / softplus(0) (same dtype as x).
+
+        Raises:
+            ValueError: If the last axis of x is not `dim`.
+        """
+        if x.shape[-1] != self.config.dim:
+            raise ValueError(f"{self.path()}: last axis {x.shape[-1]} != dim {self.config.dim}")
+        scale = jax.nn.softplus(self.parameters["param"]) * _INV_SOFTPLUS_0
+        return (x * scale).astype(x.dtype)
 
 
 class BaseScaleQK(BaseLayer):
@@ -94,7 +135,32 @@ class BaseScaleQK(BaseLayer):
 
 
 class ScaleQuery(BaseScaleQK):
-    """Scales projected queries; by default by per_head_dim ** -0.5."""
+    """Scales projected queries; by default by per_head_dim ** -0.5.
+
+    Order: norm (if set), per-dim scale (if set), then the scale factor.
+    """
+
+    @config_class
+    class Config(BaseScaleQK.Config):
+        """Configures ScaleQuery."""
+
+        # Optional PerDimScale over the per-head dim (parameter `per_dim_scale/param`).
+        per_dim_scale: Optional[InstantiableConfig] = None
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        if cfg.per_dim_scale is not None:
+            self._add_child("per_dim_scale", cfg.per_dim_scale.clone(dim=cfg.per_head_dim))
+
+    def forward(self, proj: Tensor) -> Tensor:
+        """Returns scale * per_dim_scale(norm(proj)) (each part only if configured)."""
+        if "norm" in self.children:
+            proj = self.norm(proj)
+        if "per_dim_scale" in self.children:
+            proj = self.per_dim_scale(proj)
+        scale = self._scale_fn(self.config.per_head_dim)
+        return proj if scale == 1 else proj * scale
 
     @staticmethod
     def default_scale_factor_config() -> InstantiableConfig:

@@ -26,7 +26,7 @@ from axlearn.common.config import (
 )
 from axlearn.common.module import Module, child_context
 from axlearn.common.repeat import Repeat
-from axlearn.common.utils import NestedTensor, SavePattern, Tensor
+from axlearn.common.utils import NestedTensor, SavePattern, Tensor, VDict
 from axlearn.common.utils import save_and_offload_only_these_names_regex as _save_offload
 
 
@@ -190,14 +190,19 @@ class RepeatedTransformerLayer(BaseStackedTransformerLayer):
         return self.repeat(data, **layer_kwargs)
 
     def init_states(self, *, time_step: Optional[Tensor], data, **layer_kwargs):
-        """Returns ({"repeat": stacked caches}, output or None)."""
+        """Returns ({"repeat": VDict of caches stacked on a leading layer axis}, output or None).
+
+        The VDict lets `utils.vectorized_tree_map` (e.g. in `decoding`) see per-layer caches.
+        """
         states, output = self.repeat.init_states(time_step=time_step, data=data, **layer_kwargs)
-        return dict(repeat=states), output
+        return dict(repeat=VDict(states)), output
 
     def extend_step(self, cached_states: NestedTensor, data: Tensor, **layer_kwargs):
         """One decoding step; returns ({"repeat": caches}, output)."""
-        states, output = self.repeat.extend_step(cached_states["repeat"], data, **layer_kwargs)
-        return dict(repeat=states), output
+        states, output = self.repeat.extend_step(
+            dict(cached_states["repeat"]), data, **layer_kwargs
+        )
+        return dict(repeat=VDict(states)), output
 
 
 def _save_and_offload_only_these_names_regex(

@@ -30,9 +30,16 @@ from axlearn.common.checkpointer.layout import (
 )
 from axlearn.common.checkpointer.multihost import BarrierTimeoutError
 from axlearn.common.checkpointer.policies import (
+    BestMetricPolicy,
     CheckpointPolicy,
     every_n_steps_and_last_policy,
     every_n_steps_policy,
+)
+from axlearn.common.checkpointer.recovery import (
+    RESTORE_FALLBACKS,
+    CorruptCheckpointError,
+    set_aside_dirs,
+    supersede_newer,
 )
 from axlearn.common.checkpointer.storage import (
     SaveStats,
@@ -41,6 +48,7 @@ from axlearn.common.checkpointer.storage import (
 )
 from axlearn.common.checkpointer.tensorstore_restore import (
     CheckpointCorruptionError,
+    CheckpointValidationType,
     RestoreStats,
     StateMismatchError,
 )
@@ -55,14 +63,18 @@ from axlearn.common.checkpointer.verify import (
 
 __all__ = [
     "BarrierTimeoutError",
+    "BestMetricPolicy",
     "CheckpointCorruptionError",
     "CheckpointIndexError",
     "CheckpointInfo",
     "CheckpointPolicy",
+    "CheckpointValidationType",
     "Checkpointer",
+    "CorruptCheckpointError",
     "FAULT_ACTION_ENV",
     "FAULT_ENV",
     "FAULT_POINTS",
+    "RESTORE_FALLBACKS",
     "InjectedFault",
     "RestoreStats",
     "SaveResult",
@@ -81,8 +93,10 @@ __all__ = [
     "parse_step_from_dir",
     "read_index_file",
     "read_state_spec",
+    "set_aside_dirs",
     "step_dir_name",
     "step_dirs",
+    "supersede_newer",
     "verify_checkpoint",
 ]
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 import jax
 from absl import logging
 
-from axlearn.common.checkpointer import layout, multihost, tensorstore_save
+from axlearn.common.checkpointer import layout, multihost, recovery, tensorstore_save
 from axlearn.common.checkpointer.policies import CheckpointPolicy, every_n_steps_policy
 from axlearn.common.checkpointer.storage import (
     SaveResult,
@@ -18,6 +18,7 @@ from axlearn.common.checkpointer.storage import (
     StateStorage,
     TensorStoreStateStorage,
 )
+from axlearn.common.checkpointer.tensorstore_restore import CheckpointCorruptionError
 from axlearn.common.config import (
     REQUIRED,
     InstantiableConfig,
@@ -60,6 +61,11 @@ class Checkpointer(Module):
         # None or True: `save` returns after the snapshot and writes in the background;
         # False: `save` returns once the checkpoint is committed.
         async_save: Optional[bool] = None
+        # What `restore()` does when the newest committed checkpoint is corrupt (unreadable index
+        # or a chunk failing its checksum): None or "none" refuses, naming the file; "previous"
+        # sets it aside as step_%08d.corrupt-<time> and restores the newest intact older step.
+        # Nothing is ever deleted (see checkpointer/recovery.py).
+        restore_fallback: Optional[str] = None
 
     def __init__(self, cfg: Config, *, parent: Optional[Module] = None):
         super().__init__(cfg, parent=parent)
@@ -70,6 +76,13 @@ class Checkpointer(Module):
             raise ValueError(
                 f"{self.path()}.keep_every_n_steps must be None or >= 1, got "
                 f"{cfg.keep_every_n_steps!r}"
+            )
+        if cfg.restore_fallback is not None and cfg.restore_fallback not in (
+            recovery.RESTORE_FALLBACKS
+        ):
+            raise ValueError(
+                f"{self.path()}.restore_fallback must be one of {recovery.RESTORE_FALLBACKS} "
+                f"(or None), got {cfg.restore_fallback!r}"
             )
         if "://" in cfg.dir:
             raise ValueError(
@@ -252,6 +265,15 @@ class Checkpointer(Module):
             committed = [step for step, path in dirs if layout.is_committed(path)]
             if not committed:
                 return []
+            if not _index_readable(dict(dirs)[committed[-1]]):
+                # A corrupt newest checkpoint must not count as the one to keep: removing older
+                # ones could leave nothing intact. Leave everything for restore's policy.
+                logging.error(
+                    "The newest checkpoint %s has an unreadable index: garbage collection "
+                    "removes nothing until it is dealt with (see `axlearn checkpoint verify`).",
+                    dict(dirs)[committed[-1]],
+                )
+                return []
             keep = set(committed[-cfg.keep_last_n :])
             if cfg.keep_every_n_steps:
                 keep.update(s for s in committed if s % cfg.keep_every_n_steps == 0)
@@ -265,6 +287,9 @@ class Checkpointer(Module):
                 if step in committed_set:
                     if step in keep:
                         continue
+                    if not _index_readable(path):
+                        logging.error("Not removing %s: its index is unreadable (corrupt).", path)
+                        continue
                 elif step > newest:
                     continue
                 logging.info("Removing checkpoint directory %s", path)
@@ -274,6 +299,29 @@ class Checkpointer(Module):
                 except OSError as e:
                     logging.warning("Failed to remove %s: %s", path, e)
             return removed
+
+    @staticmethod
+    def checkpoint_paths(base_dir: str) -> list[str]:
+        """The committed step directories under `base_dir` (see `layout.checkpoint_paths`)."""
+        return layout.checkpoint_paths(base_dir)
+
+    @staticmethod
+    def latest_checkpoint_path(base_dir: str) -> str:
+        """The newest committed step directory under `base_dir` (AXLearn's static method).
+
+        Args:
+            base_dir: The checkpointer's `dir`.
+
+        Returns:
+            The step directory's path.
+
+        Raises:
+            ValueError: If `base_dir` holds no committed checkpoint.
+        """
+        path = layout.latest_checkpoint_path(base_dir)
+        if path is None:
+            raise ValueError(f"No committed checkpoint under {base_dir}")
+        return path
 
     @nowrap
     def latest_step(self) -> Optional[int]:
@@ -287,8 +335,9 @@ class Checkpointer(Module):
         Waits for a save in flight first. Call on every process.
 
         Args:
-            step: The step to restore; None: the newest committed one (uncommitted or corrupt
-                directories are skipped with a warning that names them).
+            step: The step to restore; None: the newest committed one (uncommitted directories
+                are skipped with a warning that names them; a corrupt one is handled by
+                `restore_fallback`: refused, or set aside for the newest intact older step).
             state: The target tree: jax.Arrays, or jax.ShapeDtypeStructs with shardings (any mesh
                 or device count: the saved shards are resharded), numpy arrays for host arrays,
                 and values/bytes of the same kinds as saved.
@@ -299,30 +348,69 @@ class Checkpointer(Module):
         Raises:
             ValueError: If `step` is given but not committed.
             StateMismatchError: If the target's structure, shapes or dtypes differ (naming leaves).
-            CheckpointCorruptionError: If a file is missing or corrupt (naming file and leaf).
+            CorruptCheckpointError: (a CheckpointCorruptionError) If the index or a file is
+                corrupt (naming the file and leaf, and the flags that choose what to do).
         """
         cfg = self._config
         self.wait_until_finished()
-        if step is None:
-            self._restore_count += 1
-            latest = None
-            if jax.process_index() == 0:
-                latest = layout.latest_checkpoint_step(cfg.dir)
-            value = multihost.broadcast_from_process_0(
-                f"axlearn_ckpt_restore/{self._restore_count}/{cfg.dir}",
-                None if jax.process_index() != 0 else ("" if latest is None else str(latest)),
-                timeout_s=float(getattr(self._storage.config, "timeout_secs", 3600)),
-            )
-            if value == "":
+        if step is not None:
+            return step, self._restore_step(step, state)
+        while True:
+            step = self._choose_restore_step()
+            if step is None:
                 logging.info("No committed checkpoint under %s: nothing to restore.", cfg.dir)
                 return None, state
-            step = int(value)
+            try:
+                return step, self._restore_step(step, state)
+            except recovery.CorruptCheckpointError:
+                # Chunk-level damage found while reading (every chunk's CRC is checked).
+                if cfg.restore_fallback != recovery.FALLBACK_PREVIOUS or jax.process_count() > 1:
+                    raise
+                logging.error("Checkpoint of step %d is corrupt; falling back.", step)
+                recovery.set_aside(self.ckpt_dir(step), reason="corrupt")
+
+    def _choose_restore_step(self) -> Optional[int]:
+        """Process 0 picks the step (applying `restore_fallback`); every process gets it."""
+        cfg = self._config
+        self._restore_count += 1
+        value = None
+        if jax.process_index() == 0:
+            try:
+                latest = recovery.choose_restore_step(cfg.dir, fallback=cfg.restore_fallback)
+                value = "" if latest is None else str(latest)
+            except recovery.CorruptCheckpointError as e:
+                value = f"!{e}"
+        value = multihost.broadcast_from_process_0(
+            f"axlearn_ckpt_restore/{self._restore_count}/{cfg.dir}",
+            value,
+            timeout_s=float(getattr(self._storage.config, "timeout_secs", 3600)),
+        )
+        if value.startswith("!"):
+            raise recovery.CorruptCheckpointError(value[1:])
+        return None if value == "" else int(value)
+
+    def _restore_step(self, step: int, state: Any) -> Any:
         ckpt_dir = self.ckpt_dir(step)
         try:
             index = layout.read_index_file(ckpt_dir)
         except layout.CheckpointIndexError as e:
+            if layout.is_committed(ckpt_dir):
+                raise recovery.CorruptCheckpointError(recovery.corrupt_message(ckpt_dir, e)) from e
             raise ValueError(f"Cannot restore step {step} from {ckpt_dir}: {e}") from e
         start = time.perf_counter()
-        restored = self._storage.restore_from_dir(step, state, ckpt_dir=ckpt_dir, index=index)
+        try:
+            restored = self._storage.restore_from_dir(step, state, ckpt_dir=ckpt_dir, index=index)
+        except recovery.CorruptCheckpointError:
+            raise
+        except CheckpointCorruptionError as e:
+            raise recovery.CorruptCheckpointError(recovery.corrupt_message(ckpt_dir, e)) from e
         logging.info("Restored %s in %.2fs.", ckpt_dir, time.perf_counter() - start)
-        return step, restored
+        return restored
+
+
+def _index_readable(step_dir: str) -> bool:
+    try:
+        layout.read_index_file(step_dir)
+    except layout.CheckpointIndexError:
+        return False
+    return True

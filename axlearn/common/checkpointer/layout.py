@@ -37,6 +37,10 @@ MANIFESTS_DIR = "manifests"
 # Identifies our index format.
 INDEX_FORMAT = "axlearn.checkpoint"
 INDEX_VERSION = 1
+# Version of the state layout (the fields of optimizer states) a checkpoint was written with.
+# Indexes without `state_layout` predate version 2, which gave `EmaState` its `scale` field and
+# renamed `SkipClipState.grad_norm_var_ema` to `grad_norm_square_ema` (AXLearn's layouts).
+STATE_LAYOUT_VERSION = 2
 # Kinds of leaves in the index.
 KIND_ARRAY = "array"
 KIND_VALUE = "value"
@@ -250,6 +254,7 @@ def make_index(*, step: int, process_count: int, leaves: list[dict]) -> dict:
         version=INDEX_VERSION,
         step=step,
         process_count=process_count,
+        state_layout=STATE_LAYOUT_VERSION,
         leaves=leaves,
     )
 

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Optional, Protocol
 
+import numpy as np
+
+from axlearn.common.config import REQUIRED, Configurable, Required, config_class
+from axlearn.common.metrics import WeightedValue
+
 
 class CheckpointPolicy(Protocol):
     """Decides whether the checkpointer saves at a step."""
@@ -87,3 +92,62 @@ def every_n_steps_and_last_policy(
 for _fn in (every_n_steps_policy, every_n_steps_and_last_policy):
     _fn.__module__ = "axlearn.common.checkpointer"
 del _fn
+
+
+class BestMetricPolicy(Configurable):
+    """Saves when an evaler's metric is the best seen so far (AXLearn's BestMetricPolicy).
+
+    Steps where the evaler did not run (its summaries are None) do not save. The best value is
+    kept in memory only: after a restart, the first evaluated step saves.
+    """
+
+    @config_class
+    class Config(Configurable.Config):
+        """Configures BestMetricPolicy."""
+
+        # The evaler's name (a key of the trainer's evalers).
+        evaler: Required[str] = REQUIRED
+        # The metric's name in that evaler's summaries (a scalar or WeightedScalar).
+        metric: Required[str] = REQUIRED
+        # "max" (higher is better) or "min".
+        mode: Required[str] = REQUIRED
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        if self.config.mode not in ("max", "min"):
+            raise ValueError(
+                f"BestMetricPolicy.mode must be 'max' or 'min', got {self.config.mode!r}"
+            )
+        self.best_metric: Optional[float] = None
+
+    def __call__(self, *, step: int, evaler_summaries: dict[str, Any]) -> bool:
+        """Returns True iff the metric at `step` improves on the best so far.
+
+        Raises:
+            ValueError: If the evaler or metric is missing, or the metric is not a scalar.
+        """
+        cfg = self.config
+        if cfg.evaler not in evaler_summaries:
+            raise ValueError(
+                f"{cfg.evaler} not found in evaler_summaries: {sorted(evaler_summaries)}"
+            )
+        summaries = evaler_summaries[cfg.evaler]
+        if summaries is None:
+            return False
+        if cfg.metric not in summaries:
+            raise ValueError(f"{cfg.metric} not found in {cfg.evaler}'s summaries: {summaries}")
+        metric = summaries[cfg.metric]
+        if isinstance(metric, WeightedValue):
+            metric = metric.mean
+        metric = np.asarray(metric)
+        if metric.shape != ():
+            raise ValueError(f"{cfg.evaler}/{cfg.metric} must be a scalar, got {metric.shape}")
+        value = float(metric)
+        better = (
+            self.best_metric is None
+            or (cfg.mode == "max" and value > self.best_metric)
+            or (cfg.mode == "min" and value < self.best_metric)
+        )
+        if better:
+            self.best_metric = value
+        return better

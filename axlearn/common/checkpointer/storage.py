@@ -18,6 +18,7 @@ from axlearn.common.checkpointer import (
     tensorstore_save,
     thread_priority,
 )
+from axlearn.common.checkpointer.tensorstore_restore import CheckpointValidationType
 from axlearn.common.checkpointer.tensorstore_save import SaveResult
 from axlearn.common.config import Configurable, config_class
 
@@ -99,7 +100,13 @@ class StateStorage(Configurable):
         raise NotImplementedError(type(self))
 
     def restore_from_dir(
-        self, step: int, state: Any, *, ckpt_dir: str, index: Optional[dict] = None
+        self,
+        step: int,
+        state: Any,
+        *,
+        ckpt_dir: str,
+        validation: CheckpointValidationType = CheckpointValidationType.EXACT,
+        index: Optional[dict] = None,
     ) -> Any:
         """Restores the state saved in `ckpt_dir` into the structure/shardings of `state`.
 
@@ -107,6 +114,9 @@ class StateStorage(Configurable):
             step: The step (checked against the index).
             state: The target tree.
             ckpt_dir: The committed step directory.
+            validation: How strictly `state` must match the checkpoint: EXACT (default),
+                EXACT_UP_TO_DTYPE (values cast to the target dtypes), CONTAINS_STATE (the
+                checkpoint may hold more leaves) or CONTAINS_STATE_UP_TO_DTYPE.
             index: Its parsed index, if already read.
 
         Returns:
@@ -138,6 +148,10 @@ class TensorStoreStateStorage(StateStorage):
         # writers), so a save takes idle CPU before training's. None: 19 on CPU backends, where
         # training uses every core, else 0 (unchanged).
         writer_niceness: Optional[int] = None
+        # AXLearn's option to spread the writing of replicated shards over up to this many
+        # replicas. Only None/1 is supported: each replicated shard is written once, by one
+        # process. (None, not 1, by default so the reference config dump is unchanged.)
+        max_data_shard_degree: Optional[int] = None
 
     def __init__(self, cfg: Config):
         super().__init__(cfg)
@@ -151,6 +165,12 @@ class TensorStoreStateStorage(StateStorage):
             raise ValueError(
                 f"TensorStoreStateStorage.writer_niceness must be in [0, 19], got "
                 f"{cfg.writer_niceness!r}"
+            )
+        if cfg.max_data_shard_degree not in (None, 1):
+            raise ValueError(
+                "TensorStoreStateStorage.max_data_shard_degree: only 1 is supported (each "
+                "replicated shard is written once, by one process), got "
+                f"{cfg.max_data_shard_degree!r}"
             )
         if cfg.max_concurrent_gb is not None and cfg.max_concurrent_gb <= 0:
             raise ValueError(
@@ -269,7 +289,13 @@ class TensorStoreStateStorage(StateStorage):
         )
 
     def restore_from_dir(
-        self, step: int, state: Any, *, ckpt_dir: str, index: Optional[dict] = None
+        self,
+        step: int,
+        state: Any,
+        *,
+        ckpt_dir: str,
+        validation: CheckpointValidationType = CheckpointValidationType.EXACT,
+        index: Optional[dict] = None,
     ) -> Any:
         """See `StateStorage.restore_from_dir` (arguments and result).
 
@@ -290,6 +316,7 @@ class TensorStoreStateStorage(StateStorage):
             state=state,
             budget_bytes=self._budget_bytes,
             timeout_s=float(self._config.timeout_secs),
+            validation=validation,
         )
         self.last_restore_stats = stats
         return restored

@@ -14,6 +14,7 @@ decoding them through TensorStore, which `verify_checkpoint` still uses as an in
 from __future__ import annotations
 
 import dataclasses
+import enum
 import itertools
 import math
 import os
@@ -75,12 +76,34 @@ def _target_sharding(leaf: Any) -> Optional[jax.sharding.Sharding]:
     return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
 
-def check_target(ckpt_dir: str, index: dict, pairs: list[tuple[str, Any]]) -> dict[str, dict]:
+class CheckpointValidationType(str, enum.Enum):  # noqa: UP042 (AXLearn's str+Enum)
+    """How strictly a restore target must match the checkpoint (AXLearn's names).
+
+    EXACT: the same leaves, shapes and dtypes. EXACT_UP_TO_DTYPE: dtypes may differ (values are
+    cast to the target's dtype). CONTAINS_STATE: the checkpoint may hold more leaves than the
+    target (they are not read). CONTAINS_STATE_UP_TO_DTYPE: both.
+    """
+
+    EXACT = "EXACT"
+    EXACT_UP_TO_DTYPE = "EXACT_UP_TO_DTYPE"
+    CONTAINS_STATE = "CONTAINS_STATE"
+    CONTAINS_STATE_UP_TO_DTYPE = "CONTAINS_STATE_UP_TO_DTYPE"
+
+
+def check_target(
+    ckpt_dir: str,
+    index: dict,
+    pairs: list[tuple[str, Any]],
+    validation: CheckpointValidationType = CheckpointValidationType.EXACT,
+) -> dict[str, dict]:
     """Checks the target leaves against the index; returns {path: index entry}.
 
     Raises:
         StateMismatchError: Naming every missing, unexpected or mismatched leaf.
     """
+    validation = CheckpointValidationType(validation)
+    allow_extra = validation.value.startswith("CONTAINS_STATE")
+    allow_dtype = validation.value.endswith("UP_TO_DTYPE")
     entries = {leaf["path"]: leaf for leaf in index["leaves"]}
     target_paths = [p for p, _ in pairs]
     problems = []
@@ -88,7 +111,7 @@ def check_target(ckpt_dir: str, index: dict, pairs: list[tuple[str, Any]]) -> di
     extra = sorted(set(entries) - set(target_paths))
     if missing:
         problems.append(f"not in the checkpoint: {missing}")
-    if extra:
+    if extra and not allow_extra:
         problems.append(f"in the checkpoint but not in the target state: {extra}")
     for path, leaf in pairs:
         entry = entries.get(path)
@@ -105,12 +128,20 @@ def check_target(ckpt_dir: str, index: dict, pairs: list[tuple[str, Any]]) -> di
         dtype = getattr(leaf, "dtype", None)
         dtype = saved_dtype if dtype is None else np.dtype(dtype)
         shape = tuple(leaf.shape)
-        if dtype != saved_dtype or shape != saved_shape:
+        if (dtype != saved_dtype and not allow_dtype) or shape != saved_shape:
             problems.append(
                 f"{path!r}: the checkpoint holds {_describe(saved_dtype, saved_shape)}, "
                 f"the target expects {_describe(dtype, shape)}"
             )
     if problems:
+        layout_version = index.get("state_layout", 1)
+        if layout_version < layout.STATE_LAYOUT_VERSION:
+            problems.append(
+                f"this checkpoint predates the state layout change (state layout "
+                f"{layout_version} < {layout.STATE_LAYOUT_VERSION}: EmaState gained `scale`, "
+                "SkipClipState.grad_norm_var_ema became grad_norm_square_ema); restore it with "
+                "the axlearn version that wrote it, or restore only the model parameters"
+            )
         raise StateMismatchError(
             f"Cannot restore {ckpt_dir} into the target state:\n  " + "\n  ".join(problems)
         )
@@ -310,6 +341,7 @@ def restore_state(
     state: Any,
     budget_bytes: int,
     timeout_s: float,
+    validation: CheckpointValidationType = CheckpointValidationType.EXACT,
 ) -> tuple[Any, RestoreStats]:
     """Restores `ckpt_dir` into the structure, shardings and dtypes of `state`.
 
@@ -320,6 +352,7 @@ def restore_state(
             TensorSpecs for sharded arrays, numpy arrays for host arrays, and values/bytes.
         budget_bytes: Maximum bytes of chunks read at a time.
         timeout_s: Time-out of each chunk read.
+        validation: How strictly the target must match (see `CheckpointValidationType`).
 
     Returns:
         (restored state, stats).
@@ -330,7 +363,7 @@ def restore_state(
     """
     start = time.perf_counter()
     pairs, treedef = state_tree.flatten_state(state)
-    entries = check_target(ckpt_dir, index, pairs)
+    entries = check_target(ckpt_dir, index, pairs, validation)
     reader = _Reader(ckpt_dir, timeout_s=timeout_s)
     out: list[Any] = [None] * len(pairs)
     reads = []
@@ -351,6 +384,10 @@ def restore_state(
             return
         for read, chunks in reader.read_group(group):
             regions = {r: _assemble(r, read, chunks) for r in read.regions}
+            target_dtype = getattr(pairs[read.index][1], "dtype", None)
+            if target_dtype is not None and np.dtype(target_dtype) != read.dtype:
+                # Only reached with an UP_TO_DTYPE validation: cast to the target's dtype.
+                regions = {r: v.astype(target_dtype) for r, v in regions.items()}
             if read.sharding is None:
                 out[read.index] = regions[read.regions[0]]
             else:

@@ -20,7 +20,7 @@ class CheckpointInfo:
     Attributes:
         step: The step.
         path: The directory.
-        committed: Whether it has a readable index.
+        committed: Whether its commit marker (`index`) exists (readable or not).
         size_bytes: Total size of its files.
         num_leaves: Leaves in the index (None if uncommitted).
         error: Why the index is unreadable, if it is.
@@ -41,7 +41,7 @@ class VerifyResult:
     Attributes:
         step: The step.
         path: The directory.
-        committed: Whether it has a readable index.
+        committed: Whether its commit marker (`index`) exists; an unreadable one is an error.
         num_leaves: Leaves checked.
         num_chunks: Chunk files checked.
         num_bytes: Bytes of array data checked.
@@ -86,9 +86,9 @@ def list_checkpoints(base_dir: str) -> list[CheckpointInfo]:
     for step, path in layout.step_dirs(base_dir):
         info = CheckpointInfo(step=step, path=path, committed=False, size_bytes=_dir_size(path))
         if layout.is_committed(path):
+            info.committed = True
             try:
                 index = layout.read_index_file(path)
-                info.committed = True
                 info.num_leaves = len(index["leaves"])
             except layout.CheckpointIndexError as e:
                 info.error = str(e)
@@ -110,6 +110,8 @@ def verify_checkpoint(step_dir: str) -> VerifyResult:
     try:
         index = layout.read_index_file(step_dir)
     except layout.CheckpointIndexError as e:
+        # An index that exists but cannot be read is a corrupt checkpoint, not an uncommitted one.
+        result.committed = layout.is_committed(step_dir)
         result.errors.append(str(e))
         return result
     result.committed = True
@@ -183,17 +185,19 @@ def _verify_array(step_dir: str, entry: dict, context: ts.Context, result: Verif
 
 
 def read_state_spec(step_dir: str) -> dict[str, Any]:
-    """Returns the saved array leaves of a committed step as a nested dict of ShapeDtypeStructs.
+    """Returns the saved leaves of a committed step as a nested dict, to restore into.
 
-    Set shardings on the specs (or pass them as is, for single-device restores) and use the tree
-    as `state` of `Checkpointer.restore` when the original state structure is not at hand.
-    Non-array leaves are omitted.
+    Array leaves become `ShapeDtypeStruct`s (set shardings on them, or pass them as is for
+    single-device restores), bytes leaves (e.g. a trainer's `input_iter`) become `b""` and
+    value leaves their saved value. Pass the tree as `state` of `Checkpointer.restore` when the
+    original state structure is not at hand: every leaf of the checkpoint is in it, so the
+    restore of a trainer checkpoint works as that of any other.
 
     Args:
         step_dir: The committed step directory.
 
     Returns:
-        {key: {key: ... ShapeDtypeStruct}} following the '/'-separated leaf paths.
+        {key: {key: ... leaf}} following the '/'-separated leaf paths.
 
     Raises:
         CheckpointIndexError: If the index is missing or unreadable.
@@ -201,13 +205,18 @@ def read_state_spec(step_dir: str) -> dict[str, Any]:
     index = layout.read_index_file(step_dir)
     tree: dict[str, Any] = {}
     for entry in index["leaves"]:
-        if entry["kind"] != layout.KIND_ARRAY:
-            continue
+        kind = entry["kind"]
+        if kind == layout.KIND_ARRAY:
+            leaf = jax.ShapeDtypeStruct(
+                tuple(entry["shape"]), state_tree.parse_dtype(entry["dtype"])
+            )
+        elif kind == layout.KIND_BYTES:
+            leaf = b""
+        else:
+            leaf = entry["value"]
         node = tree
         *parents, name = entry["path"].split("/")
         for part in parents:
             node = node.setdefault(part, {})
-        node[name] = jax.ShapeDtypeStruct(
-            tuple(entry["shape"]), state_tree.parse_dtype(entry["dtype"])
-        )
+        node[name] = leaf
     return tree

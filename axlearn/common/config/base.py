@@ -8,14 +8,14 @@ import enum
 import functools
 import re
 import types
-import typing
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable
-from typing import Any, TypeVar, Union
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any, TypeVar
 
 import attr
 import numpy as np
 
+from axlearn.common.config import typecheck
 from axlearn.common.config.errors import (
     REQUIRED,
     InvalidConfigClassError,
@@ -137,22 +137,51 @@ def validate_config_field_name(name: str) -> None:
 
 
 def register_validator(match_fn: Callable[[Any], bool], validate_fn: Callable[[Any], None]):
-    """Registers a validator for config values of a kind the config system does not know.
+    """Registers a config value validator (AXLearn: `register_validator(match_fn=, validate_fn=)`).
+
+    On every `set` (and again on `instantiate`), each registered validator whose `match_fn`
+    accepts the value runs, in registration order. A value matched by some validator is a valid
+    config value even if it is of a kind the config system does not know (e.g. a custom class);
+    values of known kinds are still checked as usual.
 
     Args:
         match_fn: Returns True for values that `validate_fn` handles.
-        validate_fn: Raises (e.g. `InvalidConfigValueError`) if the value is invalid; a value it
-            accepts is a valid config value.
+        validate_fn: Raises (e.g. `InvalidConfigValueError`) if the value is invalid.
     """
     _validators.append((match_fn, validate_fn))
+
+
+def _type_is(value: Any, module_prefix: str, names: tuple[str, ...]) -> bool:
+    """Whether `type(value)` (or a base) is named one of `names` in a module under the prefix.
+
+    Lets the config system recognize JAX types without importing JAX.
+    """
+    for klass in type(value).__mro__:
+        if klass.__name__ in names and klass.__module__.split(".")[0] == module_prefix:
+            return True
+    return False
+
+
+def is_partition_spec(value: Any) -> bool:
+    """Whether `value` is a `jax.sharding.PartitionSpec` (checked without importing JAX)."""
+    return _type_is(value, "jax", ("PartitionSpec", "P"))
+
+
+def _is_array(value: Any) -> bool:
+    """Whether `value` is a NumPy or JAX array (a tensor-valued config field)."""
+    return isinstance(value, np.ndarray) or (
+        _type_is(value, "jax", ("Array", "ArrayImpl")) or _type_is(value, "jaxlib", ("ArrayImpl",))
+    )
 
 
 def validate_config_field_value(value: Any) -> None:
     """Raises `InvalidConfigValueError` if `value` is not a valid config value.
 
     Valid values: None, REQUIRED, numbers, strings, bytes, enums, dtypes, classes, functions and
-    other callables, configs, and lists/tuples/dicts/dataclasses/attrs instances/named tuples of
-    valid values. Other kinds can be admitted with `register_validator`.
+    other callables, configs, `jax.sharding.PartitionSpec`s, NumPy/JAX arrays, and
+    lists/tuples/dicts/dataclasses/attrs instances/named tuples of valid values. Every validator
+    registered with `register_validator` whose match_fn accepts the value also runs; other kinds
+    are admitted by registering one.
 
     Args:
         value: The value to check.
@@ -160,11 +189,18 @@ def validate_config_field_value(value: Any) -> None:
     Raises:
         InvalidConfigValueError: If the value (or one nested in it) is of an unsupported kind.
     """
-    for match_fn, validate_fn in _validators:
+    matched = False
+    for match_fn, validate_fn in list(_validators):
         if match_fn(value):
+            matched = True
             validate_fn(value)
-            return
     if value is None or isinstance(value, (ConfigBase,) + _LEAF_KINDS):
+        return
+    if is_partition_spec(value):
+        for item in value:
+            validate_config_field_value(item)
+        return
+    if _is_array(value):
         return
     if isinstance(value, (list, tuple, set, frozenset, range)):
         for item in value:
@@ -178,64 +214,26 @@ def validate_config_field_value(value: Any) -> None:
     elif is_attrs(value):
         for _, item in _attrs_items(value):
             validate_config_field_value(item)
-    elif callable(value):
+    elif callable(value) or matched:
         return
     else:
         raise InvalidConfigValueError(
-            f'Invalid config value type {type(value)} for value "{value}"'
+            f'Invalid config value type {type(value)} for value "{value}". '
+            f"Consider registering a custom validator with `{register_validator.__name__}`."
         )
-
-
-# Scalar annotations we check values against. int values are accepted for float fields.
-_SCALAR_CHECKS: dict[Any, tuple[type, ...]] = {
-    int: (int, np.integer),
-    float: (int, float, np.integer, np.floating),
-    str: (str,),
-    bool: (bool, np.bool_),
-}
-
-
-@functools.cache
-def _field_scalar_types(config_cls: type) -> dict[str, tuple[Any, tuple[type, ...]]]:
-    """Maps field name -> (annotation, accepted types) for fields annotated with a plain scalar.
-
-    A field annotated `int`, `float`, `str`, `bool`, or `Optional[...]`/`Required[...]` of one of
-    them is checked; any other annotation (or one that cannot be resolved) is not.
-    """
-    try:
-        hints = typing.get_type_hints(config_cls)
-    except Exception:  # pylint: disable=broad-except
-        return {}
-    result = {}
-    for field in attr.fields(config_cls):
-        hint = hints.get(field.name)
-        is_union = typing.get_origin(hint) in (Union, types.UnionType)
-        args = typing.get_args(hint) if is_union else (hint,)
-        if Any in args:  # Required[T] without a scalar T, or deliberately loose.
-            args = tuple(a for a in args if a is not Any)
-            if len(args) != 2 or RequiredFieldValue not in args:
-                continue
-        scalars = [a for a in args if a not in (type(None), RequiredFieldValue)]
-        if len(scalars) == 1 and scalars[0] in _SCALAR_CHECKS:
-            result[field.name] = (scalars[0], _SCALAR_CHECKS[scalars[0]])
-    return result
 
 
 def _check_field_type(instance: ConfigBase, name: str, value: Any) -> None:
+    """Raises `InvalidConfigValueError` if `value` does not fit the field's annotation."""
     if value is None or isinstance(value, RequiredFieldValue):
         return
-    checked = _field_scalar_types(type(instance)).get(name)
-    if checked is None:
+    hint = typecheck.field_hints(type(instance)).get(name)
+    if hint is None or typecheck.matches(value, hint):
         return
-    annotation, accepted = checked
-    bad = not isinstance(value, accepted)
-    if annotation in (int, float) and isinstance(value, (bool, np.bool_)):
-        bad = True
-    if bad:
-        raise InvalidConfigValueError(
-            f"{type(instance).__name__}.{name} expects {annotation.__name__}, "
-            f"got {type(value).__name__}: {value!r}"
-        )
+    raise InvalidConfigValueError(
+        f"{type(instance).__name__}.{name} expects {typecheck.describe(hint)}, "
+        f"got {type(value).__name__}: {value!r}"
+    )
 
 
 def _validate_and_transform_field(instance: ConfigBase, attribute: attr.Attribute, value: Any):
@@ -313,6 +311,38 @@ class ConfigBase:
         for k, v in kwargs.items():
             setattr(self, k, v)
         return self
+
+    def get_recursively(self, path: Sequence[str]) -> Any:
+        """Returns the value at `path`, a sequence of field names (AXLearn's method form).
+
+        Args:
+            path: E.g. ["model", "decoder", "dim"]; empty returns self.
+
+        Returns:
+            The value.
+
+        Raises:
+            UnknownFieldError: If a name on the path is not a field.
+        """
+        current = self
+        for key in path:
+            current = getattr(current, key)
+        return current
+
+    def set_recursively(self, path: Sequence[str], *, value: Any) -> None:
+        """Sets the field at `path` (a sequence of field names) to `value`.
+
+        Args:
+            path: A non-empty sequence of field names.
+            value: The new value (validated like `set`).
+
+        Raises:
+            ValueError: If `path` is empty.
+            UnknownFieldError: If a name on the path is not a field.
+        """
+        if not path:
+            raise ValueError("Path is empty.")
+        setattr(self.get_recursively(path[:-1]), path[-1], value)
 
     def clone(self, **kwargs):
         """Returns a copy of this config with the given fields overridden (self is unchanged).
@@ -474,6 +504,11 @@ def _flatten_value(key: str, val: Any, result: dict, omit: Collection[Any]) -> N
 def _leaf_repr(val: Any) -> str:
     if _is_named_object(val):
         return repr(_qualified_name(val))
+    if is_partition_spec(val):
+        # Stable across JAX versions (newer JAX reprs it as P(...)); AXLearn dumps this form.
+        return f"PartitionSpec({', '.join(repr(a) for a in val)})"
+    if _is_array(val):
+        return " ".join(repr(np.asarray(val)).split())
     return repr(val)
 
 

@@ -7,7 +7,7 @@ import copy
 import functools
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Generic, TypeVar, Union
 
 import attr
@@ -20,6 +20,7 @@ from axlearn.common.config.base import (
     _qualified_name,
     config_class,
     validate_config_field_name,
+    validate_config_field_value,
 )
 from axlearn.common.config.errors import (
     REQUIRED,
@@ -61,13 +62,31 @@ def _current_scope() -> list[str]:
     return list(_scope.__dict__.get("stack", []))
 
 
-def _missing_required_fields(cfg: ConfigBase) -> list[str]:
-    return [k for k, v in cfg.items() if isinstance(v, RequiredFieldValue)]
+def _missing_required_fields(cfg: ConfigBase, provided: Collection[str] = ()) -> list[str]:
+    # attr.fields, not cfg.items(): a field may be named `items`.
+    names = sorted(f.name for f in attr.fields(type(cfg)))
+    return [
+        k for k in names if isinstance(getattr(cfg, k), RequiredFieldValue) and k not in provided
+    ]
 
 
-def _validate_required_fields(cfg: ConfigBase) -> None:
-    """Raises `RequiredFieldMissingError` naming every REQUIRED field of `cfg` still unset."""
-    missing = _missing_required_fields(cfg)
+def _validate_required_fields(cfg: ConfigBase, provided: Collection[str] = ()) -> None:
+    """Re-validates `cfg`'s field values and checks that no REQUIRED field is unset.
+
+    Values are validated again (registered validators included) because a value can be mutated
+    in place after `set` (e.g. a list appended to).
+
+    Args:
+        cfg: The config.
+        provided: Names of fields supplied as `instantiate(**kwargs)` instead.
+
+    Raises:
+        RequiredFieldMissingError: Naming every REQUIRED field of `cfg` still unset.
+        InvalidConfigValueError: If a value no longer validates.
+    """
+    for field in attr.fields(type(cfg)):
+        validate_config_field_value(getattr(cfg, field.name))
+    missing = _missing_required_fields(cfg, provided)
     if not missing:
         return
     prefix = ".".join(_current_scope())
@@ -177,11 +196,16 @@ def _field_for_parameter(param: inspect.Parameter):
 
 
 def _call_args(kwargs: dict, *, sig: inspect.Signature, cfg: ConfigBase) -> list:
-    """Moves the config's values into `kwargs` (and returns *args) according to `sig`."""
+    """Moves the config's values into `kwargs` (and returns *args) according to `sig`.
+
+    A REQUIRED field may be supplied in `kwargs`; a field that is set may not.
+    """
     args: list = []
 
     def put(name, value):
         if name in kwargs:
+            if isinstance(value, RequiredFieldValue):
+                return  # Filled by the caller.
             raise ValueError(f"{name} is already specified: {value} vs. {kwargs[name]}")
         kwargs[name] = value
 
@@ -206,7 +230,7 @@ def _call_args(kwargs: dict, *, sig: inspect.Signature, cfg: ConfigBase) -> list
         ):
             put(name, value)
         else:
-            raise NotImplementedError(f"Unsupported parameter kind {param.kind}: {name}")
+            raise NotImplementedError(f"Unsupported param kind {param.kind}: {name}")
     return args
 
 
@@ -226,7 +250,7 @@ class FunctionConfigBase(InstantiableConfig[T]):
         Returns:
             `fn`'s return value.
         """
-        _validate_required_fields(self)
+        _validate_required_fields(self, provided=kwargs)
         args = _call_args(kwargs, sig=inspect.signature(self.fn), cfg=self)
         return self.fn(*args, **kwargs)
 
@@ -247,7 +271,7 @@ class ClassConfigBase(InstantiableConfig[T]):
         Returns:
             The constructed object.
         """
-        _validate_required_fields(self)
+        _validate_required_fields(self, provided=kwargs)
         args = _call_args(kwargs, sig=inspect.signature(self.klass.__init__), cfg=self)
         return self.klass(*args, **kwargs)
 
@@ -298,21 +322,31 @@ def _cached_or_new(factory, target):
 def config_for_function(fn: Callable[..., T]) -> Any:
     """Returns a config with one field per parameter of `fn`, plus `fn`.
 
-    Parameters without defaults are REQUIRED. `instantiate()` calls `fn(**fields)`.
+    Parameters without defaults are REQUIRED. `instantiate(**kwargs)` calls `fn(**fields)`;
+    kwargs may fill REQUIRED fields (not override set ones). A `*args` parameter is a field holding
+    a sequence, `**kwargs` one holding a dict.
 
     Args:
         fn: The function.
 
     Returns:
         A `FunctionConfigBase` instance.
+
+    Raises:
+        ValueError: If `fn` has a parameter named `fn` or `_` (as in AXLearn).
     """
+    params = inspect.signature(fn).parameters
+    for name in ("fn", "_"):
+        if name in params:
+            raise ValueError(f"Configured function {fn} should not have a '{name}' parameter.")
     return _cached_or_new(_function_config_class, fn)(fn=fn)
 
 
 def config_for_class(cls: type[T]) -> Any:
     """Returns a config with one field per `__init__` parameter of `cls`, plus `klass`.
 
-    Parameters without defaults are REQUIRED. `instantiate()` constructs `cls(**fields)`.
+    Parameters without defaults are REQUIRED. `instantiate(**kwargs)` constructs
+    `cls(**fields)`; kwargs may fill REQUIRED fields (not override set ones).
 
     Args:
         cls: The class.

@@ -21,7 +21,8 @@ from typing import Any, Union
 
 import attr
 
-from axlearn.common.config.base import _SCALAR_CHECKS, ConfigBase
+from axlearn.common.config import typecheck
+from axlearn.common.config.base import ConfigBase
 from axlearn.common.config.errors import InvalidConfigValueError, RequiredFieldValue
 
 
@@ -116,22 +117,18 @@ def _lookup(node: Any, key: str) -> tuple[bool, Any]:
     return False, None
 
 
-def _union_scalar_types(cfg: ConfigBase, name: str) -> tuple[str, tuple[type, ...]] | None:
-    """(description, accepted types) when field `name` is annotated with a union of scalars."""
-    try:
-        hint = typing.get_type_hints(type(cfg)).get(name)
-    except Exception:  # pylint: disable=broad-except
-        return None
+def _union_scalar_types(cfg: ConfigBase, name: str) -> tuple[str, Any] | None:
+    """(description, annotation) when field `name` is annotated with a union of scalars."""
+    hint = typecheck.field_hints(type(cfg)).get(name)
     if typing.get_origin(hint) not in (Union, types.UnionType):
         return None
     args = [a for a in typing.get_args(hint) if a not in (type(None), RequiredFieldValue)]
-    if not args or any(a not in _SCALAR_CHECKS for a in args):
+    if not args or any(a not in (int, float, str, bool) for a in args):
         return None
-    accepted = tuple(t for a in args for t in _SCALAR_CHECKS[a])
     names = " or ".join(a.__name__ for a in args)
     if type(None) in typing.get_args(hint):
         names += " or None"
-    return names, accepted
+    return names, hint
 
 
 def _check_value(parent: ConfigBase, name: str, old: Any, value: Any, path: str) -> None:
@@ -146,8 +143,8 @@ def _check_value(parent: ConfigBase, name: str, old: Any, value: Any, path: str)
     checked = _union_scalar_types(parent, name)
     if checked is None:
         return
-    names, accepted = checked
-    if not isinstance(value, accepted) or (bool not in accepted and isinstance(value, bool)):
+    names, hint = checked
+    if not typecheck.matches(value, hint):
         raise ConfigOverrideError(
             f"Config override {path}={value!r}: expects {names}, got {type(value).__name__}"
         )

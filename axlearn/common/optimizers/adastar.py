@@ -79,7 +79,7 @@ def adastar_optimizer(
         raw = g_hat / (sqrt(v_hat) + eps), clipped to block RMS <= raw_update_clipping_threshold
         u = ema(raw; update_ema_decay, update_ema_debias)          (raw if the decay is None)
         u = adam_update_transformation(u)                          (if set)
-        update = -update_schedule(t - 1) * (learning_rate * u + weight_decay * wd_scale * param)
+        update = -update_schedule(t) * (learning_rate * u + weight_decay * wd_scale * param)
     where ema(x; d, debias) keeps m = d * m + (1 - d) * x and returns m / (1 - d**t) if debias.
     `wd_scale` is ParameterSpec.weight_decay_scale, else `weight_decay_per_param_scale`, else 1.
 
@@ -195,9 +195,10 @@ def adastar_optimizer(
         return AdastarState(count=_scalar_spec(), pps=jax.tree.map(one, specs))
 
     def update2_fn(updates, step, params):
+        step_inc = optax.safe_increment(step)
         scales = _weight_decay_scales(params, per_param_scale=weight_decay_per_param_scale)
-        schedule_scale = schedule_fn(step)
-        _add_summary("schedule_step", step)
+        schedule_scale = schedule_fn(step_inc)
+        _add_summary("schedule_step", step_inc)
         _add_summary("schedule_scale", schedule_scale)
         _add_summary("learning_rate", learning_rate * schedule_scale)
         _add_summary("weight_decay_rate", weight_decay * schedule_scale)
@@ -208,7 +209,7 @@ def adastar_optimizer(
                 out = out + (weight_decay * s) * p.value
             return -schedule_scale * out
 
-        return jax.tree.map(one, updates, params, scales), optax.safe_increment(step)
+        return jax.tree.map(one, updates, params, scales), step_inc
 
     tx = {"compute_updates": PartitionedGradientTransformation(init_fn, update_fn, partition_fn)}
     if adam_update_transformation is not None:

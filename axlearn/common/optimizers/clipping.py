@@ -104,6 +104,11 @@ def drop_norm_by_grad_norm_stddev(
     return fn
 
 
+def _stddev(mean: Tensor, mean_square: Tensor) -> Tensor:
+    """The standard deviation from running E[x] and E[x**2]."""
+    return (mean_square - mean**2) ** 0.5
+
+
 class SkipClipState(NamedTuple):
     """State of skip_and_clip_by_global_norm."""
 
@@ -113,8 +118,9 @@ class SkipClipState(NamedTuple):
     nonvalid_count: Tensor
     # Running mean of gradient norms (adaptive drop norm only).
     grad_norm_ema: Optional[Tensor]
-    # Running variance of gradient norms (adaptive drop norm only).
-    grad_norm_var_ema: Optional[Tensor]
+    # Running mean of squared gradient norms (adaptive drop norm only); the norm's standard
+    # deviation is sqrt(grad_norm_square_ema - grad_norm_ema**2).
+    grad_norm_square_ema: Optional[Tensor]
     # The inner transformation's state.
     inner_state: Any
     # Per threshold name, the number of steps whose norm exceeded it (adaptive drop norm only).
@@ -141,18 +147,23 @@ def skip_and_clip_by_global_norm(
         drop_norm: A number (a fixed threshold), or a DropNormThresholdFn (or config) computing
             thresholds from running gradient-norm statistics; None: only non-finite steps skip.
         max_norm: The clipping norm; None: no clipping.
-        grad_norm_ema_decay: Decay of the running gradient-norm statistics (adaptive drop norm
-            only; None means 0.99).
+        grad_norm_ema_decay: Decay of the running gradient-norm statistics; required (e.g. 0.99)
+            when drop_norm is a DropNormThresholdFn.
         eps: Added to the norm in the clipping scale max_norm / (norm + eps).
 
     Returns:
         The transformation.
+
+    Raises:
+        ValueError: If drop_norm is a DropNormThresholdFn and grad_norm_ema_decay is None.
     """
     inner = _to_partitioned_transformation(inner)
     fixed_drop = isinstance(drop_norm, (int, float)) and not isinstance(drop_norm, bool)
     adaptive = drop_norm is not None and not fixed_drop
     drop_fn = maybe_instantiate(drop_norm) if adaptive else None
-    norm_decay = 0.99 if grad_norm_ema_decay is None else grad_norm_ema_decay
+    if adaptive and grad_norm_ema_decay is None:
+        raise ValueError("grad_norm_ema_decay must be set (e.g. 0.99).")
+    norm_decay = grad_norm_ema_decay
 
     def _threshold_names():
         one = jnp.ones([], jnp.float32)
@@ -168,7 +179,7 @@ def skip_and_clip_by_global_norm(
             nonvalid_count=jnp.zeros([], jnp.int32),
             # Positive initial statistics so the first steps are not dropped.
             grad_norm_ema=jnp.ones([], jnp.float32),
-            grad_norm_var_ema=jnp.ones([], jnp.float32),
+            grad_norm_square_ema=jnp.ones([], jnp.float32),
             inner_state=inner.init(params),
             drop_stats={k: jnp.zeros([], jnp.int32) for k in _threshold_names()},
         )
@@ -182,7 +193,9 @@ def skip_and_clip_by_global_norm(
             is_valid = jnp.logical_and(is_finite, g_norm < drop_norm)
         elif adaptive:
             thresholds = drop_fn(
-                count=state.count, mean=state.grad_norm_ema, stddev=state.grad_norm_var_ema**0.5
+                count=state.count,
+                mean=state.grad_norm_ema,
+                stddev=_stddev(state.grad_norm_ema, state.grad_norm_square_ema),
             )
             is_valid = is_finite
             new_drop_stats = {}
@@ -197,18 +210,18 @@ def skip_and_clip_by_global_norm(
         nonvalid_count = jnp.where(
             is_valid, state.nonvalid_count, optax.safe_increment(state.nonvalid_count)
         )
-        count, norm_ema, norm_var_ema = state.count, state.grad_norm_ema, state.grad_norm_var_ema
+        count, norm_ema, norm_sq_ema = state.count, state.grad_norm_ema, state.grad_norm_square_ema
         if adaptive:
             count = jnp.where(is_valid, optax.safe_increment(state.count), state.count)
             # Bias-corrected decay (Adafactor, section 7.1).
             t = count.astype(jnp.float32)
             decay = norm_decay * (1 - norm_decay ** (t - 1)) / (1 - norm_decay**t)
             new_mean = decay * norm_ema + (1 - decay) * g_norm
-            new_var = decay * norm_var_ema + (1 - decay) * (g_norm - new_mean) ** 2
+            new_sq = decay * norm_sq_ema + (1 - decay) * g_norm**2
             norm_ema = jnp.where(is_valid, new_mean, norm_ema)
-            norm_var_ema = jnp.where(is_valid, new_var, norm_var_ema)
+            norm_sq_ema = jnp.where(is_valid, new_sq, norm_sq_ema)
             _add_summary("gradient_norm_ema", norm_ema)
-            _add_summary("gradient_norm_std_ema", norm_var_ema**0.5)
+            _add_summary("gradient_norm_std_ema", _stddev(norm_ema, norm_sq_ema))
             _add_summary("count", count)
             for key, value in new_drop_stats.items():
                 _add_summary(f"count_exceeds_{key}", value)
@@ -230,7 +243,7 @@ def skip_and_clip_by_global_norm(
             count=count,
             nonvalid_count=nonvalid_count,
             grad_norm_ema=norm_ema,
-            grad_norm_var_ema=norm_var_ema,
+            grad_norm_square_ema=norm_sq_ema,
             inner_state=final_inner_state,
             drop_stats=new_drop_stats,
         )
@@ -242,7 +255,7 @@ def skip_and_clip_by_global_norm(
             count=_scalar_spec(),
             nonvalid_count=_scalar_spec(),
             grad_norm_ema=_scalar_spec(jnp.float32),
-            grad_norm_var_ema=_scalar_spec(jnp.float32),
+            grad_norm_square_ema=_scalar_spec(jnp.float32),
             inner_state=inner.partition(specs),
             drop_stats={k: _scalar_spec() for k in _threshold_names()},
         )

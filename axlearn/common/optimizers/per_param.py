@@ -47,7 +47,10 @@ def per_param_scale_by_path(
 
     The first rule whose regex fully matches a parameter's path gives its scale; parameters no
     rule matches get `default_scale`. A rule that matches no parameter at all is an error (it is
-    almost always a typo or a renamed layer).
+    almost always a typo or a renamed layer), except when it names another layout of a layer that
+    a matching rule covers: its regex up to the last "/" is a prefix of a matching rule's regex
+    (the reference 3B config scales both `.*feed_forward/linear1_0/weight` and the fused layout's
+    `.*feed_forward/wi_0_weight`); such a rule is logged and skipped.
 
     Args:
         scale_by_path: (regex, scale) pairs.
@@ -71,8 +74,19 @@ def per_param_scale_by_path(
     def fn(params: NestedOptParam) -> Any:
         paths = tree_paths(params, separator="/")
         all_paths = [p for _, p in flatten_items(paths)]
-        for i, (pattern, regex, _) in enumerate(rules):
-            if not any(pattern.fullmatch(p) for p in all_paths):
+        matched = [regex for pattern, regex, _ in rules if any(map(pattern.fullmatch, all_paths))]
+        for i, (_, regex, _) in enumerate(rules):
+            if regex not in matched:
+                layer = regex.rpartition("/")[0]
+                if layer and any(m.startswith(layer + "/") for m in matched):
+                    logging.info(
+                        "%s: rule %r matches no parameter; another layout of layer %r is "
+                        "matched by other rules.",
+                        description,
+                        regex,
+                        layer,
+                    )
+                    continue
                 examples = ", ".join(all_paths[:5]) + (", ..." if len(all_paths) > 5 else "")
                 raise ValueError(
                     f"{description} per_param_scale_by_path: rule scale_by_path[{i}] "

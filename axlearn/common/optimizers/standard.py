@@ -32,6 +32,7 @@ from axlearn.common.optimizers.transforms import (
     scale,
     scale_by_param_block_rms,
     scale_by_schedule,
+    scale_by_trust_ratio,
     scale_from_learning_rate,
     trace_partition,
     with_partition_fn,
@@ -231,7 +232,7 @@ def scale_by_factored_rms(
 
     Args:
         factored: Whether to factor the second moment of matrices.
-        decay_rate: The second-moment decay (beta2) as a schedule of the update count.
+        decay_rate: The second-moment decay (beta2) as a schedule of the 1-based update step.
         epsilon: Added to the squared gradients.
         min_dim_size_to_factor: Only factor when the two largest axes are at least this long.
 
@@ -243,7 +244,8 @@ def scale_by_factored_rms(
         factored=factored,
         epsilon=epsilon,
         min_dim_size_to_factor=min_dim_size_to_factor,
-        decay_rate_fn=lambda step, _: beta2(step),
+        # optax passes the 0-based update count; schedules see the 1-based step.
+        decay_rate_fn=lambda count, _: beta2(count + 1),
     )
 
     def partition_fn(specs):
@@ -279,6 +281,7 @@ def adafactor_optimizer(
     weight_decay_per_param_scale: Optional[ConfigOr[Callable]] = None,
     eps: float = 1e-30,
     factored: bool = True,
+    apply_scale_by_trust_ratio: bool = False,
     min_dim_size_to_factor: int = 128,
 ) -> PartitionedGradientTransformation:
     """Adafactor (Shazeer & Stern, 2018), as optax.adafactor with schedulable decays.
@@ -299,6 +302,8 @@ def adafactor_optimizer(
         weight_decay_per_param_scale: Optional per-parameter weight-decay scales.
         eps: Added to the squared gradients.
         factored: Whether to factor the second moment of matrices.
+        apply_scale_by_trust_ratio: Whether to scale each update by the LAMB trust ratio
+            (`scale_by_trust_ratio(eps=eps)`), after weight decay.
         min_dim_size_to_factor: Only factor when the two largest axes are at least this long.
 
     Returns:
@@ -337,6 +342,8 @@ def adafactor_optimizer(
                 per_param_scale=weight_decay_per_param_scale,
             )
         )
+    if apply_scale_by_trust_ratio:
+        tx.append(scale_by_trust_ratio(eps=eps))
     tx.append(scale(-1.0))
     return chain(*tx)
 

@@ -247,9 +247,12 @@ def scale(step_size: float) -> PartitionedGradientTransformation:
 def scale_by_schedule(
     step_size_fn: schedule.Schedule, *, name: Optional[str] = None
 ) -> PartitionedGradientTransformation:
-    """Multiplies updates by a schedule of the update count (0 for the first update).
+    """Multiplies updates by a schedule of the 1-based update step.
 
-    Adds `schedule_step` and `schedule_scale` summaries (prefixed by `name/` if given).
+    Unlike optax.scale_by_schedule, the schedule sees `count + 1`: the first update is step 1,
+    consistent with the step the trainer logs, summarizes and checkpoints. The state's `count`
+    is the number of updates done. Adds `schedule_step` and `schedule_scale` summaries (prefixed
+    by `name/` if given).
 
     Args:
         step_size_fn: The schedule.
@@ -261,15 +264,21 @@ def scale_by_schedule(
     fn = schedule.as_schedule_fn(step_size_fn)
     prefix = "" if name is None else f"{name}/"
 
-    def wrapped(step):
-        value = fn(step)
-        _add_summary(prefix + "schedule_step", step)
-        _add_summary(prefix + "schedule_scale", value)
-        return value
+    def init_fn(params):
+        del params
+        return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
 
-    return with_partition_fn(
-        optax.scale_by_schedule(wrapped),
-        lambda _: optax.ScaleByScheduleState(count=_scalar_spec()),
+    def update_fn(updates, state, params=None):
+        del params
+        count_inc = optax.safe_increment(state.count)
+        step_size = fn(count_inc)
+        _add_summary(prefix + "schedule_step", count_inc)
+        _add_summary(prefix + "schedule_scale", step_size)
+        updates = jax.tree.map(lambda g: jnp.array(step_size, dtype=g.dtype) * g, updates)
+        return updates, optax.ScaleByScheduleState(count=count_inc)
+
+    return PartitionedGradientTransformation(
+        init_fn, update_fn, lambda _: optax.ScaleByScheduleState(count=_scalar_spec())
     )
 
 
@@ -297,12 +306,26 @@ def scale_from_learning_rate(
 
 
 class EmaState(NamedTuple):
-    """State of `ema`."""
+    """State of `ema` (AXLearn's layout)."""
 
-    # Number of updates.
+    # Number of times the EMA has been updated.
     count: Tensor
-    # The moving averages.
+    # The moving averages (int8/int16 when quantized).
     ema: Any
+    # Per tensor, the step size that turns a quantized average back into floats: shape
+    # param.shape[1:] for quantized (int) accumulators, else a (1,) placeholder of zeros.
+    scale: Any
+
+
+class _Opaque:
+    """Holds a value as a single pytree leaf (not a registered pytree node)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+_EMA_FLOAT_DTYPES = (jnp.float32, jnp.bfloat16)
+_EMA_INT_DTYPES = (jnp.int16, jnp.int8)
 
 
 def ema(
@@ -310,36 +333,84 @@ def ema(
 ) -> PartitionedGradientTransformation:
     """Replaces updates by their exponential moving average (momentum).
 
+    At update t (counting from 1): ema_t = (1 - decay(t)) * u_t + decay(t) * ema_{t-1}, and the
+    output is ema_t / (1 - decay(t) ** t) when `debias`. With an int8/int16 accumulator, each
+    non-scalar average is stored quantized symmetrically per slice along axis 0: its step size
+    (the slice's max |value| / the int max) is kept in `EmaState.scale`.
+
     Args:
-        decay: The decay, a schedule of the update count.
+        decay: The decay, a schedule of the 1-based update step.
         debias: Whether to divide by (1 - decay**t).
-        accumulator_dtype: dtype of the averages of non-scalar parameters (None: the update dtype).
+        accumulator_dtype: dtype of the averages of non-scalar parameters: float32, bfloat16,
+            int16 or int8 (None: the update dtype).
 
     Returns:
         The transformation.
+
+    Raises:
+        ValueError: If accumulator_dtype is not one of those.
     """
     decay_fn = schedule.as_schedule_fn(decay)
+    if accumulator_dtype is not None:
+        valid = list(_EMA_FLOAT_DTYPES) + list(_EMA_INT_DTYPES)
+        accumulator_dtype = jax.dtypes.canonicalize_dtype(accumulator_dtype)
+        if accumulator_dtype not in valid:
+            raise ValueError(f"accumulator_dtype must be one of {valid} if set.")
+
+    def quantized(shape) -> bool:
+        return bool(len(shape)) and accumulator_dtype in _EMA_INT_DTYPES
 
     def acc_dtype(shape, dtype):
         return accumulator_dtype if (len(shape) and accumulator_dtype is not None) else dtype
 
     def init_fn(params):
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, acc_dtype(p.shape, p.dtype)), params)
-        return EmaState(count=jnp.zeros([], jnp.int32), ema=zeros)
+        scales = jax.tree.map(
+            lambda p: jnp.zeros(p.shape[1:] if quantized(p.shape) else (1,), jnp.float32), params
+        )
+        return EmaState(count=jnp.zeros([], jnp.int32), ema=zeros, scale=scales)
+
+    def to_float(m, qstep):
+        if not jnp.issubdtype(m.dtype, jnp.integer):
+            return m
+        return m.astype(qstep.dtype) * jnp.expand_dims(qstep, 0)
+
+    def store(m, old):
+        if not quantized(m.shape):
+            return m.astype(old.dtype), jnp.zeros((1,), jnp.float32)
+        num_steps = jnp.array(jnp.iinfo(accumulator_dtype).max, dtype=m.dtype)
+        qstep = jnp.max(jnp.abs(m), axis=0, keepdims=True) / num_steps
+        divisor = jnp.where(qstep > 0.0, qstep, jnp.ones_like(qstep))
+        return jnp.round(m / divisor).astype(accumulator_dtype), qstep.squeeze(0)
 
     def update_fn(updates, state, params=None):
         del params
-        decay_t = decay_fn(state.count)
-        count = optax.safe_increment(state.count)
-        new_ema = jax.tree.map(lambda u, m: (1 - decay_t) * u + decay_t * m, updates, state.ema)
+        count_inc = optax.safe_increment(state.count)
+        decay_t = decay_fn(count_inc)
+        new_ema = jax.tree.map(
+            lambda u, m, q: (1 - decay_t) * u + decay_t * to_float(m, q),
+            updates,
+            state.ema,
+            state.scale,
+        )
         if debias:
-            updates = jax.tree.map(lambda m: m / (1 - decay_t**count).astype(m.dtype), new_ema)
+            updates = jax.tree.map(lambda m: m / (1 - decay_t**count_inc).astype(m.dtype), new_ema)
         else:
             updates = new_ema
-        new_ema = jax.tree.map(lambda m, old: m.astype(old.dtype), new_ema, state.ema)
-        return updates, EmaState(count=count, ema=new_ema)
+        # _Opaque wrappers are leaves, so a params tree holding tuples is not confused with them.
+        stored = jax.tree.map(lambda m, old: _Opaque(store(m, old)), new_ema, state.ema)
+        new_values = jax.tree.map(lambda r: r.value[0], stored)
+        new_scales = jax.tree.map(lambda r: r.value[1], stored)
+        return updates, EmaState(count=count_inc, ema=new_values, scale=new_scales)
 
     def partition_fn(specs):
+        def scale_spec(s):
+            if quantized(s.shape):
+                axes = s.mesh_axes
+                axes = PartitionSpec(*axes[1:]) if axes is not None else None
+                return OptStateSpec(shape=list(s.shape[1:]), dtype=jnp.float32, mesh_axes=axes)
+            return OptStateSpec(shape=[1], dtype=jnp.float32, mesh_axes=PartitionSpec(None))
+
         return EmaState(
             count=_scalar_spec(),
             ema=jax.tree.map(
@@ -348,6 +419,7 @@ def ema(
                 ),
                 specs,
             ),
+            scale=jax.tree.map(scale_spec, specs),
         )
 
     return PartitionedGradientTransformation(init_fn, update_fn, partition_fn)
@@ -404,6 +476,62 @@ def scale_by_param_block_rms(min_scale: float = 1e-3) -> PartitionedGradientTran
     )
 
 
+def scale_by_trust_ratio(
+    min_norm: float = 0.0, trust_coefficient: float = 1.0, eps: float = 0.0
+) -> PartitionedGradientTransformation:
+    """Scales each update by trust_coefficient * |param| / (|update| + eps) (LAMB).
+
+    As optax.scale_by_trust_ratio, but per layer under a VDict (repeated layers). Norms are at
+    least `min_norm`; where either norm is 0 the ratio is 1.
+
+    Args:
+        min_norm: Minimum of the parameter and update norms.
+        trust_coefficient: Multiplier of the ratio.
+        eps: Added to the update norm.
+
+    Returns:
+        The transformation.
+
+    Raises:
+        ValueError: If called without params.
+    """
+
+    def update_fn(updates, state, params):
+        if params is None:
+            raise ValueError("Params must not be None for trust ratio scaling!")
+
+        def one(u, p):
+            p_norm = optax.safe_norm(p, min_norm)
+            u_norm = optax.safe_norm(u, min_norm)
+            ratio = trust_coefficient * p_norm / (u_norm + eps)
+            zero = jnp.logical_or(p_norm == 0.0, u_norm == 0.0)
+            return u * jnp.where(zero, jnp.array(1.0, dtype=p.dtype), ratio)
+
+        return _vectorized_tree_map(one, updates, opt_param_values(params)), state
+
+    return PartitionedGradientTransformation(
+        lambda _: optax.ScaleByTrustRatioState(),
+        update_fn,
+        lambda _: optax.ScaleByTrustRatioState(),
+    )
+
+
+def per_param_scale_by_rms(*, min_scale: float = 1e-4) -> Callable[[Any], Any]:
+    """Returns a function mapping a tree of OptParams to max(RMS(param), min_scale) per leaf.
+
+    Args:
+        min_scale: The minimum scale.
+
+    Returns:
+        The per-parameter scale function (e.g. for `scale_update_per_param`).
+    """
+
+    def fn(params):
+        return jax.tree.map(lambda p: optax.safe_root_mean_squares(p.value, min_scale), params)
+
+    return fn
+
+
 # --------------------------------------------------------------------------------------------
 # Parameter EMA.
 # --------------------------------------------------------------------------------------------
@@ -429,8 +557,9 @@ def _no_op() -> PartitionedGradientTransformation:
 def param_ema(*, decay: Optional[schedule.Schedule] = None) -> PartitionedGradientTransformation:
     """Polyak averaging: an EMA of the parameters (its `update` is called with new params).
 
-    ema_t = (1 - decay(t)) * param_t + decay(t) * ema_{t-1}, from zeros (wrap a constant decay
-    in `schedule.decay_bias_correction` for a debiased average).
+    ema_t = (1 - decay(t)) * param_t + decay(t) * ema_{t-1}, from zeros, with t the 1-based
+    update step (wrap a constant decay in `schedule.decay_bias_correction` for a debiased
+    average). Non-float parameters (e.g. int step counters) are copied, not averaged.
 
     Args:
         decay: The decay schedule; None disables the EMA (a no-op transformation).
@@ -451,11 +580,16 @@ def param_ema(*, decay: Optional[schedule.Schedule] = None) -> PartitionedGradie
     def update_fn(updates, state, params):
         if params is None:
             raise ValueError("param_ema needs params.")
-        decay_t = decay_fn(state.count)
-        new_ema = jax.tree.map(
-            lambda p, e: ((1 - decay_t) * p.value + decay_t * e).astype(e.dtype), params, state.ema
-        )
-        return updates, ParamEmaState(count=optax.safe_increment(state.count), ema=new_ema)
+        count_inc = optax.safe_increment(state.count)
+        decay_t = decay_fn(count_inc)
+
+        def interpolate(p, e):
+            if not jnp.issubdtype(p.value.dtype, jnp.floating):
+                return p.value
+            return ((1 - decay_t) * p.value + decay_t * e).astype(e.dtype)
+
+        new_ema = jax.tree.map(interpolate, params, state.ema)
+        return updates, ParamEmaState(count=count_inc, ema=new_ema)
 
     def partition_fn(specs):
         return ParamEmaState(count=_scalar_spec(), ema=copy_partition(specs))

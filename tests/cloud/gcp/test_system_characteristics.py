@@ -90,9 +90,9 @@ def test_peak_table_is_the_chip_table():
     assert peak.flops_per_s == TABLE["a3-highgpu-8g"].peak_flops_per_chip() == 989.4e12
 
 
-@pytest.mark.parametrize("key", ["v5p-16", "v5litepod-16", "v6e-8", "v5litepod-1"])
+@pytest.mark.parametrize("key", ["v5p-16", "v5litepod-16", "v6e-8", "v5litepod-1", "v4-16"])
 def test_topology_desc_matches_table(key):
-    """libtpu's topology description of the slice has the table's chip count."""
+    """libtpu's topology description of the slice has one device per chip (v4: megacore)."""
     pytest.importorskip("libtpu", reason="libtpu comes with the [tpu] extra")
     from jax.experimental import topologies
 
@@ -102,5 +102,6 @@ def test_topology_desc_matches_table(key):
         topology_name=sc.topology_name,
         chips_per_host_bounds=sc.chips_per_host_bounds,
         num_slices=1,
+        chip_config_name=sc.chip_config_name,
     )
     assert len(desc.devices) == sc.chips_per_slice

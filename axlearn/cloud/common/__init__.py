@@ -1,0 +1,1 @@
+"""Cloud-agnostic launch pieces: the process environment contract, bundlers, local launches."""

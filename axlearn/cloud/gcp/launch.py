@@ -1,0 +1,284 @@
+"""`axlearn gcp launch`: from a command and an instance type to a submitted JobSet.
+
+`prepare_launch` does everything that contacts nothing: it reads the active config, checks the
+name, instance type and replica count, picks the runner, completes the command
+(`axlearn.cloud.common.command`), makes the bundler's build plan, and builds the JobSet.
+`--dry_run` prints the result (`describe_launch`); `start` runs the build plan and submits the
+JobSet with `axlearn.cloud.gcp.k8s`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from axlearn.cloud.common.bundler import BuildPlan
+from axlearn.cloud.common.command import complete_trainer_command, runs_trainer
+from axlearn.cloud.gcp import bundler as gcp_bundler
+from axlearn.cloud.gcp.config import ConfigError
+from axlearn.cloud.gcp.jobset import JobSpec, build_jobset, validate_name
+from axlearn.cloud.gcp.runners import Runner, select_runner
+from axlearn.cloud.gcp.system_characteristics import (
+    SystemCharacteristics,
+    instance_type_to_system_characteristics,
+    mesh_selector_for,
+)
+
+
+@dataclasses.dataclass
+class LaunchOptions:
+    """The launch's inputs (the flags of `axlearn gcp launch start`).
+
+    Attributes:
+        name: The job name.
+        instance_type: The launch instance type.
+        command: The command to run in every pod.
+        num_replicas: TPU slices or GPU nodes.
+        bundler_type: docker, artifactregistry or cloudbuild.
+        bundler_spec: `KEY=VALUE` bundler settings.
+        image: An existing image to run (skips bundling).
+        runner_name: An explicit runner.
+        priority: The pods' priority class.
+        max_tries: Pod failures a Job tolerates (backoffLimit).
+        max_restarts: JobSet restarts (failurePolicy.maxRestarts).
+        namespace: Kubernetes namespace.
+        service_account: Kubernetes service account of the pods.
+        user: The submitting user.
+    """
+
+    name: str
+    instance_type: str
+    command: Sequence[str]
+    num_replicas: int = 1
+    bundler_type: str = "artifactregistry"
+    bundler_spec: Sequence[str] = ()
+    image: Optional[str] = None
+    runner_name: Optional[str] = None
+    priority: Optional[str] = None
+    max_tries: int = 0
+    max_restarts: int = 0
+    namespace: str = "default"
+    service_account: Optional[str] = None
+    user: str = dataclasses.field(default_factory=getpass.getuser)
+
+
+@dataclasses.dataclass
+class PreparedLaunch:
+    """A launch ready to build and submit.
+
+    Attributes:
+        options: The inputs.
+        system: The instance type's characteristics.
+        runner: The runner.
+        command: The completed command.
+        trainer_dir: The trainer directory added to the command (None: not a trainer command,
+            or it set its own).
+        plan: The bundler's build plan (None: `--image` given).
+        jobset: The JobSet manifest.
+    """
+
+    options: LaunchOptions
+    system: SystemCharacteristics
+    runner: Runner
+    command: list[str]
+    trainer_dir: Optional[str]
+    plan: Optional[BuildPlan]
+    jobset: dict
+
+
+def default_trainer_dir(config: dict, name: str) -> str:
+    """Returns the job's trainer dir on the config's permanent bucket.
+
+    Raises:
+        ConfigError: The config has no permanent_bucket.
+    """
+    bucket = config.get("permanent_bucket")
+    if not bucket:
+        raise ConfigError(
+            f"Config [gcp.\"{config.get('_name', '?')}\"] has no 'permanent_bucket' for the "
+            "trainer dir; set it, or pass --trainer_dir in the command."
+        )
+    return f"gs://{bucket}/axlearn/jobs/{name}"
+
+
+def prepare_launch(options: LaunchOptions, config: dict) -> PreparedLaunch:
+    """Checks the inputs and builds the plan and the JobSet, contacting nothing.
+
+    Args:
+        options: The launch's inputs.
+        config: The active GCP config (`axlearn.cloud.gcp.config.active_config`).
+
+    Returns:
+        The `PreparedLaunch`.
+
+    Raises:
+        ValueError: (incl. ConfigError, BundlerError) bad name, instance type, replica count,
+            runner, bundler spec, dirty tree, or a config key the launch needs.
+    """
+    sc = instance_type_to_system_characteristics(options.instance_type)
+    if options.num_replicas < 1:
+        raise ValueError(f"--num_replicas must be >= 1, got {options.num_replicas}.")
+    tpu = sc.platform == "tpu"
+    validate_name(
+        options.name,
+        num_slices=options.num_replicas if tpu else 1,
+        hosts_per_slice=sc.vms_per_slice if tpu else options.num_replicas,
+    )
+    runner = select_runner(options.instance_type, options.runner_name)
+    if not options.command:
+        raise ValueError("No command given: put it after `--`, e.g. -- python -m ...")
+    trainer_dir = None
+    if runs_trainer(options.command) and not any(
+        a.startswith("--trainer_dir") for a in options.command
+    ):
+        trainer_dir = default_trainer_dir(config, options.name)
+    command = complete_trainer_command(
+        options.command,
+        mesh_selector=mesh_selector_for(options.instance_type),
+        jax_backend=sc.platform,
+        trainer_dir=trainer_dir,
+    )
+    plan = None
+    image = options.image
+    if image is None:
+        plan = gcp_bundler.build_plan(
+            options.bundler_type,
+            name=options.name,
+            spec_items=options.bundler_spec,
+            config=config,
+            default_target=sc.platform,
+        )
+        image = plan.image
+    jobset = build_jobset(
+        JobSpec(
+            name=options.name,
+            instance_type=options.instance_type,
+            num_replicas=options.num_replicas,
+            image=image,
+            command=command,
+            namespace=options.namespace,
+            user=options.user,
+            max_tries=options.max_tries,
+            max_restarts=options.max_restarts,
+            priority_class=options.priority,
+            service_account=options.service_account,
+        )
+    )
+    return PreparedLaunch(options, sc, runner, command, trainer_dir, plan, jobset)
+
+
+def describe_launch(prepared: PreparedLaunch, *, preflight: Optional[str] = None) -> str:
+    """Returns `--dry_run`'s output: a summary and build plan as comments, then the YAML.
+
+    Args:
+        prepared: The prepared launch.
+        preflight: The pre-flight's comment lines (`describe_preflight`), shown after the plan.
+
+    Returns:
+        Text whose non-comment part is the JobSet manifest in YAML.
+    """
+    import yaml  # pylint: disable=import-outside-toplevel
+
+    sc, o = prepared.system, prepared.options
+    hosts = sc.vms_per_slice if sc.platform == "tpu" else 1
+    unit = "slice" if sc.platform == "tpu" else "node"
+    lines = [
+        "# axlearn gcp launch --dry_run: nothing was built or submitted.",
+        f"# Job {o.name} in namespace {o.namespace}, runner {prepared.runner.name}.",
+        f"# Instance type {o.instance_type}: {o.num_replicas} {unit}(s) x {hosts} host(s) x "
+        f"{sc.chips_per_vm} chip(s) ({sc.chip}, {sc.hbm_per_chip_bytes / 1e9:.1f} GB HBM per "
+        f"chip{', topology ' + sc.topology if sc.platform == 'tpu' else ''}); "
+        f"{o.num_replicas * sc.chips_per_slice} chips in all.",
+    ]
+    if prepared.trainer_dir:
+        lines.append(f"# Trainer dir: {prepared.trainer_dir}")
+    if prepared.plan is None:
+        lines.append(f"# Image (given, not built): {o.image}")
+    else:
+        lines += ["#"] + ["# " + line for line in prepared.plan.describe().splitlines()]
+    if preflight:
+        lines += ["#"] + preflight.rstrip("\n").splitlines()
+    body = yaml.safe_dump(prepared.jobset, sort_keys=False, default_flow_style=False, width=100)
+    return "\n".join(lines) + "\n---\n" + body
+
+
+def _flag_values(command: Sequence[str], names: Sequence[str]) -> list[str]:
+    """Values of `--name=value` / `--name value` flags in a command, in order."""
+    values = []
+    for i, arg in enumerate(command):
+        for name in names:
+            if arg.startswith(f"--{name}="):
+                values.append(arg.split("=", 1)[1])
+            elif arg == f"--{name}" and i + 1 < len(command):
+                values.append(command[i + 1])
+    return values
+
+
+def launch_preflight(prepared: PreparedLaunch) -> Optional[Any]:
+    """Compiles the job's trainer for the target before submitting (the launch pre-flight).
+
+    Runs when the command runs `launch_trainer_main` on a TPU instance type: the experiment
+    (`--module`, `--config`, with its `--config_override`s) is compiled here for
+    `num_replicas` slices of the instance type, with the mesh rule the job's `--mesh_selector`
+    picks.
+
+    Args:
+        prepared: The prepared launch.
+
+    Returns:
+        The `AotReport` (`.fits`, `.refusal_message()`, `.describe()`), or None when there is
+        nothing to check (a GPU instance type, or not a trainer command).
+
+    Raises:
+        ValueError: The command names no experiment, or an unknown one; libtpu is missing (the
+            message names the [tpu] extra and --skip_preflight).
+    """
+    # pylint: disable=import-outside-toplevel
+    if prepared.system.platform != "tpu" or not runs_trainer(prepared.command):
+        return None
+    modules = _flag_values(prepared.command, ("module", "config_module"))
+    configs = _flag_values(prepared.command, ("config",))
+    if not modules or not configs:
+        raise ValueError(
+            "Pre-flight: the trainer command names no experiment (--module and --config); "
+            "pass --skip_preflight to launch without compiling first."
+        )
+    from axlearn.common import aot_compilation
+    from axlearn.common.config.override import apply_overrides
+    from axlearn.common.experiment_registry import get_named_trainer_config
+
+    try:
+        aot_compilation.require_libtpu()
+        trainer_config = get_named_trainer_config(configs[-1], config_module=modules[-1])()
+    except ImportError as e:
+        raise ValueError(f"Pre-flight: {e} Or pass --skip_preflight.") from e
+    overrides = _flag_values(prepared.command, ("config_override",))
+    if overrides:
+        trainer_config = apply_overrides(trainer_config, overrides)
+    return aot_compilation.run_preflight(
+        trainer_config,
+        prepared.options.instance_type,
+        prepared.options.num_replicas,
+        config_name=f"{modules[-1]}:{configs[-1]}",
+    )
+
+
+def describe_preflight(report: Optional[Any], *, skipped: bool = False) -> str:
+    """Returns the pre-flight part of `--dry_run`'s output, as comment lines.
+
+    Args:
+        report: From `launch_preflight` (None: nothing was checked).
+        skipped: Whether --skip_preflight skipped it.
+
+    Returns:
+        Comment lines ending with a newline.
+    """
+    if skipped:
+        return "# Pre-flight: skipped: --skip_preflight\n"
+    if report is None:
+        return "# Pre-flight: nothing to compile (not a TPU trainer command).\n"
+    verdict = "fits" if report.fits else "REFUSED: " + report.refusal_message()
+    lines = [f"Pre-flight: {verdict}"] + report.describe().splitlines()
+    return "".join(f"# {line}\n" for line in lines)

@@ -1,0 +1,1 @@
+"""Fused ("flash") attention; the layer is `axlearn.common.flash_attention.layer.FlashAttention`."""

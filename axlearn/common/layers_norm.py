@@ -1,0 +1,169 @@
+"""GroupNorm, BatchNorm and L2Norm: normalization layers AXLearn keeps in `layers`.
+
+Defined here to keep layers.py short; `axlearn.common.layers` re-exports them and they report
+`axlearn.common.layers` as their module, so configs dump as `axlearn.common.layers.GroupNorm`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+from jax import numpy as jnp
+
+from axlearn.common.base_layer import ParameterSpec
+from axlearn.common.config import REQUIRED, Required, config_class
+from axlearn.common.layers import BaseNormalizationLayer
+from axlearn.common.param_init import constant_initializer
+from axlearn.common.utils import Tensor
+
+
+def _masked_moments(
+    x: Tensor, *, axes: tuple[int, ...], paddings: Optional[Tensor]
+) -> tuple[Tensor, Tensor]:
+    """Mean and variance of `x` over `axes`, leaving out padded positions.
+
+    Args:
+        x: [batch, time, ...] (any rank >= 2 when paddings is given).
+        axes: The axes to reduce (keepdims).
+        paddings: Optional 0/1 [batch, time]; 1 marks padding.
+
+    Returns:
+        (mean, variance), each with `axes` kept as size 1.
+    """
+    if paddings is None:
+        mean = jnp.mean(x, axis=axes, keepdims=True)
+        return mean, jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+    mask = (1 - paddings).astype(x.dtype).reshape(paddings.shape + (1,) * (x.ndim - 2))
+    mask = jnp.broadcast_to(mask, x.shape)
+    count = jnp.maximum(jnp.sum(mask, axis=axes, keepdims=True), 1.0)
+    mean = jnp.sum(x * mask, axis=axes, keepdims=True) / count
+    var = jnp.sum(jnp.square(x - mean) * mask, axis=axes, keepdims=True) / count
+    return mean, var
+
+
+class L2Norm(BaseNormalizationLayer):
+    """Scales the last axis to unit L2 norm: x * rsqrt(sum(x**2) + eps)."""
+
+    @config_class
+    class Config(BaseNormalizationLayer.Config):
+        """Configures L2Norm."""
+
+        # Added to the sum of squares.
+        eps: float = 1e-8
+
+    def forward(self, x: Tensor, *, paddings: Optional[Tensor] = None) -> Tensor:
+        """Normalizes `x` ([..., input_dim]); `paddings` is unused."""
+        del paddings
+        sum2 = jnp.sum(x * x, axis=-1, keepdims=True)
+        return x * jax.lax.rsqrt(sum2 + self.config.eps)
+
+
+class GroupNorm(BaseNormalizationLayer):
+    """Group normalization (https://arxiv.org/abs/1803.08494) with a learned scale and bias.
+
+    The channels (last axis) are split into `num_groups` groups; each example's group is
+    normalized by its mean and variance over all non-batch axes, leaving out padded time steps
+    when `paddings` ([batch, time]) is given.
+    """
+
+    @config_class
+    class Config(BaseNormalizationLayer.Config):
+        """Configures GroupNorm."""
+
+        # The number of channel groups; must divide input_dim.
+        num_groups: Required[int] = REQUIRED
+        # Added to the variance.
+        eps: float = 1e-8
+
+    def __init__(self, cfg: Config, *, parent):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        if cfg.num_groups <= 0 or cfg.input_dim % cfg.num_groups != 0:
+            raise ValueError(
+                f"{self.path()}: num_groups ({cfg.num_groups}) must be positive and divide "
+                f"input_dim ({cfg.input_dim})"
+            )
+
+    def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
+        dim = self.config.input_dim
+        return {
+            "scale": ParameterSpec(shape=[dim], mesh_axes=(None,)),
+            "bias": ParameterSpec(shape=[dim], mesh_axes=(None,)),
+        }
+
+    def forward(self, x: Tensor, *, paddings: Optional[Tensor] = None) -> Tensor:
+        """Normalizes `x` ([batch, ..., input_dim], rank >= 3 when paddings is given)."""
+        cfg = self.config
+        if x.ndim < 2:
+            raise ValueError(f"{self.path()}: GroupNorm needs [batch, ..., dim], got {x.shape}")
+        shape = x.shape
+        grouped = x.reshape(shape[:-1] + (cfg.num_groups, shape[-1] // cfg.num_groups))
+        # Reduce over every axis except batch (0) and the group axis (-2).
+        axes = tuple(range(1, grouped.ndim - 2)) + (grouped.ndim - 1,)
+        mean, var = _masked_moments(grouped.astype(jnp.float32), axes=axes, paddings=paddings)
+        normed = (grouped - mean) * jax.lax.rsqrt(var + cfg.eps)
+        normed = normed.reshape(shape).astype(x.dtype)
+        return normed * self.parameters["scale"] + self.parameters["bias"]
+
+
+class BatchNorm(BaseNormalizationLayer):
+    """Batch normalization (https://arxiv.org/abs/1502.03167) over all axes but the last.
+
+    Training normalizes by the batch's statistics (leaving out padded positions) and updates the
+    moving statistics with `add_state_update`; evaluation uses the moving statistics. The moving
+    statistics are parameters with weight decay scale 0 (their gradients are zero).
+    """
+
+    @config_class
+    class Config(BaseNormalizationLayer.Config):
+        """Configures BatchNorm."""
+
+        # Decay of the moving statistics.
+        decay: float = 0.999
+        # Added to the variance.
+        eps: float = 1e-6
+
+    def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
+        dim = self.config.input_dim
+        return {
+            "scale": ParameterSpec(shape=[dim], mesh_axes=(None,)),
+            "bias": ParameterSpec(shape=[dim], mesh_axes=(None,)),
+            "moving_mean": ParameterSpec(
+                shape=[dim],
+                mesh_axes=(None,),
+                initializer=constant_initializer(0.0),
+                weight_decay_scale=0,
+            ),
+            "moving_variance": ParameterSpec(
+                shape=[dim],
+                mesh_axes=(None,),
+                initializer=constant_initializer(1.0),
+                weight_decay_scale=0,
+            ),
+        }
+
+    def forward(self, x: Tensor, *, paddings: Optional[Tensor] = None) -> Tensor:
+        """Normalizes `x` ([batch, ..., input_dim]); paddings ([batch, time]) are left out."""
+        cfg = self.config
+        if self.is_training:
+            axes = tuple(range(x.ndim - 1))
+            mean, var = _masked_moments(x.astype(jnp.float32), axes=axes, paddings=paddings)
+            mean, var = mean.reshape(-1), var.reshape(-1)
+            params = self.parameters
+            self.add_state_update(
+                "moving_mean", cfg.decay * params["moving_mean"] + (1 - cfg.decay) * mean
+            )
+            self.add_state_update(
+                "moving_variance",
+                cfg.decay * params["moving_variance"] + (1 - cfg.decay) * var,
+            )
+        else:
+            mean, var = self.parameters["moving_mean"], self.parameters["moving_variance"]
+        normed = (x - mean) * jax.lax.rsqrt(var + cfg.eps)
+        return (normed * self.parameters["scale"] + self.parameters["bias"]).astype(x.dtype)
+
+
+for _cls in (L2Norm, GroupNorm, BatchNorm):
+    _cls.__module__ = "axlearn.common.layers"
+del _cls

@@ -1,0 +1,510 @@
+"""Pipeline parallelism in SPMD JAX: a layer run as `num_stages` stages over microbatches.
+
+`Pipeline` holds one child `layer` (a *stage*) whose parameters are stacked on a leading axis of
+size `num_stages * num_virtual_stages` and sharded over the `pipeline` mesh axis, so each device
+of that axis holds only its own stages' parameters. A batch is split into `num_microbatches`
+microbatches; a `jax.lax.scan` over time steps runs every stage once per step, in parallel (a
+`jax.vmap` over the stage axis whose lanes live on different devices), and shifts each stage's
+output to the next stage. XLA lowers that shift along the sharded stage axis to a
+collective-permute, so there is one program (SPMD), not one per stage.
+
+Layout of the stacked parameters: row `r = s * V + v` holds *chunk* `c = v * S + s`, where S is
+`num_stages`, V is the schedule's `num_virtual_stages`, `s` the stage (device along the pipeline
+axis) and `v` the virtual stage (round). A microbatch runs through chunks 0, 1, ..., S*V - 1 in
+order, i.e. S stages V times (the interleaved/circular schedule); with V = 1 (GPipe) row s is
+chunk s. Sharding the rows over the pipeline axis puts rows `s*V ... s*V + V - 1` (chunks s,
+s + S, s + 2S, ...) on device s.
+
+Schedules (see `docs/pipeline.md`): at time step t, stage s works on item j = t - s, i.e.
+microbatch `j % M` in round `j // M`; the item is real when 0 <= j < V*M (otherwise the stage
+idles: the "bubble"). Stage 0 takes microbatch `t % M`, from the input in round 0 and from the
+previous round's last-stage output afterwards (which needs M >= S when V > 1). There are
+`V*M + S - 1` steps, so the bubble fraction is (S - 1) / (V*M + S - 1). Backward passes come
+from autodiff of the forward scan (all forwards, then all backwards, as GPipe).
+
+Every (chunk, microbatch) pair gets its own PRNG key, so dropout differs per microbatch.
+Outputs that the stage's layers add to the output collection (summaries, module outputs) are
+dropped: they would be stacked over time steps that include bubble steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import numpy as np
+from jax import numpy as jnp
+from jax.sharding import PartitionSpec
+
+from axlearn.common.base_layer import BaseLayer
+from axlearn.common.config import (
+    REQUIRED,
+    Configurable,
+    InstantiableConfig,
+    Required,
+    config_class,
+)
+from axlearn.common.module import Module, child_context, new_output_collection
+from axlearn.common.repeat import prepend_axis_to_specs
+from axlearn.common.utils import NestedTensor, Tensor, get_or_none, with_sharding_constraint
+from axlearn.common.utils import _current_abstract_mesh as current_abstract_mesh
+
+
+class BaseSchedule(Configurable):
+    """Which (microbatch, virtual stage) each stage works on at each time step.
+
+    A schedule with S stages, V virtual stages and M microbatches runs `num_steps()` time steps;
+    at step t, stage s works on item j = t - s (microbatch j % M, round j // M) when
+    0 <= j < V * M.
+    """
+
+    @config_class
+    class Config(Configurable.Config):
+        """Configures BaseSchedule."""
+
+        # Number of pipeline stages S (set by the Pipeline).
+        num_stages: Required[int] = REQUIRED
+        # Number of microbatches M (set by the Pipeline).
+        num_microbatches: Required[int] = REQUIRED
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        self._validate()
+
+    @property
+    def num_stages(self) -> int:
+        """S."""
+        return self.config.num_stages
+
+    @property
+    def num_microbatches(self) -> int:
+        """M."""
+        return self.config.num_microbatches
+
+    @property
+    def num_virtual_stages(self) -> int:
+        """V: how many non-adjacent chunks of layers each stage holds."""
+        return 1
+
+    def _validate(self):
+        cfg = self.config
+        for name in ("num_stages", "num_microbatches"):
+            value = getattr(cfg, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"{type(self).__name__}: {name} must be a positive int, got {value!r}"
+                )
+
+    def num_steps(self) -> int:
+        """The number of time steps: V * M + S - 1."""
+        return self.num_virtual_stages * self.num_microbatches + self.num_stages - 1
+
+    def bubble_fraction(self) -> float:
+        """The fraction of stage-steps that idle: (S - 1) / (V * M + S - 1)."""
+        return (self.num_stages - 1) / self.num_steps()
+
+    def stage_items(self, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """What each stage works on at time step `t` (a scalar, possibly traced).
+
+        Args:
+            t: The time step.
+
+        Returns:
+            (microbatch, virtual_stage, valid), each int/bool [S]: stage s processes microbatch
+            `microbatch[s]` with its chunk of virtual stage `virtual_stage[s]`; `valid[s]` is
+            False in bubble steps (the stage's result is then discarded).
+        """
+        s = jnp.arange(self.num_stages)
+        j = t - s
+        m = self.num_microbatches
+        valid = (j >= 0) & (j < self.num_virtual_stages * m)
+        microbatch = jnp.mod(j, m)
+        virtual_stage = jnp.clip(jnp.floor_divide(j, m), 0, self.num_virtual_stages - 1)
+        return microbatch, virtual_stage, valid
+
+
+class GPipeSchedule(BaseSchedule):
+    """GPipe (https://arxiv.org/abs/1811.06965): each stage holds one chunk of layers.
+
+    All microbatches run forward through the S stages, then backward (by autodiff). Bubble:
+    (S - 1) / (M + S - 1).
+    """
+
+
+class CircularSchedule(BaseSchedule):
+    """The circular (interleaved) schedule: each stage holds V non-adjacent chunks of layers.
+
+    Microbatches run through the S stages V times; stage s holds chunks s, s + S, ...,
+    s + (V-1) S. Each step does 1/V of a GPipe stage's work, so the bubble
+    (S - 1) / (V * M + S - 1) is about V times smaller. Needs M >= S (a microbatch leaving the
+    last stage re-enters the first one M steps after it first entered it).
+    """
+
+    @config_class
+    class Config(BaseSchedule.Config):
+        """Configures CircularSchedule."""
+
+        # V: the number of chunks of layers (virtual stages) per stage.
+        num_virtual_stages: Required[int] = REQUIRED
+
+    @property
+    def num_virtual_stages(self) -> int:
+        return self.config.num_virtual_stages
+
+    def _validate(self):
+        super()._validate()
+        cfg = self.config
+        v = cfg.num_virtual_stages
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"CircularSchedule: num_virtual_stages must be >= 1, got {v!r}")
+        if v > 1 and cfg.num_microbatches < cfg.num_stages:
+            raise ValueError(
+                f"CircularSchedule with num_virtual_stages={v} needs num_microbatches >= "
+                f"num_stages, got num_microbatches={cfg.num_microbatches} < "
+                f"num_stages={cfg.num_stages}"
+            )
+
+
+def _chunk_layout(num_stages: int, num_virtual_stages: int) -> np.ndarray:
+    """chunk_of_row[r] = the chunk held by stacked row r = s * V + v, i.e. v * S + s."""
+    s, v = np.meshgrid(np.arange(num_stages), np.arange(num_virtual_stages), indexing="ij")
+    return (v * num_stages + s).reshape(-1)
+
+
+def chunk_order_to_rows(x: Tensor, *, num_stages: int, num_virtual_stages: int) -> Tensor:
+    """Reorders a leading chunk axis (chunk c = v * S + s) into the stacked row order (s * V + v).
+
+    Args:
+        x: [S * V, ...], indexed by chunk.
+        num_stages: S.
+        num_virtual_stages: V.
+
+    Returns:
+        [S * V, ...], indexed by stacked row.
+    """
+    return x[_chunk_layout(num_stages, num_virtual_stages)]
+
+
+def rows_to_chunk_order(x: Tensor, *, num_stages: int, num_virtual_stages: int) -> Tensor:
+    """The inverse of `chunk_order_to_rows`.
+
+    Args:
+        x: [S * V, ...], indexed by stacked row.
+        num_stages: S.
+        num_virtual_stages: V.
+
+    Returns:
+        [S * V, ...], indexed by chunk.
+    """
+    return x[np.argsort(_chunk_layout(num_stages, num_virtual_stages))]
+
+
+def transpose_to_pipeline_stage_inputs(x: Tensor) -> Tensor:
+    """Layer-major [N, M, ...] to pipeline-major [M + N - 1, N, ...] (GPipe time steps).
+
+    Args:
+        x: [N, M, ...], x[i, j] the input of layer (stage) i for microbatch j.
+
+    Returns:
+        y: [M + N - 1, N, ...] with y[i + j, i] == x[i, j] (zeros elsewhere): stage i sees
+        microbatch j at time step i + j.
+    """
+    n, m = x.shape[:2]
+    t = np.arange(m + n - 1)[:, None] - np.arange(n)[None, :]  # [T, N] microbatch index.
+    valid = (t >= 0) & (t < m)
+    y = x[np.arange(n)[None, :], np.clip(t, 0, m - 1)]
+    mask = jnp.asarray(valid).reshape(valid.shape + (1,) * (x.ndim - 2))
+    return jnp.where(mask, y, jnp.zeros_like(y))
+
+
+def transpose_from_pipeline_stage_outputs(x: Tensor) -> Tensor:
+    """Pipeline-major [M + N - 1, N, ...] to layer-major [N, M, ...].
+
+    Args:
+        x: [T = M + N - 1, N, ...], x[t, i] the output of stage i at time step t.
+
+    Returns:
+        y: [N, M, ...] with y[i, j] == x[i + j, i].
+    """
+    t, n = x.shape[:2]
+    m = t - n + 1
+    i = np.arange(n)[:, None]
+    return x[i + np.arange(m)[None, :], i]
+
+
+def _to_microbatches(x: Tensor, num_microbatches: int) -> Tensor:
+    """[B, ...] -> [M, B // M, ...]; microbatch m holds rows m, m + M, m + 2M, ...
+
+    Strided rows keep each device's batch shard within every microbatch (no resharding when
+    the batch axis is sharded over data/fsdp).
+    """
+    b = x.shape[0]
+    return jnp.swapaxes(x.reshape(b // num_microbatches, num_microbatches, *x.shape[1:]), 0, 1)
+
+
+def _from_microbatches(x: Tensor) -> Tensor:
+    """The inverse of `_to_microbatches`: [M, B // M, ...] -> [B, ...]."""
+    return jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:])
+
+
+class Pipeline(BaseLayer):
+    """Runs `num_layers` pipeline stages of `layer` over `num_microbatches` microbatches.
+
+    See the module docstring. Parameter paths: `<pipeline>/layer/...` with a leading stacked axis
+    of size num_layers * num_virtual_stages (sharded over `mesh_axis`).
+    """
+
+    @config_class
+    class Config(BaseLayer.Config):
+        """Configures Pipeline."""
+
+        # The stage layer config (one chunk of layers).
+        layer: Required[InstantiableConfig] = REQUIRED
+        # Number of pipeline stages S (must equal the size of the mesh's `mesh_axis`).
+        num_layers: Required[int] = REQUIRED
+        # Number of microbatches M the batch is split into.
+        num_microbatches: Required[int] = REQUIRED
+        # The schedule (num_stages and num_microbatches are set from this config).
+        schedule: InstantiableConfig = GPipeSchedule.default_config()
+        # The mesh axis the stages are sharded over.
+        mesh_axis: str = "pipeline"
+
+    class Output(NamedTuple):
+        """carry: the last chunk's carry, [B, ...]; ys: per-chunk outputs [S * V, B, ...]."""
+
+        carry: NestedTensor
+        ys: NestedTensor
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        self._add_child("layer", cfg.layer)
+        self._schedule: BaseSchedule = cfg.schedule.set(
+            num_stages=cfg.num_layers, num_microbatches=cfg.num_microbatches
+        ).instantiate()
+
+    @property
+    def schedule(self) -> BaseSchedule:
+        """The instantiated schedule."""
+        return self._schedule
+
+    def num_stacked(self) -> int:
+        """S * V: the size of the stacked parameter axis."""
+        return self.config.num_layers * self._schedule.num_virtual_stages
+
+    def create_parameter_specs_recursively(self):
+        return prepend_axis_to_specs(
+            super().create_parameter_specs_recursively(),
+            self.num_stacked(),
+            mesh_axis=self.config.mesh_axis,
+        )
+
+    def initialize_parameters_recursively(
+        self, prng_key: Tensor, *, prebuilt: Optional[NestedTensor] = None
+    ) -> NestedTensor:
+        if self._local_parameter_specs():
+            raise NotImplementedError("Pipeline layers have no parameters of their own")
+        prebuilt_layer = get_or_none(prebuilt, "layer")
+
+        def init(key):
+            return dict(
+                layer=self.layer.initialize_parameters_recursively(key, prebuilt=prebuilt_layer)
+            )
+
+        return jax.vmap(init)(jax.random.split(prng_key, self.num_stacked()))
+
+    def _check_mesh(self):
+        cfg = self.config
+        mesh = current_abstract_mesh()
+        if mesh is None:
+            return  # Unsharded (e.g. a unit test without a mesh): the same math on one device.
+        shape = dict(mesh.shape)
+        if cfg.mesh_axis not in shape:
+            raise ValueError(
+                f"{self.path()}: the mesh has no '{cfg.mesh_axis}' axis (axes "
+                f"{tuple(mesh.axis_names)}, shape {tuple(shape.values())}); a Pipeline with "
+                f"num_stages={cfg.num_layers} needs one of size {cfg.num_layers}"
+            )
+        if shape[cfg.mesh_axis] != cfg.num_layers:
+            raise ValueError(
+                f"{self.path()}: mesh axis '{cfg.mesh_axis}' has size {shape[cfg.mesh_axis]} but "
+                f"num_stages={cfg.num_layers}; they must be equal"
+            )
+
+    def _constrain(self, x: Tensor) -> Tensor:
+        """Shards the leading (stage) axis of `x` over the pipeline axis."""
+        if current_abstract_mesh() is None:
+            return x
+        spec = PartitionSpec(self.config.mesh_axis, *([PartitionSpec.UNCONSTRAINED] * (x.ndim - 1)))
+        return with_sharding_constraint(x, spec)
+
+    def _run(
+        self,
+        fn: Callable[[NestedTensor, NestedTensor], tuple[NestedTensor, NestedTensor]],
+        carry: NestedTensor,
+        *,
+        side_inputs: Optional[NestedTensor] = None,
+    ) -> Output:
+        """Pipelines `fn(carry, side_inputs) -> (carry, y)` over the stages and microbatches.
+
+        Equivalent to running, for each chunk c = 0 .. S*V - 1 in order,
+        `carry, ys[c] = fn(carry, side_inputs)` with the chunk's parameters, separately for each
+        microbatch. Call `self.layer` inside `fn`.
+
+        Args:
+            fn: The per-chunk function.
+            carry: Tensors with a leading batch axis B (divisible by num_microbatches).
+            side_inputs: Optional tensors with leading batch axis B, given to every chunk (each
+                chunk sees its microbatch's rows).
+
+        Returns:
+            An Output.
+
+        Raises:
+            ValueError: On a batch not divisible by num_microbatches, or a bad mesh.
+        """
+        cfg = self.config
+        self._check_mesh()
+        schedule = self._schedule
+        num_stages, m = cfg.num_layers, cfg.num_microbatches
+        v_stages = schedule.num_virtual_stages
+        side_inputs = {} if side_inputs is None else side_inputs
+        leaves = jax.tree.leaves((carry, side_inputs))
+        batch = leaves[0].shape[0]
+        for leaf in leaves:
+            if leaf.shape[0] != batch:
+                raise ValueError(
+                    f"{self.path()}: inputs have different leading batch sizes "
+                    f"{sorted({x.shape[0] for x in leaves})}"
+                )
+        if batch % m != 0:
+            raise ValueError(
+                f"{self.path()}: batch size {batch} is not divisible by num_microbatches={m}"
+            )
+        # [M, mb, ...].
+        buffer = jax.tree.map(lambda x: _to_microbatches(x, m), carry)
+        side_mb = jax.tree.map(lambda x: _to_microbatches(x, m), side_inputs)
+
+        prng_key = self.prng_key
+        with child_context(
+            "layer", module=self.layer, output_collection=new_output_collection()
+        ) as layer_context:
+            # [S, V, ...]: row s * V + v.
+            params = jax.tree.map(
+                lambda p: p.reshape(num_stages, v_stages, *p.shape[1:]), layer_context.state
+            )
+
+            def stage_fn(params_s, chunk, microbatch, x_s, side_s):
+                key = None
+                if prng_key is not None:
+                    key = jax.random.fold_in(prng_key, chunk * m + microbatch)
+                with child_context(
+                    "iter",
+                    module=self.layer,
+                    state=params_s,
+                    prng_key=key,
+                    output_collection=new_output_collection(),
+                ):
+                    return fn(x_s, side_s)
+
+            def step(loop_carry, t):
+                state, buffer = loop_carry
+                microbatch, virtual_stage, valid = schedule.stage_items(t)
+                stage0_in = jax.tree.map(lambda b: b[jnp.mod(t, m)], buffer)
+                # Shift: stage s takes stage s-1's output of the previous step
+                # (a collective-permute along the pipeline axis); stage 0 takes a microbatch.
+                inputs = jax.tree.map(
+                    lambda x0, st: self._constrain(jnp.concatenate([x0[None], st[:-1]], axis=0)),
+                    stage0_in,
+                    state,
+                )
+                mask = lambda x: valid.reshape(valid.shape + (1,) * (x.ndim - 1))  # noqa: E731
+                inputs = jax.tree.map(lambda x: jnp.where(mask(x), x, jnp.zeros_like(x)), inputs)
+                side_t = jax.tree.map(lambda x: self._constrain(x[microbatch]), side_mb)
+                params_t = jax.tree.map(
+                    lambda p: jax.vmap(
+                        lambda ps, vs: jax.lax.dynamic_index_in_dim(ps, vs, 0, keepdims=False),
+                        spmd_axis_name=cfg.mesh_axis,
+                    )(p, virtual_stage),
+                    params,
+                )
+                chunk = virtual_stage * num_stages + jnp.arange(num_stages)
+                out, ys = jax.vmap(stage_fn, spmd_axis_name=cfg.mesh_axis)(
+                    params_t, chunk, microbatch, inputs, side_t
+                )
+                out = jax.tree.map(self._constrain, out)
+                # The last stage's output of item j = t - S + 1 goes back to the buffer: the
+                # next round's input for that microbatch, or the final output.
+                j_last = t - (num_stages - 1)
+                write = j_last >= 0
+                idx = jnp.mod(j_last, m)
+                buffer = jax.tree.map(
+                    lambda b, o: jax.lax.dynamic_update_index_in_dim(
+                        b, jnp.where(write, o[-1], b[idx]), idx, 0
+                    ),
+                    buffer,
+                    out,
+                )
+                return (out, buffer), ys
+
+            state0 = jax.tree.map(
+                lambda b: self._constrain(jnp.zeros((num_stages, *b.shape[1:]), b.dtype)), buffer
+            )
+            (_, buffer), ys = jax.lax.scan(step, (state0, buffer), jnp.arange(schedule.num_steps()))
+        # ys: [T, S, mb, ...] -> [S * V (chunk order), M, mb, ...] -> [S * V, B, ...].
+        chunks = np.arange(num_stages * v_stages)
+        stage_of = chunks % num_stages
+        t_idx = (chunks // num_stages)[:, None] * m + np.arange(m)[None, :] + stage_of[:, None]
+        ys = jax.tree.map(lambda y: jax.vmap(_from_microbatches)(y[t_idx, stage_of[:, None]]), ys)
+        return self.Output(carry=jax.tree.map(_from_microbatches, buffer), ys=ys)
+
+
+def pipeline_summary(cfg: Pipeline.Config) -> dict[str, Any]:
+    """Describes a pipeline config: stages, virtual stages, microbatches, steps and bubble.
+
+    Args:
+        cfg: A Pipeline config.
+
+    Returns:
+        A dict with num_stages, num_virtual_stages, num_microbatches, num_steps, schedule (class
+        name) and bubble_fraction.
+    """
+    schedule = cfg.schedule.clone(
+        num_stages=cfg.num_layers, num_microbatches=cfg.num_microbatches
+    ).instantiate()
+    return dict(
+        schedule=type(schedule).__name__,
+        num_stages=schedule.num_stages,
+        num_virtual_stages=schedule.num_virtual_stages,
+        num_microbatches=schedule.num_microbatches,
+        num_steps=schedule.num_steps(),
+        bubble_fraction=schedule.bubble_fraction(),
+    )
+
+
+def gpipe_bubble_fraction(num_stages: int, num_microbatches: int, num_virtual_stages: int = 1):
+    """(S - 1) / (V * M + S - 1).
+
+    Args:
+        num_stages: S.
+        num_microbatches: M.
+        num_virtual_stages: V.
+
+    Returns:
+        The fraction of idle stage-steps.
+    """
+    return (num_stages - 1) / (num_virtual_stages * num_microbatches + num_stages - 1)
+
+
+__all__ = [
+    "BaseSchedule",
+    "CircularSchedule",
+    "GPipeSchedule",
+    "Pipeline",
+    "chunk_order_to_rows",
+    "gpipe_bubble_fraction",
+    "pipeline_summary",
+    "rows_to_chunk_order",
+    "transpose_from_pipeline_stage_outputs",
+    "transpose_to_pipeline_stage_inputs",
+]

@@ -1,0 +1,152 @@
+"""Summaries: typed values a module adds with `add_summary` (AXLearn's `axlearn.common.summary`).
+
+A `Summary` is a pytree whose fields are its class annotations (in MRO order), so summaries can
+be returned from jitted functions. Subclasses define `value()` (what a summary writer records),
+`validate()` (called by `add_summary`) and, where summaries combine across batches,
+`accumulate(other)`.
+
+    ImageSummary(images)     # [batch, height, width, channels] or [height, width, channels]
+    ImageSummary(images).value().shape
+
+Metric summaries (`WeightedSummary`, `WeightedScalar`, `MinSummary`, ...) are in metrics.py.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import jax
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names: list[str] = []
+    for klass in reversed(cls.__mro__):
+        for name, annotation in klass.__dict__.get("__annotations__", {}).items():
+            if "ClassVar" in str(annotation) or name in names:
+                continue
+            names.append(name)
+    return tuple(names)
+
+
+class Summary:
+    """Base class of summaries: a pytree of its annotated fields.
+
+    Subclasses are registered as pytree nodes automatically. The constructor takes the fields
+    positionally or by name; `Module.add_summary` calls `validate()`.
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        jax.tree_util.register_pytree_node(cls, cls._tree_flatten, cls._tree_unflatten)
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        names = _field_names(type(self))
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__} takes {len(names)} fields, got {len(args)}")
+        values = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in names or key in values:
+                raise TypeError(f"{type(self).__name__}: unexpected or repeated field {key!r}")
+            values[key] = value
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise TypeError(f"{type(self).__name__} is missing fields {missing}")
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def _tree_flatten(self):
+        names = _field_names(type(self))
+        return tuple(getattr(self, n) for n in names), None
+
+    @classmethod
+    def _tree_unflatten(cls, aux_data, children):
+        del aux_data
+        obj = object.__new__(cls)
+        for name, value in zip(_field_names(cls), children):
+            object.__setattr__(obj, name, value)
+        return obj
+
+    def value(self) -> Any:
+        """The value a summary writer records (None: nothing to record)."""
+        return None
+
+    def validate(self) -> None:
+        """Raises ValueError if the fields are invalid (called by `add_summary`)."""
+
+    def accumulate(self, other: Summary) -> Summary:
+        """Combines with the same summary from another batch.
+
+        Raises:
+            NotImplementedError: Unless a subclass defines how to combine.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support accumulation.")
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in _field_names(type(self)))
+        return f"{type(self).__name__}({fields})"
+
+
+def _is_concrete_array(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+class ImageSummary(Summary):
+    """Images: [batch, height, width, channels] or [height, width, channels], channels 1/3/4.
+
+    Values are floats in [0, 1] or uint8.
+    """
+
+    _value: typing.Any
+
+    def value(self) -> Any:
+        """The images, with a batch axis ([batch, height, width, channels])."""
+        v = self._value
+        return v[None] if v.ndim == 3 else v
+
+    def validate(self) -> None:
+        """Checks rank and channels.
+
+        Raises:
+            ValueError: If the value is not an array of rank 3/4 with 1, 3 or 4 channels.
+        """
+        v = self._value
+        if not _is_concrete_array(v):
+            raise ValueError(f"ImageSummary value must be an array, got {type(v)}.")
+        if v.ndim not in (3, 4) or v.shape[-1] not in (1, 3, 4):
+            raise ValueError(
+                "ImageSummary value must have shape [batch, height, width, channels] or "
+                f"[height, width, channels] with 1, 3 or 4 channels, got {v.shape}."
+            )
+
+
+class CallbackSummary(Summary):
+    """A summary computed on the host by calling `fn(*args, **kwargs)` when it is written."""
+
+    fn: typing.Any
+    args: typing.Any
+    kwargs: typing.Any
+
+    def __init__(self, fn: Any, *args: Any, **kwargs: Any):
+        super().__init__(fn, args, kwargs)
+
+    def _tree_flatten(self):
+        # The callable is static; args/kwargs are the traced children.
+        return (self.args, self.kwargs), self.fn
+
+    @classmethod
+    def _tree_unflatten(cls, aux_data, children):
+        obj = object.__new__(cls)
+        object.__setattr__(obj, "fn", aux_data)
+        object.__setattr__(obj, "args", children[0])
+        object.__setattr__(obj, "kwargs", children[1])
+        return obj
+
+    def value(self) -> Any:
+        """The result of `fn(*args, **kwargs)`."""
+        return self.fn(*self.args, **self.kwargs)
+
+    def validate(self) -> None:
+        """Raises ValueError unless `fn` is callable."""
+        if not callable(self.fn):
+            raise ValueError(f"CallbackSummary.fn must be callable, got {self.fn!r}.")

@@ -1,0 +1,275 @@
+"""Utilities for tests, with AXLearn's names: `TestCase`, `assert_allclose`, `prng_impl`, ...
+
+AXLearn users' unit tests start with
+
+    from axlearn.common.test_utils import TestCase, assert_allclose
+
+and use `absl.testing.parameterized`; this module provides the same entry points:
+
+- `assert_allclose(actual, desired, atol=1e-6, rtol=1e-3, err_msg="")`: compares as float32,
+  reporting the max absolute difference.
+- `TestCase`: a `parameterized.TestCase` with `assertNestedAllClose`, `assertNestedEqual` and
+  `assertAllCloseWithOutliers` (tolerances per fraction of elements, see `Tolerance`).
+- `prng_impl(name)`: a context manager switching `jax_default_prng_impl`.
+- `is_supported_platform`, `is_supported_mesh_shape`: whether a test's platform / mesh fits the
+  current devices (tests skip themselves when not).
+- `TestWithTemporaryCWD`, `temp_chdir`, `DummyForwardModel`, `clean_hlo`, `as_local_tensor`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from absl import logging
+from absl.testing import parameterized
+from jax import numpy as jnp
+
+from axlearn.common.base_model import BaseModel
+from axlearn.common.utils import NestedTensor, Tensor, as_tensor, flatten_items
+
+
+def assert_allclose(
+    actual: Any, desired: Any, atol: float = 1e-6, rtol: float = 1e-3, err_msg: str = ""
+) -> None:
+    """Asserts |actual - desired| <= atol + rtol * |desired| elementwise, compared as float32.
+
+    Args:
+        actual: The computed value (array-like).
+        desired: The expected value (array-like, broadcastable to `actual`).
+        atol: Absolute tolerance.
+        rtol: Relative tolerance.
+        err_msg: Prefix of the failure message (followed by the max absolute difference).
+
+    Raises:
+        AssertionError: If the values differ by more than the tolerance.
+    """
+    actual = np.asarray(jnp.asarray(actual).astype(np.float32))
+    desired = np.asarray(jnp.asarray(desired).astype(np.float32))
+    diff = np.abs(actual - desired)
+    max_diff = diff.max() if diff.size > 0 else diff
+    np.testing.assert_allclose(
+        actual,
+        desired,
+        atol=atol,
+        rtol=rtol,
+        err_msg=f"{err_msg}: {max_diff}.\nactual={actual}\ndesired={desired}",
+    )
+
+
+def is_supported_platform(target_platform: str) -> bool:
+    """Whether every current device is on `target_platform` ("cpu", "gpu", "tpu").
+
+    Args:
+        target_platform: The platform a test needs.
+
+    Returns:
+        True if the test can run here (otherwise it should skip).
+    """
+    platforms = [d.platform for d in jax.devices()]
+    supported = all(p == target_platform for p in platforms)
+    if not supported:
+        logging.info("Skipping test for %s on %s", target_platform, platforms)
+    return supported
+
+
+def is_supported_mesh_shape(mesh_shape: Sequence[int]) -> bool:
+    """Whether a mesh of `mesh_shape` uses exactly the current devices.
+
+    Args:
+        mesh_shape: The mesh shape a test needs.
+
+    Returns:
+        True if `prod(mesh_shape) == jax.device_count()`.
+    """
+    supported = jax.device_count() == int(np.prod(mesh_shape))
+    if not supported:
+        logging.info("Skipping mesh_shape=%s with device_count=%s", mesh_shape, jax.device_count())
+    return supported
+
+
+def as_local_tensor(x: Tensor) -> NestedTensor:
+    """Returns `x` if it is a jax array.
+
+    Args:
+        x: The value.
+
+    Returns:
+        `x`.
+
+    Raises:
+        NotImplementedError: If `x` is not a jax array.
+    """
+    if isinstance(x, Tensor):
+        return x
+    raise NotImplementedError(f"{type(x)}: {x}")
+
+
+def clean_hlo(hlo: str) -> str:
+    """Removes `metadata={...}` attributes (source locations etc.) from HLO text.
+
+    Args:
+        hlo: The HLO text.
+
+    Returns:
+        The text without metadata, for comparisons that should not depend on source lines.
+    """
+    escaped_str = r'"(?:[^"\\]|\\\\|\\")*"'
+    value = f"(?:{escaped_str}|\\d+)"
+    return re.sub(r"metadata=\{(?:\w+=" + value + r"\s*)*\}", "", hlo)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """Tolerances for `TestCase.assertAllCloseWithOutliers`."""
+
+    # Relative tolerance.
+    rtol: float = 0.001
+    # Absolute tolerance.
+    atol: float = 0.001
+
+
+class TestCase(parameterized.TestCase):
+    """Base test class (a `parameterized.TestCase`) with nested-tree assertions."""
+
+    def assertNestedAllClose(self, a: Any, b: Any, atol: float = 1e-6, rtol: float = 1e-3):
+        """Asserts that two trees have the same paths, and leaves that are all close.
+
+        Array leaves must also agree in dtype and shape; other leaves are compared with
+        `assertAlmostEqual`.
+
+        Args:
+            a: A tree.
+            b: A tree.
+            atol: Absolute tolerance.
+            rtol: Relative tolerance.
+        """
+        a_items = sorted(flatten_items(a), key=lambda kv: kv[0])
+        b_items = sorted(flatten_items(b), key=lambda kv: kv[0])
+        self.assertEqual([k for k, _ in a_items], [k for k, _ in b_items])
+        for (name, a_value), (_, b_value) in zip(a_items, b_items):
+            if isinstance(a_value, (np.ndarray, jax.Array)) or isinstance(
+                b_value, (np.ndarray, jax.Array)
+            ):
+                a_value, b_value = as_tensor(a_value), as_tensor(b_value)
+                self.assertEqual(a_value.dtype, b_value.dtype, msg=name)
+                self.assertEqual(a_value.shape, b_value.shape, msg=name)
+                assert_allclose(a_value, b_value, atol=atol, rtol=rtol, err_msg=name)
+            else:
+                self.assertAlmostEqual(a_value, b_value, msg=name)
+
+    def assertNestedEqual(self, a: Any, b: Any):
+        """Asserts that two trees have the same paths, and equal leaves of the same dtype.
+
+        Args:
+            a: A tree.
+            b: A tree.
+        """
+        a_items, b_items = dict(flatten_items(a)), dict(flatten_items(b))
+        self.assertCountEqual(list(a_items), list(b_items))
+        for key, a_value in a_items.items():
+            b_value = b_items[key]
+            np.testing.assert_array_equal(a_value, b_value, err_msg=key)
+            if hasattr(a_value, "dtype"):
+                self.assertEqual(a_value.dtype, b_value.dtype, msg=key)
+
+    def assertAllCloseWithOutliers(
+        self, actual: Any, expected: Any, *, tolerance_map: dict[float, Tolerance]
+    ):
+        """Asserts closeness with a tolerance per fraction of elements.
+
+        For each (fraction, tolerance) in `tolerance_map`, at least `fraction` of the elements
+        must be within `tolerance`, e.g. {1.0: Tolerance(atol=1e-2), 0.95: Tolerance(atol=1e-4)}
+        allows 5% of elements to be only within 1e-2.
+
+        Args:
+            actual: The computed array.
+            expected: The expected array (same shape).
+            tolerance_map: Maps a fraction in (0, 1] to a `Tolerance`.
+        """
+        actual = np.asarray(jnp.asarray(actual).astype(np.float32))
+        expected = np.asarray(jnp.asarray(expected).astype(np.float32))
+        self.assertEqual(actual.shape, expected.shape)
+        diff = np.abs(actual - expected)
+        for fraction, tol in tolerance_map.items():
+            within = diff <= tol.atol + tol.rtol * np.abs(expected)
+            got = float(within.mean()) if within.size else 1.0
+            self.assertGreaterEqual(
+                got,
+                fraction,
+                msg=f"Only {got:.4%} of elements are within {tol} (need {fraction:.4%}); "
+                f"max diff {diff.max() if diff.size else 0}",
+            )
+
+
+@contextlib.contextmanager
+def temp_chdir(new_cwd: str) -> Iterator[None]:
+    """Changes the working directory for the duration of the context.
+
+    Args:
+        new_cwd: The directory to change to.
+    """
+    old_cwd = os.getcwd()
+    os.chdir(new_cwd)
+    try:
+        yield
+    finally:
+        os.chdir(old_cwd)
+
+
+class TestWithTemporaryCWD(TestCase):
+    """Runs each test in a fresh temporary working directory."""
+
+    def run(self, result=None):
+        with tempfile.TemporaryDirectory() as root, temp_chdir(os.path.realpath(root)):
+            return super().run(result)
+
+
+@contextlib.contextmanager
+def prng_impl(new_prng_impl: str) -> Iterator[None]:
+    """Sets `jax_default_prng_impl` (e.g. "rbg", "threefry2x32") for the context.
+
+    Args:
+        new_prng_impl: The PRNG implementation name.
+    """
+    old = jax.config.jax_default_prng_impl
+    jax.config.update("jax_default_prng_impl", new_prng_impl)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_default_prng_impl", old)
+
+
+class DummyForwardModel(BaseModel):
+    """A model whose `forward` returns (0, input_batch["aux"]); `predict` returns the aux."""
+
+    def forward(self, input_batch: NestedTensor, **kwargs) -> tuple[Tensor, NestedTensor]:
+        """Returns a zero loss and `input_batch.get("aux", {})`."""
+        del kwargs
+        return jnp.zeros([], dtype=jnp.float32), input_batch.get("aux", {})
+
+    def predict(self, input_batch: NestedTensor) -> NestedTensor:
+        """Returns `input_batch.get("aux", {})`."""
+        return self.forward(input_batch)[1]
+
+
+__all__ = [
+    "DummyForwardModel",
+    "TestCase",
+    "TestWithTemporaryCWD",
+    "Tolerance",
+    "as_local_tensor",
+    "assert_allclose",
+    "clean_hlo",
+    "is_supported_mesh_shape",
+    "is_supported_platform",
+    "prng_impl",
+    "temp_chdir",
+]

@@ -1,0 +1,159 @@
+"""Tests axlearn/cli/gcp.py: `axlearn gcp config|launch` as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from axlearn.cli import main as cli_main
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = """
+[gcp."my-project:us-east5-a"]
+project = "my-project"
+zone = "us-east5-a"
+permanent_bucket = "my-permanent"
+docker_repo = "us-docker.pkg.dev/my-project/axlearn"
+labels = "v5p"
+"""
+EXAMPLE = [
+    "gcp", "launch", "--dry_run", "--instance_type=tpu-v5p-128", "--num_replicas=2", "--name=x",
+    "--image=us-docker.pkg.dev/my-project/axlearn/axlearn:x", "--skip_preflight", "--",
+    "python", "-m", "axlearn.common.launch_trainer_main",
+    "--module=text.gpt.honeycrisp", "--config=honeycrisp-3B",
+]  # fmt: skip
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    return home
+
+
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["--help"], ["gcp", "local", "config"]),
+        (["gcp", "--help"], ["config", "launch"]),
+        (["gcp", "config", "--help"], ["list", "activate", "cleanup"]),
+        (["gcp", "launch", "--help"], ["--instance_type", "--num_replicas", "--bundler_spec",
+                                       "--dry_run", "--runner_name", "--priority", "stop",
+                                       "--skip_preflight"]),
+        (["gcp", "launch", "stop", "--help"], ["--name", "--namespace", "--kubeconfig"]),
+        (["gcp", "launch", "list", "--help"], ["--namespace"]),
+        (["gcp", "launch", "run", "--help"], ["--num_processes"]),
+        (["local", "launch", "--help"], ["--num_processes", "DISTRIBUTED_COORDINATOR"]),
+    ],
+)  # fmt: skip
+def test_help_lists_flags(argv, expected, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main.main(argv)
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for word in expected:
+        assert word in out, (argv, word)
+
+
+def test_config_and_dry_run(home, capsys):
+    assert cli_main.main(EXAMPLE) == 1
+    assert "No axlearn config file found" in capsys.readouterr().err
+    (home / ".axlearn.config").write_text(CONFIG)
+    assert cli_main.main(EXAMPLE) == 1
+    assert "No active GCP config; run `axlearn gcp config activate" in capsys.readouterr().err
+    assert cli_main.main(["gcp", "config", "activate", "--label=v5p"]) == 0
+    assert "Setting my-project:us-east5-a to active." in capsys.readouterr().out
+    assert cli_main.main(["gcp", "config", "list"]) == 0
+    assert "[*] my-project:us-east5-a [v5p]" in capsys.readouterr().out
+
+    assert cli_main.main(EXAMPLE) == 0
+    out = capsys.readouterr().out
+    manifest = yaml.safe_load(out.partition("\n---\n")[2])
+    assert manifest["kind"] == "JobSet" and manifest["spec"]["replicatedJobs"][0]["replicas"] == 2
+    assert "#\n# Pre-flight: skipped: --skip_preflight\n---\n" in out
+
+    bad = [a.replace("tpu-v5p-128", "tpu-v5p-127") for a in EXAMPLE]
+    assert cli_main.main(bad) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("axlearn gcp: error: Unknown instance type 'tpu-v5p-127'.")
+    assert "tpu-v5p-128" in err
+
+    assert cli_main.main(["gcp", "config", "cleanup"]) == 0
+    assert not (home / ".axlearn.config").exists()
+
+
+def test_help_works_without_the_gcp_extra():
+    """`axlearn --help` needs no cloud client; a command that does names the [gcp] extra."""
+    code = (
+        "import sys\n"
+        "for m in ('kubernetes', 'google', 'toml', 'yaml'):\n"
+        "    sys.modules[m] = None  # Makes `import m` fail, as if not installed.\n"
+        "from axlearn.cli import main\n"
+        "for argv in (['--help'], ['gcp', 'launch', '--help']):\n"
+        "    try:\n"
+        "        main.main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0, e.code\n"
+        "sys.exit(main.main(['gcp', 'launch', 'list']))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "usage: axlearn" in proc.stdout
+    assert proc.stderr.strip() == (
+        "axlearn gcp: error: The `kubernetes` package is missing; this command needs the [gcp] "
+        "extra: pip install 'axlearn[gcp]'"
+    )
+
+
+REGISTRY_TESTDATA = os.path.join(REPO_ROOT, "tests", "testdata", "experiment_registry")
+
+
+def _launch(instance_type: str, module: str, config: str, *flags: str) -> list[str]:
+    return [
+        "gcp", "launch", f"--instance_type={instance_type}", "--name=pf",
+        "--image=us-docker.pkg.dev/my-project/axlearn/axlearn:x", *flags, "--",
+        "python", "-m", "axlearn.common.launch_trainer_main", f"--module={module}",
+        f"--config={config}",
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def active_config(home, capsys):
+    (home / ".axlearn.config").write_text(CONFIG)
+    assert cli_main.main(["gcp", "config", "activate", "--label=v5p"]) == 0
+    capsys.readouterr()
+
+
+def test_preflight_refuses_a_job_that_cannot_fit(active_config, capsys, monkeypatch):
+    """honeycrisp-3B unsharded on tpu-v5litepod-16: refused before anything is contacted."""
+    monkeypatch.syspath_prepend(REGISTRY_TESTDATA)
+    argv = _launch("tpu-v5litepod-16", "axlearn_test_aot_experiment", "honeycrisp-3B-unsharded")
+    # No cluster exists: reaching the Kubernetes API would fail differently.
+    assert cli_main.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Pre-flight refused the job:" in err
+    assert "each TPU v5e chip has 16.00 GiB of HBM" in err
+    assert "mesh rule 'tpu-v5litepod-16'" in err and "Pass --skip_preflight" in err
+    # --dry_run shows the report and exits 1.
+    assert cli_main.main(argv[:3] + ["--dry_run"] + argv[3:]) == 1
+    out = capsys.readouterr().out
+    assert "# Pre-flight: REFUSED:" in out and "kind: JobSet" in out
+
+
+@pytest.mark.slow
+def test_dry_run_includes_the_preflight_report(active_config, capsys):
+    argv = _launch("tpu-v5p-8", "text.gpt.tiny", "gpt-tiny", "--dry_run")
+    assert cli_main.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "# Pre-flight: fits" in out
+    assert "# AOT compilation of text.gpt.tiny:gpt-tiny for v5p-8 x1 (4 x TPU v5p" in out
+    assert "#   memory per chip: arguments" in out

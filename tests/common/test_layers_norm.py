@@ -1,0 +1,72 @@
+"""Tests of axlearn/common/layers_norm.py (GroupNorm, BatchNorm, L2Norm) against NumPy."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from axlearn.common.layers import BatchNorm, GroupNorm, L2Norm
+from axlearn.common.module import functional as F
+
+
+def _run(layer, params, x, *, is_training=False, paddings=None):
+    inputs = dict(x=x) if paddings is None else dict(x=x, paddings=paddings)
+    return F(
+        layer,
+        prng_key=jax.random.PRNGKey(0),
+        state=params,
+        inputs=inputs,
+        is_training=is_training,
+    )
+
+
+def test_l2_norm():
+    layer = L2Norm.default_config().set(name="n", input_dim=3).instantiate(parent=None)
+    x = jnp.asarray([[3.0, 4.0, 0.0], [0.0, 0.0, 0.0]])
+    out, _ = _run(layer, {}, x)
+    np.testing.assert_allclose(out, [[0.6, 0.8, 0.0], [0.0, 0.0, 0.0]], atol=1e-6)
+    assert str(L2Norm.default_config().klass) == "<class 'axlearn.common.layers.L2Norm'>"
+
+
+def test_group_norm_with_paddings_matches_numpy():
+    cfg = GroupNorm.default_config().set(name="gn", input_dim=4, num_groups=2, eps=1e-6)
+    layer = cfg.instantiate(parent=None)
+    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(1))
+    params = {"scale": jnp.asarray([1.0, 2.0, 0.5, 1.0]), "bias": jnp.asarray([0, 1.0, 0, -1])}
+    x = jax.random.normal(jax.random.PRNGKey(2), (2, 5, 4))
+    paddings = jnp.asarray([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]])
+    out, _ = _run(layer, params, x, paddings=paddings)
+    xn = np.asarray(x, np.float64)
+    want = np.zeros_like(xn)
+    for b in range(2):
+        live = np.asarray(paddings[b]) == 0
+        for g in range(2):
+            block = xn[b][:, 2 * g : 2 * g + 2]
+            mean, var = block[live].mean(), block[live].var()
+            want[b][:, 2 * g : 2 * g + 2] = (block - mean) / np.sqrt(var + 1e-6)
+    want = want * np.asarray(params["scale"]) + np.asarray(params["bias"])
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+    assert "klass: 'axlearn.common.layers.GroupNorm'" in str(cfg)
+    with pytest.raises(ValueError, match=r"num_groups \(3\) must be positive and divide"):
+        cfg.clone(num_groups=3).instantiate(parent=None)
+
+
+def test_batch_norm_training_updates_moving_stats_and_eval_uses_them():
+    cfg = BatchNorm.default_config().set(name="bn", input_dim=2, decay=0.9, eps=1e-5)
+    layer = cfg.instantiate(parent=None)
+    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    np.testing.assert_array_equal(params["moving_mean"], [0, 0])
+    np.testing.assert_array_equal(params["moving_variance"], [1, 1])
+    x = jnp.asarray([[[1.0, 10.0], [3.0, 14.0]], [[5.0, 12.0], [100.0, -50.0]]])
+    paddings = jnp.asarray([[0, 0], [0, 1]])  # The last position is padding.
+    out, collection = _run(layer, params, x, is_training=True, paddings=paddings)
+    live = np.asarray([[1.0, 10.0], [3.0, 14.0], [5.0, 12.0]])
+    mean, var = live.mean(0), live.var(0)
+    np.testing.assert_allclose(out[0, 0], (live[0] - mean) / np.sqrt(var + 1e-5), rtol=1e-5)
+    updates = collection.state_updates
+    np.testing.assert_allclose(updates["moving_mean"], 0.1 * mean, rtol=1e-5)
+    np.testing.assert_allclose(updates["moving_variance"], 0.9 + 0.1 * var, rtol=1e-5)
+    params = dict(params, **updates)
+    out, _ = _run(layer, params, x)
+    want = (np.asarray(x) - 0.1 * mean) / np.sqrt(0.9 + 0.1 * var + 1e-5)
+    np.testing.assert_allclose(out, want, rtol=1e-5)

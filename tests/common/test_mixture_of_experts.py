@@ -1,0 +1,171 @@
+"""Tests of axlearn.common.mixture_of_experts against a dense layer and a NumPy reference."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from axlearn.common.attention import TransformerFeedForwardLayer
+from axlearn.common.layers import RMSNorm
+from axlearn.common.mixture_of_experts import TopKGating, TransformerFeedForwardMoE
+from axlearn.common.module import functional
+
+DIM, HIDDEN = 8, 16
+
+
+def _moe(num_experts, num_groups, *, top_k=2, capacity_factor=2.0, expert_capacity=None):
+    cfg = TransformerFeedForwardMoE.default_config().set(
+        name="moe",
+        input_dim=DIM,
+        hidden_dim=HIDDEN,
+        num_experts=num_experts,
+        num_groups=num_groups,
+        activation=("nn.silu", "linear"),
+        norm=RMSNorm.default_config(),
+    )
+    cfg.gating.set(
+        top_k=top_k,
+        train_capacity_factor=capacity_factor,
+        eval_capacity_factor=capacity_factor,
+        expert_capacity=expert_capacity,
+    )
+    layer = cfg.instantiate(parent=None)
+    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    return layer, params
+
+
+def _run(layer, params, x):
+    @jax.jit
+    def run(params, x):
+        return functional(
+            layer, None, params, dict(inputs=x), is_training=False, drop_output_collections=()
+        )
+
+    return run(params, x)
+
+
+def test_one_expert_capacity_one_equals_dense_ffn():
+    """One expert (gate 1), one slot per single-token group: the dense feed-forward."""
+    batch, seq = 2, 5
+    layer, params = _moe(num_experts=1, num_groups=batch * seq, top_k=1, expert_capacity=1)
+    assert layer.children["gating"].capacity(1, is_training=False) == 1
+    dense_cfg = TransformerFeedForwardLayer.default_config().set(
+        name="ff",
+        input_dim=DIM,
+        hidden_dim=HIDDEN,
+        activation=("nn.silu", "linear"),
+        norm=RMSNorm.default_config(),
+    )
+    dense_cfg.linear1.set(bias=False)
+    dense_cfg.linear2.set(bias=False)
+    dense = dense_cfg.instantiate(parent=None)
+    dense_params = dict(
+        norm=params["norm"],
+        linear1_0=dict(weight=params["wi_0_weight"][0]),
+        linear1_1=dict(weight=params["wi_1_weight"][0]),
+        linear2=dict(weight=params["wo_weight"][0]),
+    )
+    x = jax.random.normal(jax.random.PRNGKey(1), (batch, seq, DIM))
+    expected, _ = functional(dense, None, dense_params, dict(inputs=x), is_training=False)
+    out, _ = _run(layer, params, x)
+    np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def _reference_moe(params, x_normed, *, num_experts, num_groups, top_k, capacity):
+    """NumPy routing with explicit loops (GShard order: all first choices, then second)."""
+    w = {k: np.asarray(v, np.float64) for k, v in params.items() if k.endswith("weight")}
+    tokens = np.asarray(x_normed, np.float64).reshape(num_groups, -1, DIM)
+    out = np.zeros_like(tokens)
+    for g in range(tokens.shape[0]):
+        logits = tokens[g] @ w["gate_weight"]
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        order = np.argsort(-probs, axis=-1, kind="stable")
+        used = np.zeros(num_experts, int)
+        kept = {}  # (token) -> list of (expert, prob).
+        for k in range(top_k):
+            for s in range(tokens.shape[1]):
+                e = order[s, k]
+                if used[e] < capacity:
+                    kept.setdefault(s, []).append((e, probs[s, e]))
+                used[e] += 1
+        for s, choices in kept.items():
+            total = sum(p for _, p in choices) if top_k > 1 else 1.0
+            for e, p in choices:
+                x = tokens[g, s]
+                h0 = x @ w["wi_0_weight"][e]
+                h = h0 / (1 + np.exp(-h0)) * (x @ w["wi_1_weight"][e])
+                out[g, s] += (p / total) * (h @ w["wo_weight"][e])
+    return out
+
+
+@pytest.mark.parametrize("top_k,capacity_factor", [(2, 1.0), (1, 0.5), (2, 4.0)])
+def test_top_k_routing_matches_numpy(top_k, capacity_factor):
+    num_experts, batch, seq, num_groups = 4, 2, 8, 4
+    layer, params = _moe(num_experts, num_groups, top_k=top_k, capacity_factor=capacity_factor)
+    # A random router so that choices are distinct and some experts overflow.
+    params = dict(params)
+    params["gate_weight"] = jax.random.normal(jax.random.PRNGKey(5), (DIM, num_experts)) * 2
+    x = jax.random.normal(jax.random.PRNGKey(1), (batch, seq, DIM))
+    out, collection = _run(layer, params, x)
+    group_size = batch * seq // num_groups
+    capacity = max(1, math.ceil(top_k * group_size * capacity_factor / num_experts))
+    norm = RMSNorm.default_config().set(name="n", input_dim=DIM).instantiate(parent=None)
+    x_normed, _ = functional(norm, None, params["norm"], dict(x=x), is_training=False)
+    expected = _reference_moe(
+        params,
+        x_normed,
+        num_experts=num_experts,
+        num_groups=num_groups,
+        top_k=top_k,
+        capacity=capacity,
+    )
+    np.testing.assert_allclose(out, np.asarray(x) + expected.reshape(x.shape), atol=1e-5, rtol=1e-5)
+    aux = collection.module_outputs["aux_loss"]
+    # Default weights: 0.01 x the load-balance loss (+ 0 x the router z-loss).
+    assert aux.shape == () and float(aux) > 0
+    np.testing.assert_allclose(
+        aux, 0.01 * collection.summaries["load_balance_loss"].mean, rtol=1e-6
+    )
+
+
+def test_load_balance_and_z_loss():
+    gating = (
+        TopKGating.default_config().set(name="g", num_experts=4, top_k=2).instantiate(parent=None)
+    )
+    logits = jax.random.normal(jax.random.PRNGKey(0), (1, 3, 10, 4)) * 3
+    route = jax.jit(
+        lambda logits: functional(gating, None, {}, dict(logits=logits), is_training=True)[0]
+    )
+    out = route(logits)
+    probs = np.asarray(jax.nn.softmax(logits, -1), np.float64)
+    first = np.eye(4)[probs.argmax(-1)]
+    expected = np.mean(np.sum(first.mean(-2) * probs.mean(-2), -1)) * 4
+    np.testing.assert_allclose(out.load_balance_loss, expected, rtol=1e-5)
+    lse = np.log(np.exp(np.asarray(logits, np.float64)).sum(-1))
+    np.testing.assert_allclose(out.router_z_loss, np.mean(lse**2), rtol=1e-5)
+    # Uniform routing (equal first-choice counts and probabilities) gives exactly 1.
+    uniform = jnp.tile(jnp.eye(4)[None, None] * 5.0, (1, 1, 2, 1))  # 8 tokens, 2 per expert.
+    balanced = route(uniform)
+    probs_u = np.asarray(jax.nn.softmax(uniform, -1))
+    np.testing.assert_allclose(
+        balanced.load_balance_loss, 4 * np.sum(0.25 * probs_u.mean(-2)), rtol=1e-5
+    )
+    # Every kept token's gates sum to 1 (top-2 renormalized) and slots are not shared.
+    combine = np.asarray(out.combine_tensor)
+    sums = combine.sum((-1, -2))
+    # (Gates are renormalized over the kept choices: 1, or 0 for a token dropped by both.)
+    assert np.all((np.abs(sums - 1) < 1e-5) | (sums == 0))
+    assert (sums > 0).sum() >= sums.size // 2
+    assert np.asarray(out.dispatch_tensor).sum(axis=2).max() <= 1
+
+
+def test_bad_groups_and_parameter_shapes():
+    layer, params = _moe(num_experts=3, num_groups=3)
+    assert params["wi_0_weight"].shape == (3, DIM, HIDDEN)
+    assert params["wo_weight"].shape == (3, HIDDEN, DIM)
+    assert params["gate_weight"].shape == (DIM, 3)
+    with pytest.raises(ValueError, match="num_groups=3 must divide"):
+        _run(layer, params, jnp.zeros((2, 5, DIM)))

@@ -1,0 +1,76 @@
+"""Tests of axlearn/common/test_utils.py (AXLearn's testing helpers)."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from axlearn.common import test_utils
+from axlearn.common.test_utils import TestCase, Tolerance, assert_allclose
+
+
+def test_assert_allclose_tolerances_and_message():
+    assert_allclose([1.0, 2.0], [1.0, 2.001])  # rtol=1e-3 by default.
+    with pytest.raises(AssertionError, match=r"mine: 0\.0099"):
+        assert_allclose([1.0, 2.0], [1.0, 2.01], err_msg="mine")
+    # Compared as float32: bfloat16 inputs work.
+    assert_allclose(jax.numpy.ones(3, jax.numpy.bfloat16), np.ones(3))
+
+
+class _Case(TestCase):
+    def runTest(self):  # pylint: disable=invalid-name
+        pass
+
+
+def test_nested_assertions():
+    case = _Case()
+    a = {"x": np.ones((2,), np.float32), "y": {"z": 3.0}}
+    case.assertNestedAllClose(a, {"x": np.ones((2,), np.float32) + 1e-7, "y": {"z": 3.0}})
+    with pytest.raises(AssertionError):
+        case.assertNestedAllClose(a, {"x": np.ones((2,), np.int32), "y": {"z": 3.0}})
+    with pytest.raises(AssertionError):
+        case.assertNestedAllClose(a, {"x": np.ones((2,), np.float32)})
+    case.assertNestedEqual({"k": np.arange(3)}, {"k": np.arange(3)})
+    with pytest.raises(AssertionError):
+        case.assertNestedEqual({"k": np.arange(3)}, {"k": np.arange(3.0)})
+
+
+def test_all_close_with_outliers():
+    case = _Case()
+    expected = np.zeros(100)
+    actual = expected.copy()
+    actual[:3] = 0.05  # 3% outliers.
+    case.assertAllCloseWithOutliers(
+        actual, expected, tolerance_map={1.0: Tolerance(atol=0.1), 0.95: Tolerance(atol=1e-6)}
+    )
+    with pytest.raises(AssertionError, match="97.0000% of elements"):
+        case.assertAllCloseWithOutliers(
+            actual, expected, tolerance_map={0.99: Tolerance(atol=1e-6, rtol=0)}
+        )
+
+
+def test_prng_impl_restores_on_error():
+    before = jax.config.jax_default_prng_impl
+    other = "rbg" if before != "rbg" else "threefry2x32"
+    with pytest.raises(RuntimeError):
+        with test_utils.prng_impl(other):
+            assert jax.config.jax_default_prng_impl == other
+            raise RuntimeError("boom")
+    assert jax.config.jax_default_prng_impl == before
+
+
+def test_platform_and_mesh_helpers(tmp_path):
+    assert test_utils.is_supported_platform("cpu")
+    assert not test_utils.is_supported_platform("tpu")
+    assert test_utils.is_supported_mesh_shape((2, 4))  # conftest sets 8 CPU devices.
+    assert not test_utils.is_supported_mesh_shape((3, 3))
+    cwd = os.getcwd()
+    with test_utils.temp_chdir(str(tmp_path)):
+        assert os.getcwd() == str(tmp_path)
+    assert os.getcwd() == cwd
+
+
+def test_clean_hlo_drops_metadata():
+    hlo = 'x = f32[] add(a, b), metadata={op_name="jit(f)/add" source_line=12}'
+    assert test_utils.clean_hlo(hlo) == "x = f32[] add(a, b), "
