@@ -17,6 +17,7 @@ import jax
 from absl import flags, logging
 
 from axlearn.common.config.override import apply_overrides
+from axlearn.common.run_lock import RunLock
 from axlearn.common.trainer import SpmdTrainer, select_mesh_config
 from axlearn.common.trainer_metrics import PARAMETER_TABLE_FILE
 from axlearn.common.utils_spmd import HybridMeshShape, infer_mesh_shape
@@ -211,15 +212,20 @@ def run_trainer(
             dump_path,
             os.path.join(trainer_config.dir, PARAMETER_TABLE_FILE),
         )
+    lock = RunLock(trainer_config.dir)
     if jax.process_index() == 0:
-        os.makedirs(trainer_config.dir, exist_ok=True)
+        # Before anything is written: a second run on this dir fails here, naming the owner.
+        lock.acquire()
         with open(dump_path, "w", encoding="utf-8") as f:
             f.write(dump + "\n")
         flags_json = _flag_values_json(flag_values) if flag_values.is_parsed() else {}
         flags_json["data_dir"] = os.environ.get("DATA_DIR")
         with open(os.path.join(trainer_config.dir, LAUNCH_FLAGS_FILE), "w", encoding="utf-8") as f:
             json.dump(flags_json, f, indent=2, sort_keys=True)
-    trainer: SpmdTrainer = trainer_config.instantiate(parent=None)
-    trainer.verbose_start = verbose
-    seed = flag_values.trainer_prng_seed if flag_values.is_parsed() else 0
-    return trainer.run(jax.random.PRNGKey(seed))
+    try:
+        trainer: SpmdTrainer = trainer_config.instantiate(parent=None)
+        trainer.verbose_start = verbose
+        seed = flag_values.trainer_prng_seed if flag_values.is_parsed() else 0
+        return trainer.run(jax.random.PRNGKey(seed))
+    finally:
+        lock.release()
