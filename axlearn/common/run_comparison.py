@@ -338,6 +338,7 @@ class RowSpec:
         noise: Whether the step-time noise test decides this row's verdict.
         tolerance: Relative differences below this are within noise (e.g. memory jitter).
         timing: A wall-time measurement: not comparable when the machines' speeds differed.
+        abs_tolerance: Absolute differences below this are within noise (e.g. 0.5 s of overhead).
     """
 
     key: str
@@ -348,6 +349,7 @@ class RowSpec:
     noise: bool = False
     tolerance: float = 0.0
     timing: bool = False
+    abs_tolerance: float = 0.0
 
 
 def _num(fmt: str) -> Callable[[Any], str]:
@@ -488,6 +490,7 @@ ROWS: list[RowSpec] = [
         _overhead("compile"),
         _num(".3g"),
         tolerance=0.10,
+        abs_tolerance=0.5,
         timing=True,
     ),
     RowSpec(
@@ -497,6 +500,7 @@ ROWS: list[RowSpec] = [
         _overhead("eval"),
         _num(".3g"),
         tolerance=0.10,
+        abs_tolerance=0.5,
         timing=True,
     ),
     RowSpec(
@@ -506,6 +510,7 @@ ROWS: list[RowSpec] = [
         _overhead("checkpoint"),
         _num(".3g"),
         tolerance=0.10,
+        abs_tolerance=0.5,
         timing=True,
     ),
     RowSpec(
@@ -515,6 +520,7 @@ ROWS: list[RowSpec] = [
         _overhead("input"),
         _num(".3g"),
         tolerance=0.10,
+        abs_tolerance=0.5,
         timing=True,
     ),
     RowSpec("steps", "Steps", None, lambda r: r.last_step, _num("d")),
@@ -640,6 +646,8 @@ def _diff(
         return Diff(absolute, percent, NOISE, machine.reason)
     if percent is not None and abs(percent) < 100 * spec.tolerance:
         return Diff(absolute, percent, NOISE, f"within {100 * spec.tolerance:g}%")
+    if abs(absolute) < spec.abs_tolerance:
+        return Diff(absolute, percent, NOISE, f"within {spec.abs_tolerance:g}")
     note = noise.reason if (spec.noise and noise is not None) else ""
     return Diff(absolute, percent, IMPROVED if better else REGRESSED, note)
 

@@ -81,10 +81,10 @@ def _footer(comparison: Comparison) -> list[str]:
     if comparison.loss_step is not None:
         lines.append(f"Final loss compared at step {comparison.loss_step}.")
     for i, verdict in comparison.noise.items():
+        counts = "" if verdict.p_value is None else f" ({verdict.n_b} vs {verdict.n_a} steps)"
         lines.append(
             f"Step-time noise test, {comparison.runs[i].label} vs "
-            f"{comparison.runs[comparison.baseline].label}: {verdict.reason} "
-            f"({verdict.n_b} vs {verdict.n_a} steps)."
+            f"{comparison.runs[comparison.baseline].label}: {verdict.reason}{counts}."
         )
     lines += [f"Warning: {w}" for w in comparison.warnings]
     return lines

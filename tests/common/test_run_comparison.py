@@ -29,10 +29,11 @@ def _last_loss(name):
     return records[-1]["step"], records[-1]["loss"]
 
 
-def test_learning_rate_pair_final_loss_sign():
-    comparison = rc.compare_runs(_load("lr3e-3", "lr1e-3"))
-    step_a, loss_a = _last_loss("lr3e-3")
-    step_b, loss_b = _last_loss("lr1e-3")
+@pytest.mark.parametrize("pair", [("lr3e-3", "lr1e-3"), ("side_lr3e-3", "side_lr1e-3")])
+def test_learning_rate_pair_final_loss_sign(pair):
+    comparison = rc.compare_runs(_load(*pair))
+    step_a, loss_a = _last_loss(pair[0])
+    step_b, loss_b = _last_loss(pair[1])
     assert comparison.loss_step == step_a == step_b == 60
     row = comparison.row("final_loss")
     assert row.values == [loss_a, loss_b]
@@ -44,7 +45,7 @@ def test_learning_rate_pair_final_loss_sign():
     assert any("configs differ" in w for w in comparison.warnings)
 
 
-@pytest.mark.parametrize("pair", [("lr3e-3", "same2"), ("same_a", "same_b")])
+@pytest.mark.parametrize("pair", [("lr3e-3", "same2"), ("same2", "lr3e-3"), ("same_a", "same_b")])
 def test_identical_configs_show_no_step_time_regression(pair):
     comparison = rc.compare_runs(_load(*pair))
     for key in STEP_ROWS:
@@ -53,6 +54,13 @@ def test_identical_configs_show_no_step_time_regression(pair):
     assert comparison.row("final_loss").diffs[1].verdict == rc.SAME  # Deterministic training.
     assert comparison.row("config_hash").diffs[1].verdict == rc.SAME  # Only the dirs differ.
     assert not any("configs differ" in w for w in comparison.warnings)
+
+
+def test_learning_rate_pair_side_by_side_step_times_within_noise():
+    # Recorded at the same time, the learning rate does not change the speed: no verdict on it.
+    comparison = rc.compare_runs(_load("side_lr3e-3", "side_lr1e-3"))
+    assert not comparison.noise[1].significant
+    assert comparison.row("median_step_s").diffs[1].verdict == rc.NOISE
 
 
 def test_really_slower_run_is_a_regression():
