@@ -230,9 +230,8 @@ def launch_start(args: argparse.Namespace) -> int:
         prepared = gcp_launch.prepare_launch(options, config.active_config())
         report = None if args.skip_preflight else gcp_launch.launch_preflight(prepared)
         if args.dry_run:
-            if not args.skip_preflight:
-                sys.stdout.write(gcp_launch.describe_preflight(report))
-            sys.stdout.write(gcp_launch.describe_launch(prepared))
+            preflight = gcp_launch.describe_preflight(report, skipped=args.skip_preflight)
+            sys.stdout.write(gcp_launch.describe_launch(prepared, preflight=preflight))
             return 0 if report is None or report.fits else 1
         if report is not None and not report.fits:
             raise CommandError(

@@ -76,6 +76,7 @@ def test_config_and_dry_run(home, capsys):
     out = capsys.readouterr().out
     manifest = yaml.safe_load(out.partition("\n---\n")[2])
     assert manifest["kind"] == "JobSet" and manifest["spec"]["replicatedJobs"][0]["replicas"] == 2
+    assert "#\n# Pre-flight: skipped: --skip_preflight\n---\n" in out
 
     bad = [a.replace("tpu-v5p-128", "tpu-v5p-127") for a in EXAMPLE]
     assert cli_main.main(bad) == 1

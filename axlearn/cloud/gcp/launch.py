@@ -169,11 +169,12 @@ def prepare_launch(options: LaunchOptions, config: dict) -> PreparedLaunch:
     return PreparedLaunch(options, sc, runner, command, trainer_dir, plan, jobset)
 
 
-def describe_launch(prepared: PreparedLaunch) -> str:
+def describe_launch(prepared: PreparedLaunch, *, preflight: Optional[str] = None) -> str:
     """Returns `--dry_run`'s output: a summary and build plan as comments, then the YAML.
 
     Args:
         prepared: The prepared launch.
+        preflight: The pre-flight's comment lines (`describe_preflight`), shown after the plan.
 
     Returns:
         Text whose non-comment part is the JobSet manifest in YAML.
@@ -205,6 +206,8 @@ def describe_launch(prepared: PreparedLaunch) -> str:
         lines.append(f"# Image (given, not built): {o.image}")
     else:
         lines += ["#"] + ["# " + line for line in prepared.plan.describe().splitlines()]
+    if preflight:
+        lines += ["#"] + preflight.rstrip("\n").splitlines()
     body = yaml.safe_dump(prepared.jobset, sort_keys=False, default_flow_style=False, width=100)
     return "\n".join(lines) + "\n---\n" + body
 
@@ -270,15 +273,18 @@ def launch_preflight(prepared: PreparedLaunch) -> Optional[Any]:
     )
 
 
-def describe_preflight(report: Optional[Any]) -> str:
+def describe_preflight(report: Optional[Any], *, skipped: bool = False) -> str:
     """Returns the pre-flight part of `--dry_run`'s output, as comment lines.
 
     Args:
         report: From `launch_preflight` (None: nothing was checked).
+        skipped: Whether --skip_preflight skipped it.
 
     Returns:
         Comment lines ending with a newline.
     """
+    if skipped:
+        return "# Pre-flight: skipped: --skip_preflight\n"
     if report is None:
         return "# Pre-flight: nothing to compile (not a TPU trainer command).\n"
     verdict = "fits" if report.fits else "REFUSED: " + report.refusal_message()
