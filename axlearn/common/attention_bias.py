@@ -15,7 +15,7 @@ Conventions (shared by every attention layer in `axlearn.common.attention`):
 masked produces a uniform softmax instead of NaNs.
 """
 
-from typing import Optional, Protocol
+from typing import Optional, Protocol, runtime_checkable
 
 import jax.numpy as jnp
 
@@ -25,6 +25,9 @@ Tensor = jnp.ndarray
 NEG_INF = -1e15
 
 
+# runtime_checkable: config fields typed `ConfigOr[MaskFn]` accept a plain function (e.g.
+# `mask=causal_mask`); the config type check calls isinstance on the protocol.
+@runtime_checkable
 class MaskFn(Protocol):
     """A function returning True where `query_position` may attend to `key_position`."""
 

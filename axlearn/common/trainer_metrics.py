@@ -230,6 +230,12 @@ class TrainerMetricsMixin:
                 trainer_dir=cfg.dir,
                 mesh=dict(self._mesh.shape),
                 compile_s=getattr(self, "_compile_seconds", None),
+                # Cumulative counts (the learner's skip counter, which a restore carries over;
+                # this run's non-finite losses).
+                skipped_steps=(
+                    self._skip_streak.skip_counter if getattr(self, "_skip_streak", None) else 0
+                ),
+                nonfinite_steps=getattr(self, "_num_nonfinite_steps", 0),
             ),
         )
         logging.info("\n%s", format_run_summary(summary))
