@@ -49,7 +49,7 @@ def shardings_of_specs(mesh: jax.sharding.Mesh, specs: Any) -> Any:
                 f"Partition spec {partition} of '{path_str(path)}' names mesh "
                 f"axis '{name}', which is not among the mesh axes {tuple(mesh.axis_names)}."
             )
-        return NamedSharding(mesh, partition)
+        return NamedSharding(mesh, partition, memory_kind=getattr(spec, "memory_kind", None))
 
     return jax.tree_util.tree_map_with_path(to_sharding, specs, is_leaf=is_spec)
 
