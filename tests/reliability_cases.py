@@ -327,6 +327,18 @@ CASES = [
         f"{_TFD}::test_malformed_record_fails_naming_the_source",
     ),
     Case(
+        "a garbage vocabulary file",
+        "ValueError naming the file (not a bare protobuf DecodeError)",
+        "nothing",
+        "tests/experiments/text/test_common.py::test_garbage_vocab_file_names_the_path",
+    ),
+    Case(
+        "resuming a real-data checkpoint with --data_dir=FAKE",
+        "error: the input state belongs to another input",
+        "nothing",
+        "tests/common/test_input_fake.py::test_restoring_another_inputs_state_says_so",
+    ),
+    Case(
         "a missing vocabulary file",
         "error naming every path tried",
         "nothing",
