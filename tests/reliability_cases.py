@@ -58,6 +58,14 @@ CASES = [
         "tests/common/test_checkpoint_crash_safety.py::test_failed_precondition_writes_nothing",
     ),
     Case(
+        "SIGKILL mid-save, then the page cache dropped before the restart",
+        "committed step verifies and restores from the device (skipped, with the reason, "
+        "where dropping the cache is not permitted)",
+        "nothing",
+        "tests/common/test_checkpointer_durability.py::"
+        "test_committed_step_restores_after_kill_and_page_cache_drop",
+    ),
+    Case(
         "SIGTERM (preemption notice) mid-run",
         "the step in flight is saved; exit code 75",
         "nothing",
