@@ -10,3 +10,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # libtpu (the [tpu] extra, for AOT compilation on CPU) takes a machine-wide lock file unless told
 # that several processes (pytest-xdist workers, subprocess tests) may load it at once.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+# Session fixtures shared by several test directories.
+from tests.trained_run import trained_dir  # noqa: E402,F401

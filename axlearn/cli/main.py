@@ -11,6 +11,9 @@ Usage:
     axlearn gcp launch --dry_run --name=x --instance_type=tpu-v5p-128 -- python -m ...
     axlearn local launch --num_processes=2 -- python -m axlearn.common.launch_trainer_main ...
     axlearn compare /tmp/run_main /tmp/run_branch --format=markdown
+    axlearn eval --trainer_dir=/tmp/gpt-tiny [--step 300]
+    axlearn generate --trainer_dir=/tmp/gpt-tiny --prompt="The Python" --seed=0
+    axlearn hf export --trainer_dir=/tmp/gpt-tiny --output=/tmp/gpt-tiny-hf
     axlearn --version
 
 Each command group lives in its own module under `axlearn/cli/` and registers its subcommands
@@ -26,7 +29,16 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-from axlearn.cli import aot, checkpoint, compare, config_commands, gcp, local
+from axlearn.cli import (
+    aot,
+    checkpoint,
+    compare,
+    config_commands,
+    gcp,
+    hf,
+    inference_commands,
+    local,
+)
 
 
 def version_string() -> str:
@@ -67,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     aot.add_parser(groups)
     gcp.add_parser(groups)
     local.add_parser(groups)
+    inference_commands.add_parser(groups)
+    hf.add_parser(groups)
     compare.add_parser(groups)
     return parser
 

@@ -482,6 +482,14 @@ class AotReport:
             lines.append(f"  model FLOPs per step: {self.model_flops_per_step:.4g}")
         if self.xla_flops_per_step is not None:
             lines.append(f"  XLA FLOPs per step (all chips): {self.xla_flops_per_step:.4g}")
+            model = self.model_flops_per_step
+            if model and self.xla_flops_per_step < model / 2:
+                lines.append(
+                    "    (XLA's cost analysis counts a loop body once, e.g. one layer of a scan "
+                    "over repeated layers; the model FLOPs count every layer)"
+                )
+        if self.xla_step_seconds is None and self.memory is not None:
+            lines.append("  XLA estimated step time: not given by XLA's cost analysis")
         if self.xla_step_seconds is not None:
             lines.append(f"  XLA estimated step time: {self.xla_step_seconds:.4g} s")
         if self.estimated_mfu is not None:

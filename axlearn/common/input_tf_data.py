@@ -35,6 +35,14 @@ from axlearn.common.config import (
     maybe_instantiate,
     maybe_set_config,
 )
+from axlearn.common.input_batch_processors import (
+    add_static_fields,
+    pack_to_batch,
+    pad_to_batch,
+    trim_and_pad_tensor,
+    trim_to_batch,
+    unpack,
+)
 from axlearn.common.input_feed import (
     DEFAULT_SEED,
     MALFORMED_FAIL,
@@ -74,6 +82,7 @@ __all__ = [
     "InputError",
     "InputIterator",
     "InputStateError",
+    "add_static_fields",
     "batch",
     "chain",
     "concatenate_datasets",
@@ -84,6 +93,8 @@ __all__ = [
     "get_data_dir",
     "handle_malformed",
     "identity",
+    "pack_to_batch",
+    "pad_to_batch",
     "rekey",
     "remove_fields",
     "sample_from_datasets",
@@ -92,6 +103,9 @@ __all__ = [
     "take",
     "tfds_dataset",
     "tfds_read_config",
+    "trim_and_pad_tensor",
+    "trim_to_batch",
+    "unpack",
     "with_processor",
 ]
 

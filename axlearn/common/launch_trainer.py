@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import re
+import types
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 from absl import flags, logging
 
 from axlearn.common.config.override import apply_overrides
+from axlearn.common.run_lock import RunLock
 from axlearn.common.trainer import SpmdTrainer, select_mesh_config
 from axlearn.common.trainer_metrics import PARAMETER_TABLE_FILE
 from axlearn.common.utils_spmd import HybridMeshShape, infer_mesh_shape
@@ -142,6 +145,7 @@ def apply_launch_settings(
             raise ValueError("--trainer_dir is required (the config does not set `dir`).")
         cfg.dir = flag_values.trainer_dir
     if flag_values.mesh_selector is not None:
+        _check_mesh_selector(cfg, flag_values.mesh_selector)
         cfg = select_mesh_config(cfg, mesh_selector=flag_values.mesh_selector)
     if not cfg.mesh_axis_names:
         cfg.mesh_axis_names = ("data", "model")
@@ -154,13 +158,42 @@ def apply_launch_settings(
     if flag_values.restore_fallback is not None:
         cfg.checkpointer.restore_fallback = flag_values.restore_fallback
     if flag_values.trace_at_steps:
-        cfg.start_trace_steps = [int(s) for s in flag_values.trace_at_steps]
+        try:
+            steps = [int(s) for s in flag_values.trace_at_steps]
+        except ValueError as e:
+            raise ValueError(
+                f"--trace_at_steps={','.join(flag_values.trace_at_steps)}: expects a "
+                "comma-separated list of step numbers, e.g. --trace_at_steps=10,100"
+            ) from e
+        if any(s < 1 for s in steps):
+            raise ValueError(f"--trace_at_steps={steps}: steps must be >= 1")
+        cfg.start_trace_steps = steps
     if cfg.watchdog_timeout_seconds is None:
         cfg.watchdog_timeout_seconds = flag_values.trainer_watchdog_timeout_seconds
     data_dir = flag_values.data_dir or os.environ.get("DATA_DIR")
     if data_dir == "FAKE":
         cfg = _use_fake_inputs(cfg)
     return cfg
+
+
+def _check_mesh_selector(cfg: SpmdTrainer.Config, selector: str) -> None:
+    """A --mesh_selector that matches none of the experiment's mesh rules is an error (a typo
+    would otherwise train on the default mesh); with no rules at all it is a warning."""
+    rules = cfg.mesh_rules or []
+    if not rules:
+        logging.warning(
+            "--mesh_selector=%s: the experiment has no mesh_rules; using its mesh_shape %s.",
+            selector,
+            cfg.mesh_shape,
+        )
+        return
+    if any(re.fullmatch(regex, selector) for regex, _ in rules):
+        return
+    raise ValueError(
+        f"--mesh_selector={selector!r} matches none of the experiment's mesh_rules "
+        f"(regexes, matched in full: {[regex for regex, _ in rules]}). Pick a selector one of "
+        "them matches, or leave the flag out to use the config's mesh_shape."
+    )
 
 
 def _use_fake_inputs(cfg: SpmdTrainer.Config) -> SpmdTrainer.Config:
@@ -211,15 +244,113 @@ def run_trainer(
             dump_path,
             os.path.join(trainer_config.dir, PARAMETER_TABLE_FILE),
         )
+    lock = RunLock(trainer_config.dir)
     if jax.process_index() == 0:
-        os.makedirs(trainer_config.dir, exist_ok=True)
+        # Before anything is written: a second run on this dir fails here, naming the owner.
+        lock.acquire()
         with open(dump_path, "w", encoding="utf-8") as f:
             f.write(dump + "\n")
         flags_json = _flag_values_json(flag_values) if flag_values.is_parsed() else {}
         flags_json["data_dir"] = os.environ.get("DATA_DIR")
         with open(os.path.join(trainer_config.dir, LAUNCH_FLAGS_FILE), "w", encoding="utf-8") as f:
             json.dump(flags_json, f, indent=2, sort_keys=True)
-    trainer: SpmdTrainer = trainer_config.instantiate(parent=None)
-    trainer.verbose_start = verbose
-    seed = flag_values.trainer_prng_seed if flag_values.is_parsed() else 0
-    return trainer.run(jax.random.PRNGKey(seed))
+    try:
+        trainer: SpmdTrainer = trainer_config.instantiate(parent=None)
+        trainer.verbose_start = verbose
+        seed = flag_values.trainer_prng_seed if flag_values.is_parsed() else 0
+        return trainer.run(jax.random.PRNGKey(seed))
+    finally:
+        lock.release()
+
+
+class TrainerDirError(ValueError):
+    """A trainer dir lacks what is needed to rebuild its run's config."""
+
+
+def trainer_config_from_dir(
+    trainer_dir: str, *, config_overrides: Sequence[str] = (), check_dump: bool = True
+) -> SpmdTrainer.Config:
+    """Rebuilds the trainer config of the run in `trainer_dir` from its `launch_trainer_flags`.
+
+    The experiment is looked up again (`--module`, `--config`), the run's `--config_override`s
+    and then `config_overrides` are applied, and the launch settings (mesh selector, fake inputs)
+    are those of the run; the mesh shape is inferred for this process's devices. With
+    `check_dump`, the config before `config_overrides` is compared with the run's
+    `trainer_config` dump (ignoring `dir` and the mesh shape): a difference means that the
+    experiment's or the library's code changed since the run; it is logged as a warning that
+    names the fields (a model that no longer matches the checkpoint fails at restore, naming the
+    parameters).
+
+    Args:
+        trainer_dir: The run's trainer dir (holding `launch_trainer_flags` and `trainer_config`).
+        config_overrides: Further `PATH=VALUE` overrides.
+        check_dump: Whether to compare with the saved dump.
+
+    Returns:
+        The trainer config, its `dir` set to `trainer_dir`.
+
+    Raises:
+        TrainerDirError: If `launch_trainer_flags` is missing or names no experiment.
+    """
+    flags_path = os.path.join(trainer_dir, LAUNCH_FLAGS_FILE)
+    if not os.path.exists(flags_path):
+        raise TrainerDirError(
+            f"{flags_path} does not exist: {trainer_dir} is not the trainer dir of a run of "
+            "launch_trainer_main (which writes it at start)."
+        )
+    with open(flags_path, encoding="utf-8") as f:
+        run_flags = json.load(f)
+    if not run_flags.get("module") or not run_flags.get("config"):
+        raise TrainerDirError(f"{flags_path} names no --module/--config.")
+    cfg = _named_trainer_config_fn(run_flags["module"], run_flags["config"])()
+    apply_overrides(cfg, list(run_flags.get("config_override") or []))
+    cfg.dir = trainer_dir
+    settings = types.SimpleNamespace(
+        trainer_dir=trainer_dir,
+        mesh_selector=run_flags.get("mesh_selector"),
+        trace_at_steps=run_flags.get("trace_at_steps") or [],
+        trainer_watchdog_timeout_seconds=run_flags.get("trainer_watchdog_timeout_seconds"),
+        data_dir=run_flags.get("data_dir"),
+        restore_step=None,
+        restore_fallback=None,
+    )
+    cfg = apply_launch_settings(cfg, flag_values=settings)
+    dump_path = os.path.join(trainer_dir, TRAINER_CONFIG_FILE)
+    if check_dump and os.path.exists(dump_path):
+        _check_against_dump(cfg.debug_string(), dump_path)
+    return apply_overrides(cfg, list(config_overrides))
+
+
+def _check_against_dump(rebuilt: str, dump_path: str) -> list[str]:
+    """Warns about the fields in which the rebuilt dump and the saved one differ.
+
+    Returns:
+        The differences, one "path: run X, now Y" line each.
+    """
+
+    def fields(text: str) -> dict[str, str]:
+        out = {}
+        for line in text.splitlines():
+            key, sep, value = line.partition(": ")
+            # The dir may have moved; the mesh shape is inferred for this process's devices.
+            if sep and key != "dir" and not key.startswith("mesh_shape"):
+                out[key] = value
+        return out
+
+    with open(dump_path, encoding="utf-8") as f:
+        saved = fields(f.read())
+    now = fields(rebuilt)
+    diffs = [
+        f"{k}: run {saved.get(k, '<absent>')}, now {now.get(k, '<absent>')}"
+        for k in sorted(set(saved) | set(now))
+        if saved.get(k) != now.get(k)
+    ]
+    if diffs:
+        logging.warning(
+            "The experiment's config differs from the run's dump %s in %d fields (the code "
+            "changed since the run):\n  %s",
+            dump_path,
+            len(diffs),
+            "\n  ".join(diffs[:20]),
+        )
+    return diffs

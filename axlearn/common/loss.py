@@ -353,3 +353,292 @@ def categorical_hinge_loss(logits: Tensor, targets: Tensor) -> Tensor:
     pos = jnp.sum(targets * logits, axis=-1)
     neg = jnp.amax((1.0 - targets) * logits, axis=-1)
     return jnp.maximum(0.0, neg - pos + 1.0)
+
+
+def focal_loss(
+    logits: Tensor,
+    targets: Tensor,
+    alpha: float = 0.25,
+    gamma: float = 1.5,
+    sample_weight: Optional[Tensor] = None,
+) -> Tensor:
+    """Sigmoid focal loss (https://arxiv.org/abs/1708.02002), summed.
+
+    Per element: (1 - p_t) ** gamma * bce, weighted by alpha for positive targets and 1 - alpha
+    for negative ones (p_t: the predicted probability of the true class).
+
+    Args:
+        logits: [..., num_classes].
+        targets: One-hot (0/1) [..., num_classes].
+        alpha: Weight of positive targets.
+        gamma: Focusing exponent.
+        sample_weight: Optional weights broadcastable to the per-element loss.
+
+    Returns:
+        The summed (weighted) loss, a float32 scalar.
+    """
+    logits = logits.astype(jnp.float32)
+    targets = targets.astype(jnp.float32)
+    positive = jnp.equal(targets, 1.0)
+    bce = sigmoid_cross_entropy_with_logits(logits, targets)
+    probs = jax.nn.sigmoid(logits)
+    p_t = jnp.where(positive, probs, 1.0 - probs)
+    loss = jnp.power(1.0 - p_t, gamma) * bce
+    loss = jnp.where(positive, alpha * loss, (1.0 - alpha) * loss)
+    if sample_weight is not None:
+        loss = loss * sample_weight
+    return jnp.sum(loss)
+
+
+def huber_loss(
+    *,
+    predictions: Tensor,
+    targets: Tensor,
+    delta: float = 1.0,
+    sample_weight: Optional[Tensor] = None,
+    reduce_axis: Optional[int] = None,
+    reduction: ReductionMethod = ReductionMethod.NONE,
+) -> Tensor:
+    """Huber loss: 0.5 e**2 for |e| <= delta, else delta * (|e| - 0.5 delta), e = pred - target.
+
+    Args:
+        predictions: Float tensor.
+        targets: Float tensor of the same shape.
+        delta: The quadratic-to-linear threshold.
+        sample_weight: Optional weights (broadcastable to the loss after `reduce_axis`).
+        reduce_axis: If set, the loss is first averaged over this axis (as Keras' Huber).
+        reduction: See `_reduce_loss`.
+
+    Returns:
+        The loss (per element unless reduced).
+    """
+    err = jnp.abs(predictions - targets)
+    quadratic = jnp.minimum(err, delta)
+    loss = 0.5 * quadratic**2 + delta * (err - quadratic)
+    if reduce_axis is not None:
+        loss = jnp.mean(loss, axis=reduce_axis)
+    return _reduce_loss(loss=loss, reduction=reduction, sample_weight=sample_weight)
+
+
+def flops_loss(
+    *, embeddings: Tensor, paddings: Optional[Tensor] = None, sparsity_threshold: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """The FLOPs regularizer (https://openreview.net/pdf?id=SygpC6Ntvr): sum_j mean_i(|a_ij|)**2.
+
+    Args:
+        embeddings: [batch, vocab] or [batch, 1, vocab].
+        paddings: Optional 0/1 [batch] (1: padding example, left out).
+        sparsity_threshold: Elements with |a| <= this count as sparse.
+
+    Returns:
+        (loss, average number of sparse elements per valid example).
+    """
+    if embeddings.ndim == 3:
+        if embeddings.shape[1] != 1:
+            raise ValueError(f"Invalid embeddings shape {embeddings.shape}!")
+        embeddings = embeddings[:, 0]
+    if paddings is None:
+        paddings = jnp.zeros(embeddings.shape[0])
+    valid = (1 - paddings)[:, None]
+    num_valid = jnp.sum(valid)
+    sparse = (jnp.abs(embeddings) <= sparsity_threshold).sum(-1, keepdims=True)
+    avg_sparse = jnp.sum(sparse * valid) / num_valid
+    per_dim = jnp.sum(jnp.abs(embeddings) * valid, axis=0) / num_valid
+    return jnp.sum(per_dim**2), avg_sparse
+
+
+def large_margin_cosine_loss(
+    logits: Tensor,
+    *,
+    labels: Optional[Tensor] = None,
+    soft_labels: Optional[Tensor] = None,
+    alpha: float = 1.0,
+    margin: float = 0.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CosFace loss (https://arxiv.org/abs/1801.09414) on cosine logits.
+
+    Cross entropy of alpha * (logits - margin * one_hot), averaged over examples with a label.
+
+    Args:
+        logits: Cosine similarities [..., num_classes].
+        labels: Int labels [...] (out-of-range ones are ignored).
+        soft_labels: Soft labels [..., num_classes] instead of `labels`.
+        alpha: Inverse temperature.
+        margin: The additive cosine margin.
+
+    Returns:
+        (loss, {"accuracy", "num_examples"}).
+
+    Raises:
+        ValueError: If neither labels nor soft_labels is given.
+    """
+    if labels is None and soft_labels is None:
+        raise ValueError("Neither labels nor soft_labels provided!")
+    num_classes = logits.shape[-1]
+    one_hot = (
+        jax.nn.one_hot(labels, num_classes, dtype=logits.dtype)
+        if soft_labels is None
+        else soft_labels
+    )
+    scaled = alpha * (logits - margin * one_hot)
+    per_example = -jnp.sum(one_hot * jax.nn.log_softmax(scaled), axis=-1)
+    num_examples = (one_hot.sum(axis=-1) > 0).sum()
+    denom = jnp.maximum(1, num_examples)
+    gt = jnp.argmax(one_hot, axis=-1) if labels is None else labels
+    accuracy = jnp.equal(jnp.argmax(logits, axis=-1), gt).sum() / denom
+    return per_example.sum() / denom, {"accuracy": accuracy, "num_examples": num_examples}
+
+
+def giou_loss(
+    *,
+    predictions: Tensor,
+    targets: Tensor,
+    reduction: ReductionMethod = ReductionMethod.NONE,
+    sample_weight: Optional[Tensor] = None,
+    eps: float = 1e-7,
+) -> Tensor:
+    """1 - generalized IoU (https://arxiv.org/abs/1902.09630) of boxes (y1, x1, y2, x2).
+
+    Args:
+        predictions: [..., 4] boxes.
+        targets: [..., 4] boxes.
+        reduction: See `_reduce_loss`.
+        sample_weight: Optional weights [...].
+        eps: Added to denominators.
+
+    Returns:
+        The loss (per box unless reduced).
+    """
+    py1, px1, py2, px2 = jnp.moveaxis(predictions, -1, 0)
+    ty1, tx1, ty2, tx2 = jnp.moveaxis(targets, -1, 0)
+    iy1, ix1 = jnp.maximum(py1, ty1), jnp.maximum(px1, tx1)
+    iy2, ix2 = jnp.minimum(py2, ty2), jnp.minimum(px2, tx2)
+    inter = jnp.where((iy2 >= iy1) & (ix2 >= ix1), (iy2 - iy1) * (ix2 - ix1), 0.0)
+    union = (py2 - py1) * (px2 - px1) + (ty2 - ty1) * (tx2 - tx1) - inter
+    enclosing = (jnp.maximum(py2, ty2) - jnp.minimum(py1, ty1)) * (
+        jnp.maximum(px2, tx2) - jnp.minimum(px1, tx1)
+    )
+    giou = inter / (union + eps) - (enclosing - union) / (enclosing + eps)
+    return _reduce_loss(loss=1 - giou, reduction=reduction, sample_weight=sample_weight)
+
+
+def _l2_normalize(x: Tensor, eps: float) -> Tensor:
+    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def negative_cosine_similarity_loss(
+    predictions: Tensor,
+    targets: Tensor,
+    *,
+    normalize_embedding: bool = True,
+    eps: float = 1e-8,
+    live_targets: Optional[Tensor] = None,
+    reduction: ReductionMethod = ReductionMethod.MEAN,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """-cos(predictions, targets) over the last axis, reduced over live positions.
+
+    Args:
+        predictions: [..., dim].
+        targets: [..., dim].
+        normalize_embedding: Whether to L2-normalize both first.
+        eps: Added to the squared norms when normalizing.
+        live_targets: Optional 0/1 [...] weights.
+        reduction: See `_reduce_loss`.
+
+    Returns:
+        (loss, {"cosine_similarity": [...], "elementwise_similarity": [..., dim]}).
+    """
+    if normalize_embedding:
+        targets = _l2_normalize(targets, eps)
+        predictions = _l2_normalize(predictions, eps)
+    elementwise = targets * predictions
+    cosine = jnp.sum(elementwise, axis=-1)
+    loss = -_reduce_loss(loss=cosine, reduction=reduction, sample_weight=live_targets)
+    return loss, {"cosine_similarity": cosine, "elementwise_similarity": elementwise}
+
+
+def kl_divergence(
+    log_predictions: Tensor, targets: Tensor, *, is_log_targets: bool = False
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """KL(targets || predictions) over the last axis, averaged over examples.
+
+    Args:
+        log_predictions: Log-probabilities [..., dim].
+        targets: Probabilities [..., dim] (or log-probabilities with `is_log_targets`).
+        is_log_targets: Whether `targets` are log-probabilities.
+
+    Returns:
+        (mean loss, {"per_example_loss": [...]}).
+    """
+    if is_log_targets:
+        loss = jnp.exp(targets) * (targets - log_predictions)
+    else:
+        safe_log = jnp.log(jnp.where(targets == 0, 1.0, targets))
+        loss = targets * (safe_log - log_predictions)
+    per_example = jnp.sum(loss, axis=-1)
+    return jnp.mean(per_example), {"per_example_loss": per_example}
+
+
+def koleo_loss(embeddings: Tensor, *, normalize_embedding: bool = True, eps: float = 1e-8):
+    """KoLeo regularizer (https://arxiv.org/abs/1806.03198): -mean_i log(min_j!=i |x_i - x_j|).
+
+    The nearest neighbour is the one with the largest inner product (exact for normalized
+    embeddings); its distance is computed as torch's PairwiseDistance does (eps inside).
+
+    Args:
+        embeddings: [batch, dim].
+        normalize_embedding: Whether to L2-normalize first.
+        eps: For the normalization and the log.
+
+    Returns:
+        The scalar loss.
+    """
+    if normalize_embedding:
+        embeddings = _l2_normalize(embeddings, eps)
+    n = embeddings.shape[0]
+    dots = embeddings @ embeddings.T
+    dots = jnp.where(jnp.eye(n, dtype=bool), -1.0, dots)
+    nearest = embeddings[jnp.argmax(dots, axis=-1)]
+    distances = jnp.sqrt(jnp.sum((nearest - embeddings + eps) ** 2, axis=-1))
+    return -jnp.mean(jnp.log(distances + eps))
+
+
+def pairwise_loss(
+    *, logits: Tensor, pair_weights: Tensor, loss_scale: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Weighted mean of the sigmoid cross entropy of logit differences over document pairs.
+
+    Args:
+        logits: [batch, num_docs].
+        pair_weights: [batch, num_docs, num_docs]; > 0 where doc i should outrank doc j.
+        loss_scale: [batch] per-query scales.
+
+    Returns:
+        (mean loss, total pair weight).
+    """
+    deltas = logits[:, :, None] - logits[:, None, :]
+    labels = jnp.greater(pair_weights, 0).astype(logits.dtype)
+    values = sigmoid_cross_entropy_with_logits(deltas, labels)
+    total = pair_weights.sum()
+    mean = (values * pair_weights * loss_scale[:, None, None]).sum() / (1e-8 + total)
+    return mean, total
+
+
+def ranking_pairwise_loss(
+    *, logits: Tensor, ranks: Tensor, loss_scale: Tensor
+) -> tuple[Tensor, Tensor]:
+    """`pairwise_loss` over the pairs of ranked docs (rank > 0) with rank_i < rank_j.
+
+    Args:
+        logits: [batch, num_docs].
+        ranks: Int [batch, num_docs]; 1 is the most relevant, 0 unranked.
+        loss_scale: [batch].
+
+    Returns:
+        (mean loss, number of pairs).
+    """
+    ranked = ranks > 0
+    pairs = ranked[:, :, None] & ranked[:, None, :] & (ranks[:, :, None] < ranks[:, None, :])
+    return pairwise_loss(
+        logits=logits, pair_weights=pairs.astype(logits.dtype), loss_scale=loss_scale
+    )

@@ -17,6 +17,7 @@ step N's interval. See docs/trainer.md and docs/metrics.md.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -39,10 +40,17 @@ from axlearn.common.config import (
     config_class,
     maybe_instantiate,
 )
+from axlearn.common.config_ranges import validate_config_ranges
 from axlearn.common.evaler import SpmdEvaler
 from axlearn.common.module import Module, child_context, new_output_collection
 from axlearn.common.module import functional as F
 from axlearn.common.preemption import PreemptionHandler
+from axlearn.common.run_lock import RunLock, held_by_this_process
+from axlearn.common.skip_streak import (  # noqa: F401 (public names)
+    DEFAULT_MAX_CONSECUTIVE_SKIPPED_STEPS,
+    SkipStreak,
+    TooManySkippedStepsError,
+)
 from axlearn.common.step_timer import StepTimer
 from axlearn.common.summary_writer import BaseWriter, JsonlWriter, SummaryWriter
 from axlearn.common.trainer_checkpointing import (  # noqa: F401 (public names)
@@ -53,6 +61,7 @@ from axlearn.common.trainer_checkpointing import (  # noqa: F401 (public names)
 from axlearn.common.trainer_metrics import TrainerMetricsMixin
 from axlearn.common.trainer_utils import (
     all_finite,
+    check_token_ids,
     eval_due,
     global_batch_specs,
     is_unset,
@@ -132,6 +141,10 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         log_every_n_steps: Optional[int] = None
         # Peak FLOP/s per device for MFU; None: the peak table, or a matmul probe on CPU.
         peak_flops_per_device: Optional[float] = None
+        # The run stops (TooManySkippedStepsError, nothing checkpointed after the streak) when
+        # this many consecutive steps are skipped by the learner or have a non-finite loss.
+        # Steps where fp16 loss scaling lowers its scale do not count. None: 10.
+        max_consecutive_skipped_steps: Optional[int] = None
         # If set, resume from this committed step instead of the newest (e.g. to go around a
         # corrupt or bad one; --restore_step): newer step directories are set aside, not deleted.
         restore_step: Optional[int] = None
@@ -143,6 +156,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
     def __init__(self, cfg: Config, *, parent: Optional[Module] = None, devices=None):
         super().__init__(cfg, parent=parent)
         cfg = self._config
+        validate_config_ranges(cfg, root=self.path())
         if not cfg.prune_empty_state_updates:
             raise ValueError(
                 f"{self.path()}.prune_empty_state_updates must be True "
@@ -486,6 +500,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         """
         cfg = self._config
         with (
+            self._run_lock(),
             self._watchdog(),
             self._mesh_context(),
             PreemptionHandler(timeout_seconds=cfg.preemption_timeout_seconds) as self._preemption,
@@ -505,6 +520,15 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             finally:
                 self._resolve_pending_finite()  # E.g. a save before an early return.
 
+    @contextlib.contextmanager
+    def _run_lock(self):
+        """Holds `<dir>/run.lock` for the run on process 0 (see axlearn/common/run_lock.py)."""
+        if jax.process_index() != 0 or held_by_this_process(self._config.dir):
+            yield  # Other processes share the dir; or the launcher took the lock already.
+            return
+        with RunLock(self._config.dir):
+            yield
+
     def _train_loop(self) -> Optional[dict[str, Any]]:
         """The pipelined loop; see the module docstring for the order of operations."""
         cfg = self._config
@@ -523,6 +547,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
                 global_batch = self._host_to_global(host_batch)
             stop_trace_step = self._maybe_trace(stop_trace_step, pending)
             if self._compiled_train_step is None:
+                check_token_ids(host_batch, self._config.model, path=f"{self.path()}.model")
                 with timer.overhead("compile"):
                     self._compile(global_batch)
             self._step += 1
@@ -584,6 +609,11 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
                 "steps (use skip_and_clip_by_global_norm or fp16 loss scaling to skip them); "
                 "stopping without saving this state."
             )
+        # Before anything of this step is saved: stop if it ends a streak of skipped steps.
+        scalars = dict(
+            utils.flatten_items(jax.device_get(scalar_tree(current.outputs["summaries"])))
+        )
+        self._skip_streak.note(current.step, loss=loss, scalars=scalars)
 
     def model_params_for_eval(self) -> NestedTensor:
         """Parameters for evalers: the parameter EMA if the learner keeps one, else the model."""
@@ -625,6 +655,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
                     "skip them); stopping. No state of this step or later is checkpointed."
                 )
             self._num_nonfinite_steps += 1
+        self._skip_streak.note(pending.step, loss=loss, scalars=scalars)
         with self._timer.overhead("summary"):
             record = self._step_record(pending, loss=loss, scalars=scalars, timing=timing)
             self._report_step(record, scalars=scalars)
@@ -639,6 +670,9 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         cfg = self._config
         self._timer = StepTimer()
         self._num_nonfinite_steps = 0
+        self._skip_streak = SkipStreak(
+            limit=cfg.max_consecutive_skipped_steps, config_path=self.path()
+        )
         self._records: list[dict[str, Any]] = []
         if self.restore_checkpoint(self._restore_step_to_apply()) is None:
             self.init(prng_key)

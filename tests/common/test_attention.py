@@ -388,3 +388,16 @@ def test_remat_names():
     assert {f"TransformerFeedForwardLayer.{n}" for n in ("linear1_0", "linear1_1", "linear2")} <= (
         _checkpoint_names(jaxpr.jaxpr)
     )
+
+
+def test_mask_as_plain_function_equals_causal():
+    """`mask=causal_mask` (a plain function, as users write it) is accepted and equals causal."""
+    causal_layer = _build(_gqa_config(causal=True))
+    fn_cfg = _gqa_config(causal=False)
+    fn_cfg.mask = causal_mask  # The config type check must accept a MaskFn function.
+    fn_layer = _build(fn_cfg)
+    params = _randomize(_init(causal_layer))
+    x = jax.random.normal(jax.random.PRNGKey(5), (B, T, D))
+    a = _call(causal_layer, params, dict(query=x)).data
+    b = _call(fn_layer, params, dict(query=x)).data
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

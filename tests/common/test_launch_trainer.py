@@ -128,3 +128,79 @@ def test_config_override_bad_path_fails_before_training(tmp_path):
     assert proc.returncode == 1, out[-3000:]
     assert "max_steps" in out and "did you mean max_step?" in out
     assert "step 1/" not in out
+
+
+def _launch_flags(**kwargs):
+    """The flag values `apply_launch_settings` reads, without parsing the global flags."""
+    # pylint: disable-next=import-outside-toplevel
+    import types
+
+    values = dict(
+        trainer_dir=None,
+        mesh_selector=None,
+        trace_at_steps=[],
+        trainer_watchdog_timeout_seconds=3600,
+        data_dir=None,
+        restore_step=None,
+        restore_fallback=None,
+    )
+    values.update(kwargs)
+    return types.SimpleNamespace(**values)
+
+
+def test_launch_flag_errors_name_the_flag(tmp_path):
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.launch_trainer import apply_launch_settings
+    from tests.common import trainer_test_utils as tu  # pylint: disable=import-outside-toplevel
+
+    def cfg():
+        return tu.bigram_trainer_config(str(tmp_path)).set(
+            mesh_rules=[("tpu-v5.*", (1, 1, -1, 1)), ("gpu-.*", (1, 1, -1, 1))]
+        )
+
+    with pytest.raises(ValueError, match=r"--trace_at_steps=x,y: expects a comma-separated"):
+        apply_launch_settings(cfg(), flag_values=_launch_flags(trace_at_steps=["x", "y"]))
+    with pytest.raises(ValueError, match=r"--mesh_selector='tpu-v4-8' matches none.*tpu-v5"):
+        apply_launch_settings(cfg(), flag_values=_launch_flags(mesh_selector="tpu-v4-8"))
+    # Matching, and no rules at all (a warning): fine.
+    apply_launch_settings(cfg(), flag_values=_launch_flags(mesh_selector="gpu-a3"))
+    apply_launch_settings(
+        cfg().set(mesh_rules=None), flag_values=_launch_flags(mesh_selector="tpu-v4-8")
+    )
+    out = apply_launch_settings(
+        cfg(), flag_values=_launch_flags(restore_step=4, restore_fallback="previous")
+    )
+    assert out.restore_step == 4 and out.checkpointer.restore_fallback == "previous"
+
+
+def test_trainer_config_from_dir_rebuilds_the_run(trained_dir, tmp_path):
+    import shutil
+
+    from axlearn.common import launch_trainer
+
+    cfg = launch_trainer.trainer_config_from_dir(trained_dir)
+    # The run's own overrides (tests/trained_run.py drops QK-norm) are re-applied...
+    attention = cfg.model.decoder.transformer.layer.self_attention.attention
+    assert attention.query_scale.norm is None and cfg.max_step == 6
+    dump_path = os.path.join(trained_dir, "trainer_config")
+    assert launch_trainer._check_against_dump(cfg.debug_string(), dump_path) == []
+    # ...then the caller's.
+    assert (
+        launch_trainer.trainer_config_from_dir(
+            trained_dir, config_overrides=["max_step=2"]
+        ).max_step
+        == 2
+    )
+    # A dump that differs (the code changed since the run) is reported field by field.
+    copy = str(tmp_path / "copy")
+    shutil.copytree(trained_dir, copy, ignore=shutil.ignore_patterns("checkpoints", "summaries"))
+    with open(os.path.join(copy, "trainer_config"), encoding="utf-8") as f:
+        lines = ["max_step: 7" if line == "max_step: 6" else line for line in f.read().split("\n")]
+    with open(os.path.join(copy, "trainer_config"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    diffs = launch_trainer._check_against_dump(
+        cfg.debug_string(), os.path.join(copy, "trainer_config")
+    )
+    assert diffs == ["max_step: run 7, now 6"]
+    with pytest.raises(launch_trainer.TrainerDirError, match="launch_trainer_flags does not exist"):
+        launch_trainer.trainer_config_from_dir(str(tmp_path))

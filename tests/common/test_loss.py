@@ -126,3 +126,64 @@ def test_contrastive_and_hinge_losses():
     )
     hinge = L.categorical_hinge_loss(jnp.asarray([[2.0, 0.5, 1.8]]), jnp.asarray([[1.0, 0, 0]]))
     np.testing.assert_allclose(hinge, [0.8], rtol=1e-6)
+
+
+def test_focal_huber_kl_and_cosine_losses():
+    from axlearn.common import loss as L
+
+    logits = jnp.asarray([[2.0, -1.0], [0.5, 0.0]])
+    targets = jnp.asarray([[1.0, 0.0], [0.0, 1.0]])
+    x, t = np.asarray(logits, np.float64), np.asarray(targets)
+    p = 1 / (1 + np.exp(-x))
+    p_t = np.where(t == 1, p, 1 - p)
+    bce = -np.log(p_t)
+    want = np.sum(np.where(t == 1, 0.25, 0.75) * (1 - p_t) ** 2.0 * bce)
+    np.testing.assert_allclose(L.focal_loss(logits, targets, gamma=2.0), want, rtol=1e-5)
+    pred, targ = jnp.asarray([0.0, 0.5, 3.0]), jnp.zeros(3)
+    np.testing.assert_allclose(L.huber_loss(predictions=pred, targets=targ), [0, 0.125, 2.5])
+    got = L.huber_loss(predictions=pred, targets=targ, reduction=L.ReductionMethod.MEAN)
+    np.testing.assert_allclose(got, 2.625 / 3, rtol=1e-6)
+    log_p = jax.nn.log_softmax(jnp.asarray([[1.0, 2.0, 0.0]]))
+    q = jnp.asarray([[0.5, 0.5, 0.0]])
+    kl, aux = L.kl_divergence(log_p, q)
+    want = sum(0.5 * (np.log(0.5) - float(log_p[0, i])) for i in range(2))
+    np.testing.assert_allclose(kl, want, rtol=1e-5)
+    kl_log, _ = L.kl_divergence(
+        log_p, jnp.log(jnp.asarray([[0.5, 0.5, 1e-30]])), is_log_targets=True
+    )
+    np.testing.assert_allclose(kl_log, want, rtol=1e-4)
+    a, b = jnp.asarray([[1.0, 0.0], [0.0, 2.0]]), jnp.asarray([[1.0, 1.0], [0.0, 1.0]])
+    loss, aux = L.negative_cosine_similarity_loss(a, b)
+    np.testing.assert_allclose(aux["cosine_similarity"], [np.sqrt(0.5), 1.0], rtol=1e-5)
+    np.testing.assert_allclose(loss, -(np.sqrt(0.5) + 1) / 2, rtol=1e-5)
+
+
+def test_giou_koleo_flops_margin_and_ranking_losses():
+    from axlearn.common import loss as L
+
+    # Identical boxes: 0; disjoint unit boxes 2 apart in a 1x3 hull: 1 - (0 - 1/3).
+    boxes = jnp.asarray([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+    other = jnp.asarray([[0.0, 0.0, 1.0, 1.0], [0.0, 2.0, 1.0, 3.0]])
+    np.testing.assert_allclose(
+        L.giou_loss(predictions=boxes, targets=other), [0.0, 4 / 3], atol=1e-5
+    )
+    emb = jnp.asarray([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    # Brute-force nearest-neighbour distances: sqrt(2) for each point.
+    np.testing.assert_allclose(L.koleo_loss(emb), -np.log(np.sqrt(2)), rtol=1e-4)
+    e = jnp.asarray([[1.0, -2.0, 0.0], [3.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
+    loss, sparse = L.flops_loss(embeddings=e, paddings=jnp.asarray([0, 0, 1]))
+    np.testing.assert_allclose(loss, 2.0**2 + 1.0**2, rtol=1e-6)
+    np.testing.assert_allclose(sparse, (1 + 2) / 2)
+    cos = jnp.asarray([[0.9, 0.1], [0.2, 0.8]])
+    loss, aux = L.large_margin_cosine_loss(cos, labels=jnp.asarray([0, 1]), alpha=4.0, margin=0.2)
+    scaled = 4.0 * (np.asarray(cos) - 0.2 * np.eye(2))
+    want = -np.mean(np.diag(_np_log_softmax(scaled)))
+    np.testing.assert_allclose(loss, want, rtol=1e-5)
+    assert float(aux["accuracy"]) == 1.0
+    with pytest.raises(ValueError, match="Neither labels nor soft_labels"):
+        L.large_margin_cosine_loss(cos)
+    logits = jnp.asarray([[2.0, 1.0, 0.0]])
+    ranks = jnp.asarray([[1, 2, 0]])  # One ranked pair: doc 0 ahead of doc 1.
+    loss, n = L.ranking_pairwise_loss(logits=logits, ranks=ranks, loss_scale=jnp.ones(1))
+    assert float(n) == 1.0
+    np.testing.assert_allclose(loss, np.log1p(np.exp(-1.0)), rtol=1e-5)

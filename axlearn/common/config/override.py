@@ -132,7 +132,8 @@ def _union_scalar_types(cfg: ConfigBase, name: str) -> tuple[str, Any] | None:
 
 
 def _check_value(parent: ConfigBase, name: str, old: Any, value: Any, path: str) -> None:
-    if isinstance(old, ConfigBase) and not isinstance(value, ConfigBase):
+    # None removes an optional child (e.g. `...query_scale.norm=None`); set() checks the rest.
+    if isinstance(old, ConfigBase) and value is not None and not isinstance(value, ConfigBase):
         raise ConfigOverrideError(
             f"Config override {path}={value!r}: {path} is a config "
             f"({type(old).__qualname__}); override its fields instead, e.g. "

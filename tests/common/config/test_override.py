@@ -47,6 +47,8 @@ def test_overrides_set_fields_through_configs_dicts_and_functions():
             "learner.optimizer.inner.learning_rate.peak_lr=1e-3",
             "evalers.validation.eval_policy.n=7",
             "checkpointer.keep_last_n=None",
+            # None removes an optional child config.
+            "model.decoder.transformer.layer.self_attention.attention.query_scale.norm=None",
             "name=my_trainer",
         ],
     )
@@ -55,6 +57,7 @@ def test_overrides_set_fields_through_configs_dicts_and_functions():
     assert cfg.learner.optimizer.inner.learning_rate.peak_lr == 1e-3
     assert cfg.evalers["validation"].eval_policy.n == 7
     assert cfg.checkpointer.keep_last_n is None
+    assert cfg.model.decoder.transformer.layer.self_attention.attention.query_scale.norm is None
     assert cfg.name == "my_trainer"
     dump = cfg.debug_string()
     assert "max_step: 20\n" in dump

@@ -1,0 +1,415 @@
+"""Hugging Face Llama directories from trained runs, and trainer checkpoints from them.
+
+    export_trainer_dir("/tmp/gpt-llama", "/tmp/gpt-llama-hf")   # config.json, model.safetensors
+    model = transformers.LlamaForCausalLM.from_pretrained("/tmp/gpt-llama-hf")
+
+    import_hf_dir("/tmp/gpt-llama-hf", trainer_cfg)             # trainer_cfg.dir/checkpoints/step_0
+    # then: launch_trainer_main --module=... --config=... --trainer_dir=<trainer_cfg.dir>
+
+The weights are converted by `axlearn.common.hf_llama` and stored with the `safetensors` library:
+one `model.safetensors`, or `model-0000i-of-0000n.safetensors` shards plus the
+`model.safetensors.index.json` weight map when they exceed `max_shard_bytes` (the layout that
+`from_pretrained` reads). `config.json` describes a `LlamaForCausalLM` (`model_type: llama`).
+When the experiment's vocabulary is a sentencepiece model, its file is copied as
+`tokenizer.model` with a `tokenizer_config.json` naming `LlamaTokenizer`.
+
+Only models that Llama can express are exported: RMSNorm pre-norm layers, RoPE on queries and
+keys, SwiGLU feed-forward, no biases and no QK-norm. Anything else is refused with the config
+path that differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+from axlearn.common.config import ConfigBase
+from axlearn.common.hf_llama import axlearn_to_hf_llama, hf_llama_to_axlearn
+
+# The largest shard `save_hf_llama` writes by default (Hugging Face's own default is 5 GB).
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
+
+
+class HfConversionError(ValueError):
+    """The model cannot be expressed as a Hugging Face Llama model (or the directory is bad)."""
+
+
+def _get(cfg: Any, path: str, default: Any = KeyError) -> Any:
+    node = cfg
+    for key in path.split("."):
+        if isinstance(node, ConfigBase) and key in node:
+            node = getattr(node, key)
+        else:
+            if default is KeyError:
+                raise HfConversionError(f"The model config has no field {path}.")
+            return default
+    return node
+
+
+def _klass_name(cfg: Any) -> str:
+    klass = getattr(cfg, "klass", None)
+    return getattr(klass, "__name__", type(cfg).__name__)
+
+
+def llama_config(model_cfg: ConfigBase, *, tied: bool) -> dict[str, Any]:
+    """The `config.json` of the Llama model equivalent to `model_cfg` (a causal_lm.Model config).
+
+    Args:
+        model_cfg: The model config (`trainer_config.model`).
+        tied: Whether the LM head is the token embedding.
+
+    Returns:
+        The config dict.
+
+    Raises:
+        HfConversionError: Naming the config path of a feature Llama lacks.
+    """
+    layer = "decoder.transformer.layer"
+    attn = f"{layer}.self_attention.attention"
+    problems = []
+    for path in (f"{attn}.query_scale.norm", f"{attn}.key_scale.norm"):
+        if _get(model_cfg, path, None) is not None:
+            problems.append(f"{path} is set (QK-norm has no Llama counterpart)")
+    activation = tuple(_get(model_cfg, f"{layer}.feed_forward.activation", ()))
+    if activation not in (("nn.silu", "linear"), ("nn.swish", "linear")):
+        problems.append(f"{layer}.feed_forward.activation is {activation}, Llama needs SwiGLU")
+    for path in (f"{layer}.self_attention.structure", f"{layer}.feed_forward.structure"):
+        if _get(model_cfg, path, "prenorm") != "prenorm":
+            problems.append(f"{path} is {_get(model_cfg, path)!r}, Llama needs 'prenorm'")
+    for path in (
+        "decoder.output_norm",
+        f"{layer}.self_attention.norm",
+        f"{layer}.feed_forward.norm",
+    ):
+        if _klass_name(_get(model_cfg, path)) != "RMSNorm":
+            problems.append(
+                f"{path} is a {_klass_name(_get(model_cfg, path))}, Llama needs RMSNorm"
+            )
+    if _get(model_cfg, f"{attn}.input_linear.rotary_value", False):
+        problems.append(f"{attn}.input_linear.rotary_value is True")
+    theta = _get(model_cfg, f"{attn}.input_linear.rope_pos_emb_layer.theta", None)
+    if theta is None:
+        problems.append(f"{attn}.input_linear has no RoPE (rope_pos_emb_layer.theta)")
+    if problems:
+        raise HfConversionError(
+            "The model cannot be exported as a Hugging Face Llama model:\n  "
+            + "\n  ".join(problems)
+        )
+    num_heads = int(_get(model_cfg, f"{attn}.num_heads"))
+    num_kv_heads = _get(model_cfg, f"{attn}.input_linear.input_linear.num_kv_heads", None)
+    dim = int(_get(model_cfg, "decoder.dim"))
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": int(_get(model_cfg, "decoder.vocab_size")),
+        "hidden_size": dim,
+        "intermediate_size": int(_get(model_cfg, f"{layer}.feed_forward.hidden_dim")),
+        "num_hidden_layers": int(_get(model_cfg, "decoder.transformer.num_layers")),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": int(num_kv_heads or num_heads),
+        "head_dim": dim // num_heads,
+        "hidden_act": "silu",
+        "rms_norm_eps": float(_get(model_cfg, "decoder.output_norm.eps")),
+        "rope_theta": float(theta),
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": bool(tied),
+        "attention_bias": False,
+        "mlp_bias": False,
+        "pad_token_id": int(_get(model_cfg, "decoder.pad_token_id", 0)),
+        "eos_token_id": int(_get(model_cfg, "decoder.eos_token_id", 1)),
+        "bos_token_id": None,
+        "torch_dtype": "float32",
+    }
+
+
+def save_hf_llama(
+    params: Any,
+    model_cfg: ConfigBase,
+    output_dir: str,
+    *,
+    sentencepiece_model_file: Optional[str] = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> list[str]:
+    """Writes `params` of `model_cfg` as a Hugging Face Llama directory.
+
+    Args:
+        params: The model parameter tree (host or device arrays).
+        model_cfg: The model config.
+        output_dir: The directory (created; existing model files are replaced).
+        sentencepiece_model_file: If set, copied as `tokenizer.model` (with tokenizer configs).
+        max_shard_bytes: The largest safetensors file; larger models are sharded.
+
+    Returns:
+        The written file names.
+
+    Raises:
+        HfConversionError: If the model has no Llama equivalent.
+    """
+    from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+
+    params = jax.device_get(params)
+    flat_paths = [
+        "/".join(str(getattr(k, "key", k)) for k in path)
+        for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+    ]
+    tied = "decoder/lm_head/weight" not in flat_paths
+    config = llama_config(model_cfg, tied=tied)
+    try:
+        state_dict = axlearn_to_hf_llama(
+            params,
+            num_heads=config["num_attention_heads"],
+            num_kv_heads=config["num_key_value_heads"],
+            include_tied_lm_head=False,
+        )
+    except ValueError as e:
+        raise HfConversionError(str(e)) from e
+    os.makedirs(output_dir, exist_ok=True)
+    for name in os.listdir(output_dir):
+        if name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json")):
+            os.remove(os.path.join(output_dir, name))
+    shards: list[dict[str, np.ndarray]] = [{}]
+    sizes = [0]
+    for key in sorted(state_dict):
+        value = np.ascontiguousarray(state_dict[key])
+        if sizes[-1] and sizes[-1] + value.nbytes > max_shard_bytes:
+            shards.append({})
+            sizes.append(0)
+        shards[-1][key] = value
+        sizes[-1] += value.nbytes
+    written = []
+    metadata = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(output_dir, SAFETENSORS_FILE), metadata=metadata)
+        written.append(SAFETENSORS_FILE)
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, os.path.join(output_dir, name), metadata=metadata)
+            weight_map.update({key: name for key in shard})
+            written.append(name)
+        index = {"metadata": {"total_size": int(sum(sizes))}, "weight_map": weight_map}
+        with open(os.path.join(output_dir, SAFETENSORS_INDEX_FILE), "w", encoding="utf-8") as f:
+            json.dump(index, f, indent=2, sort_keys=True)
+        written.append(SAFETENSORS_INDEX_FILE)
+    with open(os.path.join(output_dir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    with open(os.path.join(output_dir, "generation_config.json"), "w", encoding="utf-8") as f:
+        json.dump(
+            {"eos_token_id": config["eos_token_id"], "pad_token_id": config["pad_token_id"]}, f
+        )
+    written += ["config.json", "generation_config.json"]
+    if sentencepiece_model_file:
+        written += _write_sentencepiece_tokenizer(sentencepiece_model_file, output_dir)
+    return written
+
+
+def _write_sentencepiece_tokenizer(model_file: str, output_dir: str) -> list[str]:
+    """Copies a sentencepiece model as `tokenizer.model` with configs for `LlamaTokenizer`."""
+    import sentencepiece  # pylint: disable=import-outside-toplevel
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=model_file)
+
+    def piece(i: int) -> Optional[str]:
+        return sp.id_to_piece(i) if 0 <= i < sp.get_piece_size() else None
+
+    shutil.copyfile(model_file, os.path.join(output_dir, "tokenizer.model"))
+    tokenizer_config = {
+        "tokenizer_class": "LlamaTokenizer",
+        # Our inputs carry no BOS and end with EOS only as a target; prompts get neither.
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "bos_token": piece(sp.bos_id()),
+        "eos_token": piece(sp.eos_id()),
+        "unk_token": piece(sp.unk_id()),
+        "pad_token": piece(sp.pad_id()),
+        "legacy": False,
+        "clean_up_tokenization_spaces": False,
+    }
+    with open(os.path.join(output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer_config, f, indent=2, sort_keys=True)
+    return ["tokenizer.model", "tokenizer_config.json"]
+
+
+def load_hf_state_dict(hf_dir: str) -> dict[str, np.ndarray]:
+    """Reads the weights of a Hugging Face directory (one safetensors file or an index).
+
+    Args:
+        hf_dir: The directory.
+
+    Returns:
+        {key: NumPy array}.
+
+    Raises:
+        HfConversionError: If the directory has neither `model.safetensors` nor an index.
+    """
+    from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+
+    single = os.path.join(hf_dir, SAFETENSORS_FILE)
+    index_path = os.path.join(hf_dir, SAFETENSORS_INDEX_FILE)
+    if os.path.exists(single):
+        return load_file(single)
+    if os.path.exists(index_path):
+        with open(index_path, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+        state_dict: dict[str, np.ndarray] = {}
+        for name in sorted(set(weight_map.values())):
+            state_dict.update(load_file(os.path.join(hf_dir, name)))
+        return state_dict
+    raise HfConversionError(
+        f"{hf_dir} has neither {SAFETENSORS_FILE} nor {SAFETENSORS_INDEX_FILE} (only safetensors "
+        "weights are read; convert .bin files with transformers' save_pretrained first)."
+    )
+
+
+def check_hf_config(hf_dir: str, model_cfg: ConfigBase) -> None:
+    """Checks that `hf_dir/config.json` describes the same architecture as `model_cfg`.
+
+    Raises:
+        HfConversionError: Naming each field that differs.
+    """
+    path = os.path.join(hf_dir, "config.json")
+    if not os.path.exists(path):
+        raise HfConversionError(f"{path} does not exist")
+    with open(path, encoding="utf-8") as f:
+        theirs = json.load(f)
+    if theirs.get("model_type") != "llama":
+        raise HfConversionError(f"{path}: model_type is {theirs.get('model_type')!r}, not 'llama'")
+    ours = llama_config(model_cfg, tied=bool(theirs.get("tie_word_embeddings", False)))
+    keys = [
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+    ]
+    diffs = [
+        f"{k}: {theirs.get(k)} there, {ours[k]} in the experiment"
+        for k in keys
+        if theirs.get(k) != ours[k]
+    ]
+    for key in ("rope_theta", "rms_norm_eps"):
+        if key in theirs and not np.isclose(float(theirs[key]), ours[key]):
+            diffs.append(f"{key}: {theirs[key]} there, {ours[key]} in the experiment")
+    if diffs:
+        raise HfConversionError(
+            f"{path} does not match the experiment's model:\n  " + "\n  ".join(diffs)
+        )
+
+
+def hf_params_for_model(state_dict: Mapping[str, np.ndarray], *, target: Any) -> Any:
+    """Converts a Hugging Face Llama state dict into the parameter tree shaped like `target`.
+
+    Args:
+        state_dict: From `load_hf_state_dict`.
+        target: The model's parameter tree of arrays or ShapeDtypeStructs.
+
+    Returns:
+        NumPy parameters in `target`'s structure and dtypes.
+
+    Raises:
+        HfConversionError: If a key is missing or a shape differs.
+    """
+    try:
+        return hf_llama_to_axlearn(state_dict, target=target)
+    except (KeyError, ValueError) as e:
+        raise HfConversionError(str(e).strip("'\"")) from e
+
+
+def export_trainer_dir(
+    trainer_dir: str,
+    output_dir: str,
+    *,
+    step: Optional[int] = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> tuple[int, list[str]]:
+    """Exports a trained run's checkpoint as a Hugging Face Llama directory.
+
+    Args:
+        trainer_dir: The run's trainer dir.
+        output_dir: The Hugging Face directory to write.
+        step: The checkpoint step; None: the latest.
+        max_shard_bytes: See `save_hf_llama`.
+
+    Returns:
+        (the exported step, the written file names).
+
+    Raises:
+        HfConversionError: If the model has no Llama equivalent.
+    """
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.inference import InferenceRunner, sentencepiece_model_file
+
+    runner = InferenceRunner.from_trainer_dir(trainer_dir, evalers=[])
+    # Refuse before reading the checkpoint if the architecture cannot be expressed.
+    tied = "lm_head" not in runner.model.decoder.children
+    llama_config(runner.config.model, tied=tied)
+    restored = runner.restore(step)
+    written = save_hf_llama(
+        runner.params,
+        runner.config.model,
+        output_dir,
+        sentencepiece_model_file=sentencepiece_model_file(runner.trainer_config),
+        max_shard_bytes=max_shard_bytes,
+    )
+    return restored, written
+
+
+def import_hf_dir(hf_dir: str, trainer_cfg: ConfigBase, *, seed: int = 0) -> str:
+    """Writes a trainer checkpoint at step 0 whose model parameters are those of `hf_dir`.
+
+    The optimizer state is initialized for the imported parameters (as at the start of
+    training); `launch_trainer_main` with the same experiment and trainer dir restores it and
+    fine-tunes from there.
+
+    Args:
+        hf_dir: A Hugging Face Llama directory (safetensors weights).
+        trainer_cfg: The experiment's trainer config, its `dir` set to the new trainer dir.
+        seed: The seed of the trainer state's PRNG key (as `--trainer_prng_seed`).
+
+    Returns:
+        The written step directory.
+
+    Raises:
+        HfConversionError: If the directory does not match the experiment's model.
+        ValueError: If the trainer dir already holds a committed checkpoint.
+    """
+    # pylint: disable=import-outside-toplevel,protected-access
+    from axlearn.common.checkpointer import layout
+    from axlearn.common.trainer import TrainerState
+
+    check_hf_config(hf_dir, trainer_cfg.model)
+    state_dict = load_hf_state_dict(hf_dir)
+    trainer = trainer_cfg.instantiate(parent=None)
+    existing = layout.latest_checkpoint_step(trainer.checkpointer.config.dir)
+    if existing is not None:
+        raise ValueError(
+            f"{trainer.checkpointer.config.dir} already holds a committed checkpoint (step "
+            f"{existing}); import into a new trainer dir."
+        )
+    target = jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(tuple(s.shape), s.dtype),
+        trainer.trainer_state_specs.model,
+        is_leaf=lambda x: hasattr(x, "mesh_axes"),
+    )
+    params = hf_params_for_model(state_dict, target=target)
+    shardings = trainer._trainer_state_shardings
+    with trainer._mesh_context():
+        params = jax.device_put(params, shardings.model)
+        learner_state = jax.jit(
+            lambda p: trainer.learner.init(trainer._opt_params(p)), out_shardings=shardings.learner
+        )(params)
+        prng_key = jax.device_put(jax.random.PRNGKey(seed), shardings.prng_key)
+        state = TrainerState(prng_key=prng_key, model=params, learner=learner_state)
+        trainer.checkpointer.save(step=0, state=state._asdict(), force=True)
+        trainer.checkpointer.wait_until_finished()
+    return trainer.checkpointer.ckpt_dir(0)

@@ -1,0 +1,131 @@
+"""Tests for `axlearn eval` and `axlearn generate` (axlearn/cli/inference_commands.py).
+
+The session fixture `trained_dir` (tests/trained_run.py) trains
+`tests.common.trainer_mp_experiment:gpt-tiny-eval` (1 layer of dim 64, 6 steps on the embedded
+corpus, an eval and a checkpoint at step 6) with launch_trainer_main; the commands then run on
+its trainer dir as subprocesses, as a user runs them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.trained_run import REPO_ROOT, _env, axlearn
+
+
+def _tb_scalars(path: str) -> dict[str, dict[int, float]]:
+    # pylint: disable-next=import-outside-toplevel
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(path, size_guidance={event_accumulator.TENSORS: 0})
+    acc.Reload()
+    out = {}
+    for tag in acc.Tags()["tensors"]:
+        for event in acc.Tensors(tag):
+            value = tf.make_ndarray(event.tensor_proto)
+            if value.dtype.kind in "fiu" and value.ndim == 0:
+                out.setdefault(tag, {})[event.step] = float(value)
+    return out
+
+
+@pytest.mark.slow
+def test_eval_reproduces_the_runs_validation_metrics_on_another_mesh(trained_dir):
+    trained = _tb_scalars(os.path.join(trained_dir, "summaries", "validation"))
+    assert 6 in trained["loss"]
+    # Two devices (the run had one): the checkpoint is resharded; the numbers must not move.
+    proc = axlearn("eval", f"--trainer_dir={trained_dir}", devices=2)
+    assert "Evaluating step 6 of" in proc.stdout
+    printed = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("validation/"):
+            key, value = line.split()
+            printed[key.split("/", 1)[1]] = float(value)
+    evaluated = _tb_scalars(os.path.join(trained_dir, "summaries", "eval_only", "validation"))
+    metrics = ["loss", "accuracy", "perplexity", "bits_per_byte", "num_targets"]
+    for name in metrics:
+        expected = trained[name][6]
+        np.testing.assert_allclose(printed[name], expected, rtol=1e-5, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(evaluated[name][6], expected, rtol=1e-5, atol=1e-5)
+    # Nothing was trained: the checkpoints and metrics.jsonl are as the run left them.
+    assert sorted(os.listdir(os.path.join(trained_dir, "checkpoints"))) == ["step_00000006"]
+
+
+def test_eval_errors_name_the_problem(trained_dir, tmp_path):
+    proc = axlearn("eval", f"--trainer_dir={tmp_path}", check=False)
+    assert proc.returncode == 1
+    assert "launch_trainer_flags does not exist" in proc.stderr
+    proc = axlearn("eval", f"--trainer_dir={trained_dir}", "--evaler=valid", check=False)
+    assert proc.returncode == 1 and "Unknown evaler(s) ['valid']" in proc.stderr
+    proc = axlearn("eval", f"--trainer_dir={trained_dir}", "--step=3", check=False)
+    assert proc.returncode == 1 and "Cannot restore step 3" in proc.stderr
+
+
+def _generate(trained_dir: str, *extra: str) -> str:
+    proc = axlearn(
+        "generate",
+        f"--trainer_dir={trained_dir}",
+        "--prompt=The Python",
+        "--max_new_tokens=12",
+        "--temperature=3.0",
+        *extra,
+    )
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_generate_prints_text_deterministic_per_seed_and_streams_on_a_terminal(trained_dir):
+    import pty
+
+    first = _generate(trained_dir, "--seed=0")
+    assert first.startswith("The Python") and len(first.strip()) > len("The Python")
+    assert _generate(trained_dir, "--seed=0") == first
+    # On a terminal the tokens stream (same seed, same text).
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "axlearn.cli.main",
+            "generate",
+            f"--trainer_dir={trained_dir}",
+            "--prompt=The Python",
+            "--max_new_tokens=12",
+            "--temperature=3.0",
+            "--seed=0",
+        ],
+        env=_env(1),
+        cwd=REPO_ROOT,
+        stdout=terminal,
+        stderr=subprocess.DEVNULL,
+    )
+    os.close(terminal)
+    chunks = []
+    while True:
+        try:
+            data = os.read(controller, 4096)
+        except OSError:  # EIO: the child closed the terminal.
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=600) == 0
+    os.close(controller)
+    streamed = b"".join(chunks).decode().replace("\r\n", "\n")
+    assert streamed == first
+    # The prompt is shown before the first token is computed: output came in several pieces.
+    assert len(chunks) > 1
+
+
+def test_generate_rejects_bad_flags(tmp_path):
+    proc = axlearn(
+        "generate", f"--trainer_dir={tmp_path}", "--prompt=x", "--top_p=1.5", check=False
+    )
+    assert proc.returncode == 1 and "--top_p must be in (0, 1], got 1.5" in proc.stderr
+    proc = axlearn("generate", f"--trainer_dir={tmp_path}", check=False)
+    assert proc.returncode == 1 and "at least one --prompt" in proc.stderr
