@@ -164,3 +164,36 @@ def as_4d_bias(bias: Tensor) -> Tensor:
     if bias.ndim == 4:
         return bias
     raise ValueError(f"Attention logit biases must have 2-4 dims, got shape {bias.shape}")
+
+
+# The bias classes (AXLearn's names); defined in their own file, public here.
+from axlearn.common.attention_bias_classes import (  # noqa: E402
+    BaseAttentionBias,
+    CausalAttentionBias,
+    CompositeAttentionBias,
+    MaskFnAttentionBias,
+    SegmentIdAttentionBias,
+    SlidingWindowAttentionBias,
+    TensorAttentionBias,
+    ZeroAttentionBias,
+)
+
+__all__ = [
+    "NEG_INF",
+    "BaseAttentionBias",
+    "CausalAttentionBias",
+    "CompositeAttentionBias",
+    "MaskFn",
+    "MaskFnAttentionBias",
+    "SegmentIdAttentionBias",
+    "SlidingWindowAttentionBias",
+    "TensorAttentionBias",
+    "ZeroAttentionBias",
+    "add_biases",
+    "as_4d_bias",
+    "bool_to_bias",
+    "causal_mask",
+    "make_segment_mask",
+    "mask_fn_bias",
+    "sliding_window_causal_mask",
+]

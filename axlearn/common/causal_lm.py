@@ -11,9 +11,11 @@ by the number of target tokens unless noted):
     loss, cross_entropy_loss, z_loss, perplexity (exp of cross_entropy_loss), accuracy,
     num_targets (target tokens in the batch; weight 1), num_tokens (non-padding input tokens;
     weight 1), train_live_targets (targets per example; weight batch size),
-    bits_per_byte (only with target_num_bytes; weight: total bytes).
+    bits_per_byte (only with target_num_bytes; weight: total bytes), aux_loss (only with
+    `aux_loss_regex`: summed matching module outputs, added to the loss).
 """
 
+import re
 from typing import Optional
 
 import jax.numpy as jnp
@@ -37,6 +39,7 @@ from axlearn.common.param_init import PARAM_REGEXP_WEIGHT, DefaultInitializer, W
 from axlearn.common.utils import (
     NestedTensor,
     Tensor,
+    flatten_items,
     validate_contains_paths,
     with_sharding_constraint,
 )
@@ -90,6 +93,11 @@ class Model(BaseModel):
         batch_axis_names: tuple = ("data",)
         # Mesh axis name(s) sharding the sequence axis of inputs; None leaves it unconstrained.
         seq_axis_names: Optional[tuple] = None
+        # If set, the module outputs (of the model's invocation) whose paths, e.g.
+        # "decoder/transformer/layer0/feed_forward/aux_loss", fully match this regex are summed
+        # into an auxiliary loss added to the loss (summary "aux_loss"), e.g. the load-balancing
+        # loss of mixture-of-experts layers.
+        aux_loss_regex: Optional[str] = None
 
     @classmethod
     def default_config(cls) -> Config:
@@ -164,6 +172,12 @@ class Model(BaseModel):
             aux["per_label_loss"] = per_token_loss
         return loss, (aux if return_aux else {})
 
+    def _aux_loss(self, regex: str) -> Tensor:
+        """Sum of the module outputs whose paths fully match `regex` (0 if none)."""
+        outputs = self.get_invocation_context().output_collection.module_outputs
+        values = [v.sum() for k, v in flatten_items(outputs) if re.fullmatch(regex, k)]
+        return sum(values, jnp.zeros([], jnp.float32))
+
     def _metrics(
         self,
         logits: Tensor,
@@ -182,6 +196,10 @@ class Model(BaseModel):
         accuracy = correct.sum() / denom
         per_token_loss = parts["pre_mask_loss"] * live
         batch_size = target_labels.shape[0]
+        if self.config.aux_loss_regex is not None:
+            aux_loss = self._aux_loss(self.config.aux_loss_regex)
+            loss = loss + aux_loss
+            self.add_summary("aux_loss", WeightedScalar(aux_loss, num_targets))
         self.add_summary("loss", WeightedScalar(loss, num_targets))
         self.add_summary("cross_entropy_loss", WeightedScalar(parts["cross_entropy"], num_targets))
         self.add_summary("z_loss", WeightedScalar(parts["z_loss"], num_targets))

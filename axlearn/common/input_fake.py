@@ -76,9 +76,17 @@ class FakeLmIterator:
         del check_config
         if isinstance(states, (list, tuple)):
             states = states[0]
-        state = json.loads(bytes(states).decode())
-        if state.get("format") != "axlearn.fake_input_state":
-            raise ValueError(f"Not a FakeLmInput iterator state: {states[:40]!r}")
+        try:
+            state = json.loads(bytes(states).decode())
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            state = None
+        if not isinstance(state, dict) or state.get("format") != "axlearn.fake_input_state":
+            raise ValueError(
+                "The saved input iterator state belongs to another input, not FakeLmInput (e.g. "
+                "a checkpoint of a run on real data resumed with --data_dir=FAKE); resume with "
+                "the input that saved it, or start a new trainer dir. State begins "
+                f"{bytes(states)[:40]!r}"
+            )
         self._num_batches = int(state["num_batches"])
 
 

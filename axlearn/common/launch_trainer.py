@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -144,6 +145,7 @@ def apply_launch_settings(
             raise ValueError("--trainer_dir is required (the config does not set `dir`).")
         cfg.dir = flag_values.trainer_dir
     if flag_values.mesh_selector is not None:
+        _check_mesh_selector(cfg, flag_values.mesh_selector)
         cfg = select_mesh_config(cfg, mesh_selector=flag_values.mesh_selector)
     if not cfg.mesh_axis_names:
         cfg.mesh_axis_names = ("data", "model")
@@ -156,13 +158,42 @@ def apply_launch_settings(
     if flag_values.restore_fallback is not None:
         cfg.checkpointer.restore_fallback = flag_values.restore_fallback
     if flag_values.trace_at_steps:
-        cfg.start_trace_steps = [int(s) for s in flag_values.trace_at_steps]
+        try:
+            steps = [int(s) for s in flag_values.trace_at_steps]
+        except ValueError as e:
+            raise ValueError(
+                f"--trace_at_steps={','.join(flag_values.trace_at_steps)}: expects a "
+                "comma-separated list of step numbers, e.g. --trace_at_steps=10,100"
+            ) from e
+        if any(s < 1 for s in steps):
+            raise ValueError(f"--trace_at_steps={steps}: steps must be >= 1")
+        cfg.start_trace_steps = steps
     if cfg.watchdog_timeout_seconds is None:
         cfg.watchdog_timeout_seconds = flag_values.trainer_watchdog_timeout_seconds
     data_dir = flag_values.data_dir or os.environ.get("DATA_DIR")
     if data_dir == "FAKE":
         cfg = _use_fake_inputs(cfg)
     return cfg
+
+
+def _check_mesh_selector(cfg: SpmdTrainer.Config, selector: str) -> None:
+    """A --mesh_selector that matches none of the experiment's mesh rules is an error (a typo
+    would otherwise train on the default mesh); with no rules at all it is a warning."""
+    rules = cfg.mesh_rules or []
+    if not rules:
+        logging.warning(
+            "--mesh_selector=%s: the experiment has no mesh_rules; using its mesh_shape %s.",
+            selector,
+            cfg.mesh_shape,
+        )
+        return
+    if any(re.fullmatch(regex, selector) for regex, _ in rules):
+        return
+    raise ValueError(
+        f"--mesh_selector={selector!r} matches none of the experiment's mesh_rules "
+        f"(regexes, matched in full: {[regex for regex, _ in rules]}). Pick a selector one of "
+        "them matches, or leave the flag out to use the config's mesh_shape."
+    )
 
 
 def _use_fake_inputs(cfg: SpmdTrainer.Config) -> SpmdTrainer.Config:

@@ -41,6 +41,11 @@ CONFIG_DUMP = "trainer_config"
 
 # Noise test: a step-time difference counts only when both hold (see `step_time_noise_test`).
 NOISE_ALPHA = 0.01
+# Step-time differences smaller than this fraction of the baseline's median are noise.
+MIN_EFFECT = 0.05
+# Runs whose start-of-run matmul probes (CPU) differ by more than this fraction ran on a machine
+# of different speed (other load): their step times are not comparable.
+MACHINE_SPEED_TOLERANCE = 0.15
 
 
 class NotARunError(ValueError):
@@ -224,20 +229,27 @@ def _iqr(xs: Sequence[float]) -> tuple[float, float]:
 
 
 def step_time_noise_test(
-    a: Sequence[float], b: Sequence[float], *, alpha: float = NOISE_ALPHA, min_samples: int = 5
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    alpha: float = NOISE_ALPHA,
+    min_effect: float = MIN_EFFECT,
+    min_samples: int = 5,
 ) -> NoiseVerdict:
     """Tests whether step times `b` differ from `a` beyond the runs' own noise.
 
     The documented rule: a difference is significant only when (1) a two-sided Mann-Whitney U
-    test rejects "same distribution" at level `alpha`, and (2) the interquartile ranges of the
-    two runs' step times do not overlap. (1) alone flags tiny but consistent shifts in long runs
-    (a busy machine drifts); (2) alone has no error rate. Together: a shift larger than the
-    middle half of either run's spread, that is unlikely to be chance.
+    test rejects "same distribution" at level `alpha` and (2) the medians differ by at least
+    `min_effect` of the baseline's median. (1) is a rank test: no assumption about the shape of
+    the step-time distribution (skewed, with load spikes), and robust to outliers; (2) keeps
+    tiny but consistent shifts of long runs, which nobody would act on, out of the red. The
+    interquartile ranges are reported with the verdict, to show each run's own spread.
 
     Args:
         a: Baseline per-step times (compile/eval/checkpoint steps already left out).
         b: Candidate per-step times.
         alpha: Significance level of the U test.
+        min_effect: Smallest relative difference of medians that counts.
         min_samples: Fewer samples in either run: not significant ("too few steps").
 
     Returns:
@@ -252,15 +264,65 @@ def step_time_noise_test(
 
     p = float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
     iqr_a, iqr_b = _iqr(a), _iqr(b)
-    overlap = iqr_a[0] <= iqr_b[1] and iqr_b[0] <= iqr_a[1]
-    significant = p < alpha and not overlap
+    med_a, med_b = statistics.median(a), statistics.median(b)
+    effect = abs(med_b - med_a) / med_a if med_a else math.inf
+    significant = p < alpha and effect >= min_effect
     if significant:
-        reason = f"U test p={p:.2g} < {alpha} and interquartile ranges do not overlap"
-    elif overlap:
-        reason = "within noise: interquartile ranges overlap"
-    else:
+        reason = f"U test p={p:.2g} < {alpha}, medians differ by {100 * effect:.1f}%"
+    elif p >= alpha:
         reason = f"within noise: U test p={p:.2g} >= {alpha}"
+    else:
+        reason = f"within noise: medians differ by {100 * effect:.1f}% < {100 * min_effect:g}%"
     return NoiseVerdict(significant, p, iqr_a, iqr_b, n_a, n_b, reason)
+
+
+def machine_speed_verdict(
+    base: RunData, run: RunData, *, tolerance: float = MACHINE_SPEED_TOLERANCE
+) -> Optional[NoiseVerdict]:
+    """Returns a not-significant verdict when the machine's speed explains the step-time change.
+
+    CPU runs measure the machine's matmul throughput at start (the MFU probe, in
+    `run_summary.json`'s `peak`). On a shared machine that changes between runs (easily 2x). The
+    difference is explained by the machine when the probes differ by more than `tolerance` and
+    the run with faster steps was measured on a machine faster by at least the same factor
+    (probe ratio >= median step-time ratio): then the machine alone accounts for the whole
+    difference. A probe is one snapshot at start-up, so it never explains away more than it
+    measured; anything it does not fully account for is left to the noise test.
+
+    Args:
+        base: The baseline run.
+        run: The other run.
+        tolerance: Largest relative probe difference that still counts as the same machine speed.
+
+    Returns:
+        The verdict, or None when the probes agree (or either run has none).
+    """
+    pa, pb = _probe_gflops(base), _probe_gflops(run)
+    if not pa or not pb:
+        return None
+    change = abs(pb - pa) / pa
+    if change <= tolerance:
+        return None
+    ta, tb = base.step_times(), run.step_times()
+    if not ta or not tb:
+        return None
+    ma, mb = statistics.median(ta), statistics.median(tb)
+    step_ratio = max(ma, mb) / min(ma, mb)
+    # Probe of the run with faster steps / probe of the run with slower steps.
+    machine_ratio = pb / pa if mb < ma else pa / pb
+    if machine_ratio < step_ratio:
+        return None  # The machine does not account for the whole difference.
+    return NoiseVerdict(
+        False,
+        None,
+        None,
+        None,
+        len(base.step_times()),
+        len(run.step_times()),
+        f"not comparable: the machine's measured matmul speed differed by {100 * change:.0f}% "
+        f"({pa:.4g} vs {pb:.4g} GFLOP/s at start; other load on the machine), enough to explain "
+        f"the {step_ratio:.2f}x step-time difference",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,6 +336,9 @@ class RowSpec:
         get: Extracts the value from a run (None when unknown).
         fmt: Formats a value for display.
         noise: Whether the step-time noise test decides this row's verdict.
+        tolerance: Relative differences below this are within noise (e.g. memory jitter).
+        timing: A wall-time measurement: not comparable when the machines' speeds differed.
+        abs_tolerance: Absolute differences below this are within noise (e.g. 0.5 s of overhead).
     """
 
     key: str
@@ -282,6 +347,9 @@ class RowSpec:
     get: Callable[[RunData], Any]
     fmt: Callable[[Any], str]
     noise: bool = False
+    tolerance: float = 0.0
+    timing: bool = False
+    abs_tolerance: float = 0.0
 
 
 def _num(fmt: str) -> Callable[[Any], str]:
@@ -345,6 +413,14 @@ def _mfu(r: RunData) -> Any:
     return None if value is None else 100.0 * value
 
 
+def _probe_gflops(r: RunData) -> Any:
+    """The start-of-run matmul probe (CPU runs: the machine's speed when the run started)."""
+    peak = (r.summary or {}).get("peak") or {}
+    if peak.get("source") != "measured" or not peak.get("flops_per_s"):
+        return None
+    return peak["flops_per_s"] / 1e9
+
+
 def _commit(r: RunData) -> Any:
     git = (r.summary or {}).get("git") or {}
     commit = git.get("commit")
@@ -354,11 +430,14 @@ def _commit(r: RunData) -> Any:
 
 
 def _config_hash(r: RunData) -> Any:
-    digest = (r.summary or {}).get("config_hash")
-    if digest is None and r.config_dump is not None:
+    """Hash of the config dump with the run's own directory left out (see
+    `normalized_config_dump`), so two runs of one config share it; else the summary's hash."""
+    dump = normalized_config_dump(r)
+    if dump is not None:
         import hashlib  # pylint: disable=import-outside-toplevel
 
-        digest = "sha256:" + hashlib.sha256(r.config_dump.rstrip("\n").encode()).hexdigest()
+        return "sha256:" + hashlib.sha256(dump.rstrip("\n").encode()).hexdigest()[:10]
+    digest = (r.summary or {}).get("config_hash")
     return digest[:17] if digest else None
 
 
@@ -374,6 +453,7 @@ ROWS: list[RowSpec] = [
         "higher",
         _mean_of("perf/tflops_per_device", "tflops_per_device"),
         _num(".4g"),
+        noise=True,
     ),
     RowSpec(
         "tokens_per_s_per_device",
@@ -381,18 +461,68 @@ ROWS: list[RowSpec] = [
         "higher",
         _mean_of("perf/tokens_per_s_per_device", "tokens_per_s_per_device"),
         _num(",.0f"),
+        noise=True,
     ),
     RowSpec("avg_step_s", "Avg s/step", "lower", _avg_step, _num(".4f"), noise=True),
     RowSpec("median_step_s", "Median s/step", "lower", _median_step, _num(".4f"), noise=True),
-    RowSpec("mfu_pct", "MFU %", "higher", _mfu, _num(".2f")),
-    RowSpec("memory_pct", "Memory %", "lower", lambda r: r.metric("memory_pct"), _num(".3g")),
+    RowSpec("mfu_pct", "MFU %", "higher", _mfu, _num(".2f"), noise=True),
+    RowSpec("machine_gflops", "Machine probe GFLOP/s", None, _probe_gflops, _num(".4g")),
     RowSpec(
-        "peak_memory_bytes", "Peak memory", "lower", lambda r: r.metric("peak_memory_bytes"), _bytes
+        "memory_pct",
+        "Memory %",
+        "lower",
+        lambda r: r.metric("memory_pct"),
+        _num(".3g"),
+        tolerance=0.02,
     ),
-    RowSpec("overhead_compile_s", "Compile s", "lower", _overhead("compile"), _num(".3g")),
-    RowSpec("overhead_eval_s", "Eval s", "lower", _overhead("eval"), _num(".3g")),
-    RowSpec("overhead_checkpoint_s", "Checkpoint s", "lower", _overhead("checkpoint"), _num(".3g")),
-    RowSpec("overhead_input_s", "Input wait s", "lower", _overhead("input"), _num(".3g")),
+    RowSpec(
+        "peak_memory_bytes",
+        "Peak memory",
+        "lower",
+        lambda r: r.metric("peak_memory_bytes"),
+        _bytes,
+        tolerance=0.02,
+    ),
+    RowSpec(
+        "overhead_compile_s",
+        "Compile s",
+        "lower",
+        _overhead("compile"),
+        _num(".3g"),
+        tolerance=0.10,
+        abs_tolerance=0.5,
+        timing=True,
+    ),
+    RowSpec(
+        "overhead_eval_s",
+        "Eval s",
+        "lower",
+        _overhead("eval"),
+        _num(".3g"),
+        tolerance=0.10,
+        abs_tolerance=0.5,
+        timing=True,
+    ),
+    RowSpec(
+        "overhead_checkpoint_s",
+        "Checkpoint s",
+        "lower",
+        _overhead("checkpoint"),
+        _num(".3g"),
+        tolerance=0.10,
+        abs_tolerance=0.5,
+        timing=True,
+    ),
+    RowSpec(
+        "overhead_input_s",
+        "Input wait s",
+        "lower",
+        _overhead("input"),
+        _num(".3g"),
+        tolerance=0.10,
+        abs_tolerance=0.5,
+        timing=True,
+    ),
     RowSpec("steps", "Steps", None, lambda r: r.last_step, _num("d")),
     RowSpec("jax_version", "JAX version", None, _env("jax_version"), lambda v: str(v or "n/a")),
     RowSpec("device_kind", "Device kind", None, _env("device_kind"), lambda v: str(v or "n/a")),
@@ -492,7 +622,13 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _diff(spec: RowSpec, base: Any, value: Any, noise: Optional[NoiseVerdict]) -> Diff:
+def _diff(
+    spec: RowSpec,
+    base: Any,
+    value: Any,
+    noise: Optional[NoiseVerdict],
+    machine: Optional[NoiseVerdict] = None,
+) -> Diff:
     if value is None or base is None:
         return Diff(None, None, UNKNOWN)
     if not (_is_number(base) and _is_number(value)):
@@ -506,6 +642,12 @@ def _diff(spec: RowSpec, base: Any, value: Any, noise: Optional[NoiseVerdict]) -
     better = absolute < 0 if spec.better == "lower" else absolute > 0
     if spec.noise and noise is not None and not noise.significant:
         return Diff(absolute, percent, NOISE, noise.reason)
+    if spec.timing and machine is not None:
+        return Diff(absolute, percent, NOISE, machine.reason)
+    if percent is not None and abs(percent) < 100 * spec.tolerance:
+        return Diff(absolute, percent, NOISE, f"within {100 * spec.tolerance:g}%")
+    if abs(absolute) < spec.abs_tolerance:
+        return Diff(absolute, percent, NOISE, f"within {spec.abs_tolerance:g}")
     note = noise.reason if (spec.noise and noise is not None) else ""
     return Diff(absolute, percent, IMPROVED if better else REGRESSED, note)
 
@@ -574,8 +716,9 @@ def compare_runs(runs: Sequence[RunData], *, baseline: int = 0) -> Comparison:
     warnings = [f"{r.label}: {note}" for r in runs for note in r.notes]
     loss_step = _loss_step(runs)
     base = runs[baseline]
+    machine = {i: machine_speed_verdict(base, r) for i, r in enumerate(runs) if i != baseline}
     noise = {
-        i: step_time_noise_test(base.step_times(), r.step_times())
+        i: machine[i] or step_time_noise_test(base.step_times(), r.step_times())
         for i, r in enumerate(runs)
         if i != baseline
     }
@@ -586,7 +729,9 @@ def compare_runs(runs: Sequence[RunData], *, baseline: int = 0) -> Comparison:
         else:
             values = [spec.get(r) for r in runs]
         diffs = [
-            None if i == baseline else _diff(spec, values[baseline], v, noise.get(i))
+            None
+            if i == baseline
+            else _diff(spec, values[baseline], v, noise.get(i), machine.get(i))
             for i, v in enumerate(values)
         ]
         rows.append(Row(spec=spec, values=values, diffs=diffs))

@@ -3,8 +3,8 @@ HTML or JSON: the output formats of `axlearn compare`.
 
 - text: aligned columns; in a terminal, diffs are green (improved), red (regressed) and dim
   (within noise).
-- markdown: a GitHub-flavored table for a pull request; verdicts as words and symbols (GitHub
-  strips colors): "better", "worse", "~ noise".
+- markdown: a GitHub-flavored table for a pull request; verdicts as colored circles and words
+  (GitHub strips colors): green "better", red "worse", white "noise".
 - html: one self-contained page (inline CSS, charts embedded as data: URIs).
 - json: every value, diff, verdict and the noise tests, for scripts.
 """
@@ -32,20 +32,24 @@ FORMATS = ("text", "markdown", "html", "json")
 
 _ANSI = {IMPROVED: "\033[32m", REGRESSED: "\033[31m", NOISE: "\033[2m"}
 _ANSI_RESET = "\033[0m"
-_MD_MARK = {IMPROVED: "better", REGRESSED: "**worse**", NOISE: "~ noise", CHANGED: "changed"}
+# GitHub strips colors from Markdown: colored circles and words carry the verdict instead.
+_MD_MARK = {IMPROVED: "\U0001f7e2 better", REGRESSED: "\U0001f534 **worse**", NOISE: "\u26aa noise"}
 _HTML_CLASS = {IMPROVED: "improved", REGRESSED: "regressed", NOISE: "noise"}
 
 
-def _diff_text(diff: Optional[Diff]) -> str:
+def _diff_text(diff: Optional[Diff], *, words: bool = False) -> str:
+    """The diff cell: `+0.1 (+2.0%)`, `~noise` inside the noise; `better`/`worse` if `words`."""
     if diff is None:
         return ""
-    if diff.absolute is None:
+    if diff.absolute is None or diff.verdict == SAME:
         return {SAME: "=", CHANGED: "changed", UNKNOWN: "n/a"}.get(diff.verdict, diff.verdict)
     text = f"{diff.absolute:+.4g}"
     if diff.percent is not None:
         text += f" ({diff.percent:+.1f}%)"
     if diff.verdict == NOISE:
         text += " ~noise"
+    elif words and diff.verdict in (IMPROVED, REGRESSED):
+        text += " better" if diff.verdict == IMPROVED else " WORSE"
     return text
 
 
@@ -59,7 +63,7 @@ def _headers(comparison: Comparison) -> list[str]:
     return headers
 
 
-def _cells(comparison: Comparison) -> list[list[tuple[str, Optional[str]]]]:
+def _cells(comparison: Comparison, *, words: bool = False) -> list[list[tuple[str, Optional[str]]]]:
     """Rows of (text, verdict) cells, the verdict only on diff cells."""
     table = []
     for row in comparison.rows:
@@ -67,7 +71,7 @@ def _cells(comparison: Comparison) -> list[list[tuple[str, Optional[str]]]]:
         cells += [(t, None) for t in row.texts]
         for i, d in enumerate(row.diffs):
             if i != comparison.baseline:
-                cells.append((_diff_text(d), d.verdict if d else None))
+                cells.append((_diff_text(d, words=words), d.verdict if d else None))
         table.append(cells)
     return table
 
@@ -77,10 +81,10 @@ def _footer(comparison: Comparison) -> list[str]:
     if comparison.loss_step is not None:
         lines.append(f"Final loss compared at step {comparison.loss_step}.")
     for i, verdict in comparison.noise.items():
+        counts = "" if verdict.p_value is None else f" ({verdict.n_b} vs {verdict.n_a} steps)"
         lines.append(
             f"Step-time noise test, {comparison.runs[i].label} vs "
-            f"{comparison.runs[comparison.baseline].label}: {verdict.reason} "
-            f"({verdict.n_b} vs {verdict.n_a} steps)."
+            f"{comparison.runs[comparison.baseline].label}: {verdict.reason}{counts}."
         )
     lines += [f"Warning: {w}" for w in comparison.warnings]
     return lines
@@ -97,7 +101,7 @@ def format_text(comparison: Comparison, *, color: bool = False) -> str:
         The text.
     """
     headers = _headers(comparison)
-    table = _cells(comparison)
+    table = _cells(comparison, words=not color)
     widths = [max(len(h), *(len(r[j][0]) for r in table)) for j, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths))]
     lines.append("  ".join("-" * w for w in widths))
@@ -136,10 +140,8 @@ def format_markdown(comparison: Comparison) -> str:
         texts = []
         for text, verdict in cells:
             mark = _MD_MARK.get(verdict or "", "")
-            if mark and verdict != NOISE:
-                text = f"{text} {mark}"
-            elif verdict == NOISE:
-                text = text.replace(" ~noise", " ~ noise")
+            if mark:
+                text = f"{text.replace(' ~noise', '')} {mark}"
             texts.append(_md_escape(text))
         lines.append("| " + " | ".join(texts) + " |")
     lines.append("")

@@ -40,6 +40,7 @@ from axlearn.common.config import (
     config_class,
     maybe_instantiate,
 )
+from axlearn.common.config_ranges import validate_config_ranges
 from axlearn.common.evaler import SpmdEvaler
 from axlearn.common.module import Module, child_context, new_output_collection
 from axlearn.common.module import functional as F
@@ -60,6 +61,7 @@ from axlearn.common.trainer_checkpointing import (  # noqa: F401 (public names)
 from axlearn.common.trainer_metrics import TrainerMetricsMixin
 from axlearn.common.trainer_utils import (
     all_finite,
+    check_token_ids,
     eval_due,
     global_batch_specs,
     is_unset,
@@ -154,6 +156,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
     def __init__(self, cfg: Config, *, parent: Optional[Module] = None, devices=None):
         super().__init__(cfg, parent=parent)
         cfg = self._config
+        validate_config_ranges(cfg, root=self.path())
         if not cfg.prune_empty_state_updates:
             raise ValueError(
                 f"{self.path()}.prune_empty_state_updates must be True "
@@ -544,6 +547,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
                 global_batch = self._host_to_global(host_batch)
             stop_trace_step = self._maybe_trace(stop_trace_step, pending)
             if self._compiled_train_step is None:
+                check_token_ids(host_batch, self._config.model, path=f"{self.path()}.model")
                 with timer.overhead("compile"):
                     self._compile(global_batch)
             self._step += 1

@@ -104,6 +104,22 @@ class TrainerMetricsMixin:
                 table_path,
             )
 
+        self._log_pipeline_report()
+
+    def _log_pipeline_report(self) -> None:
+        """Logs bubble fraction and per-stage parameters/memory of pipelined layers, if any."""
+        from axlearn.common.pipeline import (  # pylint: disable=import-outside-toplevel
+            format_pipeline_report,
+            pipeline_report,
+        )
+
+        self._pipeline_report = pipeline_report(
+            self.model, self._model_param_specs, dict(self._mesh.shape)
+        )
+        if self._pipeline_report is not None:
+            for line in format_pipeline_report(self._pipeline_report):
+                self._step_log("%s", line)
+
     def _on_compiled(self, compiled: Any, global_batch: NestedTensor) -> None:
         """Logs FLOPs per step, the peak FLOP/s used for MFU, and the compiled memory analysis."""
         cfg = self._config
@@ -131,11 +147,7 @@ class TrainerMetricsMixin:
             overheads=dict(timing.overheads),
             excluded_reason=timing.excluded_reason,
         )
-        # The rate applied at this step: a decoupled optimizer's `learning_rate` is its constant
-        # alpha and `effective_learning_rate` is alpha times the schedule.
-        lr = _find_scalar(scalars, r"(.*/)?effective_learning_rate")
-        if lr is None:
-            lr = _find_scalar(scalars, r"(.*/)?(learning_rate|lr)")
+        lr = applied_learning_rate(scalars)
         if lr is not None:
             record["learning_rate"] = lr
         grad_norm = _find_scalar(scalars, r"(.*/)?(gradient_norm|grad_norm|global_grad_norm)")
@@ -236,12 +248,35 @@ class TrainerMetricsMixin:
                     self._skip_streak.skip_counter if getattr(self, "_skip_streak", None) else 0
                 ),
                 nonfinite_steps=getattr(self, "_num_nonfinite_steps", 0),
+                **(
+                    dict(pipeline=self._pipeline_report)
+                    if getattr(self, "_pipeline_report", None)
+                    else {}
+                ),
             ),
         )
         logging.info("\n%s", format_run_summary(summary))
         if jax.process_index() == 0:
             write_run_summary(cfg.dir, summary)
         return summary
+
+
+def applied_learning_rate(scalars: dict[str, Any]) -> Optional[float]:
+    """The learning rate a step applied, from its flattened summaries (None if absent).
+
+    A decoupled optimizer's `learning_rate` summary is its constant alpha; its
+    `effective_learning_rate` (alpha times the schedule) is preferred when present.
+
+    Args:
+        scalars: {'/'-joined summary path: value}.
+
+    Returns:
+        The rate, or None.
+    """
+    lr = _find_scalar(scalars, r"(.*/)?effective_learning_rate")
+    if lr is None:
+        lr = _find_scalar(scalars, r"(.*/)?(learning_rate|lr)")
+    return lr
 
 
 def _find_scalar(scalars: dict[str, Any], regex: str) -> Optional[float]:

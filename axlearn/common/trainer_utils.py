@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import numpy as np
@@ -49,7 +49,7 @@ def shardings_of_specs(mesh: jax.sharding.Mesh, specs: Any) -> Any:
                 f"Partition spec {partition} of '{path_str(path)}' names mesh "
                 f"axis '{name}', which is not among the mesh axes {tuple(mesh.axis_names)}."
             )
-        return NamedSharding(mesh, partition)
+        return NamedSharding(mesh, partition, memory_kind=getattr(spec, "memory_kind", None))
 
     return jax.tree_util.tree_map_with_path(to_sharding, specs, is_leaf=is_spec)
 
@@ -153,3 +153,51 @@ def global_batch_specs(input_module: Any, *, mesh: jax.sharding.Mesh, batch_axis
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
     return jax.tree.map(to_global, host_specs)
+
+
+def model_vocab_size(model_cfg: Any) -> tuple[Optional[int], str]:
+    """The vocab_size of a model config (its own field or its decoder's), and its field path.
+
+    Args:
+        model_cfg: The model config.
+
+    Returns:
+        (vocab_size or None, the relative field path).
+    """
+    for rel in ("vocab_size", "decoder.vocab_size"):
+        node = model_cfg
+        for key in rel.split("."):
+            node = getattr(node, key) if isinstance(node, ConfigBase) and key in node else None
+        if isinstance(node, int) and not isinstance(node, bool):
+            return node, rel
+    return None, ""
+
+
+def check_token_ids(batch: Any, model_cfg: Any, *, path: str) -> None:
+    """Raises if a batch's `input_ids`/`target_labels` reach the model's vocab_size.
+
+    Ids beyond the embedding table silently become NaN (out-of-bounds gathers fill with NaN),
+    so every step would be skipped; this names both numbers at the first batch instead.
+
+    Args:
+        batch: A host batch (dict of arrays).
+        model_cfg: The model config.
+        path: The model config's path, for the message.
+
+    Raises:
+        ValueError: If an id is >= vocab_size.
+    """
+    vocab_size, rel = model_vocab_size(model_cfg)
+    if vocab_size is None or not isinstance(batch, dict):
+        return
+    for key in ("input_ids", "target_labels"):
+        ids = batch.get(key)
+        if ids is None or np.size(ids) == 0:
+            continue
+        top = int(np.max(np.asarray(ids)))
+        if top >= vocab_size:
+            raise ValueError(
+                f"The first batch's {key} contain token id {top}, but {path}.{rel} is "
+                f"{vocab_size} (ids must be < vocab_size): the input's vocabulary is larger "
+                "than the model's. Set vocab_size to at least the tokenizer's vocabulary size."
+            )

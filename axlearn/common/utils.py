@@ -66,6 +66,8 @@ class TensorSpec:
     dtype: Optional[Any] = None
     # The partition spec: None (replicated) or a PartitionSpec/sequence with one entry per axis.
     mesh_axes: Optional[PartitionSpec] = None
+    # The memory the tensor lives in ("device", "pinned_host"); None: the default (device).
+    memory_kind: Optional[str] = None
 
     @property
     def sharding(self) -> NamedSharding:

@@ -112,6 +112,9 @@ def test_preflight_refuses_unsharded_honeycrisp_on_v5e_16():
     # Parameters (fp32) + adastar's 2 slots, unsharded: 3 x 4 bytes x ~2.7B > 16 GiB.
     assert report.bytes_needed > 3 * 4 * 2.5e9
     assert "NO" in report.describe()
+    # compile_trainer_programs raises instead of returning a program that cannot run.
+    with pytest.raises(RuntimeError, match="does not compile for v5litepod-16: State exceeds HBM"):
+        aot.compile_trainer_programs(cfg, topology="v5litepod-16")
 
 
 def test_compile_train_step_from_input_specs_on_cpu():

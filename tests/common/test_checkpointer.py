@@ -397,6 +397,11 @@ def test_mismatch_names_parameter(tmp_path):
         ckpt.restore(state=dict(a=state["a"]))
     with pytest.raises(ValueError, match="step_00000002"):
         ckpt.restore(step=2, state=state)
+    # A changed parameter shape is the first problem listed, before a missing leaf (as a
+    # trainer's input_iter would be).
+    with pytest.raises(StateMismatchError) as e:
+        ckpt.restore(state=dict(a=jnp.zeros((5, 2)), b=state["b"], input_iter=b""))
+    assert str(e.value).splitlines()[1].strip().startswith("'a': the checkpoint holds")
 
 
 def test_unsupported_leaf_and_bad_path(tmp_path):

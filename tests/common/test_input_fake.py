@@ -125,3 +125,14 @@ def test_element_spec_matches_batches():
     assert set(spec) == set(batch)
     for key, value in batch.items():
         assert spec[key].shape == value.shape and spec[key].dtype == value.dtype, key
+
+
+def test_restoring_another_inputs_state_says_so():
+    """E.g. a tf.data run's checkpoint resumed with --data_dir=FAKE."""
+    cfg = FakeLmInput.default_config().set(
+        name="fake", is_training=True, global_batch_size=2, source_length=4, max_token_id=10
+    )
+    fake = cfg.instantiate(parent=None)
+    for state in (b"\x80\x04binary tf.data state", b'{"format": "tf_data"}'):
+        with pytest.raises(ValueError, match=r"belongs to another input, not FakeLmInput"):
+            fake.restore_iterator(state)

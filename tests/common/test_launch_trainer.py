@@ -130,6 +130,49 @@ def test_config_override_bad_path_fails_before_training(tmp_path):
     assert "step 1/" not in out
 
 
+def _launch_flags(**kwargs):
+    """The flag values `apply_launch_settings` reads, without parsing the global flags."""
+    # pylint: disable-next=import-outside-toplevel
+    import types
+
+    values = dict(
+        trainer_dir=None,
+        mesh_selector=None,
+        trace_at_steps=[],
+        trainer_watchdog_timeout_seconds=3600,
+        data_dir=None,
+        restore_step=None,
+        restore_fallback=None,
+    )
+    values.update(kwargs)
+    return types.SimpleNamespace(**values)
+
+
+def test_launch_flag_errors_name_the_flag(tmp_path):
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.launch_trainer import apply_launch_settings
+    from tests.common import trainer_test_utils as tu  # pylint: disable=import-outside-toplevel
+
+    def cfg():
+        return tu.bigram_trainer_config(str(tmp_path)).set(
+            mesh_rules=[("tpu-v5.*", (1, 1, -1, 1)), ("gpu-.*", (1, 1, -1, 1))]
+        )
+
+    with pytest.raises(ValueError, match=r"--trace_at_steps=x,y: expects a comma-separated"):
+        apply_launch_settings(cfg(), flag_values=_launch_flags(trace_at_steps=["x", "y"]))
+    with pytest.raises(ValueError, match=r"--mesh_selector='tpu-v4-8' matches none.*tpu-v5"):
+        apply_launch_settings(cfg(), flag_values=_launch_flags(mesh_selector="tpu-v4-8"))
+    # Matching, and no rules at all (a warning): fine.
+    apply_launch_settings(cfg(), flag_values=_launch_flags(mesh_selector="gpu-a3"))
+    apply_launch_settings(
+        cfg().set(mesh_rules=None), flag_values=_launch_flags(mesh_selector="tpu-v4-8")
+    )
+    out = apply_launch_settings(
+        cfg(), flag_values=_launch_flags(restore_step=4, restore_fallback="previous")
+    )
+    assert out.restore_step == 4 and out.checkpointer.restore_fallback == "previous"
+
+
 def test_trainer_config_from_dir_rebuilds_the_run(trained_dir, tmp_path):
     import shutil
 

@@ -11,6 +11,7 @@ from axlearn.common.attention import TransformerFeedForwardLayer
 from axlearn.common.layers import RMSNorm
 from axlearn.common.mixture_of_experts import TopKGating, TransformerFeedForwardMoE
 from axlearn.common.module import functional
+from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
 
 DIM, HIDDEN = 8, 16
 
@@ -169,3 +170,49 @@ def test_bad_groups_and_parameter_shapes():
     assert params["gate_weight"].shape == (DIM, 3)
     with pytest.raises(ValueError, match="num_groups=3 must divide"):
         _run(layer, params, jnp.zeros((2, 5, DIM)))
+
+
+def test_moe_aux_loss_enters_the_model_loss():
+    """A decoder with MoE feed-forwards: loss = cross-entropy + the layers' aux losses."""
+    cfg = transformer_lm_config(
+        num_layers=2, model_dim=DIM, num_heads=2, hidden_dim=HIDDEN, vocab_size=32, stack="stack"
+    )
+    moe = TransformerFeedForwardMoE.default_config().set(
+        hidden_dim=HIDDEN,
+        num_experts=4,
+        num_groups=2,
+        activation=("nn.silu", "linear"),
+        norm=RMSNorm.default_config(),
+    )
+    cfg.decoder.transformer.layer.feed_forward = moe
+    cfg.set(name="model", aux_loss_regex=".*/feed_forward/aux_loss")
+    model = cfg.instantiate(parent=None)
+    params = model.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    assert params["decoder"]["transformer"]["layer0"]["feed_forward"]["wo_weight"].shape == (
+        4,
+        HIDDEN,
+        DIM,
+    )
+    ids = jax.random.randint(jax.random.PRNGKey(1), (2, 8), 2, 32)
+    batch = dict(input_ids=ids, target_labels=jnp.roll(ids, -1, axis=1))
+
+    @jax.jit
+    def run(params):
+        return functional(
+            model,
+            jax.random.PRNGKey(2),
+            params,
+            dict(input_batch=batch),
+            is_training=True,
+            drop_output_collections=(),
+        )
+
+    (loss, _), collection = run(params)
+    outputs = collection.module_outputs["decoder"]["transformer"]
+    aux = sum(float(outputs[f"layer{i}"]["feed_forward"]["aux_loss"]) for i in range(2))
+    summaries = collection.summaries
+    assert aux > 0
+    np.testing.assert_allclose(float(summaries["aux_loss"].mean), aux, rtol=1e-6)
+    np.testing.assert_allclose(
+        float(loss), float(summaries["cross_entropy_loss"].mean) + aux, rtol=1e-6
+    )

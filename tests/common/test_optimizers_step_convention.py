@@ -193,3 +193,41 @@ def test_per_param_scale_by_rms():
     fn = optimizers.per_param_scale_by_rms(min_scale=0.5)
     scales = fn(_opt({"a": np.full((4,), 2.0, np.float32), "b": np.zeros((2,), np.float32)}))
     assert float(scales["a"]) == pytest.approx(2.0) and float(scales["b"]) == pytest.approx(0.5)
+
+
+def test_offload_optimizer_matches_wrapped_and_places_states_on_host():
+    import re
+
+    from jax.sharding import PartitionSpec
+
+    from axlearn.common.trainer_utils import shardings_of_specs
+
+    params = {"w": np.ones((4, 2), np.float32), "b": np.zeros((2,), np.float32)}
+    base = optimizers.adamw_optimizer(0.1, b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.01)
+    off = optimizers.offload_optimizer(base, pattern=".*/mu/.*")
+    specs = {
+        "w": OptStateSpec(shape=[4, 2], dtype=jnp.float32, mesh_axes=PartitionSpec(None, None)),
+        "b": OptStateSpec(shape=[2], dtype=jnp.float32, mesh_axes=PartitionSpec(None)),
+    }
+    part = off.partition(specs)
+    adam_spec = part[0]
+    assert adam_spec.mu["w"].memory_kind == "pinned_host"
+    assert adam_spec.nu["w"].memory_kind is None and adam_spec.count.memory_kind is None
+    mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
+    shardings = shardings_of_specs(mesh, part)
+    opt = _opt(params)
+    state = jax.jit(lambda: off.init(opt), out_shardings=shardings)()
+    assert state[0].mu["w"].sharding.memory_kind == "pinned_host"
+    ref_state = base.init(opt)
+    step = jax.jit(lambda g, s: off.update(g, s, opt), out_shardings=(None, shardings))
+    g = {"w": np.full((4, 2), 0.5, np.float32), "b": np.ones((2,), np.float32)}
+    for _ in range(2):
+        u, state = step(g, state)
+        ref_u, ref_state = base.update(g, ref_state, opt)
+        for k in g:
+            np.testing.assert_allclose(u[k], ref_u[k], rtol=1e-6)
+    assert state[0].mu["w"].sharding.memory_kind == "pinned_host"
+    np.testing.assert_allclose(state[0].mu["w"], ref_state[0].mu["w"], rtol=1e-6)
+    assert re.fullmatch(".*/mu/.*", "0/mu/w")
+    with pytest.raises(ValueError, match="cannot be None"):
+        optimizers.offload_optimizer(base, offload_dst=None)

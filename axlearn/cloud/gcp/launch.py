@@ -178,8 +178,16 @@ def describe_launch(prepared: PreparedLaunch, *, preflight: Optional[str] = None
 
     Returns:
         Text whose non-comment part is the JobSet manifest in YAML.
+
+    Raises:
+        ValueError: PyYAML (the [gcp] extra) is not installed.
     """
-    import yaml  # pylint: disable=import-outside-toplevel
+    try:
+        import yaml  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        raise ValueError(
+            "Printing the JobSet needs PyYAML from the [gcp] extra: pip install 'axlearn[gcp]'"
+        ) from e
 
     sc, o = prepared.system, prepared.options
     hosts = sc.vms_per_slice if sc.platform == "tpu" else 1

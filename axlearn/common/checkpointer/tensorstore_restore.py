@@ -106,13 +106,16 @@ def check_target(
     allow_dtype = validation.value.endswith("UP_TO_DTYPE")
     entries = {leaf["path"]: leaf for leaf in index["leaves"]}
     target_paths = [p for p, _ in pairs]
+    # Shape/dtype/kind differences of leaves on both sides are listed first: they are the likely
+    # cause (e.g. a changed model); a missing `input_iter` is a secondary difference.
     problems = []
+    structure = []
     missing = [p for p in target_paths if p not in entries]
     extra = sorted(set(entries) - set(target_paths))
     if missing:
-        problems.append(f"not in the checkpoint: {missing}")
+        structure.append(f"not in the checkpoint: {missing}")
     if extra and not allow_extra:
-        problems.append(f"in the checkpoint but not in the target state: {extra}")
+        structure.append(f"in the checkpoint but not in the target state: {extra}")
     for path, leaf in pairs:
         entry = entries.get(path)
         if entry is None:
@@ -133,6 +136,7 @@ def check_target(
                 f"{path!r}: the checkpoint holds {_describe(saved_dtype, saved_shape)}, "
                 f"the target expects {_describe(dtype, shape)}"
             )
+    problems += structure
     if problems:
         layout_version = index.get("state_layout", 1)
         if layout_version < layout.STATE_LAYOUT_VERSION:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -18,7 +19,7 @@ from axlearn.common.optimizer_base import (
     PartitionedGradientTransformation,
     TransformPartitionSpecFn,
 )
-from axlearn.common.utils import Tensor, VDict, flatten_items
+from axlearn.common.utils import Tensor, VDict, flatten_items, tree_paths
 
 # --------------------------------------------------------------------------------------------
 # Helpers.
@@ -80,18 +81,28 @@ def opt_param_values(params: NestedOptParam) -> Any:
     return jax.tree.map(lambda p: p.value, params)
 
 
-def copy_partition(param_specs: Any) -> Any:
-    """State specs equal to the parameter specs (shape, dtype and mesh_axes).
+def copy_partition(
+    param_specs: Any, *, pattern: Optional[Any] = None, memory_kind: Optional[str] = None
+) -> Any:
+    """State specs equal to the parameter specs (shape, dtype, mesh_axes, memory kind).
 
     Args:
-        param_specs: A tree of parameter specs.
+        param_specs: A tree of parameter (or state) specs.
+        pattern: Optional regex (string or compiled) matched in full against each spec's tree path
+            ('/'-separated); matched specs get `memory_kind`.
+        memory_kind: The memory kind for matched specs.
 
     Returns:
         A tree of OptStateSpec.
     """
-    return jax.tree.map(
-        lambda s: OptStateSpec(shape=s.shape, dtype=s.dtype, mesh_axes=s.mesh_axes), param_specs
-    )
+
+    def one(path, s):
+        kind = getattr(s, "memory_kind", None)
+        if pattern is not None and re.fullmatch(pattern, path):
+            kind = memory_kind
+        return OptStateSpec(shape=s.shape, dtype=s.dtype, mesh_axes=s.mesh_axes, memory_kind=kind)
+
+    return jax.tree.map(one, tree_paths(param_specs), param_specs)
 
 
 def _vectorized_tree_map(fn: Callable, tree: Any, *rest: Any) -> Any:
@@ -530,6 +541,68 @@ def per_param_scale_by_rms(*, min_scale: float = 1e-4) -> Callable[[Any], Any]:
         return jax.tree.map(lambda p: optax.safe_root_mean_squares(p.value, min_scale), params)
 
     return fn
+
+
+def _memory_space(kind: str):
+    spaces = {"device": jax.memory.Space.Device, "pinned_host": jax.memory.Space.Host}
+    if kind not in spaces:
+        raise ValueError(f"Unsupported memory kind {kind!r}; expected one of {sorted(spaces)}.")
+    return spaces[kind]
+
+
+def offload_optimizer(
+    optimizer: ConfigOr[PartitionedGradientTransformation],
+    *,
+    pattern: Any = ".*",
+    offload_src: str = "device",
+    offload_dst: str = "pinned_host",
+) -> PartitionedGradientTransformation:
+    """Keeps the optimizer states whose path matches `pattern` in `offload_dst` memory.
+
+    The returned transformation's `partition` gives matched state specs `memory_kind=offload_dst`
+    (so the trainer places them there); `update` moves them to `offload_src` before calling the
+    wrapped optimizer and back afterwards. Paths are the state tree's '/'-joined keys (named
+    tuple fields by name, e.g. "0/mu/decoder/..." for a chain): use ".*/mu/.*" to offload only
+    Adam's first moments. Wrap a whole `skip_and_clip_by_global_norm`, not its inner optimizer
+    (its `jnp.where` over states does not take host-memory operands).
+
+    Args:
+        optimizer: The optimizer (or its config).
+        pattern: Regex matched in full against each state path.
+        offload_src: The memory kind the update computes in ("device").
+        offload_dst: The memory kind the states live in between updates ("pinned_host").
+
+    Returns:
+        The wrapped optimizer; its `update` must run under `jax.jit`.
+
+    Raises:
+        ValueError: If a memory kind is None or unsupported.
+    """
+    optimizer = _to_partitioned_transformation(optimizer)
+    if offload_src is None or offload_dst is None:
+        raise ValueError(
+            "offload_src and offload_dst cannot be None when using optimizer offloading."
+        )
+    src, dst = _memory_space(offload_src), _memory_space(offload_dst)
+
+    def move(state, space):
+        paths = tree_paths(state)
+        return jax.tree.map(
+            lambda path, x: jax.device_put(x, space) if re.fullmatch(pattern, path) else x,
+            paths,
+            state,
+        )
+
+    def update_fn(updates, state, params):
+        updates, new_state = optimizer.update(updates, move(state, src), params)
+        return updates, move(new_state, dst)
+
+    def partition_fn(param_specs):
+        return copy_partition(
+            optimizer.partition(param_specs), pattern=pattern, memory_kind=offload_dst
+        )
+
+    return PartitionedGradientTransformation(optimizer.init, update_fn, partition_fn)
 
 
 # --------------------------------------------------------------------------------------------

@@ -79,6 +79,7 @@ def vocab(
         path = os.path.join(directory, sentencepiece_model_name)
         searched.append(path)
         if os.path.exists(path):
+            _check_sentencepiece_model(path)
             return seqio.SentencePieceVocabulary(
                 sentencepiece_model_file=path, extra_ids=num_extra_ids or 0
             )
@@ -87,6 +88,20 @@ def vocab(
         f"Put it under <data_dir>/tokenizers/sentencepiece/ and pass --data_dir, or use "
         f"sentencepiece_model_name=None for a byte-level vocabulary."
     )
+
+
+def _check_sentencepiece_model(path: str) -> None:
+    """Raises a ValueError naming `path` if it is not a loadable sentencepiece model (seqio
+    loads it lazily and would fail later with a bare protobuf DecodeError)."""
+    import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+
+    try:
+        spm.SentencePieceProcessor(model_file=path)
+    except Exception as e:  # pylint: disable=broad-except
+        raise ValueError(
+            f"{path} is not a valid sentencepiece model file ({type(e).__name__}: {e}); "
+            "replace it with the tokenizer's .model file."
+        ) from e
 
 
 def tfds_text_source(

@@ -40,3 +40,12 @@ def test_missing_vocab_names_every_path(tmp_path, monkeypatch):
     msg = str(e.value)
     assert os.path.join(str(tmp_path), "tokenizers", "sentencepiece", "nope.model") in msg
     assert os.path.join(embedded_data.SENTENCEPIECE_DIR, "nope.model") in msg
+
+
+def test_garbage_vocab_file_names_the_path(tmp_path, monkeypatch):
+    sp_dir = tmp_path / "tokenizers" / "sentencepiece"
+    sp_dir.mkdir(parents=True)
+    (sp_dir / "bad.model").write_bytes(b"\x00\xffnot a model\x12\x34" * 10)
+    monkeypatch.setenv("DATA_DIR", str(tmp_path))
+    with pytest.raises(ValueError, match=r"bad\.model is not a valid sentencepiece model file"):
+        vocab(sentencepiece_model_name="bad.model")

@@ -1,0 +1,153 @@
+"""Tests axlearn/common/run_comparison.py against recorded runs of the main job (gpt-tiny).
+
+The recorded runs (tests/testdata/runs/README.md) were made on the shared 2-core development
+machine while other work ran on it: their step times are as noisy as real ones.
+"""
+
+import json
+import os
+import shutil
+import statistics
+
+import numpy as np
+import pytest
+
+from axlearn.common import run_comparison as rc
+from tests.common.run_comparison_testdata import run_path
+
+STEP_ROWS = ("avg_step_s", "median_step_s", "tflops_per_device", "tokens_per_s_per_device")
+
+
+def _load(*names):
+    return [rc.load_run(run_path(n)) for n in names]
+
+
+def _last_loss(name):
+    """Independent reference: the last record's loss, read with plain json."""
+    with open(os.path.join(run_path(name), "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    return records[-1]["step"], records[-1]["loss"]
+
+
+@pytest.mark.parametrize("pair", [("lr3e-3", "lr1e-3"), ("side_lr3e-3", "side_lr1e-3")])
+def test_learning_rate_pair_final_loss_sign(pair):
+    comparison = rc.compare_runs(_load(*pair))
+    step_a, loss_a = _last_loss(pair[0])
+    step_b, loss_b = _last_loss(pair[1])
+    assert comparison.loss_step == step_a == step_b == 60
+    row = comparison.row("final_loss")
+    assert row.values == [loss_a, loss_b]
+    diff = row.diffs[1]
+    assert diff.absolute == pytest.approx(loss_b - loss_a)
+    assert diff.absolute > 0  # The smaller learning rate ends with a higher loss after 60 steps.
+    assert diff.verdict == rc.REGRESSED
+    # The two configs differ in the learning rate only, and the comparison says so.
+    assert any("configs differ" in w for w in comparison.warnings)
+
+
+@pytest.mark.parametrize("pair", [("lr3e-3", "same2"), ("same2", "lr3e-3"), ("same_a", "same_b")])
+def test_identical_configs_show_no_step_time_regression(pair):
+    comparison = rc.compare_runs(_load(*pair))
+    for key in STEP_ROWS:
+        assert comparison.row(key).diffs[1].verdict in (rc.NOISE, rc.SAME), key
+    assert not [t for _, t in comparison.regressions if "s/step" in t or "/s/" in t]
+    assert comparison.row("final_loss").diffs[1].verdict == rc.SAME  # Deterministic training.
+    assert comparison.row("config_hash").diffs[1].verdict == rc.SAME  # Only the dirs differ.
+    assert not any("configs differ" in w for w in comparison.warnings)
+
+
+def test_learning_rate_pair_side_by_side_step_times_within_noise():
+    # Recorded at the same time, the learning rate does not change the speed: no verdict on it.
+    comparison = rc.compare_runs(_load("side_lr3e-3", "side_lr1e-3"))
+    assert not comparison.noise[1].significant
+    assert comparison.row("median_step_s").diffs[1].verdict == rc.NOISE
+
+
+def test_really_slower_run_is_a_regression():
+    runs = _load("pair_fast", "pair_slow")
+    ratio = statistics.median(runs[1].step_times()) / statistics.median(runs[0].step_times())
+    assert ratio > 1.2  # Recorded side by side: model_dim 256 instead of 128.
+    comparison = rc.compare_runs(runs)
+    assert comparison.noise[1].significant, comparison.noise[1]
+    assert comparison.row("median_step_s").diffs[1].verdict == rc.REGRESSED
+    assert comparison.row("tokens_per_s_per_device").diffs[1].verdict == rc.REGRESSED
+    # Reversed roles: the same difference is an improvement.
+    assert rc.compare_runs(runs[::-1]).row("median_step_s").diffs[1].verdict == rc.IMPROVED
+
+
+def test_recorded_noise_with_a_real_20_percent_slowdown():
+    """Recorded step times of two same-config runs made side by side; one of them made 20% slower
+    step by step (as a 20% slower build would be under the same load): flagged. Unchanged: not."""
+    a, b = (r.step_times() for r in _load("same_a", "same_b"))
+    assert not rc.step_time_noise_test(a, b).significant
+    assert rc.step_time_noise_test(a, [1.2 * t for t in b]).significant
+    assert rc.step_time_noise_test([1.2 * t for t in a], b).significant
+
+
+def test_noise_test_on_synthetic_shifts():
+    rng = np.random.default_rng(0)
+    base = list(0.2 * np.exp(rng.normal(0, 0.05, 200)))
+    same = list(0.2 * np.exp(rng.normal(0, 0.05, 200)))
+    slower = [1.2 * x for x in same]
+    assert not rc.step_time_noise_test(base, same).significant
+    verdict = rc.step_time_noise_test(base, slower)
+    assert verdict.significant and verdict.p_value < 1e-10
+    # Consistent but tiny (2%) shift: the U test alone would flag it; the effect floor does not.
+    tiny = [1.02 * x for x in base]
+    assert not rc.step_time_noise_test(base, tiny, min_effect=0.05).significant
+    assert "too few steps" in rc.step_time_noise_test(base[:3], same).reason
+
+
+def test_machine_speed_difference_makes_step_times_incomparable():
+    runs = _load("lr3e-3", "same2")
+    pa, pb = (r.summary["peak"]["flops_per_s"] for r in runs)
+    verdict = rc.machine_speed_verdict(*runs)
+    if abs(pb - pa) / pa > rc.MACHINE_SPEED_TOLERANCE:
+        assert verdict is not None and "not comparable" in verdict.reason
+    else:
+        assert verdict is None
+    assert rc.machine_speed_verdict(runs[0], runs[0]) is None
+
+
+def test_partial_run_is_compared_on_what_exists(tmp_path):
+    partial = tmp_path / "partial"
+    shutil.copytree(run_path("lr3e-3"), partial)
+    os.remove(partial / "run_summary.json")
+    lines = (partial / "metrics.jsonl").read_text().splitlines()
+    (partial / "metrics.jsonl").write_text("\n".join(lines[:40]) + "\n" + lines[40][:25])
+    run = rc.load_run(str(partial))
+    assert run.summary is None and run.last_step == 40
+    assert any("no run_summary.json" in n for n in run.notes)
+    assert any("last line incomplete" in n for n in run.notes)
+    comparison = rc.compare_runs([rc.load_run(run_path("lr3e-3")), run])
+    assert comparison.loss_step == 40
+    assert any("different lengths" in w for w in comparison.warnings)
+    assert comparison.row("parameters").values[1] is None
+
+
+def test_not_a_run_names_what_is_missing(tmp_path):
+    with pytest.raises(
+        rc.NotARunError, match="no run_summary.json, metrics.jsonl or trainer_config"
+    ):
+        rc.load_run(str(tmp_path))
+    with pytest.raises(rc.NotARunError, match="does not exist"):
+        rc.load_run(str(tmp_path / "nope"))
+
+
+def test_no_common_steps(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, steps in ((a, range(1, 5)), (b, range(10, 15))):
+        d.mkdir()
+        (d / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in steps)
+        )
+    with pytest.raises(rc.NoCommonStepsError, match="no step in common"):
+        rc.compare_runs([rc.load_run(str(a)), rc.load_run(str(b))])
+
+
+def test_bad_arguments():
+    runs = _load("lr3e-3")
+    with pytest.raises(ValueError, match="at least two runs"):
+        rc.compare_runs(runs)
+    with pytest.raises(ValueError, match="Baseline index 5"):
+        rc.compare_runs(runs * 2, baseline=5)

@@ -1,0 +1,370 @@
+"""The faults and bad inputs of docs/reliability.md, each with the test that produces its row.
+
+`python -m tests.reliability_cases` prints the table; tests/test_reliability.py checks that the
+docs page holds exactly this table and that every test named here exists (they all run in CI
+with the rest of the suite, so each row is re-proven on every change).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One row: the fault, what the user sees, what is lost, and the test that shows it."""
+
+    fault: str
+    user_sees: str
+    lost: str
+    test: str  # "path/to/test_file.py::test_name".
+
+
+_CKPT = "tests/common/test_checkpointer.py"
+_REC = "tests/common/test_checkpointer_recovery.py"
+_VER = "tests/common/test_checkpointer_verify.py"
+_PRE = "tests/common/test_preemption.py"
+_TR = "tests/common/test_trainer.py"
+_RES = "tests/common/test_trainer_resume.py"
+_CFG = "tests/common/config/test_typecheck.py"
+_RANGE = "tests/common/test_config_ranges.py"
+_LAUNCH = "tests/common/test_launch_trainer.py"
+_TFD = "tests/common/test_input_tf_data.py"
+
+CASES = [
+    # Process death and preemption.
+    Case(
+        "SIGKILL at each save fault point, then restart",
+        "restart resumes from the last committed step",
+        "nothing (the in-flight step is redone)",
+        "tests/common/test_checkpointer_crash.py::test_kill_at_fault_point_then_resume",
+    ),
+    Case(
+        "crash at every checkpoint fault point in one run",
+        "resume from the newest committed step",
+        "nothing",
+        "tests/common/test_checkpoint_crash_safety.py::test_one_crash_per_fault_point",
+    ),
+    Case(
+        "20 crash trials at random fault points and steps",
+        "final state bit-identical to an uninterrupted run",
+        "nothing",
+        "tests/common/test_checkpoint_crash_safety.py::test_crash_safety_20_trials",
+    ),
+    Case(
+        "save precondition fails (non-finite state)",
+        "error at the next save; no file written",
+        "nothing",
+        "tests/common/test_checkpoint_crash_safety.py::test_failed_precondition_writes_nothing",
+    ),
+    Case(
+        "SIGKILL mid-save, then the page cache dropped before the restart",
+        "committed step verifies and restores from the device (skipped, with the reason, "
+        "where dropping the cache is not permitted)",
+        "nothing",
+        "tests/common/test_checkpointer_durability.py::"
+        "test_committed_step_restores_after_kill_and_page_cache_drop",
+    ),
+    Case(
+        "SIGTERM (preemption notice) mid-run",
+        "the step in flight is saved; exit code 75",
+        "nothing",
+        f"{_PRE}::test_trainer_saves_the_last_completed_step_and_resumes_from_it",
+    ),
+    Case(
+        "SIGTERM at a step the policy already saves",
+        "one save, exit 75, resume",
+        "nothing",
+        f"{_PRE}::test_preemption_at_a_step_the_policy_already_saves",
+    ),
+    Case(
+        "SIGTERM sent by another process",
+        "same as a preemption notice",
+        "nothing",
+        f"{_PRE}::test_sigterm_from_another_process",
+    ),
+    Case(
+        "preemption while the save hangs",
+        "exit 75 at the deadline; older step intact",
+        "the hung step only",
+        f"{_PRE}::test_deadline_when_the_save_hangs",
+    ),
+    Case(
+        "preemption of a 2-process run",
+        "both stop after the same step",
+        "nothing",
+        f"{_PRE}::test_two_processes_stop_after_the_same_step",
+    ),
+    Case(
+        "launcher preempted, same command rerun",
+        "exit 75, rerun resumes",
+        "nothing",
+        f"{_PRE}::test_launcher_exits_with_the_preempted_code_and_the_same_command_resumes",
+    ),
+    Case(
+        "a peer process never reaches a checkpoint barrier",
+        "BarrierTimeoutError naming the missing process",
+        "nothing committed is touched",
+        "tests/common/test_checkpointer_multiprocess.py::test_barrier_timeout_names_missing_process",
+    ),
+    # Damaged checkpoints.
+    Case(
+        "truncated step_N/index",
+        "refuses to start: names the file, --restore_fallback and --restore_step",
+        "nothing (no file deleted)",
+        f"{_REC}::test_corrupt_newest_is_refused_and_nothing_deleted",
+    ),
+    Case(
+        "a leaf's checksum field removed from the index",
+        "same refusal; verify exits 1",
+        "nothing",
+        f"{_REC}::test_corrupt_newest_is_refused_and_nothing_deleted",
+    ),
+    Case(
+        "one flipped bit in a chunk of the newest step",
+        "same refusal (CRC mismatch names file and leaf)",
+        "nothing",
+        f"{_REC}::test_corrupt_newest_is_refused_and_nothing_deleted",
+    ),
+    Case(
+        "corrupt newest step with --restore_fallback=previous",
+        "step set aside as step_N.corrupt-<time>; older step restored",
+        "nothing (moved, not deleted)",
+        f"{_REC}::test_fallback_previous_sets_the_corrupt_step_aside",
+    ),
+    Case(
+        "trainer on a corrupt index; --restore_step=N",
+        "refusal, then resume from N; newer steps set aside once",
+        "nothing",
+        f"{_REC}::test_trainer_refuses_corrupt_index_and_restore_step_chooses",
+    ),
+    Case(
+        "--restore_step of a step that is not committed",
+        "error listing the committed steps",
+        "nothing",
+        f"{_REC}::test_trainer_refuses_corrupt_index_and_restore_step_chooses",
+    ),
+    Case(
+        "`axlearn checkpoint select` of a damaged step",
+        "exit 1, nothing changed",
+        "nothing",
+        f"{_REC}::test_cli_select_sets_newer_steps_aside",
+    ),
+    Case(
+        "bad restore_fallback value",
+        "ValueError naming the allowed values",
+        "nothing",
+        f"{_REC}::test_restore_fallback_value_is_checked",
+    ),
+    Case(
+        "truncated chunk file",
+        "CheckpointCorruptionError naming file and leaf",
+        "nothing",
+        f"{_CKPT}::test_truncated_chunk_names_file_and_leaf",
+    ),
+    Case(
+        "altered chunk bytes",
+        "CheckpointCorruptionError naming file and leaf",
+        "nothing",
+        f"{_CKPT}::test_altered_chunk_names_file_and_leaf",
+    ),
+    Case(
+        "missing chunk and bytes files",
+        "error naming each file",
+        "nothing",
+        f"{_CKPT}::test_missing_chunk_and_bytes_file",
+    ),
+    Case(
+        "interrupted save (no index) plus a corrupt older index",
+        "uncommitted skipped with a warning; corrupt refused",
+        "nothing",
+        f"{_CKPT}::test_uncommitted_skipped_with_warning_corrupt_index_refused",
+    ),
+    Case(
+        "`axlearn checkpoint verify` on damaged files",
+        "exit 1 listing each file and leaf",
+        "nothing",
+        f"{_VER}::test_verify_finds_corruption",
+    ),
+    Case(
+        "restoring into a model with another parameter shape",
+        "StateMismatchError naming the parameter",
+        "nothing",
+        f"{_CKPT}::test_mismatch_names_parameter",
+    ),
+    Case(
+        "restore of a trainer checkpoint without the model (read_state_spec)",
+        "restores every leaf incl. input_iter",
+        "nothing",
+        f"{_VER}::test_read_state_spec_restores_a_trainer_checkpoint",
+    ),
+    Case(
+        "saving a step that is already committed",
+        "skipped; the committed step is never rewritten",
+        "nothing",
+        f"{_CKPT}::test_committed_step_is_never_rewritten",
+    ),
+    Case(
+        "an async save fails in the background",
+        "its error is raised by the next call",
+        "nothing committed",
+        f"{_CKPT}::test_async_error_is_raised_on_next_call",
+    ),
+    # Concurrent runs.
+    Case(
+        "two trainers on one trainer dir",
+        "the second fails at once naming host, pid, start time",
+        "nothing",
+        "tests/common/test_run_lock.py::test_two_trainers_on_one_dir",
+    ),
+    Case(
+        "the lock owner was SIGKILLed",
+        "the next run takes the stale lock over",
+        "nothing",
+        "tests/common/test_run_lock.py::test_lock_of_a_killed_owner_is_stale",
+    ),
+    # Runs that go bad.
+    Case(
+        "NaN loss with a learner that does not skip",
+        "NonFiniteLossError; that state never saved",
+        "nothing committed",
+        f"{_TR}::test_nonfinite_loss_stops_and_is_never_checkpointed",
+    ),
+    Case(
+        "a few NaN steps under skip_and_clip",
+        "skipped and counted (perf/skipped_steps)",
+        "nothing",
+        f"{_TR}::test_nonfinite_steps_are_skipped_and_counted",
+    ),
+    Case(
+        "every step NaN and skipped (as with ids beyond vocab_size)",
+        "TooManySkippedStepsError naming likely causes; the streak is not saved",
+        "nothing committed",
+        "tests/common/test_skip_streak.py::test_all_nan_run_stops_without_checkpointing_the_streak",
+    ),
+    Case(
+        "fp16 loss scaling skipping its first steps",
+        "not counted as a streak; run goes on",
+        "nothing",
+        "tests/common/test_skip_streak.py::test_fp16_scale_search_does_not_count",
+    ),
+    Case(
+        "non-finite state with a finite loss",
+        "never saved; error at the save",
+        "nothing committed",
+        f"{_RES}::test_nonfinite_state_with_finite_loss_is_never_saved",
+    ),
+    Case(
+        "token ids >= the model's vocab_size",
+        "error at the first batch naming both numbers",
+        "nothing",
+        f"{_RANGE}::test_token_ids_beyond_vocab_fail_at_the_first_batch",
+    ),
+    # Values that make no sense.
+    Case(
+        "string mesh_shape / max_step='ten'",
+        "InvalidConfigValueError at set() naming field and types",
+        "nothing",
+        f"{_CFG}::test_trainer_fields",
+    ),
+    Case(
+        "a string where a Sequence/tuple/dict is annotated",
+        "InvalidConfigValueError at set()",
+        "nothing",
+        f"{_CFG}::test_sequences_and_unions_are_checked",
+    ),
+    Case(
+        "wrong enum/Literal/Callable/class value",
+        "InvalidConfigValueError at set()",
+        "nothing",
+        f"{_CFG}::test_mappings_literals_enums_classes_and_callables",
+    ),
+    Case(
+        "max_step=-5, negative learning rate, zero batch size, NaN eps",
+        "ValueError at instantiation with the config path",
+        "nothing",
+        f"{_RANGE}::test_out_of_range_values_fail_at_instantiation",
+    ),
+    Case(
+        "--mesh_selector matching no rule; --trace_at_steps=x,y",
+        "error naming the flag and the rules",
+        "nothing",
+        f"{_LAUNCH}::test_launch_flag_errors_name_the_flag",
+    ),
+    Case(
+        "mesh_shape that does not fit the devices",
+        "error naming mesh and devices",
+        "nothing",
+        f"{_TR}::test_mesh_shape_errors",
+    ),
+    Case(
+        "partition spec naming an unknown mesh axis",
+        "error naming the parameter",
+        "nothing",
+        f"{_TR}::test_unknown_mesh_axis_in_partition_spec_names_the_parameter",
+    ),
+    Case(
+        "--config_override with a wrong type",
+        "error naming the expected type",
+        "nothing",
+        "tests/common/config/test_override.py::test_bad_type_names_the_expected_type",
+    ),
+    Case(
+        "--config_override of a misspelled path",
+        "error naming the nearest valid path",
+        "nothing",
+        "tests/common/config/test_override.py::test_bad_path_names_the_nearest_valid_one",
+    ),
+    # Inputs.
+    Case(
+        "resuming an input whose config changed",
+        "error: the saved position belongs to another input",
+        "nothing",
+        f"{_TFD}::test_resume_refuses_changed_config",
+    ),
+    Case(
+        "a missing data set",
+        "error naming the path",
+        "nothing",
+        f"{_TFD}::test_missing_dataset_names_the_path",
+    ),
+    Case(
+        "a malformed record",
+        "error naming the source",
+        "nothing",
+        f"{_TFD}::test_malformed_record_fails_naming_the_source",
+    ),
+    Case(
+        "a garbage vocabulary file",
+        "ValueError naming the file (not a bare protobuf DecodeError)",
+        "nothing",
+        "tests/experiments/text/test_common.py::test_garbage_vocab_file_names_the_path",
+    ),
+    Case(
+        "resuming a real-data checkpoint with --data_dir=FAKE",
+        "error: the input state belongs to another input",
+        "nothing",
+        "tests/common/test_input_fake.py::test_restoring_another_inputs_state_says_so",
+    ),
+    Case(
+        "a missing vocabulary file",
+        "error naming every path tried",
+        "nothing",
+        "tests/experiments/text/test_common.py::test_missing_vocab_names_every_path",
+    ),
+]
+
+
+def table() -> str:
+    """Returns the Markdown table of `CASES`."""
+    lines = [
+        "| # | Fault or bad input | What the user sees | Lost | Test |",
+        "|---|---|---|---|---|",
+    ]
+    for i, case in enumerate(CASES, start=1):
+        lines.append(f"| {i} | {case.fault} | {case.user_sees} | {case.lost} | `{case.test}` |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table())
