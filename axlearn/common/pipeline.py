@@ -418,8 +418,10 @@ class Pipeline(BaseLayer):
                     stage0_in,
                     state,
                 )
-                mask = lambda x: valid.reshape(valid.shape + (1,) * (x.ndim - 1))  # noqa: E731
-                inputs = jax.tree.map(lambda x: jnp.where(mask(x), x, jnp.zeros_like(x)), inputs)
+                # Bubble slots (not `valid`) compute on stale but finite activations; their
+                # outputs are never used. (Zeros would be worse: e.g. the backward pass of an
+                # RMSNorm of zeros overflows in float16, and inf * 0 = NaN.)
+                del valid
                 side_t = jax.tree.map(lambda x: self._constrain(x[microbatch]), side_mb)
                 params_t = jax.tree.map(
                     lambda p: jax.vmap(
@@ -447,8 +449,10 @@ class Pipeline(BaseLayer):
                 )
                 return (out, buffer), ys
 
+            # Stages > 0 start on a copy of microbatch 0 (finite, input-like values).
             state0 = jax.tree.map(
-                lambda b: self._constrain(jnp.zeros((num_stages, *b.shape[1:]), b.dtype)), buffer
+                lambda b: self._constrain(jnp.broadcast_to(b[0], (num_stages, *b.shape[1:]))),
+                buffer,
             )
             (_, buffer), ys = jax.lax.scan(step, (state0, buffer), jnp.arange(schedule.num_steps()))
         # ys: [T, S, mb, ...] -> [S * V (chunk order), M, mb, ...] -> [S * V, B, ...].
@@ -482,6 +486,96 @@ def pipeline_summary(cfg: Pipeline.Config) -> dict[str, Any]:
     )
 
 
+def find_pipelines(root: Module) -> list[Pipeline]:
+    """All Pipeline modules in the module tree rooted at `root`, in depth-first order.
+
+    Args:
+        root: The root module (e.g. the trainer's model).
+
+    Returns:
+        The Pipeline modules.
+    """
+    found, stack = [], [root]
+    while stack:
+        module = stack.pop()
+        if isinstance(module, Pipeline):
+            found.append(module)
+        stack.extend(reversed(list(module.children.values())))
+    return found
+
+
+def pipeline_report(
+    root: Module, param_specs: NestedTensor, mesh_shape: dict[str, int]
+) -> Optional[dict[str, Any]]:
+    """Per-stage parameters and parameter memory of a model with Pipeline layers.
+
+    Args:
+        root: The model module.
+        param_specs: Its parameter specs (ParameterSpec leaves with shape, dtype, mesh_axes).
+        mesh_shape: {axis name: size} of the trainer's mesh.
+
+    Returns:
+        None if the model has no Pipeline; else a dict with "pipelines" (one
+        `pipeline_summary` per Pipeline, with its path), "stacked_params_per_stage" (parameters
+        of the pipelined layers each stage holds), "shared_params_per_stage" (parameters outside
+        them, which every stage holds), "params_per_stage" (their sum) and
+        "param_bytes_per_device" (the bytes of one device's parameter shards).
+    """
+    pipelines = find_pipelines(root)
+    if not pipelines:
+        return None
+    axes = {p.config.mesh_axis for p in pipelines}
+    stacked = shared = 0
+    per_device_bytes = 0
+    for spec in jax.tree.leaves(param_specs, is_leaf=lambda x: hasattr(x, "mesh_axes")):
+        size = int(np.prod(spec.shape))
+        mesh_axes = tuple(spec.mesh_axes or ())
+        first = mesh_axes[0] if mesh_axes else None
+        if first in axes:
+            stacked += size // mesh_shape.get(first, 1)
+        else:
+            shared += size
+        divisor = 1
+        for entry in mesh_axes:
+            for name in entry if isinstance(entry, tuple) else (entry,):
+                if name is not None:
+                    divisor *= mesh_shape.get(name, 1)
+        per_device_bytes += size * np.dtype(spec.dtype or np.float32).itemsize // divisor
+    return dict(
+        pipelines=[dict(path=p.path(), **pipeline_summary(p.config)) for p in pipelines],
+        stacked_params_per_stage=stacked,
+        shared_params_per_stage=shared,
+        params_per_stage=stacked + shared,
+        param_bytes_per_device=int(per_device_bytes),
+    )
+
+
+def format_pipeline_report(report: dict[str, Any]) -> list[str]:
+    """Log lines for `pipeline_report`'s dict.
+
+    Args:
+        report: The report.
+
+    Returns:
+        One line per pipeline, then the per-stage parameter line.
+    """
+    lines = []
+    for p in report["pipelines"]:
+        lines.append(
+            f"Pipeline {p['path']}: {p['schedule']}, {p['num_stages']} stages x "
+            f"{p['num_virtual_stages']} virtual, {p['num_microbatches']} microbatches, "
+            f"{p['num_steps']} steps, bubble fraction {p['bubble_fraction']:.4f} "
+            "(= (S-1)/(V*M+S-1))"
+        )
+    lines.append(
+        f"Parameters per pipeline stage: {report['params_per_stage']:,} "
+        f"(pipelined layers {report['stacked_params_per_stage']:,} + shared "
+        f"{report['shared_params_per_stage']:,}); parameter memory per device "
+        f"{report['param_bytes_per_device'] / 2**20:.2f} MiB"
+    )
+    return lines
+
+
 def gpipe_bubble_fraction(num_stages: int, num_microbatches: int, num_virtual_stages: int = 1):
     """(S - 1) / (V * M + S - 1).
 
@@ -502,6 +596,9 @@ __all__ = [
     "GPipeSchedule",
     "Pipeline",
     "chunk_order_to_rows",
+    "find_pipelines",
+    "format_pipeline_report",
+    "pipeline_report",
     "gpipe_bubble_fraction",
     "pipeline_summary",
     "rows_to_chunk_order",

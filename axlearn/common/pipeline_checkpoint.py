@@ -11,7 +11,7 @@ one parallelism restores into the other (see `docs/pipeline.md`).
 """
 
 import re
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import numpy as np
@@ -138,3 +138,102 @@ def _stack(xs, axis):
     if all(isinstance(x, np.ndarray) for x in xs):
         return np.stack(xs, axis=axis)
     return jax.numpy.stack(xs, axis=axis)
+
+
+def stack_layout(root: Any) -> Optional[tuple[int, int]]:
+    """(num_stages, num_virtual_stages) of the PipelinedTransformerLayer in a module tree.
+
+    Args:
+        root: The root module (e.g. a trainer's model).
+
+    Returns:
+        None if no layer of the tree is a PipelinedTransformerLayer.
+
+    Raises:
+        ValueError: If pipelined stacks disagree on their layout.
+    """
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.attention import PipelinedTransformerLayer
+
+    layouts, stack = set(), [root]
+    while stack:
+        module = stack.pop()
+        if isinstance(module, PipelinedTransformerLayer):
+            cfg = module.config
+            layouts.add((cfg.num_stages, PipelinedTransformerLayer.num_virtual_stages(cfg)))
+        stack.extend(module.children.values())
+    if len(layouts) > 1:
+        raise ValueError(f"Pipelined stacks with different layouts {sorted(layouts)}")
+    return layouts.pop() if layouts else None
+
+
+def convert_tree(tree: Any, *, src: Optional[tuple[int, int]], dst: Optional[tuple[int, int]]):
+    """Converts `tree` from layout `src` to layout `dst` (None: repeated; else (S, V)).
+
+    Args:
+        tree: Any pytree (see `repeated_to_pipelined`).
+        src: The source layout.
+        dst: The target layout.
+
+    Returns:
+        The converted tree.
+    """
+    if src == dst:
+        return tree
+    if src is not None:
+        tree = pipelined_to_repeated(tree, num_stages=src[0], num_virtual_stages=src[1])
+    if dst is not None:
+        tree = repeated_to_pipelined(tree, num_stages=dst[0], num_virtual_stages=dst[1])
+    return tree
+
+
+def convert_trainer_checkpoint(src_cfg: Any, dst_cfg: Any, *, step: Optional[int] = None) -> int:
+    """Rewrites a trainer checkpoint for another pipeline layout (so parallelism can change).
+
+    Restores step `step` (default: the latest) of the trainer `src_cfg` (from `src_cfg.dir`),
+    converts its state (parameters, optimizer state) from src_cfg's stack layout to
+    dst_cfg's (pipelined with any S x V, or a RepeatedTransformerLayer), and saves it as the same
+    step under `dst_cfg.dir`, with the input iterator position when both save it. Running the
+    `dst_cfg` trainer then resumes from it. The state passes through host memory.
+
+    Args:
+        src_cfg: The SpmdTrainer config that wrote the checkpoint.
+        dst_cfg: The SpmdTrainer config to resume with (another `dir`).
+        step: The step to convert.
+
+    Returns:
+        The converted step.
+
+    Raises:
+        ValueError: If there is no checkpoint, the dirs are equal, or the trees do not match.
+    """
+    if src_cfg.dir == dst_cfg.dir:
+        raise ValueError(f"convert_trainer_checkpoint: src and dst dir are both {src_cfg.dir}")
+    src = src_cfg.instantiate(parent=None)
+    restored = src.restore_checkpoint(step)
+    if restored is None:
+        raise ValueError(f"convert_trainer_checkpoint: no committed checkpoint under {src_cfg.dir}")
+    dst = dst_cfg.instantiate(parent=None)
+    src_layout, dst_layout = stack_layout(src.model), stack_layout(dst.model)
+    state = jax.device_get(src.trainer_state._asdict())
+    state = convert_tree(state, src=src_layout, dst=dst_layout)
+    shardings = dst.trainer_stateshardings_of_specs._asdict()
+    expected = jax.tree.structure(shardings)
+    if jax.tree.structure(state) != expected:
+        raise ValueError(
+            f"convert_trainer_checkpoint: the converted state of layout {src_layout} -> "
+            f"{dst_layout} does not match {dst_cfg.name}'s state tree"
+        )
+    state = jax.tree.map(jax.device_put, state, shardings)
+    if (
+        src_cfg.save_input_iterator
+        and dst_cfg.save_input_iterator
+        and getattr(src, "_input_iter", None) is not None
+    ):
+        state["input_iter"] = src.input.iterator_state(src._input_iter)  # pylint: disable=protected-access
+    with jax.set_mesh(dst.mesh()):
+        dst.checkpointer.save(step=restored, state=state, force=True)
+        dst.checkpointer.wait_until_finished()
+    for trainer in (src, dst):
+        trainer.checkpointer.stop()
+    return restored

@@ -283,3 +283,60 @@ class PartitionSpecModifier(ConfigModifier):
                     raise ValueError(f"PartitionSpecModifier: {path} has no field {name!r}")
                 setattr(target, name, spec)
         return cfg
+
+
+class PipelineModifier(ConfigModifier):
+    """Switches a transformer stack to a `PipelinedTransformerLayer` (pipeline parallelism).
+
+    The stack at `target_config` (a RepeatedTransformerLayer or StackedTransformerLayer config)
+    is replaced by `attention.pipelined_stack_config(...)`, which keeps its num_layers and layer.
+    Pair it with a mesh whose `pipeline` axis has size `num_stages` (e.g. in a
+    ChainConfigModifier with a MeshShapeModifier, as one mesh rule).
+    """
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        """Configures PipelineModifier."""
+
+        # Dotted path of the stack config to pipeline.
+        target_config: str = "model.decoder.transformer"
+        # Number of pipeline stages (the size of the `pipeline` mesh axis).
+        num_stages: Required[int] = REQUIRED
+        # Number of microbatches each batch is split into.
+        num_microbatches: Required[int] = REQUIRED
+        # Chunks of layers per stage: 1 is GPipeSchedule, more is CircularSchedule.
+        num_virtual_stages: int = 1
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        """Replaces the stack config.
+
+        Args:
+            cfg: The trainer config.
+
+        Returns:
+            The modified config.
+
+        Raises:
+            ValueError: If the target does not exist or is not a stack with num_layers/layer.
+        """
+        # pylint: disable-next=import-outside-toplevel
+        from axlearn.common.attention import pipelined_stack_config
+
+        mcfg = self.config
+        found = find_config(cfg, mcfg.target_config)
+        if not (_has_field(found, "num_layers") and _has_field(found, "layer")):
+            raise ValueError(
+                f"PipelineModifier: {mcfg.target_config} is not a transformer stack config "
+                f"({type(found).__name__})"
+            )
+        replace_config(
+            cfg,
+            mcfg.target_config,
+            pipelined_stack_config(
+                found,
+                num_stages=mcfg.num_stages,
+                num_microbatches=mcfg.num_microbatches,
+                num_virtual_stages=mcfg.num_virtual_stages,
+            ),
+        )
+        return cfg

@@ -104,6 +104,22 @@ class TrainerMetricsMixin:
                 table_path,
             )
 
+        self._log_pipeline_report()
+
+    def _log_pipeline_report(self) -> None:
+        """Logs bubble fraction and per-stage parameters/memory of pipelined layers, if any."""
+        from axlearn.common.pipeline import (  # pylint: disable=import-outside-toplevel
+            format_pipeline_report,
+            pipeline_report,
+        )
+
+        self._pipeline_report = pipeline_report(
+            self.model, self._model_param_specs, dict(self._mesh.shape)
+        )
+        if self._pipeline_report is not None:
+            for line in format_pipeline_report(self._pipeline_report):
+                self._step_log("%s", line)
+
     def _on_compiled(self, compiled: Any, global_batch: NestedTensor) -> None:
         """Logs FLOPs per step, the peak FLOP/s used for MFU, and the compiled memory analysis."""
         cfg = self._config
@@ -232,6 +248,11 @@ class TrainerMetricsMixin:
                     self._skip_streak.skip_counter if getattr(self, "_skip_streak", None) else 0
                 ),
                 nonfinite_steps=getattr(self, "_num_nonfinite_steps", 0),
+                **(
+                    dict(pipeline=self._pipeline_report)
+                    if getattr(self, "_pipeline_report", None)
+                    else {}
+                ),
             ),
         )
         logging.info("\n%s", format_run_summary(summary))

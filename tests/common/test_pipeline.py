@@ -13,6 +13,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from axlearn.common.attention import PipelinedTransformerLayer, pipelined_stack_config
+from axlearn.common.base_layer import RematSpec
 from axlearn.common.layers import Dropout, Linear
 from axlearn.common.module import functional
 from axlearn.common.pipeline import (
@@ -172,6 +173,59 @@ def test_pipeline_of_linear_layers_matches_numpy(v):
         sums.append(h.sum(-1))
     np.testing.assert_allclose(np.asarray(out.carry), h, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(out.ys["y_sum"]), np.stack(sums), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("v,remat", [(1, False), (1, True), (2, True)])
+def test_pipeline_gradients_match_plain_jax(v, remat):
+    """Gradients through the pipeline (with per-stage remat) equal a plain JAX layer loop's."""
+    s, m, dim, batch = 4, 4, 6, 8
+    schedule = (
+        GPipeSchedule.default_config()
+        if v == 1
+        else CircularSchedule.default_config().set(num_virtual_stages=v)
+    )
+    stage = Linear.default_config().set(input_dim=dim, output_dim=dim)
+    if remat:
+        stage.set(remat_spec=RematSpec(prevent_cse=False))
+    layer = (
+        _LinearPipeline.default_config()
+        .set(name="pipe", layer=stage, num_layers=s, num_microbatches=m, schedule=schedule)
+        .instantiate(parent=None)
+    )
+    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(1))
+    params = jax.tree.map(lambda p: p + 0.1 * jnp.cos(jnp.arange(p.size).reshape(p.shape)), params)
+    x = jax.random.normal(jax.random.PRNGKey(2), (batch, dim))
+
+    def pipelined_loss(params, x):
+        out, _ = functional(layer, None, params, [x], is_training=True)
+        return jnp.sum(out.carry**2) + jnp.sum(out.ys["y_sum"])
+
+    def plain_loss(chunk_params, x):
+        total = 0.0
+        for c in range(s * v):
+            x = jnp.tanh(x @ chunk_params["weight"][c] + chunk_params["bias"][c])
+            total += jnp.sum(x)
+        return jnp.sum(x**2) + total
+
+    mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("pipeline", "model"))
+    with jax.set_mesh(mesh):
+        loss, grads = jax.jit(jax.value_and_grad(pipelined_loss, argnums=(0, 1)))(params, x)
+    assert ("forward" in layer.layer._remat_methods) == remat
+    to_chunks = lambda t: jax.tree.map(  # noqa: E731
+        lambda a: rows_to_chunk_order(np.asarray(a), num_stages=s, num_virtual_stages=v), t
+    )
+    ref_loss, ref_grads = jax.value_and_grad(plain_loss, argnums=(0, 1))(
+        to_chunks(params["layer"]), x
+    )
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+    # Gradients within 1e-5 of each tensor's largest magnitude (float32 summation order).
+    for actual, expected in (
+        (to_chunks(grads[0]["layer"])["weight"], ref_grads[0]["weight"]),
+        (to_chunks(grads[0]["layer"])["bias"], ref_grads[0]["bias"]),
+        (grads[1], ref_grads[1]),
+    ):
+        expected = np.asarray(expected)
+        np.testing.assert_allclose(actual, expected, atol=1e-5 * np.abs(expected).max())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -429,3 +483,148 @@ def test_dropout_masks_differ_per_microbatch_and_stage():
     np.testing.assert_array_equal(np.asarray(again.carry), np.asarray(out.carry))
     other, _ = functional(layer, jax.random.PRNGKey(1), {}, [x], is_training=True)
     assert not np.array_equal(np.asarray(other.carry), np.asarray(out.carry))
+
+
+# ----------------------------------------------------------------------------------------------
+# Trainer runs: pipelined vs unpipelined.
+# ----------------------------------------------------------------------------------------------
+
+
+def pipeline_trainer_config(
+    trainer_dir,
+    *,
+    pipelined: bool,
+    fp16: bool = False,
+    max_step: int = 10,
+    stack="stack",
+    checkpoint_every: int = 5,
+):
+    """The tiny GPT trainer (8 layers, dim 64) on fake data, pipelined 4 x 2 virtual or not.
+
+    Pipelined: mesh pipeline=4 x model=2 via the PipelineModifier + MeshShapeModifier chain (as a
+    mesh rule would apply it); unpipelined: data=4 x model=2.
+    """
+    from axlearn.common.config import ChainConfigModifier
+    from axlearn.common.input_fake import FakeLmInput
+    from axlearn.common.loss_scale import DynamicLossScaler
+    from axlearn.common.trainer_config_modifier import MeshShapeModifier, PipelineModifier
+    from experiments.text.gpt.tiny import tiny_trainer_config
+
+    cfg = tiny_trainer_config(
+        max_step=max_step,
+        global_batch_size=8,
+        seq_len=16,
+        num_layers=NUM_LAYERS,
+        model_dim=64,
+        checkpoint_every_n_steps=checkpoint_every,
+    )
+    cfg.set(dir=str(trainer_dir), mesh_shape=(1, 4, 1, 1, 1, 2), mesh_rules=[])
+    cfg.evalers = {}
+    cfg.checkpointer.keep_last_n = 100
+    cfg.input = FakeLmInput.default_config().set(
+        is_training=True, global_batch_size=8, source_length=16, max_token_id=4096
+    )
+    if stack == "repeat":
+        from axlearn.common.attention import RepeatedTransformerLayer
+
+        old = cfg.model.decoder.transformer
+        cfg.model.decoder.transformer = RepeatedTransformerLayer.default_config().set(
+            num_layers=old.num_layers, layer=old.layer
+        )
+    if fp16:
+        cfg.train_dtype = jnp.float16
+        # From 2^20 this model's fp16 gradients overflow for the first 5 steps.
+        cfg.learner.loss_scaler = DynamicLossScaler.default_config().set(initial_scale=2.0**20)
+    if pipelined:
+        modifier = ChainConfigModifier.default_config().set(
+            config_modifiers=[
+                PipelineModifier.default_config().set(
+                    num_stages=4, num_microbatches=4, num_virtual_stages=2
+                ),
+                MeshShapeModifier.default_config().set(mesh_shape=(4, 1, 1, 1, 1, 2)),
+            ]
+        )
+        cfg = modifier.instantiate()(cfg)
+    return cfg
+
+
+def _run_trainer(cfg):
+    from tests.common.trainer_test_utils import read_metrics
+
+    trainer = cfg.instantiate(parent=None)
+    trainer.run(jax.random.PRNGKey(0))
+    return trainer, read_metrics(cfg.dir)
+
+
+def _losses(records, steps):
+    by_step = {r["step"]: r for r in records}
+    return np.array([by_step[s]["loss"] for s in steps]), [
+        by_step[s].get("perf/skipped_steps") for s in steps
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("direction", ["to_pipelined", "to_unpipelined"])
+def test_trainer_resumes_across_layouts_with_matching_losses(tmp_path, direction):
+    """Train in one layout, convert the step-5 checkpoint, resume in the other layout.
+
+    to_pipelined: 10 pipelined steps (6..15) match the unpipelined run (rtol 1e-4); the first
+    resumed step within 1e-5. to_unpipelined: the reverse for steps 6..10.
+    """
+    import json
+
+    from axlearn.common.pipeline_checkpoint import convert_trainer_checkpoint
+
+    first_pipelined = direction == "to_unpipelined"
+    max_step = 10 if first_pipelined else 15
+    a = pipeline_trainer_config(
+        tmp_path / "a", pipelined=first_pipelined, stack="repeat", max_step=max_step
+    )
+    b = pipeline_trainer_config(
+        tmp_path / "b", pipelined=not first_pipelined, stack="repeat", max_step=max_step
+    )
+    _, records_a = _run_trainer(a)
+    assert convert_trainer_checkpoint(a, b, step=5) == 5
+    _, records_b = _run_trainer(b)
+    resumed = list(range(6, max_step + 1))
+    assert [r["step"] for r in records_b] == resumed
+    loss_a, _ = _losses(records_a, resumed)
+    loss_b, _ = _losses(records_b, resumed)
+    assert loss_a[-1] < _losses(records_a, [1])[0][0]  # It trains.
+    np.testing.assert_allclose(loss_b[0], loss_a[0], rtol=1e-5)
+    np.testing.assert_allclose(loss_b, loss_a, rtol=1e-4)
+
+    piped_dir = tmp_path / ("a" if first_pipelined else "b")
+    with open(piped_dir / "run_summary.json", encoding="utf-8") as f:
+        report = json.load(f)["pipeline"]
+    (pipe,) = report["pipelines"]
+    assert pipe["path"] == "gpt_trainer.model.decoder.transformer.pipeline"
+    assert pipe["schedule"] == "CircularSchedule"
+    assert pipe["bubble_fraction"] == pytest.approx(3 / (2 * 4 + 3))
+    per_layer = report["stacked_params_per_stage"] // 2  # 2 chunks x 1 layer per stage.
+    assert report["stacked_params_per_stage"] * 4 == per_layer * NUM_LAYERS
+    assert report["shared_params_per_stage"] == 4096 * 64 + 64  # Embedding + output norm.
+
+
+@pytest.mark.slow
+def test_trainer_fp16_loss_scaling_skips_the_same_steps_pipelined(tmp_path):
+    """fp16 with dynamic loss scaling: resumed pipelined at step 3, the same steps are skipped.
+
+    From a loss scale of 2^20, steps 1-5 overflow and are skipped; the pipelined run resumed
+    from the unpipelined step-3 checkpoint skips steps 4 and 5 too, then trains like it.
+    """
+    from axlearn.common.pipeline_checkpoint import convert_trainer_checkpoint
+
+    kw = dict(stack="repeat", fp16=True, checkpoint_every=3)
+    a = pipeline_trainer_config(tmp_path / "a", pipelined=False, **kw)
+    b = pipeline_trainer_config(tmp_path / "b", pipelined=True, **kw)
+    _, records_a = _run_trainer(a)
+    convert_trainer_checkpoint(a, b, step=3)
+    _, records_b = _run_trainer(b)
+    steps = list(range(4, 11))
+    loss_a, skipped_a = _losses(records_a, steps)
+    loss_b, skipped_b = _losses(records_b, steps)
+    assert skipped_b == skipped_a
+    assert skipped_a[0] > _losses(records_a, [3])[1][0]  # Step 4 is skipped.
+    assert skipped_a[-1] < 10  # Later steps are applied.
+    np.testing.assert_allclose(loss_b, loss_a, rtol=1e-3)

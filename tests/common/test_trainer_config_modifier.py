@@ -13,6 +13,7 @@ from axlearn.common.trainer_config_modifier import (
     MeshShapeModifier,
     ModuleConfigModifier,
     PartitionSpecModifier,
+    PipelineModifier,
     RematSpecModifier,
     find_config,
 )
@@ -152,3 +153,25 @@ def test_find_config_dict_entries():
     cfg.evalers = {}
     with pytest.raises(ValueError, match="evalers.validation: no entry 'validation'"):
         find_config(cfg, "evalers.validation")
+
+
+def test_pipeline_modifier_through_a_mesh_rule():
+    chain = ChainConfigModifier.default_config().set(
+        config_modifiers=[
+            PipelineModifier.default_config().set(
+                num_stages=2, num_microbatches=4, num_virtual_stages=1
+            ),
+            MeshShapeModifier.default_config().set(mesh_shape=(1, 2, -1)),
+        ]
+    )
+    cfg = _trainer_config().set(mesh_rules=[("cpu-pipe", chain)])
+    layer_before = cfg.model.decoder.transformer.layer.clone()
+    selected = select_mesh_config(cfg, mesh_selector="cpu-pipe")
+    stack = selected.model.decoder.transformer
+    assert stack.klass is attention.PipelinedTransformerLayer
+    assert (stack.num_layers, stack.num_stages, stack.num_microbatches) == (2, 2, 4)
+    assert stack.layer.debug_string() == layer_before.debug_string()
+    with pytest.raises(ValueError, match=r"model.decoder.emb is not a transformer stack config"):
+        PipelineModifier.default_config().set(
+            target_config="model.decoder.emb", num_stages=2, num_microbatches=2
+        ).instantiate()(_trainer_config())
