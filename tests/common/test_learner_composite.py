@@ -195,3 +195,35 @@ def test_config_errors_name_the_path():
     cfg.learners["enc"].forward_fn_transformation = lambda fn: fn
     with pytest.raises(ValueError, match=r"forward_fn_transformation is not supported"):
         cfg.instantiate(parent=None)
+
+
+@pytest.mark.slow
+def test_trainer_with_composite_learner_resumes_bit_identically(tmp_path):
+    """SpmdTrainer creates, checkpoints and restores a CompositeLearner's state (8 devices)."""
+    from tests.common import resume_test_utils as rtu  # pylint: disable=import-outside-toplevel
+
+    def config(name, max_step):
+        cfg = rtu.resume_trainer_config(str(tmp_path / name), max_step=max_step, checkpoint_every=2)
+        optimizer = cfg.learner.optimizer
+        cfg.learner = learner_lib.CompositeLearner.default_config().set(
+            learners={
+                "emb": learner_lib.Learner.default_config().set(optimizer=optimizer.clone()),
+                "proj": learner_lib.Learner.default_config().set(
+                    optimizer=optimizer.clone(learning_rate=0.001)
+                ),
+            },
+            rules=[("emb/.*", "emb"), ("proj/.*", "proj")],
+        )
+        return cfg
+
+    full = config("full", 4).instantiate(parent=None)
+    full.run(jax.random.PRNGKey(3))
+    first = config("resumed", 2).instantiate(parent=None)
+    first.run(jax.random.PRNGKey(3))
+    del first
+    resumed = config("resumed", 4).instantiate(parent=None)
+    resumed.run(jax.random.PRNGKey(3))
+    assert resumed.restored_steps == [2]
+    state = full.trainer_state.learner
+    assert set(state) == {"emb", "proj"}
+    assert rtu.state_digest(resumed.trainer_state) == rtu.state_digest(full.trainer_state)
