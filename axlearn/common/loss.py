@@ -3,9 +3,11 @@
 - `cross_entropy(logits, target_labels, *, live_targets, z_loss_scale, label_smoothing,
   soft_target_labels)`: softmax cross entropy averaged over live targets, plus a z-loss.
 - `binary_cross_entropy`, `sigmoid_cross_entropy_with_logits`: sigmoid cross entropy.
-- `mean_squared_error`, `l1_loss`: weighted means, returned as `metrics.WeightedSummary`.
+- `mean_squared_error`, `bilinear_mean_squared_error`, `l1_loss`: weighted means, returned as
+  `metrics.WeightedSummary`.
 - `contrastive_logits`, `asymmetric_contrastive_loss_from_logits`,
-  `symmetric_contrastive_loss_from_logits`: contrastive losses.
+  `symmetric_contrastive_loss_from_logits`: contrastive losses; the `..._from_features` variants
+  live in `loss_contrastive` and are re-exported here.
 - `categorical_hinge_loss`; `ReductionMethod` with `_reduce_loss`.
 
 Losses compute in float32 when given bfloat16/float16 inputs.
@@ -229,6 +231,52 @@ def mean_squared_error(
         WeightedSummary(mean loss, total weight) (0 and 0 when nothing is weighted).
     """
     return _weighted_mean((preds - targets) ** 2, sample_weight=sample_weight, eps=eps)
+
+
+def bilinear_mean_squared_error(
+    preds: Tensor,
+    targets: Tensor,
+    *,
+    shape: tuple[int, ...],
+    sample_weight: Optional[Tensor] = None,
+    eps: float = 1e-7,
+) -> WeightedSummary:
+    """Mean squared error of `preds - targets` after resizing it bilinearly to `shape`.
+
+    The difference is resized with `jax.image.resize(method="bilinear", antialias=False)`, then
+    squared and averaged as in `mean_squared_error`.
+
+    Args:
+        preds: Float tensor.
+        targets: Float tensor broadcastable with `preds`.
+        shape: The shape to resize the difference to; it has one entry per dimension, and each
+            entry is a whole multiple or a whole divisor of the corresponding input dimension.
+        sample_weight: Optional weights whose shape is a prefix of `shape`.
+        eps: Smallest total weight divided by.
+
+    Returns:
+        WeightedSummary(mean loss, total weight).
+
+    Raises:
+        ValueError: If `shape` has a different number of dimensions than the inputs.
+        NotImplementedError: If a dimension of `shape` and the input's are not whole multiples of
+            one another.
+    """
+    src_shape = jnp.broadcast_shapes(preds.shape, targets.shape)
+    shape = tuple(shape)
+    if len(shape) != len(src_shape):
+        raise ValueError(
+            f"shape must have one entry per dimension of (preds-targets), got {shape} for "
+            f"{src_shape}."
+        )
+    for dim, new_dim in zip(src_shape, shape):
+        if dim % new_dim != 0 and new_dim % dim != 0:
+            raise NotImplementedError(
+                "The dimensions in shape and (preds-targets).shape must be whole multiples of "
+                f"one another, {src_shape} vs. {shape}"
+            )
+    diff = jax.image.resize(preds - targets, shape=shape, method="bilinear", antialias=False)
+    return _weighted_mean(diff**2, sample_weight=sample_weight, eps=eps)
 
 
 def l1_loss(
@@ -642,3 +690,10 @@ def ranking_pairwise_loss(
     return pairwise_loss(
         logits=logits, pair_weights=pairs.astype(logits.dtype), loss_scale=loss_scale
     )
+
+
+# Defined in their own module (one idea per file); importable from here as in AXLearn.
+from axlearn.common.loss_contrastive import (  # noqa: E402, F401
+    asymmetric_contrastive_loss_from_features,
+    symmetric_contrastive_loss_from_features,
+)

@@ -187,3 +187,44 @@ def test_giou_koleo_flops_margin_and_ranking_losses():
     loss, n = L.ranking_pairwise_loss(logits=logits, ranks=ranks, loss_scale=jnp.ones(1))
     assert float(n) == 1.0
     np.testing.assert_allclose(loss, np.log1p(np.exp(-1.0)), rtol=1e-5)
+
+
+def _np_linear_resize_matrix(n, m):
+    """[m, n] weights of a half-pixel-centred linear resize from n to m samples, edges clamped."""
+    w = np.zeros((m, n))
+    for o in range(m):
+        x = min(max((o + 0.5) * n / m - 0.5, 0.0), n - 1.0)
+        lo = int(np.floor(x))
+        hi = min(lo + 1, n - 1)
+        frac = x - lo
+        w[o, lo] += 1 - frac
+        w[o, hi] += frac
+    return w
+
+
+def test_bilinear_mean_squared_error_matches_numpy():
+    from axlearn.common.loss import bilinear_mean_squared_error, mean_squared_error
+
+    preds = jax.random.normal(jax.random.PRNGKey(3), (2, 8, 4))
+    targets = jax.random.normal(jax.random.PRNGKey(4), (2, 8, 4))
+    weight = jnp.asarray([1.0, 3.0])
+    for shape in [(2, 4, 2), (2, 2, 8), (2, 16, 4)]:
+        got = bilinear_mean_squared_error(preds, targets, shape=shape, sample_weight=weight)
+        diff = np.asarray(preds, np.float64) - np.asarray(targets, np.float64)
+        for axis, (n, m) in enumerate(zip(diff.shape, shape)):
+            resized = np.tensordot(_np_linear_resize_matrix(n, m), diff, (1, axis))
+            diff = np.moveaxis(resized, 0, axis)
+        w = np.broadcast_to(np.asarray(weight)[:, None, None], shape)
+        np.testing.assert_allclose(got.mean, (w * diff**2).sum() / w.sum(), rtol=1e-5)
+        np.testing.assert_allclose(got.weight, w.sum(), rtol=1e-6)
+    # Downsampling by 2 averages neighbouring pairs (no antialiasing beyond that).
+    got = bilinear_mean_squared_error(preds, targets, shape=(2, 4, 2))
+    d = np.asarray(preds - targets, np.float64).reshape(2, 4, 2, 2, 2).mean(axis=(2, 4))
+    np.testing.assert_allclose(got.mean, np.mean(d**2), rtol=1e-5)
+    # The identity shape is plain mean squared error.
+    same = bilinear_mean_squared_error(preds, targets, shape=preds.shape)
+    np.testing.assert_allclose(same.mean, mean_squared_error(preds, targets).mean, rtol=1e-6)
+    with pytest.raises(NotImplementedError, match="whole multiples"):
+        bilinear_mean_squared_error(preds, targets, shape=(2, 3, 4))
+    with pytest.raises(ValueError, match="one entry per dimension"):
+        bilinear_mean_squared_error(preds, targets, shape=(4, 2))
