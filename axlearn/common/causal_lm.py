@@ -15,12 +15,20 @@ by the number of target tokens unless noted):
     `aux_loss_regex`: summed matching module outputs, added to the loss).
 """
 
+import math
 import re
-from typing import Optional
+from typing import Optional, Union
 
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from axlearn.common.attention import (
+    PipelinedTransformerLayer,
+    RepeatedTransformerLayer,
+    StackedTransformerLayer,
+    TransformerLayer,
+)
+from axlearn.common.base_layer import RematSpec
 from axlearn.common.base_model import BaseModel
 from axlearn.common.config import ConfigOr, InstantiableConfig, config_class
 from axlearn.common.decoder import Decoder
@@ -31,6 +39,8 @@ from axlearn.common.decoding import (
     StopDecodingCondition,
     brevity_penalty_fn,
 )
+from axlearn.common.embedding import LearnedPositionalEmbedding, TransformerTextEmbeddings
+from axlearn.common.layers import LayerNorm
 from axlearn.common.logit_modifiers import LogitsToLogitsFn
 from axlearn.common.loss import cross_entropy
 from axlearn.common.metrics import WeightedScalar
@@ -299,3 +309,95 @@ class Model(BaseModel):
                 logits_modifier=logits_modifier,
                 stop_decoding_condition=stop_decoding_condition,
             )
+
+
+TransformerStackConfig = Union[
+    StackedTransformerLayer.Config,
+    RepeatedTransformerLayer.Config,
+    PipelinedTransformerLayer.Config,
+]
+
+
+def residual_initializer_cfg(num_layers: int, scale: float = 0.02) -> DefaultInitializer.Config:
+    """GPT-2's initializer of the projections feeding a residual: N(0, scale / sqrt(2 L)).
+
+    Args:
+        num_layers: The number of transformer layers L (each has 2 residual branches).
+        scale: The standard deviation before scaling.
+
+    Returns:
+        A DefaultInitializer config for parameters named "*weight".
+    """
+    return DefaultInitializer.default_config().set(
+        init_by_param_name={
+            PARAM_REGEXP_WEIGHT: WeightInitializer.default_config().set(
+                fan=None, distribution="normal", scale=scale / math.sqrt(2 * num_layers)
+            )
+        }
+    )
+
+
+def gpt_decoder_config(
+    stack_cfg: TransformerStackConfig,
+    num_layers: int,
+    hidden_dim: int,
+    num_heads: int,
+    vocab_size: int,
+    max_position_embeddings: int,
+    activation_function: str = "nn.relu",
+    layer_norm_epsilon: float = 1e-08,
+    dropout_rate: float = 0.0,
+    layer_remat: Optional[RematSpec] = None,
+) -> Decoder.Config:
+    """A GPT-2 style decoder: learned positions, pre-norm layers, causal attention, 4x FFN.
+
+    Args:
+        stack_cfg: A StackedTransformerLayer, RepeatedTransformerLayer or
+            PipelinedTransformerLayer config (not modified).
+        num_layers: Number of transformer layers.
+        hidden_dim: Model dim (embeddings and layer inputs/outputs).
+        num_heads: Attention heads per layer.
+        vocab_size: Vocabulary size.
+        max_position_embeddings: Rows of the learned positional embedding table.
+        activation_function: The feed-forward activation.
+        layer_norm_epsilon: Epsilon of every LayerNorm.
+        dropout_rate: Dropout rate throughout the model.
+        layer_remat: If not None, the transformer layer's remat_spec.
+
+    Returns:
+        A Decoder config (attention masks causally itself: `attention_mask` is None).
+
+    Raises:
+        ValueError: If `stack_cfg` is not one of the three stack configs.
+    """
+    stack_classes = (StackedTransformerLayer, RepeatedTransformerLayer, PipelinedTransformerLayer)
+    if getattr(stack_cfg, "klass", None) not in stack_classes:
+        raise ValueError(
+            f"gpt_decoder_config: stack_cfg must configure one of "
+            f"{[c.__name__ for c in stack_classes]}; got {type(stack_cfg).__name__}"
+        )
+    layer_cfg = TransformerLayer.default_config()
+    layer_cfg.feed_forward.activation = activation_function
+    layer_cfg.feed_forward.norm = LayerNorm.default_config().set(eps=layer_norm_epsilon)
+    layer_cfg.feed_forward.hidden_dim = 4 * hidden_dim
+    layer_cfg.self_attention.norm = LayerNorm.default_config().set(eps=layer_norm_epsilon)
+    layer_cfg.self_attention.attention.causal = True
+    layer_cfg.self_attention.attention.num_heads = num_heads
+    layer_cfg.self_attention.attention.output_linear.param_init = residual_initializer_cfg(
+        num_layers=num_layers
+    )
+    layer_cfg.feed_forward.linear2.param_init = residual_initializer_cfg(num_layers=num_layers)
+    layer_cfg.remat_spec = layer_remat
+    return Decoder.default_config().set(
+        transformer=stack_cfg.clone(num_layers=num_layers, layer=layer_cfg),
+        dim=hidden_dim,
+        vocab_size=vocab_size,
+        emb=TransformerTextEmbeddings.default_config().set(
+            pos_emb=LearnedPositionalEmbedding.default_config().set(
+                shape=(max_position_embeddings,)
+            )
+        ),
+        output_norm=LayerNorm.default_config().set(eps=layer_norm_epsilon),
+        dropout_rate=dropout_rate,
+        attention_mask=None,
+    )

@@ -1,14 +1,83 @@
 """Text embeddings for transformer language models."""
 
+from collections.abc import Sequence
 from typing import Optional
 
 import jax.numpy as jnp
 
-from axlearn.common.base_layer import BaseLayer
+from axlearn.common.base_layer import BaseLayer, ParameterSpec
 from axlearn.common.config import REQUIRED, InstantiableConfig, Required, config_class
 from axlearn.common.layers import Dropout, Embedding
 from axlearn.common.module import Module
+from axlearn.common.param_init import (
+    PARAM_REGEXP_WEIGHT,
+    DefaultInitializer,
+    FanAxes,
+    WeightInitializer,
+)
 from axlearn.common.utils import Tensor
+
+
+class LearnedPositionalEmbedding(BaseLayer):
+    """A learned table of positional embeddings (GPT-2's `wpe`), looked up by position.
+
+    AXLearn defines this layer in `axlearn.common.attention`; here it lives next to
+    `TransformerTextEmbeddings`, whose `pos_emb` it usually is. Parameter `weight` has shape
+    [1, *shape, dim] (AXLearn's layout); the default initializer is N(0, 1/dim).
+    """
+
+    @config_class
+    class Config(BaseLayer.Config):
+        """Configures LearnedPositionalEmbedding."""
+
+        dim: Required[int] = REQUIRED  # Embedding dim.
+        shape: Required[Sequence[int]] = REQUIRED  # The position grid, e.g. (max_seq_len,).
+
+    @classmethod
+    def default_config(cls) -> Config:
+        cfg = super().default_config()
+        cfg.param_partition_spec = (None, None, "model")
+        cfg.param_init = DefaultInitializer.default_config().set(
+            init_by_param_name={
+                PARAM_REGEXP_WEIGHT: WeightInitializer.default_config().set(
+                    fan="fan_out", distribution="normal"
+                )
+            }
+        )
+        return cfg
+
+    def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
+        cfg = self.config
+        shape = [1, *cfg.shape, cfg.dim]
+        mesh_axes = cfg.param_partition_spec
+        if mesh_axes is not None and len(mesh_axes) != len(shape):
+            # A multi-axis position grid: shard only the embedding dim as configured.
+            mesh_axes = (None,) * (len(shape) - 1) + (mesh_axes[-1],)
+        return dict(weight=ParameterSpec(shape=shape, mesh_axes=mesh_axes))
+
+    def _compute_fan_axes(self, name: str, parameter_spec: ParameterSpec) -> Optional[FanAxes]:
+        if name != "weight":
+            return super()._compute_fan_axes(name, parameter_spec)
+        ndim = len(parameter_spec.shape)
+        in_axis = tuple(range(1, ndim - 1))
+        return FanAxes(
+            batch_axis=0, in_axis=in_axis[0] if len(in_axis) == 1 else in_axis, out_axis=ndim - 1
+        )
+
+    def embeddings(self) -> Tensor:
+        """Returns the table, [*shape, dim]."""
+        return self.parameters["weight"][0]
+
+    def forward(self, positions: Tensor) -> Tensor:
+        """Looks positions up.
+
+        Args:
+            positions: Int tensor of any shape [...] with values in [0, shape[0]).
+
+        Returns:
+            Embeddings [..., *shape[1:], dim].
+        """
+        return self.embeddings()[positions]
 
 
 class TransformerTextEmbeddings(BaseLayer):

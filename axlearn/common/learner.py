@@ -27,7 +27,7 @@ import dataclasses
 import enum
 import re
 from collections.abc import Sequence
-from typing import Any, Callable, NamedTuple, Optional, Protocol, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 import jax
 import optax
@@ -42,7 +42,7 @@ from axlearn.common.config import (
     config_for_function,
     maybe_instantiate,
 )
-from axlearn.common.module import Module, child_context, functional
+from axlearn.common.module import Module, child_context, functional, new_output_collection
 from axlearn.common.optimizer_base import OptParam, PartitionedGradientTransformation
 from axlearn.common.optimizers import global_norm, opt_params_from_specs, param_ema
 from axlearn.common.per_param_settings import (
@@ -53,6 +53,16 @@ from axlearn.common.per_param_settings import (
     register_per_param_settings,
 )
 from axlearn.common.per_param_settings import per_param_settings_text as settings_to_text
+from axlearn.common.update_transformation import (
+    BackwardOutputs,
+    ForwardBackwardOutputs,
+    ForwardFn,
+    ForwardOutputs,
+    ForwardPass,
+    Updates,
+    UpdateTransformation,
+    mask_tree,
+)
 from axlearn.common.utils import Nested, Tensor, flatten_items, get_recursively, tree_paths
 
 
@@ -77,39 +87,6 @@ def should_update_with_optimizers(update_type: UpdateType) -> bool:
 def should_apply_state_updates(update_type: UpdateType) -> bool:
     """Whether `update_type` allows state updates."""
     return update_type in (UpdateType.STATE_UPDATES, UpdateType.ALL_UPDATES)
-
-
-class ForwardOutputs(NamedTuple):
-    """What a loss function (ForwardFn) returns."""
-
-    # The scalar to minimize.
-    loss: Tensor
-    # Auxiliary outputs (not differentiated).
-    aux: Any
-    # The model's OutputCollection (summaries, state_updates, module_outputs).
-    output_collection: Any
-
-
-class BackwardOutputs(NamedTuple):
-    """What the backward pass and update produce."""
-
-    # The model parameters after the update.
-    updated_params: Nested[Tensor]
-
-
-class ForwardBackwardOutputs(NamedTuple):
-    """The result of `Learner.forward_and_backward`."""
-
-    # The loss function's outputs (with the unscaled loss).
-    forward_outputs: ForwardOutputs
-    # The updated parameters.
-    backward_outputs: BackwardOutputs
-
-
-class ForwardFn(Protocol):
-    """A loss function: `fn(*, model_params, inputs) -> ForwardOutputs`."""
-
-    def __call__(self, *, model_params: Nested[Tensor], inputs: Any) -> ForwardOutputs: ...
 
 
 # Transforms a ForwardFn into another, e.g. `gradient_accumulation.with_minibatch_steps`.
@@ -152,6 +129,28 @@ class BaseLearner(Module):
 
         Returns:
             The state.
+        """
+        raise NotImplementedError(type(self))
+
+    def update(self, updates: Updates) -> Nested[Tensor]:
+        """Transforms `updates` and applies them to the parameters.
+
+        Args:
+            updates: The updates (parameters, gradients, forward-pass state updates).
+
+        Returns:
+            The updated parameter values. The new learner state is added as state updates.
+        """
+        raise NotImplementedError(type(self))
+
+    def should_update_with_optimizers(self, model_params: Nested[Any]) -> Nested[bool]:
+        """Whether each parameter receives optimizer (delta) updates, i.e. needs a gradient.
+
+        Args:
+            model_params: A tree of parameters (OptParams, arrays or specs).
+
+        Returns:
+            A tree of bools with the same structure.
         """
         raise NotImplementedError(type(self))
 
@@ -198,12 +197,19 @@ class Learner(BaseLearner):
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
         cfg = self.config
-        self.optimizer: PartitionedGradientTransformation = maybe_instantiate(cfg.optimizer)
-        if not isinstance(self.optimizer, PartitionedGradientTransformation):
-            raise ValueError(
-                f"{self.path()}.optimizer must instantiate to a PartitionedGradientTransformation, "
-                f"got {type(self.optimizer)}"
-            )
+        # Either a PartitionedGradientTransformation (the usual optimizers, called directly) or,
+        # when cfg.optimizer configures an UpdateTransformation, the child module "optimizer".
+        self._optimizer_module: Optional[UpdateTransformation] = None
+        if isinstance(cfg.optimizer, UpdateTransformation.Config):
+            self._optimizer_module = self._add_child("optimizer", cfg.optimizer)
+        else:
+            self.optimizer: PartitionedGradientTransformation = maybe_instantiate(cfg.optimizer)
+            if not isinstance(self.optimizer, PartitionedGradientTransformation):
+                raise ValueError(
+                    f"{self.path()}.optimizer must instantiate to a "
+                    "PartitionedGradientTransformation or configure an UpdateTransformation, "
+                    f"got {type(self.optimizer)}"
+                )
         self._ema: Optional[PartitionedGradientTransformation] = None
         if getattr(cfg.ema, "decay", None) is not None:
             self._ema = cfg.ema.instantiate()
@@ -263,7 +269,13 @@ class Learner(BaseLearner):
     # ---------------------------------------------------------------------------------------
 
     def create_state_partition_specs(self, model_param_specs: Nested[Any]) -> dict[str, Any]:
-        specs = dict(optimizer=self.optimizer.partition(self._optimizer_params(model_param_specs)))
+        optimizer_specs = self._optimizer_params(model_param_specs)
+        if self._optimizer_module is not None:
+            specs = dict(
+                optimizer=self._optimizer_module.create_state_partition_specs(optimizer_specs)
+            )
+        else:
+            specs = dict(optimizer=self.optimizer.partition(optimizer_specs))
         if self._ema is not None:
             specs["ema"] = self._ema.partition(model_param_specs)
         if self._loss_scaler is not None:
@@ -274,7 +286,11 @@ class Learner(BaseLearner):
         register_per_param_settings(
             self._update_types(model_params), description=LEARNER_UPDATE_TYPE, path=self.path()
         )
-        state = dict(optimizer=self.optimizer.init(self._optimizer_params(model_params)))
+        optimizer_params = self._optimizer_params(model_params)
+        if self._optimizer_module is not None:
+            state = dict(optimizer=self._optimizer_module.init(optimizer_params))
+        else:
+            state = dict(optimizer=self.optimizer.init(optimizer_params))
         if self._ema is not None:
             state["ema"] = self._ema.init(model_params)
         if self._loss_scaler is not None:
@@ -285,31 +301,26 @@ class Learner(BaseLearner):
     # Updates.
     # ---------------------------------------------------------------------------------------
 
-    def update(
-        self,
-        *,
-        model_params: Nested[OptParam],
-        gradients: Nested[Tensor],
-        state_updates: Nested[Tensor],
-        is_valid_step: Optional[Tensor] = None,
-    ) -> Nested[Tensor]:
-        """Applies the optimizer to `gradients` and `state_updates` to the parameters.
+    def update(self, updates: Updates, *, is_valid_step: Optional[Tensor] = None) -> Nested[Tensor]:
+        """Transforms `updates` with the optimizer and applies them to the parameters.
 
         Must run in the learner's invocation context (state = the learner state); the new
         learner state is added as state updates.
 
         Args:
-            model_params: The parameters (OptParams).
-            gradients: Gradients with the structure of `model_params` (None where a parameter
-                gets no optimizer update).
-            state_updates: The forward pass's state updates (e.g. moving statistics): a nested
-                dict of new values for (a subset of) the parameters.
+            updates: `opt_params` (the parameters as OptParams), `delta_updates` (the gradients,
+                None where a parameter gets no optimizer update) and `inplace_updates` (the
+                forward pass's state updates, e.g. moving statistics: a nested dict of new
+                values for a subset of the parameters, or None).
             is_valid_step: Optional scalar bool; when False the parameters and the learner state
                 are left unchanged (e.g. a float16 overflow).
 
         Returns:
             The updated parameter values.
         """
+        model_params = updates.opt_params
+        gradients = updates.delta_updates
+        state_updates = updates.inplace_updates if updates.inplace_updates is not None else {}
         cfg = self.config
         should_update = self.should_update_with_optimizers(model_params)
         values = jax.tree.map(lambda p: p.value, model_params)
@@ -329,8 +340,23 @@ class Learner(BaseLearner):
         old_opt_state = self.state["optimizer"]
         # The optimizer runs in a child context "optimizer", so its summaries are
         # `optimizer/learning_rate`, `optimizer/gradient_norm`, ... in the learner's collection.
-        with child_context("optimizer", module=self, state=old_opt_state):
-            param_updates, opt_state = self.optimizer.update(opt_grads, old_opt_state, opt_params)
+        if self._optimizer_module is not None:
+            transformed = self._optimizer_module(
+                dataclasses.replace(
+                    updates,
+                    opt_params=opt_params,
+                    delta_updates=opt_grads,
+                    inplace_updates=state_updates,
+                )
+            )
+            param_updates = transformed.delta_updates
+            state_updates = transformed.inplace_updates
+            opt_state = self._new_optimizer_state(old_opt_state)
+        else:
+            with child_context("optimizer", module=self, state=old_opt_state):
+                param_updates, opt_state = self.optimizer.update(
+                    opt_grads, old_opt_state, opt_params
+                )
         new_values = jax.tree.map(
             lambda keep, v, u: (v + u).astype(v.dtype) if keep else v,
             should_update,
@@ -354,6 +380,16 @@ class Learner(BaseLearner):
                 ema_state = _tree_where(is_valid_step, ema_state, self.state["ema"])
             self.add_state_update("ema", ema_state)
         return new_values
+
+    def _new_optimizer_state(self, old_state: Any) -> Any:
+        """The optimizer module's state after its call: its state updates over `old_state`."""
+        new_state = self.get_invocation_context().output_collection.state_updates.get(
+            "optimizer", old_state
+        )
+        if isinstance(old_state, dict) and isinstance(new_state, dict):
+            # A module that updates only some entries (add_state_update) keeps the others.
+            new_state = {**old_state, **new_state}
+        return new_state
 
     def _apply_state_updates(self, values: Nested[Tensor], state_updates: Any) -> Nested[Tensor]:
         """Replaces parameter values by forward-pass state updates where the rules allow it."""
@@ -396,20 +432,9 @@ class Learner(BaseLearner):
 
         forward = self._forward_fn_transformation(scaled_fn)
 
-        def loss_fn(grad_values, nograd_values):
-            model_params = jax.tree.map(
-                lambda c, g, n: g if c else n,
-                should_compute,
-                grad_values,
-                nograd_values,
-                is_leaf=lambda x: x is None,
-            )
-            outputs = forward(model_params=model_params, inputs=inputs)
-            return outputs.loss, outputs
-
-        grad_values = _mask_tree(values, should_compute)
-        nograd_values = jax.tree.map(lambda c, v: None if c else v, should_compute, values)
-        (_, outputs), grads = jax.value_and_grad(loss_fn, has_aux=True)(grad_values, nograd_values)
+        outputs, grads = _value_and_grad(
+            forward, values=values, inputs=inputs, should_compute=should_compute
+        )
 
         is_valid_step = None
         if scaler is not None:
@@ -425,16 +450,245 @@ class Learner(BaseLearner):
             self.add_summary("loss_scale/num_skipped_steps", new_scale_state.num_skipped_steps)
             self.add_summary("loss_scale/num_nan_steps", new_scale_state.num_nan_steps)
         updated = self.update(
-            model_params=opt_params,
-            gradients=grads,
-            state_updates=outputs.output_collection.state_updates
-            if hasattr(outputs.output_collection, "state_updates")
-            else {},
+            _updates_from_forward(
+                fn, opt_params=opt_params, inputs=inputs, outputs=outputs, grads=grads
+            ),
             is_valid_step=is_valid_step,
         )
         return ForwardBackwardOutputs(
             forward_outputs=outputs, backward_outputs=BackwardOutputs(updated_params=updated)
         )
+
+
+class CompositeLearner(BaseLearner):
+    """Several sub-learners, each updating the parameters that `rules` assign to it.
+
+    Each parameter belongs to exactly one sub-learner (the first rule whose regex fully matches
+    its path). A sub-learner sees the whole parameter tree with the other sub-learners'
+    parameters masked by `optax.MaskedNode()`, so its optimizer state covers only its own
+    parameters. The learner state is `{<learner name>: <its state>, ["ema": ...]}`.
+
+    Parameter EMA is kept by the composite learner (`ema`), not by the sub-learners. The
+    composite runs the forward and backward pass itself and calls the sub-learners' `update`;
+    sub-learners' `forward_fn_transformation` and `loss_scaler` are therefore not supported and
+    rejected.
+    """
+
+    @config_class
+    class Config(BaseLearner.Config):
+        """Configures CompositeLearner."""
+
+        # {name: Learner config}; names are module names ([a-z][a-z0-9_]*, not "ema").
+        learners: Mapping[str, Learner.Config] = {}
+        # (param_path_regex, learner name) pairs; the first full match assigns a parameter to a
+        # learner. Every parameter must be assigned.
+        rules: Required[Sequence[tuple[str, str]]] = REQUIRED
+        # Polyak averaging of all the parameters (see Learner.Config.ema).
+        ema: InstantiableConfig = config_for_function(param_ema)
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        for name, learner_cfg in cfg.learners.items():
+            if name == "ema":
+                raise ValueError(f"Sublearner name cannot be ema. ({self.path()}.learners)")
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+                raise ValueError(
+                    f"{self.path()}.learners: sub-learner name {name!r} must match [a-z][a-z0-9_]*."
+                )
+            if getattr(learner_cfg.ema, "decay", None) is not None:
+                raise ValueError(
+                    f"Sublearner {name} ema decay is not None: "
+                    f"{self.path()}.learners[{name!r}].ema.decay={learner_cfg.ema.decay}; "
+                    f"set {self.path()}.ema instead."
+                )
+            for field in ("forward_fn_transformation", "loss_scaler"):
+                if getattr(learner_cfg, field, None) is not None:
+                    raise ValueError(
+                        f"{self.path()}.learners[{name!r}].{field} is not supported in a "
+                        "CompositeLearner (the composite runs forward and backward); got "
+                        f"{getattr(learner_cfg, field)}"
+                    )
+            self._add_child(name, learner_cfg.clone(name=name))
+        for i, (regex, name) in enumerate(cfg.rules):
+            if name not in cfg.learners:
+                raise ValueError(
+                    f"{name} is not found in the known learners: {self.path()}.rules[{i}] "
+                    f"({regex!r}, {name!r}); learners: {sorted(cfg.learners)}."
+                )
+            try:
+                re.compile(regex)
+            except re.error as e:
+                raise ValueError(f"{self.path()}.rules[{i}]: bad regex {regex!r}: {e}") from e
+        self._ema: Optional[PartitionedGradientTransformation] = None
+        if getattr(cfg.ema, "decay", None) is not None:
+            self._ema = cfg.ema.instantiate()
+
+    def _learner_tree(self, params: Nested[Any]) -> Nested[str]:
+        """The name of the sub-learner of every leaf of `params`. Raises on unassigned ones."""
+        cfg = self.config
+
+        def learner_name(path: str) -> str:
+            for regex, name in cfg.rules:
+                if re.fullmatch(regex, path):
+                    return name
+            raise ValueError(
+                "Composite learner rules do not update all model params: parameter "
+                f"{path!r} matches none of {self.path()}.rules "
+                f"{[regex for regex, _ in cfg.rules]}."
+            )
+
+        return jax.tree.map(learner_name, tree_paths(params))
+
+    def _sub_learner_params(self, tree: Nested[Any], learner_tree: Nested[str], name: str) -> Any:
+        """`tree` with the parameters of sub-learners other than `name` masked out."""
+        keep = jax.tree.map(lambda n: n == name, learner_tree)
+        return mask_tree(tree, keep=keep, mask_value=optax.MaskedNode())
+
+    def create_state_partition_specs(self, model_param_specs: Nested[Any]) -> dict[str, Any]:
+        learner_tree = self._learner_tree(model_param_specs)
+        specs = {
+            name: getattr(self, name).create_state_partition_specs(
+                self._sub_learner_params(model_param_specs, learner_tree, name)
+            )
+            for name in self.config.learners
+        }
+        if self._ema is not None:
+            specs["ema"] = self._ema.partition(model_param_specs)
+        return specs
+
+    def init(self, model_params: Nested[OptParam]) -> dict[str, Any]:
+        learner_tree = self._learner_tree(model_params)
+        register_per_param_settings(learner_tree, description="learner_rule", path=self.path())
+        state = {
+            name: getattr(self, name).init(
+                self._sub_learner_params(model_params, learner_tree, name)
+            )
+            for name in self.config.learners
+        }
+        if self._ema is not None:
+            state["ema"] = self._ema.init(model_params)
+        return state
+
+    def should_update_with_optimizers(self, model_params: Nested[Any]) -> Nested[bool]:
+        learner_tree = self._learner_tree(model_params)
+        result = jax.tree.map(lambda _: False, learner_tree)
+        for name in self.config.learners:
+            sub = getattr(self, name).should_update_with_optimizers(
+                self._sub_learner_params(model_params, learner_tree, name)
+            )
+            result = jax.tree.map(
+                lambda n, new, old, name=name: new if n == name else old, learner_tree, sub, result
+            )
+        return result
+
+    def update(self, updates: Updates) -> Nested[Tensor]:
+        """Lets each sub-learner update its own parameters (see `BaseLearner.update`)."""
+        learner_tree = self._learner_tree(updates.opt_params)
+        values = updates.param_values()
+        updated = values
+        for name in self.config.learners:
+            keep = lambda tree, name=name: jax.tree.map(  # noqa: E731
+                lambda n: n == name, self._learner_tree(tree)
+            )
+            sub_updates = (
+                updates.mask(keep, fields=("inplace_updates",))
+                if jax.tree.leaves(updates.inplace_updates)
+                else updates
+            )
+            sub_updates = sub_updates.mask(
+                lambda _, name=name: jax.tree.map(lambda n: n == name, learner_tree),
+                fields=("opt_params", "delta_updates"),
+            )
+            sub_values = getattr(self, name).update(sub_updates)
+            updated = jax.tree.map(
+                lambda n, new, old, name=name: new if n == name else old,
+                learner_tree,
+                sub_values,
+                updated,
+            )
+        if self._ema is not None:
+            _, ema_state = self._ema.update(
+                {},
+                self.state["ema"],
+                jax.tree.map(
+                    lambda p, v: dataclasses.replace(p, value=v), updates.opt_params, updated
+                ),
+            )
+            self.add_state_update("ema", ema_state)
+        return updated
+
+    def forward_and_backward(
+        self, *, fn: ForwardFn, inputs: Any, opt_params: Nested[OptParam]
+    ) -> ForwardBackwardOutputs:
+        # The sub-learners are called again by `update`: ask them in a separate context.
+        with child_context(
+            "should_compute_gradients", module=self, output_collection=new_output_collection()
+        ):
+            should_compute = self.should_update_with_optimizers(opt_params)
+        values = jax.tree.map(lambda p: p.value, opt_params)
+        outputs, grads = _value_and_grad(
+            fn, values=values, inputs=inputs, should_compute=should_compute
+        )
+        updated = self.update(
+            _updates_from_forward(
+                fn, opt_params=opt_params, inputs=inputs, outputs=outputs, grads=grads
+            )
+        )
+        return ForwardBackwardOutputs(
+            forward_outputs=outputs, backward_outputs=BackwardOutputs(updated_params=updated)
+        )
+
+
+def _value_and_grad(
+    forward: ForwardFn, *, values: Nested[Tensor], inputs: Any, should_compute: Nested[bool]
+) -> tuple[ForwardOutputs, Nested[Optional[Tensor]]]:
+    """Runs `forward` and differentiates its loss w.r.t. the values where `should_compute`.
+
+    Returns:
+        The forward outputs and the gradients (None where `should_compute` is False).
+    """
+
+    def loss_fn(grad_values, nograd_values):
+        model_params = jax.tree.map(
+            lambda c, g, n: g if c else n,
+            should_compute,
+            grad_values,
+            nograd_values,
+            is_leaf=lambda x: x is None,
+        )
+        outputs = forward(model_params=model_params, inputs=inputs)
+        return outputs.loss, outputs
+
+    grad_values = _mask_tree(values, should_compute)
+    nograd_values = jax.tree.map(lambda c, v: None if c else v, should_compute, values)
+    (_, outputs), grads = jax.value_and_grad(loss_fn, has_aux=True)(grad_values, nograd_values)
+    return outputs, grads
+
+
+def _updates_from_forward(
+    fn: ForwardFn,
+    *,
+    opt_params: Nested[OptParam],
+    inputs: Any,
+    outputs: ForwardOutputs,
+    grads: Nested[Optional[Tensor]],
+) -> Updates:
+    """The `Updates` of one forward/backward pass: gradients and the forward's state updates."""
+    collection = outputs.output_collection
+    return Updates(
+        opt_params=opt_params,
+        delta_updates=grads,
+        inplace_updates=collection.state_updates if hasattr(collection, "state_updates") else {},
+        forward_pass=dict(
+            default=ForwardPass(
+                forward_fn=fn,
+                inputs=inputs,
+                model_params=jax.tree.map(lambda p: p.value, opt_params),
+                outputs=outputs,
+            )
+        ),
+    )
 
 
 def per_param_settings_text(
@@ -473,7 +727,7 @@ def per_param_settings_text(
             learner,
             prng_key=None,
             state=state,
-            inputs=dict(model_params=params, gradients=grads, state_updates={}),
+            inputs=dict(updates=Updates(opt_params=params, delta_updates=grads)),
             method="update",
             is_training=True,
         )

@@ -380,6 +380,50 @@ def with_sharding_constraint(x: Tensor, shardings: Any) -> Tensor:
     return jax.lax.with_sharding_constraint(x, shardings)
 
 
+# The key of the [physical_batch, logical_batch] bool dispatch tensor that
+# `input_dispatch.InputDispatcher.logical_to_physical_batch` adds to a physical input batch.
+PHYSICAL_TO_LOGICAL_DISPATCH_KEY = "__physical_to_logical_batch_dispatch"
+
+
+def dispatch_input_batch(
+    input_batch: NestedTensor, *, batch_axis_names: Optional[Union[str, Sequence[str]]] = "data"
+) -> NestedTensor:
+    """Turns a physical input batch into a logical one via its dispatch tensors.
+
+    Every dict in `input_batch` holding `PHYSICAL_TO_LOGICAL_DISPATCH_KEY` (a bool tensor
+    [physical_batch, logical_batch] with at most one True per row; an all-False row marks a
+    padding example) has that key removed and each leaf x [physical_batch, ...] of its other
+    entries replaced by the logical rows x'[l] = x[p] where dispatch[p, l]. Dicts without the key
+    are traversed; other values are returned unchanged.
+
+    Args:
+        input_batch: A (nested) physical batch.
+        batch_axis_names: Mesh axes the batch axis of the dispatched leaves is sharded over;
+            None leaves them unconstrained.
+
+    Returns:
+        The logical batch (a new tree; `input_batch` is not modified).
+    """
+
+    def traverse(data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if PHYSICAL_TO_LOGICAL_DISPATCH_KEY not in data:
+            return {key: traverse(value) for key, value in data.items()}
+        data = dict(data)
+        dispatch = data.pop(PHYSICAL_TO_LOGICAL_DISPATCH_KEY)
+
+        def apply(x: Tensor) -> Tensor:
+            out = jnp.einsum("p...,pl->l...", x, dispatch.astype(x.dtype))
+            if batch_axis_names is None:
+                return out
+            return with_sharding_constraint(out, PartitionSpec(batch_axis_names))
+
+        return jax.tree.map(apply, data)
+
+    return traverse(input_batch)
+
+
 def maybe_shard(x: Tensor, partition_spec: Optional[Sequence]) -> Tensor:
     """Applies `with_sharding_constraint(x, PartitionSpec(*partition_spec))` unless spec is None.
 

@@ -15,6 +15,7 @@ from axlearn.common.attention import (
     bias_layers,
     multihead,
     pipelined,
+    q_linear,
     qkv,
     remat,
     scale,
@@ -38,6 +39,7 @@ from axlearn.common.attention.pipelined import (
     _TransformerPipeline,
     pipelined_stack_config,
 )
+from axlearn.common.attention.q_linear import KVState, QLinear
 from axlearn.common.attention.qkv import (
     BaseMultiheadLinear,
     BaseQKVLinear,
@@ -93,6 +95,7 @@ _SUBMODULES = (
     bias_layers,
     multihead,
     pipelined,
+    q_linear,
     qkv,
     remat,
     scale,
@@ -133,6 +136,7 @@ __all__ = [
     "FusedQKVLinear",
     "GroupedQKVLinear",
     "GroupedQueryAttention",
+    "KVState",
     "MultiheadAttention",
     "MultiheadInputLinear",
     "MultiheadOutputLinear",
@@ -140,6 +144,7 @@ __all__ = [
     "PerDimScale",
     "PipelinedTransformerLayer",
     "QKVLinear",
+    "QLinear",
     "RematRegexSavePatterns",
     "RepeatedTransformerLayer",
     "RoFormerQKVLinear",

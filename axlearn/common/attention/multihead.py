@@ -14,6 +14,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from axlearn.common.attention.cache_kwargs import accepts_empty_cache_kwargs
 from axlearn.common.attention.qkv import (
     MultiheadOutputLinear,
     QKVLinear,
@@ -175,11 +176,12 @@ class MultiheadAttention(BaseLayer):
             return_aux=return_aux,
         )
 
+    @accepts_empty_cache_kwargs(input_name="query", dim_field="query_dim")
     def init_states(
         self,
         *,
-        time_step: Optional[Tensor],
-        query: Tensor,
+        time_step: Optional[Tensor] = None,
+        query: Optional[Tensor] = None,
         attention_logit_biases: Optional[Tensor] = None,
         return_aux: Optional[set[str]] = None,
     ) -> tuple[NestedTensor, Optional[Output]]:

@@ -479,12 +479,26 @@ class RoFormerQKVLinear(BaseQKVLinear):
         input_linear: InstantiableConfig = QKVLinear.default_config()
         # Whether to also rotate the values.
         rotary_value: Required[bool] = REQUIRED
+        # Optional scale layer (e.g. `ScaleQuery` with a norm) applied to the projected queries
+        # before RoPE; its per_head_dim is set from this config. None: no scaling here.
+        query_scale: Optional[InstantiableConfig] = None
+        # Optional scale layer (e.g. `ScaleKey`) applied to the projected keys before RoPE.
+        key_scale: Optional[InstantiableConfig] = None
+        # Fraction in (0, 1] of each head's dims that RoPE rotates (the leading
+        # int(per_head_dim * factor) channels, which must be even); the rest pass through.
+        # The rotary frequencies use the rotated width. None means 1.0 (rotate all dims).
+        partial_rope_factor: Optional[float] = None
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
         cfg = self.config
-        self._add_child("rope_pos_emb_layer", cfg.rope_pos_emb_layer.clone(dim=cfg.per_head_dim))
+        self._rotary_dim = _rotary_dim(cfg)
+        self._add_child("rope_pos_emb_layer", cfg.rope_pos_emb_layer.clone(dim=self._rotary_dim))
         self._add_child("i_proj", _input_linear_config(cfg, per_head_dim=cfg.per_head_dim))
+        if cfg.query_scale is not None:
+            self._add_child("query_scale", cfg.query_scale.clone(per_head_dim=cfg.per_head_dim))
+        if cfg.key_scale is not None:
+            self._add_child("key_scale", cfg.key_scale.clone(per_head_dim=cfg.per_head_dim))
 
     @property
     def num_kv_heads(self) -> int:
@@ -502,9 +516,40 @@ class RoFormerQKVLinear(BaseQKVLinear):
         q, k, v = self.i_proj(query, key=key, value=value)
         if key is not None and query_positions is None and k.shape[1] != q.shape[1]:
             raise ValueError("RoPE with cross-attention needs equal lengths or query_positions")
+        if cfg.query_scale is not None:
+            q = self.query_scale(q)
+        if cfg.key_scale is not None:
+            k = self.key_scale(k)
         sin_cos = self.rope_pos_emb_layer(positions=query_positions, max_seq_len=q.shape[1])
-        q = apply_rotary_position_embeddings(q, sin_cos)
-        k = apply_rotary_position_embeddings(k, sin_cos)
+        q = self._rotate(q, sin_cos)
+        k = self._rotate(k, sin_cos)
         if cfg.rotary_value:
-            v = apply_rotary_position_embeddings(v, sin_cos)
+            v = self._rotate(v, sin_cos)
         return self.Output(query=q, key=k, value=v)
+
+    def _rotate(self, x: Tensor, sin_cos: Tensor) -> Tensor:
+        """Rotates the leading `self._rotary_dim` channels of `x`; the rest pass through."""
+        if self._rotary_dim == x.shape[-1]:
+            return apply_rotary_position_embeddings(x, sin_cos)
+        rotated = apply_rotary_position_embeddings(x[..., : self._rotary_dim], sin_cos)
+        return jnp.concatenate([rotated, x[..., self._rotary_dim :]], axis=-1)
+
+
+def _rotary_dim(cfg: RoFormerQKVLinear.Config) -> int:
+    """The number of leading channels per head that RoPE rotates (see `partial_rope_factor`).
+
+    Raises:
+        ValueError: If the factor is outside (0, 1] or gives an odd or zero width.
+    """
+    factor = cfg.partial_rope_factor
+    if factor is None:
+        return cfg.per_head_dim
+    if not 0 < factor <= 1:
+        raise ValueError(f"{cfg.name}: partial_rope_factor must be in (0, 1], got {factor}")
+    dim = int(cfg.per_head_dim * factor)
+    if dim == 0 or dim % 2:
+        raise ValueError(
+            f"{cfg.name}: partial_rope_factor={factor} with per_head_dim={cfg.per_head_dim} "
+            f"rotates {dim} dims; it must be a positive even number"
+        )
+    return dim

@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 import jax
 import jax.numpy as jnp
 
+from axlearn.common.attention.cache_kwargs import accepts_empty_cache_kwargs
 from axlearn.common.attention.transformer import BaseTransformerLayer, TransformerLayer
 from axlearn.common.base_layer import RematSpec
 from axlearn.common.config import (
@@ -91,8 +92,9 @@ class StackedTransformerLayer(BaseStackedTransformerLayer):
             data = out.data
         return _aggregate(outputs)
 
+    @accepts_empty_cache_kwargs(input_name="data", dim_field="input_dim")
     def init_states(
-        self, *, time_step: Optional[Tensor], data, **layer_kwargs
+        self, *, time_step: Optional[Tensor] = None, data=None, **layer_kwargs
     ) -> tuple[list[NestedTensor], Optional[BaseTransformerLayer.Output]]:
         """Per-layer caches (a list): empty if time_step is None, else prefilled from `data`."""
         states, outputs = [], []
@@ -189,7 +191,8 @@ class RepeatedTransformerLayer(BaseStackedTransformerLayer):
         """See `_TransformerRepeat.forward`."""
         return self.repeat(data, **layer_kwargs)
 
-    def init_states(self, *, time_step: Optional[Tensor], data, **layer_kwargs):
+    @accepts_empty_cache_kwargs(input_name="data", dim_field="input_dim")
+    def init_states(self, *, time_step: Optional[Tensor] = None, data=None, **layer_kwargs):
         """Returns ({"repeat": VDict of caches stacked on a leading layer axis}, output or None).
 
         The VDict lets `utils.vectorized_tree_map` (e.g. in `decoding`) see per-layer caches.

@@ -9,6 +9,7 @@ from typing import NamedTuple, Optional, Union
 import jax
 import jax.numpy as jnp
 
+from axlearn.common.attention.cache_kwargs import accepts_empty_cache_kwargs
 from axlearn.common.attention.multihead import MultiheadAttention
 from axlearn.common.base_layer import BaseLayer
 from axlearn.common.config import (
@@ -448,11 +449,12 @@ class TransformerLayer(BaseTransformerLayer):
         self.add_module_output("output", output.data)
         return output
 
+    @accepts_empty_cache_kwargs(input_name="data", dim_field="input_dim")
     def init_states(
         self,
         *,
-        time_step: Optional[Tensor],
-        data: Union[Tensor, jax.ShapeDtypeStruct],
+        time_step: Optional[Tensor] = None,
+        data: Union[Tensor, jax.ShapeDtypeStruct, None] = None,
         self_attention_logit_biases: Optional[Tensor] = None,
         cross_attention_data: Optional[Tensor] = None,
         cross_attention_logit_biases: Optional[Tensor] = None,

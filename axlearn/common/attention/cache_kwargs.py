@@ -1,0 +1,62 @@
+"""Lets a decoding layer's `init_states` create an empty cache from sizes instead of a spec.
+
+`layer.init_states(batch_size=B, max_len=L, dtype=jnp.bfloat16)` is the same as
+`layer.init_states(time_step=None, data=jax.ShapeDtypeStruct((B, L, input_dim), ...))` with every
+floating-point leaf of the (all-zero) cache cast to `dtype`. The `time_step=`/`data=` form keeps
+working unchanged.
+"""
+
+import functools
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+
+def accepts_empty_cache_kwargs(*, input_name: str, dim_field: str) -> Callable:
+    """Decorates `init_states(self, *, time_step, <input_name>, **kwargs)`.
+
+    Args:
+        input_name: The keyword of the input tensor (e.g. "data" or "query").
+        dim_field: The config field holding the input feature dim (e.g. "input_dim").
+
+    Returns:
+        A decorator adding the keyword-only `batch_size`, `max_len` and `dtype` arguments.
+    """
+
+    def decorator(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def init_states(
+            self,
+            *,
+            batch_size: Optional[int] = None,
+            max_len: Optional[int] = None,
+            dtype: Optional[Any] = None,
+            **kwargs,
+        ):
+            if batch_size is None and max_len is None and dtype is None:
+                return fn(self, **kwargs)
+            if batch_size is None or max_len is None:
+                raise ValueError(
+                    f"{self.path()}.init_states: batch_size and max_len go together, got "
+                    f"batch_size={batch_size}, max_len={max_len}"
+                )
+            if kwargs.get("time_step") is not None or kwargs.get(input_name) is not None:
+                raise ValueError(
+                    f"{self.path()}.init_states: batch_size/max_len create an empty cache; "
+                    f"do not also pass time_step or {input_name}"
+                )
+            kwargs.update(time_step=None)
+            dim = getattr(self.config, dim_field)
+            kwargs[input_name] = jax.ShapeDtypeStruct((batch_size, max_len, dim), self.dtype())
+            state, output = fn(self, **kwargs)
+            if dtype is not None:
+                state = jax.tree.map(
+                    lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                    state,
+                )
+            return state, output
+
+        return init_states
+
+    return decorator

@@ -1,0 +1,226 @@
+"""Dispatching per-feed logical input batches to a global logical batch on device.
+
+AXLearn's logical/physical batch split: the *logical* global batch (`global_logical_batch_size`,
+what the model trains or evaluates on) may be smaller than the number of feeding hosts times
+what each must contribute (a global array's batch axis must divide evenly over the devices). The
+`num_logical_feeds` feeds listed in `logical_feed_indices` read disjoint shards and each batch
+`feed_logical_batch_size` examples; every physical feed then pads its batch to
+`feed_physical_batch_size` rows (feeds that are not logical contribute only padding) and adds a
+bool dispatch tensor [feed_physical_batch_size, global_logical_batch_size] under
+`utils.PHYSICAL_TO_LOGICAL_DISPATCH_KEY`: row p is one-hot at the logical example it holds, and
+all-False for a padding row. On device, `physical_to_logical_batch` gathers the logical rows and
+drops the padding rows, so padding examples never reach the loss.
+
+Example: a logical batch of 2 over 4 feeds (hosts), each contributing 1 row: logical feeds
+[0, 1] each read one example; feeds 2 and 3 send one padding row each; the global physical batch
+has 4 rows and its dispatch tensor is [[1, 0], [0, 1], [0, 0], [0, 0]].
+"""
+
+from collections.abc import Sequence
+from typing import Optional
+
+import jax
+import numpy as np
+
+from axlearn.common.config import REQUIRED, Required, config_class
+from axlearn.common.module import Module
+from axlearn.common.utils import (
+    PHYSICAL_TO_LOGICAL_DISPATCH_KEY,
+    Nested,
+    Tensor,
+    dispatch_input_batch,
+)
+
+
+class InputDispatcher(Module):
+    """Converts per-feed logical batches to physical batches and global physical to logical.
+
+    Usage: read the shard `feed_read_config()` names and batch it by `feed_logical_batch_size`;
+    call `logical_to_physical_batch` on each per-feed batch (host side), assemble the global
+    physical batch (`utils.host_to_global_array`), and call `physical_to_logical_batch` inside
+    the jitted step.
+    """
+
+    @config_class
+    class Config(Module.Config):
+        """Configures InputDispatcher."""
+
+        # The global batch size the model sees.
+        global_logical_batch_size: Required[int] = REQUIRED
+        # The global batch size fed to devices; None: max(feed_logical_batch_size *
+        # num_physical_feeds, jax.device_count()).
+        global_physical_batch_size: Optional[int] = None
+        # The number of physical feeds (input hosts); None: jax.process_count().
+        num_physical_feeds: Optional[int] = None
+        # This host's physical feed index in [0, num_physical_feeds); None: jax.process_index().
+        physical_feed_index: Optional[int] = None
+        # logical_feed_indices[i] is the physical feed of logical feed i (unique, each in
+        # [0, num_physical_feeds)); None: range(min(global_logical_batch_size, num_physical_feeds)).
+        logical_feed_indices: Optional[Sequence[int]] = None
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        cfg = cfg.clone()
+        if cfg.num_physical_feeds is None:
+            cfg.num_physical_feeds = jax.process_count()
+        if cfg.physical_feed_index is None:
+            cfg.physical_feed_index = jax.process_index()
+        if cfg.logical_feed_indices is None:
+            num_logical = min(cfg.global_logical_batch_size, cfg.num_physical_feeds)
+            cfg.logical_feed_indices = list(range(num_logical))
+        cfg.logical_feed_indices = list(cfg.logical_feed_indices)
+        num_logical_feeds = len(cfg.logical_feed_indices)
+        if num_logical_feeds == 0 or cfg.global_logical_batch_size % num_logical_feeds != 0:
+            raise ValueError(
+                f"global_logical_batch_size {cfg.global_logical_batch_size} must be divisible "
+                f"by num_logical_feeds {num_logical_feeds}"
+            )
+        if cfg.global_physical_batch_size is None:
+            feed_logical = cfg.global_logical_batch_size // num_logical_feeds
+            cfg.global_physical_batch_size = max(
+                feed_logical * cfg.num_physical_feeds, jax.device_count()
+            )
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        if cfg.global_physical_batch_size % cfg.num_physical_feeds != 0:
+            raise ValueError(
+                f"global_physical_batch_size {cfg.global_physical_batch_size} must be divisible "
+                f"by num_physical_feeds {cfg.num_physical_feeds}"
+            )
+        if self.feed_physical_batch_size < self.feed_logical_batch_size:
+            raise ValueError(
+                f"feed_physical_batch_size {self.feed_physical_batch_size} must be >= "
+                f"feed_logical_batch_size {self.feed_logical_batch_size}"
+            )
+        if not 0 <= cfg.physical_feed_index < cfg.num_physical_feeds:
+            raise ValueError(
+                f"physical_feed_index {cfg.physical_feed_index} must be in range "
+                f"[0, {cfg.num_physical_feeds})"
+            )
+        if not all(0 <= ix < cfg.num_physical_feeds for ix in cfg.logical_feed_indices):
+            raise ValueError(
+                f"Invalid physical feed index in logical_feed_indices "
+                f"{cfg.logical_feed_indices}: must be in range [0, {cfg.num_physical_feeds})"
+            )
+        if len(set(cfg.logical_feed_indices)) != num_logical_feeds:
+            raise ValueError(f"logical_feed_indices must be unique: {cfg.logical_feed_indices}")
+
+    @property
+    def num_logical_feeds(self) -> int:
+        """The number of feeds that read real examples."""
+        return len(self.config.logical_feed_indices)
+
+    @property
+    def logical_feed_index(self) -> Optional[int]:
+        """This feed's logical index, or None if it only sends padding."""
+        cfg = self.config
+        if cfg.physical_feed_index in cfg.logical_feed_indices:
+            return cfg.logical_feed_indices.index(cfg.physical_feed_index)
+        return None
+
+    @property
+    def feed_logical_batch_size(self) -> int:
+        """Real examples per logical feed batch."""
+        return self.config.global_logical_batch_size // self.num_logical_feeds
+
+    @property
+    def feed_physical_batch_size(self) -> int:
+        """Rows per physical feed batch."""
+        cfg = self.config
+        return cfg.global_physical_batch_size // cfg.num_physical_feeds
+
+    def feed_read_config(self) -> dict[str, int]:
+        """The shard this feed reads.
+
+        Returns:
+            {"num_shards": num_logical_feeds, "shard_index": ...}: a logical feed reads its own
+            shard; a padding-only feed reads some shard (its rows are dropped), spread evenly.
+        """
+        cfg = self.config
+        num_shards = self.num_logical_feeds
+        shard_index = self.logical_feed_index
+        if shard_index is None:
+            others = [
+                ix for ix in range(cfg.num_physical_feeds) if ix not in cfg.logical_feed_indices
+            ]
+            shard_index = others.index(cfg.physical_feed_index) % num_shards
+        return dict(num_shards=num_shards, shard_index=shard_index)
+
+    def logical_to_physical_batch(self, logical_feed_batch: Nested[Tensor]) -> Nested[Tensor]:
+        """Pads a per-feed logical batch to a per-feed physical batch (host side, NumPy).
+
+        Args:
+            logical_feed_batch: A dict whose leaves are [feed_logical_batch_size, ...].
+
+        Returns:
+            A new dict whose leaves are [feed_physical_batch_size, ...] (padding rows are zeros;
+            a padding-only feed's rows are all zeros) plus the dispatch tensor under
+            `PHYSICAL_TO_LOGICAL_DISPATCH_KEY`. Unchanged (copied) when the logical and
+            physical batches coincide.
+
+        Raises:
+            ValueError: If a leaf's leading dim is not feed_logical_batch_size, or the batch
+                already holds the dispatch key.
+        """
+        cfg = self.config
+        logical, physical = self.feed_logical_batch_size, self.feed_physical_batch_size
+
+        def pad(x: Tensor) -> np.ndarray:
+            x = np.asarray(x)
+            if x.ndim < 1 or x.shape[0] != logical:
+                raise ValueError(
+                    f"Per-feed input leaf of shape {x.shape} does not have the "
+                    f"feed_logical_batch_size {logical} as its leading dim"
+                )
+            if self.logical_feed_index is None:
+                x = np.zeros_like(x)
+            padding = np.zeros((physical - logical,) + x.shape[1:], dtype=x.dtype)
+            return np.concatenate([x, padding], axis=0)
+
+        if (
+            cfg.global_logical_batch_size == cfg.global_physical_batch_size
+            and cfg.num_physical_feeds == self.num_logical_feeds
+        ):
+            return jax.tree.map(np.array, logical_feed_batch)
+        if not isinstance(logical_feed_batch, dict):
+            raise ValueError(
+                f"logical_to_physical_batch needs a dict batch; got {type(logical_feed_batch)}"
+            )
+        if PHYSICAL_TO_LOGICAL_DISPATCH_KEY in logical_feed_batch:
+            raise ValueError(f"{PHYSICAL_TO_LOGICAL_DISPATCH_KEY} already exists")
+        physical_batch = jax.tree.map(pad, logical_feed_batch)
+        dispatch = np.zeros((physical, cfg.global_logical_batch_size), dtype=bool)
+        if self.logical_feed_index is not None:
+            start = self.logical_feed_index * logical
+            dispatch[np.arange(logical), start + np.arange(logical)] = True
+        physical_batch[PHYSICAL_TO_LOGICAL_DISPATCH_KEY] = dispatch
+        return physical_batch
+
+    def physical_to_logical_batch(self, global_physical_batch: Nested[Tensor]) -> Nested[Tensor]:
+        """Gathers the global logical batch from the global physical batch (inside jit).
+
+        Args:
+            global_physical_batch: Leaves [global_physical_batch_size, ...], as assembled from
+                the `logical_to_physical_batch` outputs of all feeds.
+
+        Returns:
+            A new tree with leaves [global_logical_batch_size, ...] (padding rows dropped) and
+            without the dispatch key.
+
+        Raises:
+            ValueError: If a dispatch tensor's shape is not
+                [global_physical_batch_size, global_logical_batch_size].
+        """
+        cfg = self.config
+        expected = (cfg.global_physical_batch_size, cfg.global_logical_batch_size)
+
+        def check(data: Nested[Tensor]):
+            if isinstance(data, dict):
+                if PHYSICAL_TO_LOGICAL_DISPATCH_KEY in data:
+                    shape = tuple(data[PHYSICAL_TO_LOGICAL_DISPATCH_KEY].shape)
+                    if shape != expected:
+                        raise ValueError(f"Dispatch tensor shape {shape} != {expected}")
+                for value in data.values():
+                    check(value)
+
+        check(global_physical_batch)
+        return dispatch_input_batch(global_physical_batch, batch_axis_names=None)

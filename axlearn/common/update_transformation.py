@@ -1,0 +1,246 @@
+"""Update transformations: modules that transform a model update (`Updates`) before it is applied.
+
+An `Updates` value carries what a learner is about to apply to the parameters:
+
+- `opt_params`: the parameters (`OptParam` leaves; masked entries are None or
+  `optax.MaskedNode()`);
+- `delta_updates`: additive updates (gradients before the optimizer, parameter deltas after it);
+- `inplace_updates`: values that replace parameters (e.g. moving statistics from the forward
+  pass); they take precedence over `delta_updates`;
+- `forward_pass`: the named forward passes that produced the update (`"default"` for the loss).
+
+An `UpdateTransformation` is a `Module` mapping `Updates` to `Updates` (e.g. an optimizer turning
+gradients into parameter deltas). `Learner.Config.optimizer` accepts either a config of a
+`PartitionedGradientTransformation` (the usual optimizers) or the config of an
+`UpdateTransformation`; `WrappedPartitionedGradientTransformation` adapts the former to the latter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Callable, Literal, NamedTuple, Optional, Protocol, Union
+
+import jax
+import optax
+
+from axlearn.common.config import REQUIRED, ConfigOr, Required, config_class, maybe_instantiate
+from axlearn.common.module import Module
+from axlearn.common.optimizer_base import OptParam, PartitionedGradientTransformation
+from axlearn.common.utils import Nested, Tensor, TensorSpec
+
+
+class ForwardOutputs(NamedTuple):
+    """What a loss function (ForwardFn) returns."""
+
+    # The scalar to minimize.
+    loss: Tensor
+    # Auxiliary outputs (not differentiated).
+    aux: Any
+    # The model's OutputCollection (summaries, state_updates, module_outputs).
+    output_collection: Any
+
+
+class BackwardOutputs(NamedTuple):
+    """What the backward pass and update produce."""
+
+    # The model parameters after the update.
+    updated_params: Nested[Tensor]
+
+
+class ForwardBackwardOutputs(NamedTuple):
+    """The result of `Learner.forward_and_backward`."""
+
+    # The loss function's outputs (with the unscaled loss).
+    forward_outputs: ForwardOutputs
+    # The updated parameters.
+    backward_outputs: BackwardOutputs
+
+
+class ForwardFn(Protocol):
+    """A loss function: `fn(*, model_params, inputs) -> ForwardOutputs`."""
+
+    def __call__(self, *, model_params: Nested[Tensor], inputs: Any) -> ForwardOutputs: ...
+
+
+def mask_tree(tree: Nested[Any], *, keep: Nested[bool], mask_value: Any) -> Nested[Any]:
+    """Replaces the leaves of `tree` where `keep` is False by `mask_value`.
+
+    Args:
+        tree: A nested structure (OptParams, specs or tensors as leaves).
+        keep: Bools; its structure must be a prefix of `tree`'s.
+        mask_value: What masked leaves become (e.g. None or `optax.MaskedNode()`).
+
+    Returns:
+        The masked tree.
+    """
+    return jax.tree.map(lambda k, leaf: leaf if k else mask_value, keep, tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardPass:
+    """One invocation of a `ForwardFn` (a pytree; `forward_fn` is static)."""
+
+    # The forward function.
+    forward_fn: Callable
+    # The inputs it was called with.
+    inputs: Any
+    # The parameter values it was called with.
+    model_params: Nested[Tensor]
+    # What it returned.
+    outputs: ForwardOutputs
+
+
+jax.tree_util.register_dataclass(
+    ForwardPass, data_fields=["inputs", "model_params", "outputs"], meta_fields=["forward_fn"]
+)
+
+_UpdatesField = Literal["opt_params", "delta_updates", "inplace_updates", "forward_pass"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Updates:
+    """An update to the parameters, to be transformed and then applied (a pytree)."""
+
+    # The parameters (OptParam leaves). `Learner` masks parameters without optimizer updates
+    # with None; `CompositeLearner` masks other sub-learners' parameters with optax.MaskedNode().
+    opt_params: Nested[Union[OptParam, optax.MaskedNode, None]]
+    # Additive updates of (a subset of) `opt_params`: gradients, or deltas after an optimizer.
+    delta_updates: Optional[Nested[Union[Tensor, optax.MaskedNode, None]]] = None
+    # Replacement values of (a subset of) `opt_params`; take precedence over `delta_updates`.
+    inplace_updates: Optional[Nested[Union[Tensor, optax.MaskedNode, None]]] = None
+    # The named forward passes behind this update ("default": the loss function's).
+    forward_pass: dict[str, ForwardPass] = dataclasses.field(default_factory=dict)
+
+    def param_values(self) -> Nested[Tensor]:
+        """Returns the values of `opt_params` (same structure, tensors as leaves)."""
+        return jax.tree.map(
+            lambda p: p.value, self.opt_params, is_leaf=lambda x: isinstance(x, OptParam)
+        )
+
+    def param_specs(self) -> Nested[TensorSpec]:
+        """Returns the specs (shape, dtype) of `opt_params` (same structure)."""
+        return jax.tree.map(
+            lambda p: TensorSpec(shape=p.value.shape, dtype=p.value.dtype),
+            self.opt_params,
+            is_leaf=lambda x: isinstance(x, OptParam),
+        )
+
+    def mask(
+        self,
+        keep: Callable[[Nested[Any]], Nested[bool]],
+        *,
+        fields: Sequence[_UpdatesField] = ("opt_params", "delta_updates", "inplace_updates"),
+    ) -> Updates:
+        """Returns a copy whose `fields` are masked with `optax.MaskedNode()`.
+
+        Args:
+            keep: Called on each field's value; returns bools whose structure is a prefix of the
+                value's. Leaves where it is False are replaced by `optax.MaskedNode()`.
+            fields: The fields to mask.
+
+        Returns:
+            The masked copy.
+
+        Raises:
+            NotImplementedError: If `fields` contains "forward_pass".
+        """
+        if "forward_pass" in fields:
+            raise NotImplementedError("Updates.mask: masking forward_pass is not implemented.")
+        replacements = {}
+        for name in fields:
+            value = getattr(self, name)
+            replacements[name] = mask_tree(value, keep=keep(value), mask_value=optax.MaskedNode())
+        return dataclasses.replace(self, **replacements)
+
+
+jax.tree_util.register_dataclass(
+    Updates,
+    data_fields=["opt_params", "delta_updates", "inplace_updates", "forward_pass"],
+    meta_fields=[],
+)
+
+
+class UpdateTransformation(Module):
+    """A module transforming `Updates` (e.g. an optimizer turning gradients into deltas).
+
+    Its state is the learner state entry it is given (`Learner` gives it `state["optimizer"]`).
+    """
+
+    def create_state_partition_specs(self, model_param_specs: Nested[Any]) -> Any:
+        """Returns the specs of the state.
+
+        Args:
+            model_param_specs: The parameter specs (masked entries None/MaskedNode).
+
+        Returns:
+            A tree with the structure of `init(...)` whose leaves are specs.
+        """
+        raise NotImplementedError(type(self))
+
+    def init(self, model_params: Nested[OptParam]) -> Any:
+        """Returns the initial state.
+
+        Args:
+            model_params: The parameters as OptParams (masked entries None/MaskedNode).
+
+        Returns:
+            The state.
+        """
+        raise NotImplementedError(type(self))
+
+    def transform_update(self, updates: Updates) -> Updates:
+        """Returns the transformed `updates`; the new state is added as state updates.
+
+        Args:
+            updates: The updates to transform.
+
+        Returns:
+            The transformed updates.
+        """
+        raise NotImplementedError(type(self))
+
+    def __call__(self, updates: Updates) -> Updates:
+        """Alias of `transform_update`."""
+        return self.transform_update(updates)
+
+
+class WrappedPartitionedGradientTransformation(UpdateTransformation):
+    """Adapts a `PartitionedGradientTransformation` to an `UpdateTransformation`.
+
+    `transform_update` runs `transformation.update(delta_updates, state, opt_params)` and replaces
+    `delta_updates` by its result; the whole state is replaced by the new optimizer state.
+    """
+
+    @config_class
+    class Config(UpdateTransformation.Config):
+        """Configures WrappedPartitionedGradientTransformation."""
+
+        # The transformation: a PartitionedGradientTransformation or a config instantiating to one.
+        transformation: Required[ConfigOr[PartitionedGradientTransformation]] = REQUIRED
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module] = None):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        self.transformation: PartitionedGradientTransformation = maybe_instantiate(
+            cfg.transformation
+        )
+        if not isinstance(self.transformation, PartitionedGradientTransformation):
+            raise ValueError(
+                f"{self.path()}.transformation must instantiate to a "
+                f"PartitionedGradientTransformation, got {type(self.transformation)}"
+            )
+
+    def create_state_partition_specs(self, model_param_specs: Nested[Any]) -> Any:
+        return self.transformation.partition(model_param_specs)
+
+    def init(self, model_params: Nested[OptParam]) -> Any:
+        return self.transformation.init(model_params)
+
+    def transform_update(self, updates: Updates) -> Updates:
+        param_updates, state = self.transformation.update(
+            updates.delta_updates, self.state, updates.opt_params
+        )
+        # The state may be a tuple: replace the whole state update of this context.
+        self.get_invocation_context().set_state_update(state)
+        return dataclasses.replace(updates, delta_updates=param_updates)

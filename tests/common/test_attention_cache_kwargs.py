@@ -1,0 +1,86 @@
+"""Tests of axlearn.common.attention.cache_kwargs: `init_states(batch_size=, max_len=, dtype=)`
+on the attention/transformer stack equals the `time_step=None, data=spec` form."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from axlearn.common.attention import (
+    MultiheadAttention,
+    RepeatedTransformerLayer,
+    StackedTransformerLayer,
+    TransformerLayer,
+)
+from axlearn.common.module import functional
+
+D = 8
+
+
+def _layer_cfg():
+    cfg = TransformerLayer.default_config().set(input_dim=D)
+    cfg.self_attention.attention.set(num_heads=2, causal=True)
+    cfg.feed_forward.set(hidden_dim=16)
+    return cfg
+
+
+def _stacks():
+    return [
+        _layer_cfg().set(name="layer"),
+        StackedTransformerLayer.default_config().set(
+            name="stack", input_dim=D, num_layers=2, layer=_layer_cfg()
+        ),
+        RepeatedTransformerLayer.default_config().set(
+            name="repeat", input_dim=D, num_layers=2, layer=_layer_cfg()
+        ),
+    ]
+
+
+def _init_states(layer, **kwargs):
+    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    out, _ = functional(layer, None, params, kwargs, method="init_states", is_training=False)
+    return out
+
+
+def _assert_tree_equal(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_sizes_form_equals_spec_form(index):
+    layer = _stacks()[index].instantiate(parent=None)
+    spec = jax.ShapeDtypeStruct((3, 5, D), jnp.float32)
+    expected, out = _init_states(layer, time_step=None, data=spec)
+    assert out is None
+    actual, out = _init_states(layer, batch_size=3, max_len=5)
+    assert out is None
+    _assert_tree_equal(actual, expected)
+    cast, _ = _init_states(layer, batch_size=3, max_len=5, dtype=jnp.bfloat16)
+    dtypes = {x.dtype for x in jax.tree.leaves(cast)}
+    assert dtypes == {jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int32)}
+    key_leaf = [x for x in jax.tree.leaves(cast) if x.dtype == jnp.bfloat16][0]
+    assert key_leaf.shape[-3:-2] == (5,) or key_leaf.shape[-4:-3] == (5,)
+
+
+def test_multihead_attention_sizes_form():
+    cfg = MultiheadAttention.default_config().set(
+        name="attn", query_dim=D, key_dim=D, value_dim=D, num_heads=2, causal=True
+    )
+    layer = cfg.instantiate(parent=None)
+    expected, _ = _init_states(
+        layer, time_step=None, query=jax.ShapeDtypeStruct((2, 4, D), jnp.float32)
+    )
+    actual, _ = _init_states(layer, batch_size=2, max_len=4)
+    _assert_tree_equal(actual, expected)
+    assert actual["i_proj"]["key"].shape == (2, 4, 2, D // 2)
+
+
+def test_errors():
+    layer = _stacks()[1].instantiate(parent=None)
+    with pytest.raises(ValueError, match="batch_size and max_len go together"):
+        _init_states(layer, batch_size=2)
+    with pytest.raises(ValueError, match="do not also pass time_step or data"):
+        _init_states(layer, batch_size=2, max_len=3, data=jnp.zeros((2, 3, D)))

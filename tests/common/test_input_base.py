@@ -1,0 +1,83 @@
+"""Tests axlearn/common/input_base.py."""
+
+from collections.abc import Iterable
+
+import jax
+import numpy as np
+import pytest
+
+from axlearn.common.config import config_class
+from axlearn.common.input_base import Input
+from axlearn.common.input_dispatch import InputDispatcher
+from axlearn.common.utils import PHYSICAL_TO_LOGICAL_DISPATCH_KEY
+
+
+class _CountingInput(Input):
+    """Per-feed batches of `batch_size` rows counting up from 0."""
+
+    @config_class
+    class Config(Input.Config):
+        """Configures _CountingInput."""
+
+        batch_size: int = 2  # Rows per per-feed logical batch.
+        num_batches: int = 3  # Batches in the dataset.
+
+    def dataset(self) -> Iterable[dict]:
+        cfg = self.config
+        n = cfg.batch_size
+        return [
+            {"input_ids": np.arange(i * n, (i + 1) * n, dtype=np.int32)[:, None] + 1}
+            for i in range(cfg.num_batches)
+        ]
+
+    def element_spec(self) -> dict:
+        return {"input_ids": jax.ShapeDtypeStruct((self.config.batch_size, 1), np.int32)}
+
+
+def _input(**kwargs) -> _CountingInput:
+    return _CountingInput.default_config().set(name="input", **kwargs).instantiate(parent=None)
+
+
+def test_without_dispatcher():
+    inp = _input()
+    batches = list(inp)
+    assert len(batches) == 3
+    np.testing.assert_array_equal(batches[1]["input_ids"], [[3], [4]])
+    assert inp.element_spec()["input_ids"].shape == (2, 1)
+    # No dispatch key: the global batch passes through.
+    out = inp.dispatch_global_batch(batches[0])
+    np.testing.assert_array_equal(out["input_ids"], [[1], [2]])
+
+
+def test_with_dispatcher_pads_and_dispatches():
+    # Logical 2 on one feed of 8 devices: physical 8 rows, 6 padding rows marked in dispatch.
+    inp = _input(input_dispatcher=InputDispatcher.default_config().set(global_logical_batch_size=2))
+    batches = list(inp)
+    assert len(batches) == 3
+    physical = batches[2]
+    assert physical["input_ids"].shape == (8, 1)
+    np.testing.assert_array_equal(physical["input_ids"][:, 0], [5, 6, 0, 0, 0, 0, 0, 0])
+    dispatch = physical[PHYSICAL_TO_LOGICAL_DISPATCH_KEY]
+    np.testing.assert_array_equal(dispatch.sum(axis=1), [1, 1, 0, 0, 0, 0, 0, 0])
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    with mesh:
+        logical = jax.jit(inp.dispatch_global_batch)(physical)
+    np.testing.assert_array_equal(logical["input_ids"], [[5], [6]])
+    assert set(logical) == {"input_ids"}
+
+
+def test_wrong_feed_batch_size():
+    inp = _input(
+        batch_size=3,
+        input_dispatcher=InputDispatcher.default_config().set(global_logical_batch_size=2),
+    )
+    with pytest.raises(ValueError, match="Expected per-feed batch size to be 2, got: 3"):
+        next(iter(inp))
+
+
+def test_dataset_not_implemented():
+    base = Input.default_config().set(name="input").instantiate(parent=None)
+    with pytest.raises(NotImplementedError):
+        base.dataset()
+    with pytest.raises(NotImplementedError):
+        base.element_spec()
