@@ -52,6 +52,13 @@ CASES = [
         "tests/common/test_checkpoint_crash_safety.py::test_crash_safety_20_trials",
     ),
     Case(
+        "3 external SIGKILLs at random times on the GPT/tf.data main job, restarted each time",
+        "final parameters, optimizer state and input position bit-identical to an "
+        "uninterrupted run; every step's loss equal",
+        "nothing (every step seen committed is kept)",
+        "tests/common/test_random_sigkill.py::test_random_external_sigkills_on_the_gpt_job",
+    ),
+    Case(
         "save precondition fails (non-finite state)",
         "error at the next save; no file written",
         "nothing",
