@@ -172,13 +172,14 @@ def load_run(path: str, *, label: Optional[str] = None) -> RunData:
         notes.append(f"no {RUN_SUMMARY} (run unfinished or crashed): using {METRICS_JSONL} only")
     by_step: dict[int, dict[str, Any]] = {}
     if present[METRICS_JSONL]:
-        for lineno, line in enumerate(_read_text(files[METRICS_JSONL]).splitlines(), start=1):
+        lines = _read_text(files[METRICS_JSONL]).splitlines()
+        for lineno, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                if lineno == len(_read_text(files[METRICS_JSONL]).splitlines()):
+                if lineno == len(lines):
                     notes.append(f"{METRICS_JSONL}: last line incomplete (run still writing)")
                     continue
                 raise ValueError(f"{files[METRICS_JSONL]}:{lineno}: not valid JSON ({e})") from e
@@ -483,45 +484,23 @@ ROWS: list[RowSpec] = [
         _bytes,
         tolerance=0.02,
     ),
-    RowSpec(
-        "overhead_compile_s",
-        "Compile s",
-        "lower",
-        _overhead("compile"),
-        _num(".3g"),
-        tolerance=0.10,
-        abs_tolerance=0.5,
-        timing=True,
-    ),
-    RowSpec(
-        "overhead_eval_s",
-        "Eval s",
-        "lower",
-        _overhead("eval"),
-        _num(".3g"),
-        tolerance=0.10,
-        abs_tolerance=0.5,
-        timing=True,
-    ),
-    RowSpec(
-        "overhead_checkpoint_s",
-        "Checkpoint s",
-        "lower",
-        _overhead("checkpoint"),
-        _num(".3g"),
-        tolerance=0.10,
-        abs_tolerance=0.5,
-        timing=True,
-    ),
-    RowSpec(
-        "overhead_input_s",
-        "Input wait s",
-        "lower",
-        _overhead("input"),
-        _num(".3g"),
-        tolerance=0.10,
-        abs_tolerance=0.5,
-        timing=True,
+    *(
+        RowSpec(
+            f"overhead_{kind}_s",
+            title,
+            "lower",
+            _overhead(kind),
+            _num(".3g"),
+            tolerance=0.10,
+            abs_tolerance=0.5,
+            timing=True,
+        )
+        for kind, title in (
+            ("compile", "Compile s"),
+            ("eval", "Eval s"),
+            ("checkpoint", "Checkpoint s"),
+            ("input", "Input wait s"),
+        )
     ),
     RowSpec("steps", "Steps", None, lambda r: r.last_step, _num("d")),
     RowSpec("jax_version", "JAX version", None, _env("jax_version"), lambda v: str(v or "n/a")),

@@ -1,4 +1,4 @@
-"""Tests for axlearn/common/inference.py: InferenceRunner and TextGenerator on a trained run.
+"""Tests for axlearn/common/inference.py: InferenceRunner on a trained run.
 
 The run is the session fixture `trained_dir` (tests/trained_run.py): a 1-layer GPT trained for
 6 steps on one device. Here it is restored on the test process's 8-device mesh.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from axlearn.common.inference import InferenceRunner, TextGenerator, logits_modifier
+from axlearn.common.inference import InferenceRunner, logits_modifier
 
 # Each test decodes with the trained run's model (a compilation or two each, plus the training
 # run of the session fixture): seconds alone, tens of seconds on a loaded 2-core machine.
@@ -102,15 +102,6 @@ def test_stop_tokens_end_generation(runner):
         runner.stream_sample(prompt, max_new_tokens=10, temperature=0, stop_tokens=[stop])
     )
     assert streamed == cut
-
-
-def test_text_generator_round_trip_and_stream(runner):
-    generator = TextGenerator.from_runner(runner)
-    ids = generator.encode("def f():\n    return 1")
-    assert ids[0] == runner.eos_token_id
-    text = generator.sample(["The Python"], max_new_tokens=10, temperature=0.8, seed=0)[0]
-    streamed = "".join(generator.stream("The Python", max_new_tokens=10, temperature=0.8, seed=0))
-    assert streamed == text and text
 
 
 def test_bad_arguments_are_clear_errors(runner):

@@ -227,6 +227,16 @@ def _gpu_entry(machine_type: str, gke_accelerator: str, chip: str) -> SystemChar
     )
 
 
+# Multi-host slices of the 2D-torus generations (v5e, v6e): chips -> topology.
+_TWO_D_TOPOLOGIES = {
+    4: "2x2",
+    16: "4x4",
+    32: "4x8",
+    64: "8x8",
+    128: "8x16",
+    256: "16x16",
+}
+
 USER_FACING_NAME_TO_SYSTEM_CHARACTERISTICS: dict[str, SystemCharacteristics] = {
     **_tpu_entries(
         prefix="v4",
@@ -255,14 +265,7 @@ USER_FACING_NAME_TO_SYSTEM_CHARACTERISTICS: dict[str, SystemCharacteristics] = {
         gke_accelerator="tpu-v5-lite-podslice",
         units_per_chip=1,
         machine_type="ct5lp-hightpu-4t",
-        topologies={
-            4: "2x2",
-            16: "4x4",
-            32: "4x8",
-            64: "8x8",
-            128: "8x16",
-            256: "16x16",
-        },
+        topologies=_TWO_D_TOPOLOGIES,
         single_host={
             1: ("1x1", "ct5lp-hightpu-1t", (1, 1, 1)),
             8: ("2x4", "ct5lp-hightpu-8t", (2, 4, 1)),
@@ -296,14 +299,7 @@ USER_FACING_NAME_TO_SYSTEM_CHARACTERISTICS: dict[str, SystemCharacteristics] = {
         gke_accelerator="tpu-v6e-slice",
         units_per_chip=1,
         machine_type="ct6e-standard-4t",
-        topologies={
-            4: "2x2",
-            16: "4x4",
-            32: "4x8",
-            64: "8x8",
-            128: "8x16",
-            256: "16x16",
-        },
+        topologies=_TWO_D_TOPOLOGIES,
         single_host={
             1: ("1x1", "ct6e-standard-1t", (1, 1, 1)),
             8: ("2x4", "ct6e-standard-8t", (2, 4, 1)),
