@@ -306,25 +306,38 @@ class MultiheadAttention(BaseLayer):
         head n uses key/value head n // (N / K)).
         """
         del need_probs
-        cfg = self.config
-        batch, target_len, num_heads, head_dim = q_proj.shape
-        source_len, kv_heads = k_proj.shape[1], k_proj.shape[2]
-        groups = num_heads // kv_heads
-        q = q_proj.reshape(batch, target_len, kv_heads, groups, head_dim)
-        logits = jnp.einsum("btkgh,bskh->bkgts", q, k_proj)
-        logits = logits.reshape(batch, num_heads, target_len, source_len)
-        if cfg.atten_logit_cap is not None and cfg.atten_logit_cap > 0:
-            cap = jnp.asarray(cfg.atten_logit_cap, logits.dtype)
-            logits = cap * jnp.tanh(logits / cap)
+        logits = self._logits(q_proj, k_proj)
         full_biases = self._full_biases(biases, mask, logits.dtype)
         if full_biases is not None:
             logits = logits + full_biases.astype(logits.dtype)
         probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(q_proj.dtype)
         probs = self.dropout(probs)
-        grouped = probs.reshape(batch, kv_heads, groups, target_len, source_len)
+        return self._context(probs, v_proj), probs
+
+    def _logits(self, q_proj: Tensor, k_proj: Tensor) -> Tensor:
+        """Attention logits [B, N, T, S] of q_proj [B, T, N, H] and k_proj [B, S, K, H].
+
+        K divides N: query head n uses key head n // (N / K). The logits are soft-capped at
+        `atten_logit_cap` when it is set.
+        """
+        cfg = self.config
+        batch, target_len, num_heads, head_dim = q_proj.shape
+        source_len, kv_heads = k_proj.shape[1], k_proj.shape[2]
+        q = q_proj.reshape(batch, target_len, kv_heads, num_heads // kv_heads, head_dim)
+        logits = jnp.einsum("btkgh,bskh->bkgts", q, k_proj)
+        logits = logits.reshape(batch, num_heads, target_len, source_len)
+        if cfg.atten_logit_cap is not None and cfg.atten_logit_cap > 0:
+            cap = jnp.asarray(cfg.atten_logit_cap, logits.dtype)
+            logits = cap * jnp.tanh(logits / cap)
+        return logits
+
+    def _context(self, probs: Tensor, v_proj: Tensor) -> Tensor:
+        """Context [B, T, N, H] of probs [B, N, T, S] over v_proj [B, S, K, H] (K divides N)."""
+        batch, num_heads, target_len, source_len = probs.shape
+        kv_heads, head_dim = v_proj.shape[2], v_proj.shape[3]
+        grouped = probs.reshape(batch, kv_heads, num_heads // kv_heads, target_len, source_len)
         context = jnp.einsum("bkgts,bskh->btkgh", grouped, v_proj)
-        context = context.reshape(batch, target_len, num_heads, head_dim).astype(v_proj.dtype)
-        return context, probs
+        return context.reshape(batch, target_len, num_heads, head_dim).astype(v_proj.dtype)
 
 
 class GroupedQueryAttention(MultiheadAttention):

@@ -28,22 +28,11 @@ class SigmoidAttention(MultiheadAttention):
     def _compute_attention(self, *, q_proj, k_proj, v_proj, biases, mask, need_probs):
         del need_probs
         cfg = self.config
-        batch, target_len, num_heads, head_dim = q_proj.shape
-        source_len, kv_heads = k_proj.shape[1], k_proj.shape[2]
-        groups = num_heads // kv_heads
-        q = q_proj.reshape(batch, target_len, kv_heads, groups, head_dim)
-        logits = jnp.einsum("btkgh,bskh->bkgts", q, k_proj)
-        logits = logits.reshape(batch, num_heads, target_len, source_len)
-        if cfg.atten_logit_cap is not None and cfg.atten_logit_cap > 0:
-            cap = jnp.asarray(cfg.atten_logit_cap, logits.dtype)
-            logits = cap * jnp.tanh(logits / cap)
+        logits = self._logits(q_proj, k_proj)
         full_biases = self._full_biases(biases, mask, logits.dtype)
         logits = logits.astype(jnp.float32) - math.log(cfg.seq_len)
         if full_biases is not None:
             logits = logits + full_biases.astype(jnp.float32)
         probs = jax.nn.sigmoid(logits).astype(q_proj.dtype)
         probs = self.dropout(probs)
-        grouped = probs.reshape(batch, kv_heads, groups, target_len, source_len)
-        context = jnp.einsum("bkgts,bskh->btkgh", grouped, v_proj)
-        context = context.reshape(batch, target_len, num_heads, head_dim).astype(v_proj.dtype)
-        return context, probs
+        return self._context(probs, v_proj), probs
