@@ -260,6 +260,26 @@ def _host_value(value: Any) -> Any:
     return value
 
 
+def _summary_pb2():
+    """TensorBoard's Summary protos (imported when first needed: tensorboard comes with TF)."""
+    from tensorboard.compat.proto import summary_pb2  # pylint: disable=import-outside-toplevel
+
+    return summary_pb2
+
+
+def _add_scalar(summary: Any, tag: str, value: Any) -> None:
+    """Adds `value` to `summary` as `tf.summary.scalar(tag, value)` writes it.
+
+    That is a 0-d float32 tensor (its bytes in `tensor_content`) with the "scalars" plugin's
+    metadata.
+    """
+    entry = summary.value.add(tag=tag)
+    entry.metadata.plugin_data.plugin_name = "scalars"
+    entry.tensor.dtype = 1  # DT_FLOAT.
+    entry.tensor.tensor_shape.SetInParent()
+    entry.tensor.tensor_content = np.asarray(value, dtype=np.float32).tobytes()
+
+
 class SummaryWriter(BaseWriter):
     """Writes TensorBoard event files with `tf.summary` (process 0 only).
 
@@ -313,6 +333,11 @@ class SummaryWriter(BaseWriter):
             return
         values = fetch_to_host(values)
         tf_summary = self._tf_summary
+        # All scalars of a step go out as ONE Summary proto in one op: `tf.summary.scalar` runs
+        # an eager TF op per scalar (~0.5 ms of host CPU each, ~10 ms per step for the trainer's
+        # two dozen scalars). The proto is what `tf.summary.scalar` writes (a float32 tensor with
+        # the "scalars" plugin's metadata), so readers see the same events.
+        scalars = _summary_pb2().Summary()
         with self._writer.as_default(step=step):
             for path, value in flatten_items(values, is_leaf=_is_summary_leaf):
                 value = _host_value(value)
@@ -321,7 +346,7 @@ class SummaryWriter(BaseWriter):
                 if isinstance(value, (str, bytes)):
                     tf_summary.text(path, value, step=step)
                 elif isinstance(value, (numbers.Number, np.generic)):
-                    tf_summary.scalar(path, value, step=step)
+                    _add_scalar(scalars, path, value)
                 elif isinstance(value, np.ndarray):
                     tf_summary.histogram(path, value, step=step)
                 else:
@@ -331,6 +356,8 @@ class SummaryWriter(BaseWriter):
                         path,
                         type(value).__name__,
                     )
+            if scalars.value:
+                tf_summary.experimental.write_raw_pb(scalars.SerializeToString(), step=step)
         self._writer.flush()
 
 

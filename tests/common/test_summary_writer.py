@@ -75,6 +75,37 @@ def test_summary_writer_scalars_text_histograms_readback(tmp_path):
     assert _tensor(hist[-1])[:, 2].sum() == 5
 
 
+def test_scalars_read_back_as_tf_summary_scalar_writes_them(tmp_path):
+    """The one-proto-per-step scalar write gives the events tf.summary.scalar gives."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    ours, ref = str(tmp_path / "ours"), str(tmp_path / "ref")
+    values = {"loss": np.float32(2.5), "a b:c": 3, "x": {"y/z": np.int32(7), "flag": True}}
+    writer = _writer(SummaryWriter.default_config().set(dir=ours))
+    for step in range(3):
+        writer(step, values)
+    ref_writer = tf.summary.create_file_writer(ref)
+    with ref_writer.as_default():
+        for step in range(3):
+            for tag, value in [("loss", 2.5), ("a b:c", 3), ("x/y/z", 7), ("x/flag", True)]:
+                tf.summary.scalar(tag, value, step=step)
+    ref_writer.flush()
+
+    def events(path):
+        acc = _accumulator(path)
+        return {
+            tag: (
+                acc.SummaryMetadata(tag).SerializeToString(),
+                [(e.step, e.tensor_proto.SerializeToString()) for e in acc.Tensors(tag)],
+            )
+            for tag in acc.Tags()["tensors"]
+        }
+
+    got = events(ours)
+    assert sorted(got) == ["a b:c", "loss", "x/flag", "x/y/z"]
+    assert got == events(ref)
+
+
 def test_log_config_written_once_as_text(tmp_path):
     class Thing(Configurable):
         @config_class
@@ -297,7 +328,10 @@ def test_wandb_writer_offline_files_hold_scalars_config_and_resume(tmp_path, mon
     assert config["value"] == "7"
     assert {k: config[k] for k in dump} == dump
 
-    # A restarted writer with the same dir resumes the same run id.
+    # A restarted writer with the same dir resumes the same run id. W&B names an offline
+    # run's directory by its start time in whole seconds, so a resumption started within the
+    # same second would write into the first run's directory; a real restart never does.
+    time.sleep(1.0 - time.time() % 1.0 + 0.05)
     writer2 = cfg.instantiate(parent=None)
     writer2(3, {"loss": 3.0})
     assert writer2.run.id == run_id
