@@ -28,7 +28,8 @@ The reference for each variant is `benchmarks/plain_jax_lm.py` configured to the
 `optax.adamw`, fed the same FakeLmInput batches in a loop that reads step N-1's loss while step N
 runs (as the trainer does).
 
-Interleaved: in each round every variant runs the trainer (fresh, compiled) and then plain JAX;
+Interleaved: in each round every variant runs the trainer (fresh, compiled) and plain JAX, the
+trainer first in even rounds and plain JAX first in odd ones;
 the first `SKIP` steps of each run are dropped; a run's time is its median step time; a variant's
 ratio is the median over rounds of the per-round ratio trainer / plain. Each run also reports its
 median process CPU time per step (all threads; the trainer's host work included), whose ratio is
@@ -395,11 +396,17 @@ def main() -> None:
         if cfg not in plain_steps:
             plain_steps[cfg] = plain_jax_lm.make_train_step(cfg, optimizer)
     rounds = {name: [] for name in names}
-    for _ in range(args.rounds):
+    for round_index in range(args.rounds):
         for name in names:
             shape = VARIANTS[name]
-            trainer = run_trainer(shape, args.steps, peak)
-            plain = run_plain(shape, plain_steps[plain_config(shape)], args.steps)
+            # Alternate which side runs first (trainer first in even rounds), so that an
+            # order effect (caches, allocator state, the machine's clock) cancels in the median.
+            if round_index % 2 == 0:
+                trainer = run_trainer(shape, args.steps, peak)
+                plain = run_plain(shape, plain_steps[plain_config(shape)], args.steps)
+            else:
+                plain = run_plain(shape, plain_steps[plain_config(shape)], args.steps)
+                trainer = run_trainer(shape, args.steps, peak)
             rounds[name].append(
                 dict(
                     trainer_s=trainer["median_s"],

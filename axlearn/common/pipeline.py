@@ -45,8 +45,8 @@ from axlearn.common.config import (
     config_class,
 )
 from axlearn.common.module import Module, child_context, new_output_collection
-from axlearn.common.repeat import prepend_axis_to_specs
-from axlearn.common.utils import NestedTensor, Tensor, get_or_none, with_sharding_constraint
+from axlearn.common.repeat import init_stacked_layer, prepend_axis_to_specs
+from axlearn.common.utils import NestedTensor, Tensor, with_sharding_constraint
 from axlearn.common.utils import _current_abstract_mesh as current_abstract_mesh
 
 
@@ -302,16 +302,7 @@ class Pipeline(BaseLayer):
     def initialize_parameters_recursively(
         self, prng_key: Tensor, *, prebuilt: Optional[NestedTensor] = None
     ) -> NestedTensor:
-        if self._local_parameter_specs():
-            raise NotImplementedError("Pipeline layers have no parameters of their own")
-        prebuilt_layer = get_or_none(prebuilt, "layer")
-
-        def init(key):
-            return dict(
-                layer=self.layer.initialize_parameters_recursively(key, prebuilt=prebuilt_layer)
-            )
-
-        return jax.vmap(init)(jax.random.split(prng_key, self.num_stacked()))
+        return init_stacked_layer(self, prng_key, prebuilt=prebuilt, count=self.num_stacked())
 
     def _check_mesh(self):
         cfg = self.config

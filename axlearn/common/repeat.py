@@ -93,6 +93,37 @@ def prepend_axis_to_specs(specs, size: int, *, mesh_axis: Optional[str] = None):
     return jax.tree.map(transform, specs, is_leaf=lambda x: isinstance(x, ParameterSpec))
 
 
+def init_stacked_layer(
+    owner: BaseLayer, prng_key: Tensor, *, prebuilt: Optional[NestedTensor], count: int
+) -> NestedTensor:
+    """Initializes `count` independent copies of `owner.layer`, stacked on a leading axis.
+
+    Shared by the layers that hold one child "layer" with stacked parameters (Repeat, Pipeline).
+
+    Args:
+        owner: The stacking layer; it must have no parameters of its own.
+        prng_key: The key; copy i uses the i-th of `count` splits.
+        prebuilt: The prebuilt parameters, or None.
+        count: How many copies (the leading axis size).
+
+    Returns:
+        {"layer": params}, each leaf with leading axis `count`.
+
+    Raises:
+        NotImplementedError: If `owner` has parameters of its own.
+    """
+    if owner._local_parameter_specs():  # pylint: disable=protected-access
+        raise NotImplementedError(f"{type(owner).__name__} layers have no parameters of their own")
+    prebuilt_layer = get_or_none(prebuilt, "layer")
+
+    def init(key):
+        return dict(
+            layer=owner.layer.initialize_parameters_recursively(key, prebuilt=prebuilt_layer)
+        )
+
+    return jax.vmap(init)(jax.random.split(prng_key, count))
+
+
 class Repeat(BaseLayer):
     """Repeats `layer` `num_layers` times with a scan over stacked parameters."""
 
@@ -133,16 +164,7 @@ class Repeat(BaseLayer):
     def initialize_parameters_recursively(
         self, prng_key: Tensor, *, prebuilt: Optional[NestedTensor] = None
     ) -> NestedTensor:
-        if self._local_parameter_specs():
-            raise NotImplementedError("Repeat layers have no parameters of their own")
-        prebuilt_layer = get_or_none(prebuilt, "layer")
-
-        def init(key):
-            return dict(
-                layer=self.layer.initialize_parameters_recursively(key, prebuilt=prebuilt_layer)
-            )
-
-        return jax.vmap(init)(jax.random.split(prng_key, self._num_layers()))
+        return init_stacked_layer(self, prng_key, prebuilt=prebuilt, count=self._num_layers())
 
     def _run(self, fn: Callable, carry: NestedTensor = None, *, xs: NestedTensor = None) -> Output:
         """Runs `fn(carry, x_i) -> (carry, y_i)` for each layer i in the layer's context.
