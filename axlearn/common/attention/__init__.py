@@ -11,19 +11,6 @@ Parameter paths follow child names, e.g. for a decoder layer:
 `feed_forward/linear1_1/weight`, `feed_forward/linear2/weight`, `feed_forward/norm/scale`.
 """
 
-from axlearn.common.attention import (
-    bias_layers,
-    multihead,
-    pipelined,
-    q_linear,
-    qkv,
-    remat,
-    scale,
-    sharding,
-    sigmoid,
-    stack,
-    transformer,
-)
 from axlearn.common.attention.bias_layers import (
     AttentionLogitBiasLayer,
     CausalAttentionLogitBiasLayer,
@@ -91,26 +78,12 @@ from axlearn.common.attention_bias import (
     sliding_window_causal_mask,
 )
 
-_SUBMODULES = (
-    bias_layers,
-    multihead,
-    pipelined,
-    q_linear,
-    qkv,
-    remat,
-    scale,
-    sharding,
-    sigmoid,
-    stack,
-    transformer,
-)
-
 
 def _claim_public_names():
     """Sets `__module__` of names defined in the submodules to this package's name."""
     for value in list(globals().values()):
         module = getattr(value, "__module__", None)
-        if any(module == sub.__name__ for sub in _SUBMODULES):
+        if isinstance(module, str) and module.startswith(__name__ + "."):
             try:
                 value.__module__ = __name__
             except (AttributeError, TypeError):
