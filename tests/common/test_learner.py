@@ -17,11 +17,10 @@ from axlearn.common.config import config_for_function
 from axlearn.common.layers import Linear
 from axlearn.common.module import OutputCollection, new_output_collection
 from axlearn.common.module import functional as F
-from axlearn.common.optimizer_base import OptParam
 from axlearn.common.utils import TensorSpec
+from tests.common.learner_test_utils import KEY, forward_and_backward_step, opt_params
 
 TESTDATA = pathlib.Path(__file__).parent.parent / "testdata"
-KEY = jax.random.PRNGKey(0)
 
 
 def honeycrisp_learner_config() -> learner_lib.Learner.Config:
@@ -103,26 +102,9 @@ def _batch(seed=1, n=16, d=6, c=3):
     )
 
 
-def _opt(params, specs=None):
-    return jax.tree.map(lambda v: OptParam(v, None, None), params)
-
-
 def make_step(learner, fn=mlp_fn):
     """A jitted train step through functional(learner, "forward_and_backward")."""
-
-    @jax.jit
-    def step(params, state, batch):
-        out, collection = F(
-            learner,
-            method="forward_and_backward",
-            prng_key=KEY,
-            state=state,
-            inputs=dict(fn=fn, opt_params=_opt(params), inputs=dict(input_batch=batch)),
-            is_training=True,
-        )
-        return out, collection
-
-    return step
+    return forward_and_backward_step(learner, fn)
 
 
 ADAMW = config_for_function(optimizers.adamw_optimizer).set(
@@ -137,7 +119,7 @@ def test_forward_and_backward_matches_manual_adamw():
         .instantiate(parent=None)
     )
     params, batch = _mlp_params(), _batch()
-    state = learner.init(_opt(params))
+    state = learner.init(opt_params(params))
     step = make_step(learner)
     ref_tx = optax.adamw(0.05, b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.01)
     ref_params, ref_state = params, ref_tx.init(params)
@@ -153,7 +135,7 @@ def test_forward_and_backward_matches_manual_adamw():
         for k in params:
             np.testing.assert_allclose(params[k], ref_params[k], atol=1e-6)
     # The new state is exactly the state tree; summaries come out of the collection.
-    assert jax.tree.structure(state) == jax.tree.structure(learner.init(_opt(params)))
+    assert jax.tree.structure(state) == jax.tree.structure(learner.init(opt_params(params)))
     assert float(collection.summaries["optimizer"]["learning_rate"]) == pytest.approx(0.05)
 
 
@@ -166,7 +148,7 @@ def test_state_specs_match_init_and_frozen_params_have_no_state():
     )
     learner = cfg.instantiate(parent=None)
     params = _mlp_params()
-    state = learner.init(_opt(params))
+    state = learner.init(opt_params(params))
     specs = jax.tree.map(lambda p: TensorSpec(shape=p.shape, dtype=p.dtype), params)
     state_specs = learner.create_state_partition_specs(specs)
     is_spec = lambda x: isinstance(x, TensorSpec)
@@ -189,7 +171,7 @@ def test_update_rule_matching_nothing_is_an_error():
     )
     learner = cfg.instantiate(parent=None)
     with pytest.raises(ValueError, match=r"learner.update_rules\[1\] 'decoder/\.\*' matches no"):
-        learner.init(_opt(_mlp_params()))
+        learner.init(opt_params(_mlp_params()))
 
 
 def test_state_updates_follow_update_rules():
@@ -208,7 +190,9 @@ def test_state_updates_follow_update_rules():
     )
     learner = cfg.instantiate(parent=None)
     params = _mlp_params()
-    out, _ = make_step(learner, fn_with_state_update)(params, learner.init(_opt(params)), _batch())
+    out, _ = make_step(learner, fn_with_state_update)(
+        params, learner.init(opt_params(params)), _batch()
+    )
     new = out.backward_outputs.updated_params
     np.testing.assert_array_equal(new["b1"], 7.0)
     np.testing.assert_array_equal(new["b2"], params["b2"])
@@ -220,7 +204,7 @@ def test_per_variable_summaries():
     )
     learner = cfg.instantiate(parent=None)
     params = _mlp_params()
-    _, collection = make_step(learner)(params, learner.init(_opt(params)), _batch())
+    _, collection = make_step(learner)(params, learner.init(opt_params(params)), _batch())
     rms = float(collection.summaries["param_rms/w1"])
     assert rms == pytest.approx(float(np.sqrt(np.mean(params["w1"] ** 2))), rel=1e-5)
     assert "grad_rms/b2" in collection.summaries
@@ -241,7 +225,7 @@ def test_honeycrisp_learner_on_a_module_with_nested_functional():
     ]
     cfg.optimizer.inner.update_schedule.set(max_step=100, warmup_steps=2)
     learner = cfg.instantiate(parent=None)
-    state = learner.init(_opt(params))
+    state = learner.init(opt_params(params))
 
     def fn(*, model_params, inputs):
         y, collection = F(
@@ -323,7 +307,7 @@ def test_decoupled_adamw_effective_learning_rate_is_alpha_times_schedule():
     )
     learner = cfg.instantiate(parent=None)
     params = _mlp_params()
-    state = learner.init(_opt(params))
+    state = learner.init(opt_params(params))
     step = make_step(learner)
     schedule_fn = schedule.as_schedule_fn(update_schedule)
     for i in range(3):

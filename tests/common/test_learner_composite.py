@@ -11,12 +11,9 @@ from jax import numpy as jnp
 from axlearn.common import learner as learner_lib
 from axlearn.common import optimizers, schedule
 from axlearn.common.config import config_for_function
-from axlearn.common.module import functional as F
 from axlearn.common.module import new_output_collection
-from axlearn.common.optimizer_base import OptParam
 from axlearn.common.utils import TensorSpec
-
-KEY = jax.random.PRNGKey(0)
+from tests.common.learner_test_utils import forward_and_backward_step, opt_params
 
 
 def _params(seed=0):
@@ -45,10 +42,6 @@ def _batch():
     }
 
 
-def _opt(params):
-    return jax.tree.map(lambda v: OptParam(v, None, None), params)
-
-
 def _adamw(lr, b1, wd):
     return config_for_function(optimizers.adamw_optimizer).set(
         learning_rate=lr, b1=b1, b2=0.99, eps=1e-8, weight_decay=wd
@@ -68,22 +61,15 @@ def _composite(**kwargs):
 
 
 def _run(learner, params, steps):
-    state = learner.init(_opt(params))
-
-    @jax.jit
-    def step(params, state):
-        out, coll = F(
-            learner,
-            method="forward_and_backward",
-            prng_key=KEY,
-            state=state,
-            inputs=dict(fn=_loss_fn, opt_params=_opt(params), inputs=dict(input_batch=_batch())),
-            is_training=True,
-        )
-        return out.backward_outputs.updated_params, coll.state_updates, coll.summaries
-
+    state = learner.init(opt_params(params))
+    step = forward_and_backward_step(learner, _loss_fn)
     for _ in range(steps):
-        params, state, summaries = step(params, state)
+        out, coll = step(params, state, _batch())
+        params, state, summaries = (
+            out.backward_outputs.updated_params,
+            coll.state_updates,
+            coll.summaries,
+        )
     return params, state, summaries
 
 
@@ -161,7 +147,7 @@ def test_frozen_parameter_inside_a_sub_learner():
     cfg = _composite()
     cfg.learners["enc"].update_rules = [("encoder/b", learner_lib.UpdateType.NO_UPDATE)]
     learner = cfg.instantiate(parent=None)
-    should = learner.should_update_with_optimizers(_opt(_params()))
+    should = learner.should_update_with_optimizers(opt_params(_params()))
     assert should == {"encoder": {"w": True, "b": False}, "decoder": {"w": True}}
     params, _, _ = _run(learner, _params(), steps=2)
     np.testing.assert_array_equal(params["encoder"]["b"], _params()["encoder"]["b"])
@@ -174,7 +160,7 @@ def test_config_errors_name_the_path():
         match=r"Composite learner rules do not update all model params: parameter 'decoder/w'",
     ):
         _composite().set(rules=[("encoder/.*", "enc")]).instantiate(parent=None).init(
-            _opt(_params())
+            opt_params(_params())
         )
     with pytest.raises(
         ValueError, match=r"nope is not found in the known learners: learner.rules\[0\]"

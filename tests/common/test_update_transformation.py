@@ -15,7 +15,6 @@ from axlearn.common import optimizers
 from axlearn.common.config import config_class, config_for_function
 from axlearn.common.module import functional as F
 from axlearn.common.module import new_output_collection
-from axlearn.common.optimizer_base import OptParam
 from axlearn.common.update_transformation import (
     ForwardPass,
     Updates,
@@ -23,8 +22,7 @@ from axlearn.common.update_transformation import (
     WrappedPartitionedGradientTransformation,
 )
 from axlearn.common.utils import TensorSpec
-
-KEY = jax.random.PRNGKey(0)
+from tests.common.learner_test_utils import forward_and_backward_step, opt_params
 
 
 def _params(seed=0):
@@ -54,10 +52,6 @@ def _loss_fn(*, model_params, inputs):
     return learner_lib.ForwardOutputs(loss=loss, aux={}, output_collection=collection)
 
 
-def _opt(params):
-    return jax.tree.map(lambda v: OptParam(v, None, None), params)
-
-
 def _adamw():
     return config_for_function(optimizers.adamw_optimizer).set(
         learning_rate=0.1, b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.01
@@ -65,23 +59,16 @@ def _adamw():
 
 
 def _run(learner, params, steps=3):
-    state = learner.init(_opt(params))
-
-    @jax.jit
-    def step(params, state):
-        out, coll = F(
-            learner,
-            method="forward_and_backward",
-            prng_key=KEY,
-            state=state,
-            inputs=dict(fn=_loss_fn, opt_params=_opt(params), inputs=dict(input_batch=_batch())),
-            is_training=True,
-        )
-        return out.backward_outputs.updated_params, coll.state_updates, coll.summaries
-
+    state = learner.init(opt_params(params))
+    step = forward_and_backward_step(learner, _loss_fn)
     history = []
     for _ in range(steps):
-        new_params, state, summaries = step(params, state)
+        out, coll = step(params, state, _batch())
+        new_params, state, summaries = (
+            out.backward_outputs.updated_params,
+            coll.state_updates,
+            coll.summaries,
+        )
         history.append((params, new_params))
         params = new_params
     return params, state, summaries, history
@@ -187,12 +174,12 @@ def test_inplace_updates_take_precedence_over_deltas():
     learner = _learner(OverrideBias.default_config()).instantiate(parent=None)
     params = _params()
     grads = jax.tree.map(np.ones_like, params)
-    updates = Updates(opt_params=_opt(params), delta_updates=grads, inplace_updates={})
+    updates = Updates(opt_params=opt_params(params), delta_updates=grads, inplace_updates={})
     new_params, coll = F(
         learner,
         method="update",
         prng_key=None,
-        state=learner.init(_opt(params)),
+        state=learner.init(opt_params(params)),
         inputs=dict(updates=updates),
         is_training=True,
     )
@@ -205,7 +192,7 @@ def test_inplace_updates_take_precedence_over_deltas():
 def test_updates_is_a_pytree_and_masks():
     params = _params()
     updates = Updates(
-        opt_params=_opt(params),
+        opt_params=opt_params(params),
         delta_updates=jax.tree.map(np.ones_like, params),
         forward_pass=dict(
             default=ForwardPass(forward_fn=_loss_fn, inputs={}, model_params=params, outputs=None)
