@@ -283,8 +283,9 @@ def _add_scalar(summary: Any, tag: str, value: Any) -> None:
 class SummaryWriter(BaseWriter):
     """Writes TensorBoard event files with `tf.summary` (process 0 only).
 
-    Scalars (numbers, 0-d arrays, WeightedScalar means) go to `tf.summary.scalar`, strings to
-    `tf.summary.text`, arrays of rank >= 1 to `tf.summary.histogram`.
+    Scalars (numbers, 0-d arrays, WeightedScalar means) are written as `tf.summary.scalar`
+    writes them (all of a step's in one Summary), strings with `tf.summary.text`, arrays of
+    rank >= 1 with `tf.summary.histogram`.
     """
 
     @config_class
