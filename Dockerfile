@@ -32,7 +32,7 @@ WORKDIR /app
 # Dependencies are installed from pyproject.toml alone first, so they are cached as long as it is
 # unchanged; the source is copied afterwards (see .dockerignore).
 COPY pyproject.toml README.md ./
-RUN mkdir -p axlearn experiments && touch axlearn/__init__.py experiments/__init__.py
+RUN mkdir -p axlearn && touch axlearn/__init__.py
 
 # TPU: jax with libtpu, plus the cloud clients.
 FROM base AS tpu

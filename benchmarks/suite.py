@@ -38,7 +38,7 @@ _ROOT = os.path.dirname(_HERE)
 
 
 def _tiny(steps: int, **kwargs):
-    from experiments.text.gpt.tiny import tiny_trainer_config  # pylint: disable=import-outside-toplevel
+    from axlearn.experiments.text.gpt.tiny import tiny_trainer_config  # pylint: disable=import-outside-toplevel
 
     return tiny_trainer_config(
         max_step=steps,

@@ -1,4 +1,4 @@
-"""The Fuji v3 configs (experiments/text/gpt/fuji.py) against AXLearn's published sizes.
+"""The Fuji v3 configs (axlearn/experiments/text/gpt/fuji.py) against AXLearn's published sizes.
 
 Reference shapes: AXLearn's golden `_init.txt` dumps, which list every parameter with its
 per-layer shape (apple/axlearn, axlearn/experiments/testdata/axlearn.experiments.text.gpt.
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from axlearn.common.utils import flatten_items
-from experiments.text.gpt import fuji
+from axlearn.experiments.text.gpt import fuji
 
 V = 128256
 _LAYER = "decoder/transformer/repeat/layer/"

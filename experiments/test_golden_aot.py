@@ -124,7 +124,7 @@ def test_golden_comparison_detects_a_5_percent_move():
 
 
 def test_named_topologies_of_honeycrisp():
-    from experiments.text.gpt import honeycrisp
+    from axlearn.experiments.text.gpt import honeycrisp
 
     assert _named_tpu_topologies(honeycrisp.honeycrisp_trainer_config()) == [
         "tpu-v4-256",

@@ -17,16 +17,17 @@ import pkgutil
 
 import pytest
 
-import experiments
+import axlearn.experiments
 
 TESTDATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")
 UPDATE_ENV = "AXLEARN_UPDATE_GOLDENS"
 
 
 def experiment_modules() -> list[str]:
-    """The modules under the `experiments` package that define named_trainer_configs()."""
+    """The modules under `axlearn.experiments` that define named_trainer_configs()."""
     names = []
-    for info in pkgutil.walk_packages(experiments.__path__, prefix="experiments."):
+    package = axlearn.experiments
+    for info in pkgutil.walk_packages(package.__path__, prefix=package.__name__ + "."):
         leaf = info.name.rsplit(".", 1)[-1]
         if leaf.startswith("test") or info.ispkg:
             continue
@@ -89,7 +90,7 @@ def test_no_stale_goldens():
     if os.path.isdir(TESTDATA_DIR):
         for module_dir in os.listdir(TESTDATA_DIR):
             full = os.path.join(TESTDATA_DIR, module_dir)
-            if os.path.isdir(full) and module_dir.startswith("experiments."):
+            if os.path.isdir(full) and module_dir.startswith("axlearn.experiments."):
                 found |= {os.path.join(full, f) for f in os.listdir(full) if f.endswith(".txt")}
     stale = sorted(found - expected)
     if stale and os.environ.get(UPDATE_ENV):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 
-from experiments.text.gpt.honeycrisp import honeycrisp_trainer_config
+from axlearn.experiments.text.gpt.honeycrisp import honeycrisp_trainer_config
 
 REFERENCE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

@@ -86,8 +86,8 @@ def _add_module_flag(parser: argparse.ArgumentParser, *, required: bool = True) 
     parser.add_argument(
         "--module",
         required=required,
-        help="Experiment module: full path (experiments.text.gpt.tiny) or relative to the "
-        "experiments package (text.gpt.tiny).",
+        help="Experiment module: full path (axlearn.experiments.text.gpt.tiny) or relative to the "
+        "axlearn.experiments package (text.gpt.tiny).",
     )
 
 

@@ -4,11 +4,11 @@ An *experiment module* is any importable module with a function
 
     def named_trainer_configs() -> dict[str, Callable[[], SpmdTrainer.Config]]: ...
 
-`--module` accepts the full module path (`experiments.text.gpt.tiny`, or any importable module
-such as `my_project.my_experiments`) and the short form relative to the top-level `experiments`
-package (`text.gpt.tiny`).
+`--module` accepts the full module path (`axlearn.experiments.text.gpt.tiny`, or any importable
+module such as `my_project.my_experiments`) and the short form relative to the installed
+`axlearn.experiments` package (`text.gpt.tiny`), as AXLearn does.
 
-Nothing in `axlearn` imports `experiments` statically: modules are loaded here with importlib, so
+Nothing in `axlearn.common` imports `axlearn.experiments` statically: modules are loaded here with importlib, so
 that importing the library never pulls in every experiment (and their TensorFlow/seqio imports).
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 from axlearn.common.config import similar_names
 
 # The package that short module names (`text.gpt.tiny`) are relative to.
-EXPERIMENTS_PACKAGE = "experiments"
+EXPERIMENTS_PACKAGE = "axlearn.experiments"
 
 # A function that builds a trainer config (`SpmdTrainer.Config`), called with no arguments.
 TrainerConfigFn = Callable[[], Any]
@@ -43,11 +43,12 @@ class UnknownTrainerConfigError(ValueError):
 def candidate_module_names(module: str) -> list[str]:
     """Returns the module paths tried, in order, for a `--module` value.
 
-    A name that already starts with `experiments.` is only tried as is. Any other name is tried
-    first relative to the `experiments` package (the short form), then as a full module path.
+    A name that already starts with `axlearn.experiments.` is only tried as is. Any other name is
+    tried first relative to the `axlearn.experiments` package (the short form), then as a full
+    module path.
 
     Args:
-        module: The `--module` value, e.g. `text.gpt.tiny` or `experiments.text.gpt.tiny`.
+        module: The `--module` value, e.g. `text.gpt.tiny` or `axlearn.experiments.text.gpt.tiny`.
 
     Returns:
         The module paths to try, most likely first.
@@ -81,8 +82,8 @@ def load_experiment_module(module: str) -> types.ModuleType:
     """Imports the experiment module named by a `--module` value.
 
     Args:
-        module: The full module path (`experiments.text.gpt.tiny`) or the short form relative to
-            the `experiments` package (`text.gpt.tiny`).
+        module: The full module path (`axlearn.experiments.text.gpt.tiny`) or the short form
+            relative to the `axlearn.experiments` package (`text.gpt.tiny`).
 
     Returns:
         The imported module, which has a callable `named_trainer_configs`.
@@ -178,7 +179,7 @@ def list_experiment_modules(package: str = EXPERIMENTS_PACKAGE) -> dict[str, lis
     `named_trainer_configs()`. Test modules (`test_*`) are skipped.
 
     Args:
-        package: The package to walk (default: the top-level `experiments` package).
+        package: The package to walk (default: the `axlearn.experiments` package).
 
     Returns:
         {module path: [config names]}, sorted by module path. Empty when the package cannot be

@@ -27,8 +27,8 @@ from axlearn.common.utils_spmd import HybridMeshShape, infer_mesh_shape
 flags.DEFINE_string(
     "module",
     None,
-    "The experiment module: a full module path (experiments.text.gpt.tiny) or the short form "
-    "relative to the experiments package (text.gpt.tiny).",
+    "The experiment module: a full module path (axlearn.experiments.text.gpt.tiny) or the short "
+    "form relative to the axlearn.experiments package (text.gpt.tiny).",
 )
 flags.DEFINE_alias("config_module", "module")
 flags.DEFINE_string("config", None, "The name of the trainer config in the module.")

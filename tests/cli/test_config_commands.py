@@ -61,5 +61,5 @@ def test_diff_bad_dump_names_file_and_line(tmp_path, capsys):
 def test_list_without_module_lists_every_experiment(capsys):
     assert main(["config", "list"]) == 0
     out = capsys.readouterr().out
-    assert "experiments.text.gpt.tiny\n  gpt-tiny\n" in out
-    assert "experiments.text.gpt.honeycrisp\n  honeycrisp-3B\n" in out
+    assert "axlearn.experiments.text.gpt.tiny\n  gpt-tiny\n" in out
+    assert "axlearn.experiments.text.gpt.honeycrisp\n  honeycrisp-3B\n" in out

@@ -115,7 +115,7 @@ def jax_leaves(tree):
 
 def test_export_refuses_a_model_with_qk_norm_naming_the_field(tmp_path):
     from axlearn.common.hf_checkpoint import HfConversionError, llama_config
-    from experiments.text.gpt.tiny import tiny_trainer_config
+    from axlearn.experiments.text.gpt.tiny import tiny_trainer_config
 
     with pytest.raises(HfConversionError, match="query_scale.norm is set"):
         llama_config(tiny_trainer_config().model, tied=True)

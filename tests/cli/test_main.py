@@ -80,7 +80,7 @@ def test_unknown_module_error(capsys):
     assert main(["config", "dump", "--module=nope.tiny", "--config=x"]) == 1
     assert capsys.readouterr().err == (
         "axlearn config: error: No experiment module found for --module='nope.tiny'; "
-        "tried: experiments.nope.tiny, nope.tiny\n"
+        "tried: axlearn.experiments.nope.tiny, nope.tiny\n"
     )
 
 
@@ -92,9 +92,9 @@ def test_not_an_experiment_module_error(capsys):
 def test_config_fn_must_return_a_config(monkeypatch, capsys):
     import types  # pylint: disable=import-outside-toplevel
 
-    fake = types.ModuleType("experiments.axlearn_test_returns_str")
+    fake = types.ModuleType("axlearn.experiments.axlearn_test_returns_str")
     fake.named_trainer_configs = lambda: {"bad": lambda: "not a config"}
-    monkeypatch.setitem(sys.modules, "experiments.axlearn_test_returns_str", fake)
+    monkeypatch.setitem(sys.modules, "axlearn.experiments.axlearn_test_returns_str", fake)
     assert main(["config", "dump", "--module=axlearn_test_returns_str", "--config=bad"]) == 1
     assert capsys.readouterr().err == (
         "axlearn config: error: Config function 'bad' of 'axlearn_test_returns_str' "

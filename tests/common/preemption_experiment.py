@@ -5,7 +5,7 @@ Used as `--module=tests.common.preemption_experiment --config=gpt-tiny-preempt`.
 
 from __future__ import annotations
 
-from experiments.text.gpt.tiny import tiny_trainer_config
+from axlearn.experiments.text.gpt.tiny import tiny_trainer_config
 from tests.common.resume_test_utils import SigtermFakeLmInput
 
 MAX_STEP = 300

@@ -9,7 +9,7 @@ import pytest
 
 from axlearn.common import aot_compilation as aot
 from axlearn.common.utils_spmd import HybridMeshShape
-from experiments.text.gpt import honeycrisp, tiny
+from axlearn.experiments.text.gpt import honeycrisp, tiny
 
 
 def _tiny_config(**mesh_rules):

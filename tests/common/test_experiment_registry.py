@@ -32,9 +32,10 @@ def fake_modules_on_path(monkeypatch):
 
 
 def test_candidate_names():
-    assert candidate_module_names("text.gpt.tiny") == ["experiments.text.gpt.tiny", "text.gpt.tiny"]
-    assert candidate_module_names("experiments.text.gpt.tiny") == ["experiments.text.gpt.tiny"]
-    assert candidate_module_names("my_pkg.exps") == ["experiments.my_pkg.exps", "my_pkg.exps"]
+    full = "axlearn.experiments.text.gpt.tiny"
+    assert candidate_module_names("text.gpt.tiny") == [full, "text.gpt.tiny"]
+    assert candidate_module_names(full) == [full]
+    assert candidate_module_names("my_pkg.exps") == ["axlearn.experiments.my_pkg.exps", "my_pkg.exps"]
 
 
 @pytest.mark.parametrize("bad", ["", "text..tiny", "text/gpt/tiny", "text.gpt.tiny.py", ".tiny"])
@@ -50,28 +51,28 @@ def test_full_module_path():
 
 
 def test_short_form_relative_to_experiments(monkeypatch):
-    # A module inside the real `experiments` package, registered without a file.
-    fake = types.ModuleType("experiments.axlearn_test_short")
+    # A module inside the real `axlearn.experiments` package, registered without a file.
+    fake = types.ModuleType("axlearn.experiments.axlearn_test_short")
     fake.named_trainer_configs = lambda: {"short_cfg": lambda: "built"}
-    monkeypatch.setitem(sys.modules, "experiments.axlearn_test_short", fake)
+    monkeypatch.setitem(sys.modules, "axlearn.experiments.axlearn_test_short", fake)
     assert load_experiment_module("axlearn_test_short") is fake
-    assert load_experiment_module("experiments.axlearn_test_short") is fake
+    assert load_experiment_module("axlearn.experiments.axlearn_test_short") is fake
     fn = get_named_trainer_config("short_cfg", config_module="axlearn_test_short")
     assert fn() == "built"
 
 
 def test_short_form_wins_over_top_level_module(monkeypatch):
-    short = types.ModuleType("experiments.axlearn_test_fake_experiment")
+    short = types.ModuleType("axlearn.experiments.axlearn_test_fake_experiment")
     short.named_trainer_configs = lambda: {}
-    monkeypatch.setitem(sys.modules, "experiments.axlearn_test_fake_experiment", short)
+    monkeypatch.setitem(sys.modules, "axlearn.experiments.axlearn_test_fake_experiment", short)
     assert load_experiment_module(FAKE) is short
 
 
 def test_real_experiments_package_module_is_found():
-    # `experiments` itself is a real (installed) package: a name under it imports for real.
-    import experiments  # noqa: F401  pylint: disable=unused-import,import-outside-toplevel
+    # `axlearn.experiments` is a real (installed) package: a name under it imports for real.
+    import axlearn.experiments  # noqa: F401  pylint: disable=unused-import,import-outside-toplevel
 
-    with pytest.raises(ExperimentModuleNotFoundError, match="experiments.no_such_experiment"):
+    with pytest.raises(ExperimentModuleNotFoundError, match=r"axlearn\.experiments\.no_such"):
         load_experiment_module("no_such_experiment")
 
 
@@ -91,7 +92,7 @@ def test_unknown_module_lists_what_was_tried():
         load_experiment_module("nope.gpt.tiny")
     assert str(e.value) == (
         "No experiment module found for --module='nope.gpt.tiny'; "
-        "tried: experiments.nope.gpt.tiny, nope.gpt.tiny"
+        "tried: axlearn.experiments.nope.gpt.tiny, nope.gpt.tiny"
     )
     # It is an ImportError, so callers catching import failures still catch it.
     assert isinstance(e.value, ImportError)
@@ -144,15 +145,15 @@ def test_unknown_config_without_close_names():
     ],
 )
 def test_malformed_named_trainer_configs(monkeypatch, returned, message):
-    fake = types.ModuleType("experiments.axlearn_test_malformed")
+    fake = types.ModuleType("axlearn.experiments.axlearn_test_malformed")
     fake.named_trainer_configs = lambda: returned
-    monkeypatch.setitem(sys.modules, "experiments.axlearn_test_malformed", fake)
+    monkeypatch.setitem(sys.modules, "axlearn.experiments.axlearn_test_malformed", fake)
     with pytest.raises(TypeError, match=message):
         named_trainer_configs("axlearn_test_malformed")
 
 
 def test_no_static_import_of_experiments():
-    # DESIGN.md: nothing in axlearn/ imports the top-level `experiments` package statically.
+    # Nothing in axlearn/ imports the repository's top-level `experiments` folder (not installed).
     root = os.path.dirname(os.path.dirname(experiment_registry.__file__))
     offenders = []
     for dirpath, _, filenames in os.walk(root):

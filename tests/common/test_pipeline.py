@@ -508,7 +508,7 @@ def pipeline_trainer_config(
     from axlearn.common.input_fake import FakeLmInput
     from axlearn.common.loss_scale import DynamicLossScaler
     from axlearn.common.trainer_config_modifier import MeshShapeModifier, PipelineModifier
-    from experiments.text.gpt.tiny import tiny_trainer_config
+    from axlearn.experiments.text.gpt.tiny import tiny_trainer_config
 
     cfg = tiny_trainer_config(
         max_step=max_step,

@@ -1,6 +1,6 @@
 """External SIGKILLs at random times on the real main job: nothing committed is lost.
 
-The README's main job (`experiments/text/gpt/tiny.py`, `gpt-tiny`: the 1M-parameter GPT reading
+The README's main job (`axlearn/experiments/text/gpt/tiny.py`, `gpt-tiny`: the 1M-parameter GPT reading
 the embedded corpus through tf.data) runs as `python -m axlearn.common.launch_trainer_main`,
 shrunk with `--config_override` to MAX_STEP steps with a checkpoint every CHECKPOINT_EVERY (the
 schedule's and save policy's derived `max_step` overridden too; the evaler's interval stays 100,
@@ -116,7 +116,7 @@ def _restore(step_dir: str) -> tuple[int, dict]:
 
 def _next_batches(input_state: bytes, n: int = 2) -> list[dict]:
     """The next `n` batches of the real training input restored to `input_state`."""
-    from experiments.text.gpt.tiny import tiny_trainer_config  # Imports TensorFlow.
+    from axlearn.experiments.text.gpt.tiny import tiny_trainer_config  # Imports TensorFlow.
 
     iterator = iter(tiny_trainer_config().input.set(name="input").instantiate(parent=None))
     iterator.set_state(input_state)

@@ -1,4 +1,4 @@
-"""The tiny GPT trainer config (experiments/text/gpt/tiny.py) on 8 CPU devices equals 1 device.
+"""The tiny GPT trainer config (axlearn/experiments/text/gpt/tiny.py) on 8 CPU devices equals 1 device.
 
 For each mesh selected by the config's mesh rules, (fsdp=8), (data=2, fsdp=4) and
 (data=2, model=4): the step-0 loss and gradients equal the 1-device ones (1e-5), and the losses of
@@ -17,7 +17,7 @@ from axlearn.common.input_fake import replace_inputs_with_fake
 from axlearn.common.module import functional as F
 from axlearn.common.trainer import select_mesh_config
 from axlearn.common.utils_spmd import batch_partition_spec, host_to_global_array
-from experiments.text.gpt.tiny import tiny_trainer_config
+from axlearn.experiments.text.gpt.tiny import tiny_trainer_config
 from tests.common import trainer_test_utils as tu
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ Used as `--module=tests.common.trainer_mp_experiment --config=gpt-tiny-test`.
 
 from __future__ import annotations
 
-from experiments.text.gpt.tiny import tiny_trainer_config
+from axlearn.experiments.text.gpt.tiny import tiny_trainer_config
 
 
 def small_config():

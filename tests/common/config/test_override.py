@@ -10,7 +10,7 @@ from axlearn.common.config.override import (
     nearest_path,
     parse_override,
 )
-from experiments.text.gpt.tiny import tiny_trainer_config
+from axlearn.experiments.text.gpt.tiny import tiny_trainer_config
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """An experiment module for the launch pre-flight tests: honeycrisp-3B with a mesh rule that does
 not shard it on tpu-v5litepod-16 (every chip holds all parameters and optimizer state)."""
 
-from experiments.text.gpt import honeycrisp
+from axlearn.experiments.text.gpt import honeycrisp
 
 
 def honeycrisp_unsharded():

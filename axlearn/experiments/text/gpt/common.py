@@ -7,7 +7,7 @@
 - Trainer: `get_trainer_config_fn`, `evaler_config_dict`, `mesh_shape_from_axes`,
   `make_config_name`, `MESH_AXIS_NAMES`, `STEP_DTYPE`, `SourceBuilder`.
 
-The Fuji family (`experiments/text/gpt/fuji.py`) is written against these builders.
+The Fuji family (`axlearn/experiments/text/gpt/fuji.py`) is written against these builders.
 (`model_builders.py` has the builders of our own experiments.)
 """
 
