@@ -30,6 +30,10 @@ from axlearn.common.attention import (
 )
 from axlearn.common.base_layer import RematSpec
 from axlearn.common.base_model import BaseModel
+from axlearn.common.chunked_lm_loss import (  # noqa: F401 (first_max_index: public here too)
+    chunked_lm_head_loss,
+    first_max_index,
+)
 from axlearn.common.config import ConfigOr, InstantiableConfig, config_class
 from axlearn.common.decoder import Decoder
 from axlearn.common.decoding import (
@@ -63,31 +67,6 @@ _BATCH_SEQ_KEYS = (
 )
 
 
-def first_max_index(logits: Tensor) -> Tensor:
-    """`jnp.argmax(logits, axis=-1)` (the first index of the maximum) for non-NaN logits, faster.
-
-    XLA's CPU backend lowers argmax to a variadic (value, index) reduction that runs several times
-    slower than a plain reduction; on P1's [4, 128, 32768] logits it took ~73 ms of CPU time per
-    step. Here the maximum is a plain max-reduce (shared with the loss's logsumexp) and the first
-    index reaching it a float32 min-reduce (indices below 2**24 are exact in float32): ~39 ms.
-    Ties resolve to the first index, as argmax does. Rows containing NaN give
-    logits.shape[-1] (argmax would point at the NaN).
-
-    Args:
-        logits: Float tensor [..., num_classes] with num_classes <= 2**24.
-
-    Returns:
-        Int32 tensor [...].
-    """
-    num_classes = logits.shape[-1]
-    if num_classes > 2**24:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    top = jnp.max(logits, axis=-1, keepdims=True)
-    index = jnp.arange(num_classes, dtype=jnp.float32)
-    first = jnp.min(jnp.where(logits == top, index, float(num_classes)), axis=-1)
-    return first.astype(jnp.int32)
-
-
 class Model(BaseModel):
     """A decoder-only transformer language model trained with next-token cross-entropy."""
 
@@ -108,6 +87,10 @@ class Model(BaseModel):
         # into an auxiliary loss added to the loss (summary "aux_loss"), e.g. the load-balancing
         # loss of mixture-of-experts layers.
         aux_loss_regex: Optional[str] = None
+        # If set, the training loss computes the LM head and the cross-entropy (with z-loss and
+        # accuracy) in chunks of this many positions along the sequence, with a custom gradient,
+        # so that neither pass holds [batch, seq_len, vocab] logits; None: all at once.
+        logits_chunk_size: Optional[int] = None
 
     @classmethod
     def default_config(cls) -> Config:
@@ -144,6 +127,10 @@ class Model(BaseModel):
 
     def predict(self, input_batch: NestedTensor) -> dict[str, Tensor]:
         """Returns the decoder outputs {"logits", "hidden_states"} for `input_batch`."""
+        return self.decoder(input_batch=self._decoder_batch(input_batch))
+
+    def _decoder_batch(self, input_batch: NestedTensor) -> NestedTensor:
+        """The decoder's input batch (sharding-constrained) of a model input batch."""
         batch = self._constrain(input_batch)
         if "input_ids" not in batch:
             raise KeyError(f"input_batch needs 'input_ids'; got keys {sorted(batch)}")
@@ -153,7 +140,7 @@ class Model(BaseModel):
             if k in ("input_ids", "input_segment_ids", "token_type_ids")
         }
         decoder_batch["positions"] = batch.get("input_positions")
-        return self.decoder(input_batch=decoder_batch)
+        return decoder_batch
 
     def forward(
         self, input_batch: NestedTensor, return_aux: bool = False
@@ -162,16 +149,22 @@ class Model(BaseModel):
 
         Args:
             input_batch: See the module docstring. Without `target_labels`, no loss is computed.
-            return_aux: Whether to return logits, hidden states and per-token losses.
+            return_aux: Whether to return logits, hidden states and per-token losses. With
+                `logits_chunk_size` set, the loss is chunked only without return_aux (the
+                caller asks for the full logits otherwise).
 
         Returns:
             (loss or None, aux_outputs): aux_outputs is {} unless return_aux, then it has
             "logits", "hidden_states" and (with targets) "per_label_loss" [B, T].
         """
+        target_labels = input_batch.get("target_labels")
+        if target_labels is not None and self.config.logits_chunk_size is not None:
+            if not return_aux:
+                return self._chunked_loss(input_batch), {}
+        # Full logits: no chunk size, no targets, or the caller wants the logits.
         predictions = self.predict(input_batch)
         aux = dict(predictions)
         loss = None
-        target_labels = input_batch.get("target_labels")
         if target_labels is not None:
             loss, per_token_loss = self._metrics(
                 predictions["logits"],
@@ -181,6 +174,32 @@ class Model(BaseModel):
             )
             aux["per_label_loss"] = per_token_loss
         return loss, (aux if return_aux else {})
+
+    def _chunked_loss(self, input_batch: NestedTensor) -> Tensor:
+        """The loss of `forward` with the head and loss in chunks (`logits_chunk_size`)."""
+        head = self.decoder.head_inputs(input_batch=self._decoder_batch(input_batch))
+        target_labels = input_batch["target_labels"]
+        live = (target_labels >= 0) & (target_labels != self._pad_token_id)
+        loss, parts = chunked_lm_head_loss(
+            head["hidden_states"],
+            head["lm_head_weight"],
+            target_labels,
+            live_targets=live,
+            chunk_size=self.config.logits_chunk_size,
+            z_loss_scale=self._z_loss_scale,
+            soft_cap=self.decoder.lm_head_soft_cap(),
+            logits_partition_spec=self.config.decoder.logits_partition_spec,
+            config_path=f"{self.path()}.logits_chunk_size",
+        )
+        loss, _ = self._add_metric_summaries(
+            loss,
+            parts=parts,
+            accuracy=parts["accuracy"],
+            live=live,
+            target_num_bytes=input_batch.get("target_num_bytes"),
+            input_ids=input_batch["input_ids"],
+        )
+        return loss
 
     def _aux_loss(self, regex: str) -> Tensor:
         """Sum of the module outputs whose paths fully match `regex` (0 if none)."""
@@ -200,12 +219,31 @@ class Model(BaseModel):
         loss, parts = cross_entropy(
             logits, target_labels, mask=live, z_loss_scale=self._z_loss_scale
         )
-        num_targets = parts["num_targets"]
-        denom = jnp.maximum(1.0, num_targets)
+        denom = jnp.maximum(1.0, parts["num_targets"])
         correct = (first_max_index(logits) == target_labels) & live
-        accuracy = correct.sum() / denom
-        per_token_loss = parts["pre_mask_loss"] * live
-        batch_size = target_labels.shape[0]
+        return self._add_metric_summaries(
+            loss,
+            parts=dict(parts, per_target_loss=parts["pre_mask_loss"]),
+            accuracy=correct.sum() / denom,
+            live=live,
+            target_num_bytes=target_num_bytes,
+            input_ids=input_ids,
+        )
+
+    def _add_metric_summaries(
+        self,
+        loss: Tensor,
+        *,
+        parts: dict[str, Tensor],
+        accuracy: Tensor,
+        live: Tensor,
+        target_num_bytes: Optional[Tensor],
+        input_ids: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """Adds the module docstring's summaries; returns (loss + aux loss, per-token loss)."""
+        num_targets = parts["num_targets"]
+        per_token_loss = parts["per_target_loss"] * live
+        batch_size = live.shape[0]
         if self.config.aux_loss_regex is not None:
             aux_loss = self._aux_loss(self.config.aux_loss_regex)
             loss = loss + aux_loss
