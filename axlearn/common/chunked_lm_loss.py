@@ -110,7 +110,9 @@ def _fused_loss(hidden, weight, labels, token_weights, chunk_size, z_loss_scale,
     return jnp.sum(losses), (_from_chunks(ce), _from_chunks(log_z), _from_chunks(correct))
 
 
-def _fused_loss_fwd(hidden, weight, labels, token_weights, chunk_size, z_loss_scale, soft_cap, spec):
+def _fused_loss_fwd(
+    hidden, weight, labels, token_weights, chunk_size, z_loss_scale, soft_cap, spec
+):
     """Forward with the gradients of the loss (w.r.t. hidden and weight) computed per chunk."""
 
     def body(grad_weight, xs):
