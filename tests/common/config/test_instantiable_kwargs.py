@@ -18,11 +18,12 @@ class _Pair:
         self.x, self.y = x, y
 
 
-def test_instantiate_kwargs_fill_required_fields():
+def test_instantiate_kwargs_fill_required_fields_and_take_precedence():
     cfg = config_for_function(_add).set(a=1)
-    assert cfg.instantiate(b=2) == 13
-    with pytest.raises(ValueError, match="a is already specified: 1 vs. 5"):
-        cfg.instantiate(a=5, b=2)
+    assert cfg.instantiate(b=2) == 1 + 2 + 10
+    # A keyword given to instantiate() overrides the config's value for that call only.
+    assert cfg.instantiate(a=5, b=2) == 5 + 2 + 10
+    assert cfg.a == 1
     with pytest.raises(RequiredFieldMissingError, match="b"):
         cfg.instantiate()
     pair = config_for_class(_Pair).instantiate(x=7)
