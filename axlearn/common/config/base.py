@@ -609,9 +609,7 @@ def _install_accessors(attr_cls: type, *, name: str | None = None) -> type:
         try:
             return inner_getattr(self, key)
         except KeyError as e:
-            raise UnknownFieldError(
-                f"{type(self).__name__}: {self._key_error_string(key)}"
-            ) from e
+            raise UnknownFieldError(f"{type(self).__name__}: {self._key_error_string(key)}") from e
 
     __getattr__.__config_inner__ = inner_getattr
     attr_cls.__setattr__ = __setattr__
@@ -666,10 +664,13 @@ def _check_no_plain_attributes(cls: type, *, inherited: bool = False) -> None:
                 continue
             if _is_method_of_class_body(value, key):
                 continue
+            # A decorated class is already named `config_class(module.qualname)`.
+            where = klass.__qualname__
+            if not where.startswith("config_"):
+                where = f"{klass.__module__}.{where}"
             raise NonConfigFieldError(
-                f"Non-config attribute is not supported: {klass.__module__}."
-                f"{klass.__qualname__}.{key} (annotate it, `{key}: <type> = ...`, to make it a "
-                "config field)"
+                f"Non-config attribute is not supported: {where}.{key} "
+                f"(annotate it, `{key}: <type> = ...`, to make it a config field)"
             )
 
 

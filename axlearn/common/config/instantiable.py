@@ -324,8 +324,8 @@ def config_for_function(fn: Callable[..., T]) -> Any:
     """Returns a config with one field per parameter of `fn`, plus `fn`.
 
     Parameters without defaults are REQUIRED. `instantiate(**kwargs)` calls `fn(**fields)`;
-    kwargs fill REQUIRED fields and take precedence over set ones. A `*args` parameter is a field holding
-    a sequence, `**kwargs` one holding a dict.
+    kwargs fill REQUIRED fields and take precedence over set ones. A `*args` parameter is a field
+    holding a sequence, `**kwargs` one holding a dict.
 
     Args:
         fn: The function.
