@@ -6,7 +6,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable, Collection
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, Generic, Protocol, TypeVar, Union
 
 import attr
 
@@ -118,6 +118,17 @@ class InstantiableConfig(Generic[T], ConfigBase):
 
 
 ConfigOr = Union[T, InstantiableConfig]
+
+
+class TrainerConfigFn(Protocol):
+    """A function that returns the config of a trainer (e.g. `SpmdTrainer.Config`).
+
+    Experiment modules map config names to these (`named_trainer_configs()`); callers invoke them
+    with no arguments. Typed as `InstantiableConfig` so that this module needs no trainer import
+    and custom trainers fit the same protocol (as in AXLearn).
+    """
+
+    def __call__(self) -> InstantiableConfig: ...
 
 
 def maybe_instantiate(x: ConfigOr[T]) -> T:
