@@ -8,8 +8,9 @@ An *experiment module* is any importable module with a function
 module such as `my_project.my_experiments`) and the short form relative to the installed
 `axlearn.experiments` package (`text.gpt.tiny`), as AXLearn does.
 
-Nothing in `axlearn.common` imports `axlearn.experiments` statically: modules are loaded here with importlib, so
-that importing the library never pulls in every experiment (and their TensorFlow/seqio imports).
+Nothing in `axlearn.common` imports `axlearn.experiments` statically: modules are loaded here with
+importlib, so that importing the library never pulls in every experiment (and their
+TensorFlow/seqio imports).
 """
 
 from __future__ import annotations
