@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import importlib
 import types
-from collections.abc import Callable
-from typing import Any
 
 from axlearn.common.config import TrainerConfigFn, similar_names
 
