@@ -17,16 +17,11 @@ from __future__ import annotations
 
 import importlib
 import types
-from collections.abc import Callable
-from typing import Any
 
-from axlearn.common.config import similar_names
+from axlearn.common.config import TrainerConfigFn, similar_names
 
 # The package that short module names (`text.gpt.tiny`) are relative to.
 EXPERIMENTS_PACKAGE = "axlearn.experiments"
-
-# A function that builds a trainer config (`SpmdTrainer.Config`), called with no arguments.
-TrainerConfigFn = Callable[[], Any]
 
 
 class ExperimentModuleNotFoundError(ImportError):

@@ -73,6 +73,9 @@ from axlearn.common.input_processors import (
 )
 from axlearn.common.module import Module, nowrap
 
+# The data dir (`--data_dir`, `utils.set_data_dir`): one home, in utils; re-exported here.
+from axlearn.common.utils import get_data_dir  # noqa: F401
+
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
@@ -116,15 +119,6 @@ DATA_DIR_ENV = "DATA_DIR"
 # TFDS builder names of data sets built locally from files in the repo (no network), mapped to
 # the module that registers the builder and the function that builds the data set.
 _EMBEDDED_BUILDERS = {"python_docs": "axlearn.common.embedded_data"}
-
-
-def get_data_dir() -> Optional[str]:
-    """Returns the data dir set by `--data_dir` (env `DATA_DIR`), or None when unset.
-
-    Returns:
-        The data dir, "FAKE", or None.
-    """
-    return os.environ.get(DATA_DIR_ENV) or None
 
 
 # ------------------------------------------------------------------------------------------------
