@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,8 +18,9 @@ import jax
 from absl import flags, logging
 
 from axlearn.common.config.override import apply_overrides
+from axlearn.common.mesh_resolution import overrides_set_mesh, resolve_mesh
 from axlearn.common.run_lock import RunLock
-from axlearn.common.trainer import SpmdTrainer, select_mesh_config
+from axlearn.common.trainer import SpmdTrainer
 from axlearn.common.trainer_metrics import PARAMETER_TABLE_FILE
 from axlearn.common.utils_spmd import HybridMeshShape, infer_mesh_shape
 
@@ -49,7 +49,8 @@ flags.DEFINE_string(
     "mesh_selector",
     None,
     "Selects the first of the config's mesh_rules whose regex fully matches it "
-    "(e.g. tpu-v5litepod-256, gpu-p5.48xlarge-64, cpu).",
+    "(e.g. tpu-v5p-128, tpu-v5p-128-2 for 2 slices, gpu-a3-highgpu-8g-16 for 16 GPUs). A "
+    "selector matching no rule is an error unless --config_override=mesh_shape=... is given.",
 )
 
 flags.DEFINE_integer(
@@ -145,8 +146,14 @@ def apply_launch_settings(
             raise ValueError("--trainer_dir is required (the config does not set `dir`).")
         cfg.dir = flag_values.trainer_dir
     if flag_values.mesh_selector is not None:
-        _check_mesh_selector(cfg, flag_values.mesh_selector)
-        cfg = select_mesh_config(cfg, mesh_selector=flag_values.mesh_selector)
+        # The same resolution as the launch's dry run and pre-flight (mesh_resolution).
+        cfg, resolution = resolve_mesh(
+            cfg,
+            mesh_selector=flag_values.mesh_selector,
+            explicit_mesh=overrides_set_mesh(getattr(flag_values, "config_override", None) or []),
+            config_name=_experiment_name(flag_values),
+        )
+        logging.info("Mesh: %s", resolution.describe())
     if not cfg.mesh_axis_names:
         cfg.mesh_axis_names = ("data", "model")
     if not isinstance(cfg.mesh_shape, (list, tuple, HybridMeshShape)):
@@ -176,24 +183,10 @@ def apply_launch_settings(
     return cfg
 
 
-def _check_mesh_selector(cfg: SpmdTrainer.Config, selector: str) -> None:
-    """A --mesh_selector that matches none of the experiment's mesh rules is an error (a typo
-    would otherwise train on the default mesh); with no rules at all it is a warning."""
-    rules = cfg.mesh_rules or []
-    if not rules:
-        logging.warning(
-            "--mesh_selector=%s: the experiment has no mesh_rules; using its mesh_shape %s.",
-            selector,
-            cfg.mesh_shape,
-        )
-        return
-    if any(re.fullmatch(regex, selector) for regex, _ in rules):
-        return
-    raise ValueError(
-        f"--mesh_selector={selector!r} matches none of the experiment's mesh_rules "
-        f"(regexes, matched in full: {[regex for regex, _ in rules]}). Pick a selector one of "
-        "them matches, or leave the flag out to use the config's mesh_shape."
-    )
+def _experiment_name(flag_values: Any) -> str:
+    """ "module:config" of the flags, or "the experiment" (a config given as a function)."""
+    module, config = getattr(flag_values, "module", None), getattr(flag_values, "config", None)
+    return f"{module}:{config}" if module and config else "the experiment"
 
 
 def _use_fake_inputs(cfg: SpmdTrainer.Config) -> SpmdTrainer.Config:
