@@ -101,6 +101,38 @@ def match_mesh_rule(trainer_config: Any, mesh_selector: str) -> Optional[tuple[i
     return None
 
 
+def apply_mesh_rule(trainer_config: Any, value: Any, *, mesh_selector: str) -> Any:
+    """Applies one mesh rule's value to a trainer config (in place).
+
+    Args:
+        trainer_config: The trainer config.
+        value: A mesh shape (tuple/list/HybridMeshShape/None), which replaces `mesh_shape`, or a
+            ConfigModifier config (or instance), which is applied to the whole config.
+        mesh_selector: The selector that chose the rule (for the error message).
+
+    Returns:
+        The modified config (a modifier may return a new one).
+
+    Raises:
+        TypeError: The value is neither a mesh shape nor a ConfigModifier.
+    """
+    # pylint: disable=import-outside-toplevel
+    from axlearn.common.config import ConfigModifier, maybe_instantiate
+    from axlearn.common.utils_spmd import HybridMeshShape
+
+    if value is None or isinstance(value, (tuple, list, HybridMeshShape)):
+        trainer_config.mesh_shape = value
+        return trainer_config
+    modifier = maybe_instantiate(value)
+    if not isinstance(modifier, ConfigModifier):
+        raise TypeError(
+            f"Mesh rule for {mesh_selector!r} must be a mesh shape or a ConfigModifier config; "
+            f"got {type(modifier).__name__}."
+        )
+    result = modifier(trainer_config)
+    return trainer_config if result is None else result
+
+
 def known_selectors(replicas: Sequence[int] = (1, 2, 4)) -> list[str]:
     """Returns the selectors launches of the instance-type table pass, for some replica counts.
 
@@ -170,9 +202,6 @@ def resolve_mesh(
         MeshSelectorError: The selector matches no rule, the experiment has rules, no catch-all
             and the mesh is not explicit.
     """
-    # pylint: disable-next=import-outside-toplevel
-    from axlearn.common.trainer import select_mesh_config
-
     if mesh_selector is None:
         return trainer_config, MeshResolution(
             None, None, None, "no_selector", trainer_config.mesh_shape
@@ -194,7 +223,7 @@ def resolve_mesh(
     modifier = None
     if not (value is None or isinstance(value, (tuple, list))):
         modifier = getattr(getattr(value, "klass", None), "__name__", None) or type(value).__name__
-    trainer_config = select_mesh_config(trainer_config, mesh_selector=mesh_selector)
+    trainer_config = apply_mesh_rule(trainer_config, value, mesh_selector=mesh_selector)
     return trainer_config, MeshResolution(
         mesh_selector, regex, index, "rule", trainer_config.mesh_shape, modifier
     )
