@@ -1,6 +1,6 @@
 """The honeycrisp-3B experiment rebuilds the reference trainer dump line for line.
 
-The reference (`shared/reference/honeycrisp_trainer_config.txt`) is copied to
+The reference dump (a real 3B trainer config of the library we model ourselves on) is kept in
 `tests/testdata/trainer/honeycrisp_trainer_config.txt` so tests never read shared files.
 """
 

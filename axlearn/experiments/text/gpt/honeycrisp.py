@@ -1,4 +1,4 @@
-"""The reference 3B trainer (`shared/reference/honeycrisp_trainer_config.txt`), rebuilt.
+"""The reference 3B trainer (`tests/testdata/trainer/honeycrisp_trainer_config.txt`), rebuilt.
 
 `honeycrisp-3B` builds, from the real classes and functions, the trainer config whose dump is the
 reference dump line for line: a 2.7B-parameter decoder (26 repeated layers, dim 3072, 24 query /
