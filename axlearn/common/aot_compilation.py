@@ -802,7 +802,7 @@ def run_preflight(
         compiler_options: XLA options for the compile.
         config_name: How the report names the config.
         mesh_resolution: The `MeshResolution` of an already resolved config (the launch's:
-            `mesh_resolution.build_trainer_config` with the pods' flags); None: resolve here.
+            `launch_trainer.build_trainer_config` with the pods' flags); None: resolve here.
         progress_out: Where progress lines go (default stderr).
 
     Returns:

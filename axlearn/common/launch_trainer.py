@@ -12,13 +12,13 @@ import json
 import os
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Optional
 
 import jax
 from absl import flags, logging
 
 from axlearn.common.config.override import apply_overrides
-from axlearn.common.mesh_resolution import overrides_set_mesh, resolve_mesh
+from axlearn.common.mesh_resolution import MeshResolution, overrides_set_mesh, resolve_mesh
 from axlearn.common.run_lock import RunLock
 from axlearn.common.trainer import SpmdTrainer
 from axlearn.common.trainer_metrics import PARAMETER_TABLE_FILE
@@ -96,6 +96,46 @@ def _named_trainer_config_fn(module: str, config: str) -> TrainerConfigFn:
     from axlearn.common.experiment_registry import get_named_trainer_config
 
     return get_named_trainer_config(config, config_module=module)
+
+
+def build_trainer_config(
+    *,
+    module: str,
+    config: str,
+    config_overrides: Sequence[str] = (),
+    mesh_selector: Optional[str] = None,
+) -> tuple[SpmdTrainer.Config, MeshResolution]:
+    """Builds a named experiment's trainer config as `launch_trainer_main` does.
+
+    The experiment is looked up, its `--config_override`s applied, then the mesh resolved
+    (`mesh_resolution.resolve_mesh`), in the order of `get_trainer_config`. The launch's check
+    and pre-flight (`axlearn.cloud.gcp.launch`) and `axlearn aot` use it, so the config they
+    check is the pods' config. The trainer's launch settings (trainer dir, profiler, fake
+    inputs) are not part of this; the mesh shape's -1 is inferred later for the devices.
+
+    Args:
+        module: `--module` (full path or relative to axlearn.experiments).
+        config: `--config`.
+        config_overrides: `--config_override` values, in order.
+        mesh_selector: `--mesh_selector` (None: none).
+
+    Returns:
+        (the trainer config, the `MeshResolution`).
+
+    Raises:
+        ValueError: Unknown module or config (naming the close names), a bad override
+            (ConfigOverrideError), or a selector matching no rule (MeshSelectorError).
+    """
+    cfg = _named_trainer_config_fn(module, config)()
+    overrides = list(config_overrides)
+    if overrides:
+        cfg = apply_overrides(cfg, overrides)
+    return resolve_mesh(
+        cfg,
+        mesh_selector=mesh_selector,
+        explicit_mesh=overrides_set_mesh(overrides),
+        config_name=f"{module}:{config}",
+    )
 
 
 def get_trainer_config(

@@ -15,9 +15,9 @@
   closest names), unless the mesh is explicit (a `mesh_shape=` config override) or the
   experiment declares a default: a catch-all last rule such as `(".*", mesh_shape)`, or no
   `mesh_rules` at all (its `mesh_shape` is then the mesh of every target).
-- `build_trainer_config(...)` is the whole path from `--module`/`--config`/`--config_override`/
-  `--mesh_selector` to the config: `launch_trainer_main`, the launch's pre-flight and
-  `axlearn aot` call it, so they build the same config.
+- `launch_trainer.build_trainer_config(...)` is the whole path from `--module`/`--config`/
+  `--config_override`/`--mesh_selector` to the config, with this resolution: the launch's check
+  and pre-flight and `axlearn aot` call it, and `launch_trainer_main` takes the same steps.
 """
 
 from __future__ import annotations
@@ -232,45 +232,3 @@ def resolve_mesh(
 def overrides_set_mesh(overrides: Sequence[str]) -> bool:
     """Returns whether `PATH=VALUE` overrides set the mesh explicitly (`mesh_shape=...`)."""
     return any(o.split("=", 1)[0].strip() in EXPLICIT_MESH_PATHS for o in overrides)
-
-
-def build_trainer_config(
-    *,
-    module: str,
-    config: str,
-    config_overrides: Sequence[str] = (),
-    mesh_selector: Optional[str] = None,
-) -> tuple[Any, MeshResolution]:
-    """Builds a named experiment's trainer config as `launch_trainer_main` does.
-
-    The experiment is looked up, its `--config_override`s applied, then the mesh resolved
-    (`resolve_mesh`). The trainer's launch settings (trainer dir, profiler, fake inputs) are not
-    part of this; the mesh shape's -1 is inferred later for the devices.
-
-    Args:
-        module: `--module` (full path or relative to axlearn.experiments).
-        config: `--config`.
-        config_overrides: `--config_override` values, in order.
-        mesh_selector: `--mesh_selector` (None: none).
-
-    Returns:
-        (the trainer config, the `MeshResolution`).
-
-    Raises:
-        ValueError: Unknown module or config (naming the close names), a bad override
-            (ConfigOverrideError), or a selector matching no rule (MeshSelectorError).
-    """
-    # pylint: disable=import-outside-toplevel
-    from axlearn.common.config.override import apply_overrides
-    from axlearn.common.experiment_registry import get_named_trainer_config
-
-    cfg = get_named_trainer_config(config, config_module=module)()
-    overrides = list(config_overrides)
-    if overrides:
-        cfg = apply_overrides(cfg, overrides)
-    return resolve_mesh(
-        cfg,
-        mesh_selector=mesh_selector,
-        explicit_mesh=overrides_set_mesh(overrides),
-        config_name=f"{module}:{config}",
-    )

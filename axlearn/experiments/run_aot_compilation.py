@@ -61,7 +61,7 @@ def run_aot(
     from axlearn.cloud.gcp.system_characteristics import mesh_selector_for
     from axlearn.common import aot_compilation
     from axlearn.common import compiler_options as options_lib
-    from axlearn.common.mesh_resolution import build_trainer_config
+    from axlearn.common.launch_trainer import build_trainer_config
 
     sc = aot_compilation.topology_system_characteristics(topology)
     aot_compilation.require_libtpu()

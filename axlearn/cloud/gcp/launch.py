@@ -5,7 +5,7 @@ name, instance type and replica count, picks the runner, completes the command
 (`axlearn.cloud.common.command`, adding `--mesh_selector` by AXLearn's convention: see
 `system_characteristics.mesh_selector_for`), makes the bundler's build plan, and builds the
 JobSet. `check_trainer_command` then builds the trainer config exactly as the pods'
-`launch_trainer_main` will (`axlearn.common.mesh_resolution.build_trainer_config`: the same
+`launch_trainer_main` will (`axlearn.common.launch_trainer.build_trainer_config`: the same
 `--module`, `--config`, `--config_override`s and `--mesh_selector`), so a bad experiment, override
 or a selector that matches no mesh rule stops the launch before anything is built, and
 `launch_preflight` compiles that same config for the target. `--dry_run` prints the result
@@ -218,7 +218,7 @@ def check_trainer_command(prepared: PreparedLaunch) -> Optional[TrainerCheck]:
             "The trainer command names no experiment: pass --module=... and --config=... "
             "after `--` (e.g. --module=text.gpt.tiny --config=gpt-tiny)."
         )
-    from axlearn.common.mesh_resolution import build_trainer_config
+    from axlearn.common.launch_trainer import build_trainer_config
 
     selectors = _flag_values(prepared.command, ("mesh_selector",))
     try:
