@@ -227,7 +227,8 @@ class Checkpointer(Module):
         )
         mode = stats.choice.short() if stats.choice is not None else stats.snapshot
         wait = stats.describe_wait()
-        (logging.warning if wait else logging.info)(
+        # A long wait means saves come more often than the disk writes them: say it loudly.
+        (logging.warning if stats.wait_for_previous_s >= 1.0 else logging.info)(
             "Checkpoint of step %d: caller blocked %.3fs (waiting for the previous save %.3fs, "
             "%s snapshot %.3fs, rest %.3fs), %.3f GB from this process, host memory bound "
             "%.3f GB.%s",

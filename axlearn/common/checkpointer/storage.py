@@ -46,9 +46,11 @@ class SaveStats:
         host_bytes: Upper bound of host memory this save holds on this process.
         async_save: Whether the write continues in the background.
         choice: The snapshot choice in effect (None for "reference" saves), with its numbers.
-        previous: The previous save's result, if this save had to wait for its write to end
-            (then `wait_for_previous_s` is that wait, and `previous.write_gb_per_s` says how
-            fast the disk took it).
+        previous: The previous save's result (its write time and throughput), if it finished
+            since the last `save`/`wait_until_finished` collected it.
+        waited: Whether this save had to wait for the previous save's write to end (then
+            `wait_for_previous_s` is that wait, and `previous.write_gb_per_s` says how fast the
+            disk took it: saves come more often than the disk writes them).
     """
 
     step: int
@@ -61,6 +63,7 @@ class SaveStats:
     async_save: bool
     choice: Optional[snapshot_choice.SnapshotChoice] = None
     previous: Optional[SaveResult] = None
+    waited: bool = False
 
     @property
     def other_s(self) -> float:
@@ -69,7 +72,7 @@ class SaveStats:
 
     def describe_wait(self) -> str:
         """'' if the save did not wait; else what it waited for and the write's throughput."""
-        if self.previous is None:
+        if not self.waited or self.previous is None:
             return ""
         prev = self.previous
         return (
@@ -411,7 +414,8 @@ class TensorStoreStateStorage(StateStorage):
             host_bytes=host_bytes,
             async_save=async_save,
             choice=choice,
-            previous=previous if in_flight else None,
+            previous=previous,
+            waited=in_flight,
         )
 
     def restore_from_dir(
