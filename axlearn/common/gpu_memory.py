@@ -9,8 +9,8 @@ device snapshot fails with RESOURCE_EXHAUSTED, or the checkpointer must fall bac
 snapshot that blocks training for seconds. So the launcher sets `DEFAULT_GPU_MEMORY_FRACTION`
 when the user has not chosen a fraction; the rest (about 8 GB of 80 GB) stays outside the pool
 for the CUDA context, cuDNN/cuBLAS workspaces and NCCL buffers, which JAX does not allocate from
-it. A user value of the variable (or XLA_PYTHON_CLIENT_PREALLOCATE=false, XLA_PYTHON_CLIENT_
-ALLOCATOR=platform) is never changed.
+it. When the user sets the variable, or takes over the allocator with
+XLA_PYTHON_CLIENT_PREALLOCATE or XLA_PYTHON_CLIENT_ALLOCATOR, nothing is changed.
 
 Example:
 

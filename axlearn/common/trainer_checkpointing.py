@@ -357,7 +357,7 @@ class TrainerCheckpointMixin:
             )
         if self._snapshot_choice is None:
             return
-        self._step_log("%s", self._snapshot_choice.describe())
+        # The storage logged the choice and its numbers (once, when it changes).
         if self._saves_alias_state():
             self._step_log(
                 "checkpoint snapshot on CPU: no copy at all; the step after a save keeps (does "
