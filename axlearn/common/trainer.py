@@ -34,7 +34,6 @@ from axlearn.common import utils
 from axlearn.common.checkpointer import Checkpointer
 from axlearn.common.config import (
     REQUIRED,
-    ConfigModifier,
     InstantiableConfig,
     Required,
     config_class,
@@ -42,6 +41,7 @@ from axlearn.common.config import (
 )
 from axlearn.common.config_ranges import validate_config_ranges
 from axlearn.common.evaler import SpmdEvaler
+from axlearn.common.mesh_resolution import apply_mesh_rule, match_mesh_rule
 from axlearn.common.module import Module, child_context, new_output_collection
 from axlearn.common.module import functional as F
 from axlearn.common.preemption import PreemptionHandler
@@ -745,7 +745,8 @@ def select_mesh_config(trainer_config: SpmdTrainer.Config, *, mesh_selector: str
 
     A rule's value is either a mesh shape (or HybridMeshShape), which replaces `mesh_shape`, or a
     ConfigModifier config (or instance), which is applied to the whole trainer config. If no rule
-    matches, the config is unchanged.
+    matches, the config is unchanged (launches go through `mesh_resolution.resolve_mesh`, which
+    refuses an unmatched selector).
 
     Args:
         trainer_config: The trainer config (modified in place).
@@ -754,24 +755,12 @@ def select_mesh_config(trainer_config: SpmdTrainer.Config, *, mesh_selector: str
     Returns:
         The (possibly modified) trainer config.
     """
-    rules = trainer_config.mesh_rules
-    if not rules:
+    match = match_mesh_rule(trainer_config, mesh_selector)
+    if match is None:
+        if trainer_config.mesh_rules:
+            logging.info(
+                "Mesh selector %r matches no mesh rule; keeping the default mesh.", mesh_selector
+            )
         return trainer_config
-    rule = utils.match_regex_rules(mesh_selector, rules=rules, default_value=REQUIRED)
-    if rule is REQUIRED:
-        logging.info(
-            "Mesh selector %r matches no mesh rule; keeping the default mesh.", mesh_selector
-        )
-        return trainer_config
-    logging.info("Mesh selector %r matches mesh rule %s.", mesh_selector, rule)
-    if rule is None or isinstance(rule, (tuple, list, HybridMeshShape)):
-        trainer_config.mesh_shape = rule
-        return trainer_config
-    modifier = maybe_instantiate(rule)
-    if not isinstance(modifier, ConfigModifier):
-        raise TypeError(
-            f"Mesh rule for {mesh_selector!r} must be a mesh shape or a ConfigModifier config; "
-            f"got {type(modifier).__name__}."
-        )
-    result = modifier(trainer_config)
-    return trainer_config if result is None else result
+    logging.info("Mesh selector %r matches mesh rule %s.", mesh_selector, match[2])
+    return apply_mesh_rule(trainer_config, match[2], mesh_selector=mesh_selector)
