@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import zipfile
 
 import pytest
@@ -144,6 +145,9 @@ def test_every_command_works_or_names_its_extra(base_env, trained_dir, tmp_path)
     # docs/reliability.md, docs/checkpoints.md.
     assert "6" in _check(base_env, ["checkpoint", "list", ckpt], "works", **root).stdout
     _check(base_env, ["checkpoint", "verify", ckpt], "works", **root)
+    copy = str(tmp_path / "checkpoints")  # `select` renames newer steps: work on a copy.
+    shutil.copytree(ckpt, copy)
+    _check(base_env, ["checkpoint", "select", copy, "--step", "6"], "works", **root)
     # docs/inference.md.
     _check(base_env, ["eval", f"--trainer_dir={trained_dir}"], "works", **repo)
     args = ["generate", f"--trainer_dir={trained_dir}", "--prompt=The Python"]
