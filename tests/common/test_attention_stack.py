@@ -84,6 +84,7 @@ def test_remat_choices_of_reports_layers_only():
     assert remat_choices_of(cfg, "model") == {"model.decoder.transformer.layer": "full"}
 
 
+@pytest.mark.slow
 def test_every_choice_same_gradients_and_reports_its_memory():
     """Remat changes memory, not math: equal gradients; fewer temp bytes the less is saved."""
     batch_ids = jax.random.randint(jax.random.PRNGKey(1), (8, 64), 1, 64)
