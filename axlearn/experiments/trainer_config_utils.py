@@ -1,7 +1,7 @@
 """Trainer config utilities (AXLearn's `axlearn.experiments.trainer_config_utils`).
 
-- `TrainerConfigFn`: a function returning a trainer config (what `named_trainer_configs()` maps
-  config names to).
+- `TrainerConfigFn` (`axlearn.common.config.TrainerConfigFn`, re-exported): a function returning
+  a trainer config (what `named_trainer_configs()` maps config names to).
 - `V6eFlashConfigModifier`: sets the TPU block size of every FlashAttention layer to 1024 (the
   mesh rules of AXLearn's Fuji configs use it on TPU v6e).
 - `config_map_cache`: caches a `named_trainer_configs` function per data dir.
@@ -12,12 +12,11 @@ from __future__ import annotations
 import functools
 from typing import Callable, Optional
 
-from axlearn.common.config import ConfigBase, ConfigModifier, InstantiableConfig, config_class
+from axlearn.common.config import ConfigBase, ConfigModifier, TrainerConfigFn, config_class
 from axlearn.common.flash_attention.layer import set_flash_block_sizes
-from axlearn.common.input_tf_data import get_data_dir
+from axlearn.common.utils import get_data_dir
 
-# A function returning a trainer config (e.g. an `SpmdTrainer.Config`).
-TrainerConfigFn = Callable[[], InstantiableConfig]
+__all__ = ["TrainerConfigFn", "V6eFlashConfigModifier", "config_map_cache"]
 
 
 class V6eFlashConfigModifier(ConfigModifier):

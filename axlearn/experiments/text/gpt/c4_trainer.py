@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from axlearn.common.config import InstantiableConfig, config_for_function
 from axlearn.common.input_lm import lm_text_preprocessor
-from axlearn.common.input_tf_data import get_data_dir
+from axlearn.common.utils import get_data_dir
 from axlearn.experiments.text.common import DataMixtureComponent, vocab
 from axlearn.experiments.text.gpt import fuji
 from axlearn.experiments.text.gpt.common import mixture_train_input_source, tfds_input
