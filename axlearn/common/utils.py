@@ -766,10 +766,20 @@ def default_remat_combine_fn(preferred_remat_type: Any = None) -> Callable[..., 
     Returns:
         combine_fn(prim, p1, p2, args, kwargs) -> decision.
     """
-    recompute = _remat_decisions().recompute
+    decisions = _remat_decisions()
+    recompute = decisions.recompute
+
+    def normalize(decision):
+        # JAX's built-in policies answer True (save) / False (recompute).
+        if decision is True:
+            return decisions.saveable
+        if decision is False:
+            return recompute
+        return decision
 
     def combine_fn(prim, p1, p2, args, kwargs):
         del args, kwargs
+        p1, p2 = normalize(p1), normalize(p2)
         if p1 is recompute:
             return p2
         if p2 is recompute or p1 == p2:

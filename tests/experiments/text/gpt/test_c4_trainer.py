@@ -170,7 +170,19 @@ def test_every_matched_config_builds_its_tiny_equivalent(tmp_path):
     for name in MATCHED:
         cfg = _tiny_equivalent(name, str(tmp_path / name))
         # Mesh rules are AXLearn's and resolve on the tiny config too.
-        assert cfg.mesh_rules == _configs()[name]().mesh_rules
+        def rules(c):
+            return [x for x in c.debug_string().splitlines() if x.startswith("mesh_rules")]
+
+        assert rules(cfg) == rules(_configs()[name]())
         model = cfg.model.instantiate(parent=None)
         params = jax.eval_shape(model.initialize_parameters_recursively, jax.random.PRNGKey(0))
         assert params["decoder"]["emb"]["token_emb"]["weight"].shape == (4096, 64)
+
+
+def test_fake_data_keeps_the_dispatched_batch():
+    """--data_dir=FAKE (and AOT) replace the inputs by FakeLmInput with the logical batch."""
+    from axlearn.common.input_fake import replace_inputs_with_fake
+
+    cfg = replace_inputs_with_fake(_configs()["fuji-7B-v3-single-host"]())
+    assert (cfg.input.global_batch_size, cfg.input.source_length) == (16, 8192)
+    assert cfg.evalers["validation"].input.global_batch_size == 16
