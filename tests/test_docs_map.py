@@ -1,4 +1,4 @@
-"""The package map of docs/index.md ("Map of the package") matches the code.
+"""The package map of docs/index.md ("Map of the package") matches the code; the docs stand alone.
 
 Every path the map names exists; every module of `axlearn/` is in exactly one row (a file named
 in a row wins over a folder named in another); and no module imports a module of a later row
@@ -104,3 +104,19 @@ def test_no_module_imports_a_later_row(rows):
         if d in owner and owner[d] > owner[m]
     )
     assert upward == [], "imports against the map's layer order:\n" + "\n".join(upward)
+
+
+def test_docs_name_no_file_outside_the_repository():
+    # Design notes and shared folders of the people who wrote the code are not shipped: what a
+    # reader needs is in docs/ (e.g. the benchmark workloads in performance.md).
+    pages = [os.path.join(REPO_ROOT, "README.md")]
+    for dirpath, _, files in os.walk(os.path.join(REPO_ROOT, "docs")):
+        pages += [os.path.join(dirpath, f) for f in files if f.endswith(".md")]
+    found = []
+    for page in pages:
+        with open(page, encoding="utf-8") as f:
+            for n, line in enumerate(f, start=1):
+                if re.search(r"DESIGN\.md|\.\./shared|\bshared/reference", line):
+                    found.append(f"{os.path.relpath(page, REPO_ROOT)}:{n}: {line.strip()}")
+    assert len(pages) > 10
+    assert found == []
