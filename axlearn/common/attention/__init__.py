@@ -81,6 +81,7 @@ from axlearn.common.attention_bias import (
     make_segment_mask,
     sliding_window_causal_mask,
 )
+from axlearn.common.kv_cache.kv_cache import KVCache
 
 
 def _claim_public_names():
@@ -112,6 +113,7 @@ __all__ = [
     "FusedGroupedQKVLinear",
     "FusedQKVLinear",
     "GroupedQKVLinear",
+    "KVCache",
     "GroupedQueryAttention",
     "KVState",
     "MultiheadAttention",
