@@ -164,7 +164,12 @@ def run_cell_in_subprocess(cell: dict, *, timeout_s: float) -> dict:
         return dict(fits=None, error=f"timed out after {timeout_s:.0f} s")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode == 0 and lines:
-        return dict(json.loads(lines[-1]), fits=True)
+        result = dict(json.loads(lines[-1]), fits=True)
+        # The trainer's own line at start: compiled memory and each layer's remat choice.
+        logged = [line for line in proc.stderr.splitlines() if "Compiled memory per device" in line]
+        if logged:
+            result["trainer_log"] = logged[-1][logged[-1].index("Compiled memory") :]
+        return result
     tail = (proc.stderr or proc.stdout)[-1500:]
     if any(marker in tail for marker in OOM_MARKERS):
         return dict(fits=False, error="out of device memory: " + tail.strip().splitlines()[-1])

@@ -53,6 +53,9 @@ def test_tiny_sweep_without_tensorflow(tmp_path):
         assert row["s_per_step"] > 0 and row["peak_memory_bytes"] > 0
         assert row["tokens_per_s"] == pytest.approx(2 * 64 / row["s_per_step"])
         assert 0 < row["mfu"] and row["compiled_temp_bytes"] > 0
+        # The trainer printed the compiled memory and the layers' remat choice at start.
+        assert row["trainer_log"].startswith("Compiled memory per device: total ")
+        assert row["trainer_log"].endswith("[remat: model.decoder.transformer.layer=full]")
     comparison = result["fastest_vs_plain_jax"]
     fastest = max(result["grid"], key=lambda r: r["tokens_per_s"])
     assert comparison["config"] == {k: fastest[k] for k in ("batch", "remat", "chunk", "flag_set")}

@@ -306,3 +306,17 @@ def test_compiled_temp_memory_is_smaller():
     plain_bytes, chunked_bytes = temp_bytes(plain), temp_bytes(chunked)
     assert plain_bytes >= full_logits_bytes
     assert chunked_bytes < 0.5 * plain_bytes, (chunked_bytes, plain_bytes)
+
+
+def test_chunked_loss_with_loss_metrics_is_rejected():
+    from axlearn.common.causal_lm import metrics_config
+
+    cfg = transformer_lm_config(
+        num_layers=1, model_dim=16, num_heads=2, hidden_dim=32, vocab_size=64
+    ).set(name="model", logits_chunk_size=8, metrics=metrics_config())
+    with pytest.raises(ValueError) as e:
+        cfg.instantiate(parent=None)
+    assert str(e.value) == (
+        "model.logits_chunk_size=8 needs the built-in loss, but model.metrics is set (its "
+        "metrics read the full logits): unset one of them."
+    )
