@@ -65,9 +65,12 @@ def run_trainer_cell(cell: dict) -> dict:
     # pylint: disable=import-outside-toplevel
     import jax
     import numpy as np
+    from absl import logging
     from g1_config import g1_trainer_config
 
     from axlearn.common.summary_writer import NoOpWriter
+
+    logging.set_verbosity(logging.INFO)  # The trainer's start-up lines, as launch_trainer_main.
 
     trainer_dir = tempfile.mkdtemp(prefix="gpu_sweep_")
     try:
