@@ -140,19 +140,21 @@ def _with_remat(trainer_config, name: str):
 
 def _remat_table(reports) -> str:
     """Per remat choice: compiled temporaries and total per chip, and whether it fits."""
-    gib = 2**30
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.device_memory import format_bytes
+
     lines = [
         "Compiled memory per chip by remat choice:",
-        "  remat          temp GiB  total GiB  fits",
+        "  remat          temporaries      total  fits",
     ]
     for choice, report in reports:
         memory = report.memory or {}
         temp = memory.get("temp_bytes")
         total = memory.get("total_bytes", report.bytes_needed)
-        temp_text = f"{temp / gib:>9.2f}" if temp is not None else f"{'?':>9}"
-        total_text = f"{total / gib:>10.2f}" if total is not None else f"{'?':>10}"
+        temp_text = format_bytes(temp) if temp is not None else "?"
+        total_text = format_bytes(total) if total is not None else "?"
         fits = "yes" if report.fits else "NO"
-        lines.append(f"  {choice:<13} {temp_text} {total_text}  {fits}")
+        lines.append(f"  {choice:<13} {temp_text:>12} {total_text:>10}  {fits}")
     return "\n".join(lines)
 
 
