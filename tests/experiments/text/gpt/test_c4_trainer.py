@@ -169,6 +169,7 @@ def test_tiny_equivalent_trains(name, tmp_path):
 def test_every_matched_config_builds_its_tiny_equivalent(tmp_path):
     for name in MATCHED:
         cfg = _tiny_equivalent(name, str(tmp_path / name))
+
         # Mesh rules are AXLearn's and resolve on the tiny config too.
         def rules(c):
             return [x for x in c.debug_string().splitlines() if x.startswith("mesh_rules")]
