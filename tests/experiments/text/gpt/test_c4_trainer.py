@@ -7,6 +7,7 @@ same config names and its `_init.txt` parameter dumps of fuji-7B-v3 and fuji-70B
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import re
 
@@ -34,6 +35,7 @@ MATCHED = [
 ]
 
 
+@functools.cache
 def _configs():
     return c4_trainer.named_trainer_configs()
 
@@ -197,3 +199,21 @@ def test_fake_data_keeps_the_dispatched_batch():
     cfg = replace_inputs_with_fake(_configs()["fuji-7B-v3-single-host"]())
     assert (cfg.input.global_batch_size, cfg.input.source_length) == (16, 8192)
     assert cfg.evalers["validation"].input.global_batch_size == 16
+
+
+def test_launcher_selectors_pick_axlearns_fuji_rules():
+    """The launcher's mesh selectors (mesh_resolution) select AXLearn's rules and apply them."""
+    from axlearn.common.mesh_resolution import resolve_mesh
+
+    cfg, res = resolve_mesh(_configs()["fuji-7B-v3"](), mesh_selector="tpu-v5litepod-256")
+    assert (res.rule, cfg.mesh_shape) == ("tpu-v5litepod-256", (1, -1, 1, 256, 1, 1))
+    assert cfg.learner.forward_fn_transformation.steps == 4  # GradientAccumulationModifier.
+    layer = cfg.model.decoder.transformer.layer
+    assert layer.remat_spec.policy is fuji.offload_dots_saveable_policy
+    cfg, res = resolve_mesh(_configs()["fuji-7B-v3-flash"](), mesh_selector="gpu-a4-highgpu-8g-256")
+    attention = cfg.model.decoder.transformer.layer.self_attention.attention
+    assert (res.rule_index, attention.gpu_block_size, cfg.mesh_shape[3]) == (8, 64, 8)
+    cfg, res = resolve_mesh(_configs()["fuji-70B-v3"](), mesh_selector="tpu-v6e-256-4")
+    attention = cfg.model.decoder.transformer.layer.self_attention.attention
+    assert res.rule == "tpu-v6e-256-(4|8)" and cfg.mesh_shape == (1, -1, 1, 256, 1, 1)
+    assert "tpu_block_size" not in attention  # V6eFlashConfigModifier: no flash layer, no change.
