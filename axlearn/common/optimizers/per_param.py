@@ -177,7 +177,8 @@ def add_decayed_weights(
 
     Args:
         weight_decay: The base rate.
-        learning_rate_exponent: If set, the rate is multiplied by learning_rate(step) ** exponent.
+        learning_rate_exponent: If set, the rate of the k-th update (k = 1, 2, ...) is multiplied
+            by learning_rate(k) ** exponent (AXLearn's convention).
         learning_rate: The learning-rate schedule (needed with `learning_rate_exponent`).
         per_param_scale: Optional per-parameter scales (e.g. `per_param_scale_by_path`); a
             parameter's `weight_decay_scale` (from its ParameterSpec) takes precedence.
@@ -201,7 +202,10 @@ def add_decayed_weights(
         if params is None:
             raise ValueError("add_decayed_weights needs params.")
         rate = weight_decay
-        if learning_rate_exponent:
+        if learning_rate_exponent is not None:
+            # As in AXLearn: the k-th update (k = 1, 2, ...) uses learning_rate(k), the schedule
+            # at the incremented count, like `scale_by_schedule` after its own increment.
+            state = AddDecayedWeightsState(count=optax.safe_increment(state.count))
             rate = weight_decay * lr_fn(state.count) ** learning_rate_exponent
         scales = _weight_decay_scales(params, per_param_scale=per_param_scale)
         if weight_decay:
@@ -211,8 +215,6 @@ def add_decayed_weights(
                 params,
                 scales,
             )
-        if learning_rate_exponent is not None:
-            state = AddDecayedWeightsState(count=optax.safe_increment(state.count))
         return updates, state
 
     def partition_fn(specs):
