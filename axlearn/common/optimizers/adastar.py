@@ -81,7 +81,9 @@ def adastar_optimizer(
         u = adam_update_transformation(u)                          (if set)
         update = -update_schedule(t) * (learning_rate * u + weight_decay * wd_scale * param)
     where ema(x; d, debias) keeps m = d * m + (1 - d) * x and returns m / (1 - d**t) if debias.
-    `wd_scale` is ParameterSpec.weight_decay_scale, else `weight_decay_per_param_scale`, else 1.
+    With `weight_decay_per_param_scale`, `wd_scale` is ParameterSpec.weight_decay_scale, else the
+    rule's scale; without it, 1 for every parameter (AXLearn's adastar does not consult
+    ParameterSpec.weight_decay_scale then).
 
     Summaries (AXLearn's): schedule_step, schedule_scale, learning_rate and weight_decay_rate
     (weight_decay * schedule, times the last parameter's `weight_decay_per_param_scale` when one
@@ -200,7 +202,12 @@ def adastar_optimizer(
 
     def update2_fn(updates, step, params):
         step_inc = optax.safe_increment(step)
-        scales = _weight_decay_scales(params, per_param_scale=weight_decay_per_param_scale)
+        if weight_decay_per_param_scale is not None:
+            scales = _weight_decay_scales(params, per_param_scale=weight_decay_per_param_scale)
+        else:
+            # As in AXLearn: without a per-param rule every parameter decays at scale 1
+            # (ParameterSpec.weight_decay_scale is not consulted) and nothing is registered.
+            scales = jax.tree.map(lambda _: 1, params)
         schedule_scale = schedule_fn(step_inc)
         _add_summary("schedule_step", step_inc)
         _add_summary("schedule_scale", schedule_scale)

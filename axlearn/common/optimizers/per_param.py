@@ -14,6 +14,7 @@ from jax import numpy as jnp
 
 from axlearn.common import schedule
 from axlearn.common.config import ConfigOr, maybe_instantiate
+from axlearn.common.module import current_context
 from axlearn.common.optimizer_base import (
     NestedOptParam,
     OptParam,
@@ -143,10 +144,12 @@ def _weight_decay_scales(
 ) -> Any:
     """Per-parameter weight-decay scales: OptParam.weight_decay_scale, else the rule, else 1.
 
-    The result is registered as per-parameter settings under `description`.
+    The result is registered as per-parameter settings under `description`, with the current
+    invocation context's path (e.g. "root.optimizer") as AXLearn registers it. Without a rule the
+    default scale is the int 1, which `_regularizer.txt` dumps print as `1` (as AXLearn's do).
     """
     if per_param_scale is None:
-        scales = jax.tree.map(lambda _: 1.0, params)
+        scales = jax.tree.map(lambda _: 1, params)
     else:
         scales = maybe_instantiate(per_param_scale)(params)
 
@@ -156,7 +159,10 @@ def _weight_decay_scales(
         return current
 
     scales = jax.tree.map(override, params, scales)
-    return register_per_param_settings(scales, description=description)
+    context = current_context()
+    return register_per_param_settings(
+        scales, description=description, path=context.path() if context is not None else None
+    )
 
 
 class AddDecayedWeightsState(NamedTuple):
