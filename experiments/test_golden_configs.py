@@ -64,7 +64,7 @@ def golden_path(module: str, name: str, suffix: str = ".txt") -> str:
 
 
 def dump(module: str, name: str, suffix: str = ".txt") -> str:
-    """The dump text of a named config, as `axlearn config dump [--init|--regularizer]` writes it."""
+    """The dump text of a named config, as `axlearn config dump [--init/--regularizer]` prints."""
     cfg = importlib.import_module(module).named_trainer_configs()[name]()
     return KINDS[suffix](cfg)
 
