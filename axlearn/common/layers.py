@@ -535,4 +535,4 @@ def set_norm_recursively(cfg: ConfigBase, norm_cfg: ConfigBase) -> ConfigBase:
 
 # Normalization layers defined in layers_norm.py (kept apart for length), exported here as in
 # AXLearn. Imported last: layers_norm imports BaseNormalizationLayer from this module.
-from axlearn.common.layers_norm import BatchNorm, GroupNorm, L2Norm  # noqa: E402,F401
+from axlearn.common.layers_norm import BatchNorm, GroupNorm, L2Norm, NormType  # noqa: E402,F401
