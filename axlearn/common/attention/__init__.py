@@ -82,6 +82,10 @@ from axlearn.common.attention_bias import (
     sliding_window_causal_mask,
 )
 
+# AXLearn defines LearnedPositionalEmbedding in `attention`; ours lives in `embedding` (its dumped
+# name stays `axlearn.common.embedding.LearnedPositionalEmbedding`) and is importable from here.
+from axlearn.common.embedding import LearnedPositionalEmbedding
+
 
 def _claim_public_names():
     """Sets `__module__` of names defined in the submodules to this package's name."""
@@ -97,6 +101,7 @@ def _claim_public_names():
 _claim_public_names()
 
 __all__ = [
+    "LearnedPositionalEmbedding",
     "ALiBiAttentionLogitBiasLayer",
     "ForwardMode",
     "alibi_get_slopes",
