@@ -81,6 +81,7 @@ from axlearn.common.attention_bias import (
     make_segment_mask,
     sliding_window_causal_mask,
 )
+from axlearn.common.kv_cache.kv_cache import KVCache
 
 # AXLearn defines LearnedPositionalEmbedding in `attention`; ours lives in `embedding` (its dumped
 # name stays `axlearn.common.embedding.LearnedPositionalEmbedding`) and is importable from here.
@@ -120,6 +121,7 @@ __all__ = [
     "FusedGroupedQKVLinear",
     "FusedQKVLinear",
     "GroupedQKVLinear",
+    "KVCache",
     "GroupedQueryAttention",
     "KVState",
     "MultiheadAttention",
