@@ -9,7 +9,7 @@ import pytest
 from axlearn.common import golden_config, optimizers
 from axlearn.common.config import config_for_function
 from axlearn.common.per_param_settings import per_param_settings_golden_text
-from axlearn.experiments.text.gpt import tiny
+from axlearn.experiments.text.gpt import c4_trainer, tiny
 
 
 def test_golden_text_format_headers_dedupe_and_pruning():
@@ -86,3 +86,27 @@ def test_check_functions_compare_and_update(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match="Golden file mismatch"):
         golden_config.check_init(config_fn, golden)
     assert os.path.getsize(golden) > 0
+
+
+AXLEARN_DUMPS = os.path.join(os.path.dirname(__file__), "..", "testdata", "axlearn_dumps")
+
+
+def _axlearn_dump(name: str) -> str:
+    with open(os.path.join(AXLEARN_DUMPS, name), encoding="utf-8") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("name", ["fuji-7B-v3", "fuji-70B-v3"])
+def test_init_dump_equals_axlearn_published(name):
+    ours = golden_config.init_text(c4_trainer.named_trainer_configs()[name])
+    assert ours.rstrip("\n") == _axlearn_dump(f"{name}_init.txt").rstrip("\n")
+
+
+def test_regularizer_dump_matches_axlearn_published():
+    ours = golden_config.regularizer_text(c4_trainer.named_trainer_configs()["fuji-70B-v2"])
+    theirs = _axlearn_dump("fuji-70B-v2_regularizer.txt")
+    # Every line of AXLearn's (older) dump, header included, in the same order; ours adds only
+    # the untied lm_head, which that dump predates.
+    ours_lines = ours.splitlines()
+    assert [line for line in ours_lines if line in theirs.splitlines()] == theirs.splitlines()
+    assert sorted(set(ours_lines) - set(theirs.splitlines())) == ["decoder/lm_head/weight: 1"]

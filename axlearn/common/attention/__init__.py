@@ -81,11 +81,11 @@ from axlearn.common.attention_bias import (
     make_segment_mask,
     sliding_window_causal_mask,
 )
-from axlearn.common.kv_cache.kv_cache import KVCache
 
 # AXLearn defines LearnedPositionalEmbedding in `attention`; ours lives in `embedding` (its dumped
 # name stays `axlearn.common.embedding.LearnedPositionalEmbedding`) and is importable from here.
 from axlearn.common.embedding import LearnedPositionalEmbedding
+from axlearn.common.kv_cache.kv_cache import KVCache
 
 
 def _claim_public_names():
