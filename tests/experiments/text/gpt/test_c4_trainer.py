@@ -133,12 +133,17 @@ _70B = (
     [("fuji-7B-v3", 32, 4096, _7B), ("fuji-70B-v3", 80, 8192, _70B)],
 )
 def test_parameter_count_equals_axlearn_init_dump(name, num_layers, dim, expected):
+    from axlearn.common import golden_config
+
     assert (_7B, _70B) == (6_207_836_160, 70_599_843_840)
     cfg = _configs()[name]()
     model = cfg.model.clone(name="model").instantiate(parent=None)
     params = jax.eval_shape(model.initialize_parameters_recursively, jax.random.PRNGKey(0))
     ours = sum(int(np.prod(x.shape)) for _, x in flatten_items(params))
     assert ours == _init_dump_count(name, num_layers=num_layers, dim=dim) == expected
+    # `axlearn config dump --init` of the config is AXLearn's published _init.txt, line for line.
+    with open(os.path.join(_DUMPS, f"{name}_init.txt"), encoding="utf-8") as f:
+        assert golden_config.init_text(cfg).splitlines() == f.read().splitlines()
 
 
 def _tiny_equivalent(name: str, trainer_dir: str, *, max_step: int = 3):
