@@ -21,9 +21,10 @@ from tests.trained_run import LLAMA_OVERRIDES, MODULE
 
 pytestmark = pytest.mark.slow
 
-# A `--module=M` (optionally followed by `--config=C`) in the docs or the README.
+# A `--module=M` (optionally followed by `--config=C`) in the docs or the README; not a
+# placeholder such as `--module=text.gpt.<name>`.
 _MODULE_RE = re.compile(
-    r"--module[= ](?P<module>(?:axlearn\.experiments\.|text\.)[\w.]+)"
+    r"--module[= ](?P<module>(?:axlearn\.experiments\.|text\.)[\w.]+)(?![\w.<])"
     r"(?:[ \\\n]+--config[= ](?P<config>[\w.-]+))?"
 )
 # The one line of a command that needs an extra.
