@@ -20,6 +20,7 @@ from absl import app
 from axlearn.common import launch  # isort: skip
 from axlearn.common import launch_trainer
 from axlearn.common.config.override import ConfigOverrideError
+from axlearn.common.mesh_resolution import MeshSelectorError
 
 
 def main(_):
@@ -29,6 +30,8 @@ def main(_):
         trainer_config = launch_trainer.get_trainer_config()
     except ConfigOverrideError as e:
         sys.exit(f"launch_trainer_main: error: --config_override: {e}")
+    except MeshSelectorError as e:  # The message names the flag, the rules and the fix.
+        sys.exit(f"launch_trainer_main: error: {e}")
     launch_trainer.run_trainer(trainer_config)
 
 
