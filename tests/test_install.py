@@ -46,7 +46,7 @@ def base_env(tmp_path_factory) -> BaseEnv:
 
 
 def documented_modules() -> tuple[dict[str, set[str]], dict[tuple[str, str], str]]:
-    """The `--module` values in docs/*.md and README.md.
+    """The `--module` values of the commands in docs/*.md and README.md.
 
     Returns:
         ({module: the `--config` values documented with it}, {(module, config): the error line
@@ -60,11 +60,16 @@ def documented_modules() -> tuple[dict[str, set[str]], dict[tuple[str, str], str
     for page in pages:
         with open(page, encoding="utf-8") as f:
             text = f.read()
-        for match in _MODULE_RE.finditer(text):
+        # Commands only: fenced blocks, and inline code that starts with a command (prose such
+        # as "`--module=text.gpt.fuji --config=fuji-7B-v3` is now ..." is not an example).
+        snippets = re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M)
+        snippets += re.findall(r"`((?:axlearn|python) [^`]+)`", text)
+        for match in (m for snippet in snippets for m in _MODULE_RE.finditer(snippet)):
+            rest = match.string[match.end() :]
             configs = found.setdefault(match["module"], set())
             if not match["config"]:
                 continue
-            next_line = text[match.end() :].split("\n", 2)[1] if "\n" in text[match.end() :] else ""
+            next_line = rest.split("\n", 2)[1] if "\n" in rest else ""
             if next_line.startswith("axlearn config: error: "):  # A documented config error.
                 errors[(match["module"], match["config"])] = next_line.split("...", 1)[0]
             else:
