@@ -4,8 +4,10 @@
   size, number of leaves.
 - `axlearn checkpoint verify DIR [--step N]` reads every array chunk and bytes file and checks it
   against the checksums in the index; DIR is a checkpointer directory (every step is checked) or
-  one `step_%08d` directory. Exits 1 if a committed checkpoint (one whose `index` exists, readable
-  or not) fails verification.
+  one `step_%08d` directory. It checks the metadata too: the index against the files it
+  describes, every `.zarray` against the index. Exits 1 if a committed checkpoint (one whose
+  `index` exists, readable or not) fails verification, or if a directory has lost its index
+  while every chunk is present (restore sets such a directory aside, never deletes it).
 - `axlearn checkpoint select DIR --step N` verifies step N and sets every newer step directory
   aside (renamed `step_%08d.superseded-<time>`, nothing deleted), so that the next run resumes
   from step N; the same as the trainer's `--restore_step=N`.
@@ -115,6 +117,15 @@ def verify_command(args: argparse.Namespace) -> int:
         result = checkpointer.verify_checkpoint(path)
         size = _format_size(result.num_bytes)
         if not result.committed:
+            if checkpointer.chunks_complete(path):
+                failed += 1
+                print(
+                    f"step {step:>8}  uncommitted  FAILED  its index is missing but every chunk "
+                    "of its arrays is present (the index was lost after the save): it cannot be "
+                    "restored; the next run sets it aside as step_%08d.unindexed-<time>, never "
+                    "deletes it" % step
+                )
+                continue
             print(f"step {step:>8}  uncommitted  {result.errors[0] if result.errors else ''}")
             continue
         if result.ok:

@@ -2,8 +2,8 @@
 
 `get_trainer_config()` looks the experiment up (`--module`, `--config`), applies the launch-time
 settings (trainer dir, mesh rule selected by `--mesh_selector`, inferred mesh shape, profiler
-steps, watchdog, `--data_dir=FAKE`), and `run_trainer()` writes the config dump and the flags into
-the trainer dir before instantiating and running the trainer.
+steps, watchdog, `--data_dir=FAKE`), and `run_trainer()` instantiates and runs the trainer,
+recording the config dump and the flags in the trainer dir once the run is known to start.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ import os
 import re
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Optional
 
 import jax
 from absl import flags, logging
 
+from axlearn.common import run_record
 from axlearn.common.config.override import apply_overrides
 from axlearn.common.run_lock import RunLock
 from axlearn.common.trainer import SpmdTrainer, select_mesh_config
@@ -83,9 +84,9 @@ flags.DEFINE_bool(
 
 FLAGS = flags.FLAGS
 
-# The config dump (`debug_string()`) and the flags of a run, in its trainer dir.
-TRAINER_CONFIG_FILE = "trainer_config"
-LAUNCH_FLAGS_FILE = "launch_trainer_flags"
+# The config dump (`debug_string()`) and the flags of a run, in its trainer dir (run_record.py).
+TRAINER_CONFIG_FILE = run_record.TRAINER_CONFIG_FILE
+LAUNCH_FLAGS_FILE = run_record.LAUNCH_FLAGS_FILE
 
 TrainerConfigFn = Callable[[], SpmdTrainer.Config]
 
@@ -222,7 +223,12 @@ def _flag_values_json(flag_values: flags.FlagValues) -> dict[str, Any]:
 def run_trainer(
     trainer_config: SpmdTrainer.Config, *, flag_values: flags.FlagValues = FLAGS
 ) -> Any:
-    """Writes `trainer_config` and `launch_trainer_flags` into the trainer dir, then trains.
+    """Trains; once the run is known to start, records its config and flags in the trainer dir.
+
+    The record (`trainer_config`, `launch_trainer_flags`, numbered under `run_records/`; see
+    run_record.py) is written after the trainer was instantiated (its config validated), the
+    restore succeeded and a step is left to train: a rerun that fails or has nothing to do leaves
+    the record of the steps that were trained as it was.
 
     Args:
         trainer_config: The trainer config (its `dir` set).
@@ -236,27 +242,36 @@ def run_trainer(
     dump_path = os.path.join(trainer_config.dir, TRAINER_CONFIG_FILE)
     if verbose:
         logging.info("Trainer config:\n%s", dump)
-    else:
-        logging.info(
-            "Trainer config (%d fields) written to %s; the parameter table to %s "
-            "(--verbose_start logs both).",
-            dump.count("\n") + 1,
-            dump_path,
-            os.path.join(trainer_config.dir, PARAMETER_TABLE_FILE),
+    flags_json = _flag_values_json(flag_values) if flag_values.is_parsed() else {}
+    flags_json["data_dir"] = os.environ.get("DATA_DIR")
+
+    def on_run_start(restored_step: int) -> None:
+        if jax.process_index() != 0:
+            return
+        record_dir = run_record.write_run_record(
+            trainer_config.dir,
+            trainer_config=dump,
+            launch_flags=flags_json,
+            start_step=restored_step,
         )
+        if not verbose:
+            logging.info(
+                "Trainer config (%d fields) written to %s (record %s); the parameter table to "
+                "%s (--verbose_start logs both).",
+                dump.count("\n") + 1,
+                dump_path,
+                record_dir,
+                os.path.join(trainer_config.dir, PARAMETER_TABLE_FILE),
+            )
+
     lock = RunLock(trainer_config.dir)
     if jax.process_index() == 0:
         # Before anything is written: a second run on this dir fails here, naming the owner.
         lock.acquire()
-        with open(dump_path, "w", encoding="utf-8") as f:
-            f.write(dump + "\n")
-        flags_json = _flag_values_json(flag_values) if flag_values.is_parsed() else {}
-        flags_json["data_dir"] = os.environ.get("DATA_DIR")
-        with open(os.path.join(trainer_config.dir, LAUNCH_FLAGS_FILE), "w", encoding="utf-8") as f:
-            json.dump(flags_json, f, indent=2, sort_keys=True)
     try:
         trainer: SpmdTrainer = trainer_config.instantiate(parent=None)
         trainer.verbose_start = verbose
+        trainer.on_run_start = on_run_start
         seed = flag_values.trainer_prng_seed if flag_values.is_parsed() else 0
         return trainer.run(jax.random.PRNGKey(seed))
     finally:
@@ -268,9 +283,16 @@ class TrainerDirError(ValueError):
 
 
 def trainer_config_from_dir(
-    trainer_dir: str, *, config_overrides: Sequence[str] = (), check_dump: bool = True
+    trainer_dir: str,
+    *,
+    config_overrides: Sequence[str] = (),
+    check_dump: bool = True,
+    step: Optional[int] = None,
 ) -> SpmdTrainer.Config:
     """Rebuilds the trainer config of the run in `trainer_dir` from its `launch_trainer_flags`.
+
+    The record used is the one the checkpoint of `step` was made with (run_record.py): a later
+    start with another config does not change what an older step rebuilds into.
 
     The experiment is looked up again (`--module`, `--config`), the run's `--config_override`s
     and then `config_overrides` are applied, and the launch settings (mesh selector, fake inputs)
@@ -285,6 +307,8 @@ def trainer_config_from_dir(
         trainer_dir: The run's trainer dir (holding `launch_trainer_flags` and `trainer_config`).
         config_overrides: Further `PATH=VALUE` overrides.
         check_dump: Whether to compare with the saved dump.
+        step: The checkpoint step the config is for; None: the newest committed step under
+            `trainer_dir/checkpoints` (or the newest record if there is none).
 
     Returns:
         The trainer config, its `dir` set to `trainer_dir`.
@@ -292,7 +316,13 @@ def trainer_config_from_dir(
     Raises:
         TrainerDirError: If `launch_trainer_flags` is missing or names no experiment.
     """
-    flags_path = os.path.join(trainer_dir, LAUNCH_FLAGS_FILE)
+    if step is None:
+        # pylint: disable-next=import-outside-toplevel
+        from axlearn.common.checkpointer import latest_checkpoint_step
+
+        step = latest_checkpoint_step(os.path.join(trainer_dir, "checkpoints"))
+    record_dir = run_record.record_dir_for_step(trainer_dir, step)
+    flags_path = os.path.join(record_dir, LAUNCH_FLAGS_FILE)
     if not os.path.exists(flags_path):
         raise TrainerDirError(
             f"{flags_path} does not exist: {trainer_dir} is not the trainer dir of a run of "
@@ -315,7 +345,7 @@ def trainer_config_from_dir(
         restore_fallback=None,
     )
     cfg = apply_launch_settings(cfg, flag_values=settings)
-    dump_path = os.path.join(trainer_dir, TRAINER_CONFIG_FILE)
+    dump_path = os.path.join(record_dir, TRAINER_CONFIG_FILE)
     if check_dump and os.path.exists(dump_path):
         _check_against_dump(cfg.debug_string(), dump_path)
     return apply_overrides(cfg, list(config_overrides))

@@ -28,6 +28,7 @@ from axlearn.common.checkpointer.layout import (
     step_dir_name,
     step_dirs,
 )
+from axlearn.common.checkpointer.metadata import check_metadata, chunks_complete
 from axlearn.common.checkpointer.multihost import BarrierTimeoutError
 from axlearn.common.checkpointer.policies import (
     BestMetricPolicy,
@@ -69,6 +70,8 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointPolicy",
     "CheckpointValidationType",
+    "check_metadata",
+    "chunks_complete",
     "Checkpointer",
     "CorruptCheckpointError",
     "FAULT_ACTION_ENV",

@@ -10,7 +10,14 @@ from typing import Any, Callable, Optional
 import jax
 from absl import logging
 
-from axlearn.common.checkpointer import layout, multihost, recovery, tensorstore_save
+from axlearn.common.checkpointer import (
+    layout,
+    metadata,
+    multihost,
+    recovery,
+    tensorstore_save,
+    verify,
+)
 from axlearn.common.checkpointer.policies import CheckpointPolicy, every_n_steps_policy
 from axlearn.common.checkpointer.storage import (
     SaveResult,
@@ -251,8 +258,11 @@ class Checkpointer(Module):
 
         Keeps the newest `keep_last_n` committed checkpoints and those whose step is a multiple
         of `keep_every_n_steps`; never removes the newest committed checkpoint or the directory
-        being written. Uncommitted directories older than the newest committed one are abandoned
-        saves and are removed.
+        being written. A committed checkpoint is removed only after it verifies (every chunk's
+        checksum and its metadata); one that fails is set aside as step_%08d.corrupt-<time>.
+        Uncommitted directories older than the newest committed one are abandoned saves and are
+        removed, except those whose chunks are complete (an index lost after the save), which
+        are set aside as step_%08d.unindexed-<time>.
 
         Returns:
             The directories removed.
@@ -287,10 +297,21 @@ class Checkpointer(Module):
                 if step in committed_set:
                     if step in keep:
                         continue
-                    if not _index_readable(path):
-                        logging.error("Not removing %s: its index is unreadable (corrupt).", path)
+                    # Only a step that verifies is removed: a corrupt one is kept for inspection.
+                    result = verify.verify_checkpoint(path)
+                    if not result.ok:
+                        logging.error(
+                            "Garbage collection does not remove %s: it fails verification (%s); "
+                            "setting it aside instead.",
+                            path,
+                            "; ".join(result.errors[:3]),
+                        )
+                        recovery.set_aside(path, reason=recovery.REASON_CORRUPT)
                         continue
                 elif step > newest:
+                    continue
+                elif metadata.chunks_complete(path):
+                    recovery.set_aside(path, reason=recovery.REASON_UNINDEXED)
                     continue
                 logging.info("Removing checkpoint directory %s", path)
                 try:
@@ -367,7 +388,7 @@ class Checkpointer(Module):
                 if cfg.restore_fallback != recovery.FALLBACK_PREVIOUS or jax.process_count() > 1:
                     raise
                 logging.error("Checkpoint of step %d is corrupt; falling back.", step)
-                recovery.set_aside(self.ckpt_dir(step), reason="corrupt")
+                recovery.set_aside(self.ckpt_dir(step), reason=recovery.REASON_CORRUPT)
 
     def _choose_restore_step(self) -> Optional[int]:
         """Process 0 picks the step (applying `restore_fallback`); every process gets it."""
@@ -397,6 +418,12 @@ class Checkpointer(Module):
             if layout.is_committed(ckpt_dir):
                 raise recovery.CorruptCheckpointError(recovery.corrupt_message(ckpt_dir, e)) from e
             raise ValueError(f"Cannot restore step {step} from {ckpt_dir}: {e}") from e
+        problems = metadata.check_metadata(ckpt_dir, index)
+        if problems:
+            # Checked before the target: a damaged index must not read as a model mismatch.
+            raise recovery.CorruptCheckpointError(
+                recovery.corrupt_message(ckpt_dir, "; ".join(problems))
+            )
         start = time.perf_counter()
         try:
             restored = self._storage.restore_from_dir(step, state, ckpt_dir=ckpt_dir, index=index)
