@@ -150,7 +150,8 @@ def load_run(path: str, *, label: Optional[str] = None) -> RunData:
     Raises:
         NotARunError: If the directory has none of run_summary.json, metrics.jsonl and
             trainer_config (the message names what was looked for).
-        ValueError: If a file exists but is not valid JSON / JSON lines (names the file and line).
+        ValueError: If run_summary.json exists but is not valid JSON (names the file). Lines of
+            metrics.jsonl that are not valid JSON are skipped with a note naming them.
     """
     if not _exists(path):
         raise NotARunError(f"Run directory {path!r} does not exist.")
@@ -182,7 +183,13 @@ def load_run(path: str, *, label: Optional[str] = None) -> RunData:
                 if lineno == len(lines):
                     notes.append(f"{METRICS_JSONL}: last line incomplete (run still writing)")
                     continue
-                raise ValueError(f"{files[METRICS_JSONL]}:{lineno}: not valid JSON ({e})") from e
+                # A line torn by an interrupted write (e.g. a full disk) that a resumed run
+                # appended to: that step's record is lost, the others are read.
+                notes.append(
+                    f"{METRICS_JSONL}:{lineno}: not valid JSON ({e}; a torn line from an "
+                    "interrupted write?): skipped"
+                )
+                continue
             if "step" in record:
                 by_step[int(record["step"])] = record
     else:
