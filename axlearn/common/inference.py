@@ -256,9 +256,10 @@ class InferenceRunner(Module):
         step_dir = ckpt.ckpt_dir(step)
         if not layout.is_committed(step_dir):
             committed = [layout.parse_step_from_dir(p) for p in layout.checkpoint_paths(base_dir)]
-            what = "an uncommitted directory" if os.path.isdir(step_dir) else "no checkpoint"
+            what = "its directory is uncommitted" if os.path.isdir(step_dir) else "no such step"
             raise ValueError(
-                f"Step {step} has {what} under {base_dir}; committed steps: {committed}. Pass "
+                f"Cannot restore step {step}: {what} under {base_dir}; committed steps: "
+                f"{committed}. Pass "
                 "one of them as --step (or leave --step out for the newest)."
             )
         try:

@@ -122,8 +122,66 @@ def get_trainer_config(
         trainer_config_fn = _named_trainer_config_fn(flag_values.module, flag_values.config)
     cfg: SpmdTrainer.Config = trainer_config_fn()
     if flag_values.config_override:
+        old_max_step = cfg.max_step
         apply_overrides(cfg, flag_values.config_override)
+        if cfg.max_step != old_max_step:
+            warn_derived_max_step(cfg, old_max_step)
     return apply_launch_settings(cfg, flag_values=flag_values)
+
+
+def max_step_overridden(overrides: Sequence[str]) -> bool:
+    """Whether `--config_override`s set the trainer's `max_step`.
+
+    Args:
+        overrides: The `PATH=VALUE` overrides.
+
+    Returns:
+        True if one of them sets `max_step`.
+    """
+    return any(o.partition("=")[0].strip() == "max_step" for o in overrides)
+
+
+def warn_derived_max_step(cfg: SpmdTrainer.Config, old_max_step: Any) -> list[str]:
+    """Says at start which fields still hold the experiment's `max_step` after an override.
+
+    Values the experiment derived from `max_step` (the learning-rate schedule's length, a save
+    or eval policy's last step) keep the old number unless overridden too; the run then
+    evaluates and saves its last step whatever the policies say (`run_trainer`).
+
+    Args:
+        cfg: The trainer config, `max_step` overridden.
+        old_max_step: The experiment's `max_step`.
+
+    Returns:
+        The paths of the fields that still hold `old_max_step`.
+    """
+    found: list[str] = []
+
+    def visit(path: str, value: Any) -> None:
+        if (
+            path != "max_step"
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and value == old_max_step
+        ):
+            found.append(path)
+
+    if isinstance(old_max_step, (int, float)) and old_max_step != float("inf"):
+        cfg.visit(visit)
+    logging.warning(
+        "--config_override=max_step=%s (the experiment's max_step is %s): %s. The run evaluates "
+        "and saves step %s whatever the save and eval policies say.",
+        cfg.max_step,
+        old_max_step,
+        (
+            f"these fields still hold {old_max_step}: {', '.join(found)} (override them too to "
+            "change them, e.g. the learning-rate schedule)"
+            if found
+            else f"no other field holds {old_max_step}"
+        ),
+        cfg.max_step,
+    )
+    return found
 
 
 def apply_launch_settings(
@@ -272,6 +330,8 @@ def run_trainer(
         trainer: SpmdTrainer = trainer_config.instantiate(parent=None)
         trainer.verbose_start = verbose
         trainer.on_run_start = on_run_start
+        overrides = flag_values.config_override if flag_values.is_parsed() else []
+        trainer.save_and_eval_last_step = max_step_overridden(overrides)
         seed = flag_values.trainer_prng_seed if flag_values.is_parsed() else 0
         return trainer.run(jax.random.PRNGKey(seed))
     finally:

@@ -156,6 +156,9 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
     # If set, called as `on_run_start(restored_step)` (-1: started from scratch) once the run is
     # known to train (restored or initialized, a step left to run), e.g. to write the run record.
     on_run_start: Optional[Callable[[int], None]] = None
+    # If True, the step that reaches max_step is evaluated by every evaler and saved whatever the
+    # policies say (set by launch_trainer when --config_override shortened max_step).
+    save_and_eval_last_step: bool = False
 
     def __init__(self, cfg: Config, *, parent: Optional[Module] = None, devices=None):
         super().__init__(cfg, parent=parent)
@@ -593,15 +596,17 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         before anything is saved.
         """
         due = [name for name, evaler in self._evalers.items() if eval_due(evaler, current.step)]
+        last = self.save_and_eval_last_step and current.step == self._config.max_step
+        due = list(self._evalers) if last else due
         evaler_summaries: dict[str, Any] = {name: None for name in self._evalers}
         if due:
             self._drain(current)
             with self._timer.overhead("eval"):
                 evaler_summaries.update(self._run_eval(due))
-        if self._checkpoint_due(evaler_summaries):
+        if last or self._checkpoint_due(evaler_summaries):
             self._drain(current)
             with self._timer.overhead("checkpoint"):
-                self._save_checkpoint(evaler_summaries)
+                self._save_checkpoint(evaler_summaries, force=last)
 
     def _drain(self, current: _PendingStep) -> None:
         """Waits for step `current` to finish; stops on a non-finite loss (unless skipped)."""

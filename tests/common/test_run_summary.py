@@ -136,3 +136,30 @@ def test_git_commit_outside_a_checkout_reads_the_image_env(tmp_path, monkeypatch
     assert run_summary.git_commit(str(tmp_path)) == {"commit": None, "dirty": None}
     monkeypatch.setenv(run_summary.GIT_COMMIT_ENV, "ab" * 20)
     assert run_summary.git_commit(str(tmp_path)) == {"commit": "ab" * 20, "dirty": None}
+
+
+def test_one_config_hash_spelling_for_runs_in_other_dirs(tmp_path):
+    """Issue 29 case 14: two runs of one config (different trainer dirs) print the same config
+    hash, in the spelling `axlearn compare` shows (sha256: and 10 hex digits)."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common import run_comparison
+    from tests.common import trainer_test_utils as tu
+
+    a = tu.bigram_trainer_config(str(tmp_path / "a"))
+    b = tu.bigram_trainer_config(str(tmp_path / "b"))
+    digest = run_summary.config_hash(a)
+    assert digest == run_summary.config_hash(b)
+    assert digest.startswith("sha256:") and len(digest) == len("sha256:") + 10
+    assert int(digest[len("sha256:") :], 16) >= 0
+    assert run_summary.config_hash(a.set(max_step=11)) != digest
+    a.max_step = b.max_step
+    # compare reads the run's dump file (with its trailing newline) and gets the same text.
+    run = run_comparison.RunData(
+        label="a",
+        path=str(tmp_path / "a"),
+        summary=None,
+        records=[],
+        config_dump=a.debug_string() + "\n",
+        notes=[],
+    )
+    assert run_comparison._config_hash(run) == digest  # pylint: disable=protected-access
