@@ -8,24 +8,20 @@ An *experiment module* is any importable module with a function
 module such as `my_project.my_experiments`) and the short form relative to the installed
 `axlearn.experiments` package (`text.gpt.tiny`), as AXLearn does.
 
-Nothing in `axlearn.common` imports `axlearn.experiments` statically: modules are loaded here with importlib, so
-that importing the library never pulls in every experiment (and their TensorFlow/seqio imports).
+Nothing in `axlearn.common` imports `axlearn.experiments` statically: modules are loaded here with
+importlib, so that importing the library never pulls in every experiment (and their
+TensorFlow/seqio imports).
 """
 
 from __future__ import annotations
 
 import importlib
 import types
-from collections.abc import Callable
-from typing import Any
 
-from axlearn.common.config import similar_names
+from axlearn.common.config import TrainerConfigFn, similar_names
 
 # The package that short module names (`text.gpt.tiny`) are relative to.
 EXPERIMENTS_PACKAGE = "axlearn.experiments"
-
-# A function that builds a trainer config (`SpmdTrainer.Config`), called with no arguments.
-TrainerConfigFn = Callable[[], Any]
 
 
 class ExperimentModuleNotFoundError(ImportError):

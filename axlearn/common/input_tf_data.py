@@ -71,6 +71,9 @@ from axlearn.common.input_processors import (
 )
 from axlearn.common.module import Module, nowrap
 
+# The data dir (`--data_dir`, `utils.set_data_dir`): one home, in utils; re-exported here.
+from axlearn.common.utils import get_data_dir  # noqa: F401
+
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
@@ -126,15 +129,6 @@ class DatasetToDatasetFn(Protocol):
     """A function that transforms a tf.data.Dataset (a processor or batcher)."""
 
     def __call__(self, ds: tf.data.Dataset) -> tf.data.Dataset: ...
-
-
-def get_data_dir() -> Optional[str]:
-    """Returns the data dir set by `--data_dir` (env `DATA_DIR`), or None when unset.
-
-    Returns:
-        The data dir, "FAKE", or None.
-    """
-    return os.environ.get(DATA_DIR_ENV) or None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -8,11 +8,24 @@ This module imports jax but neither TensorFlow nor seqio.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import os
 import re
+import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Collection, NamedTuple, Optional, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    Collection,
+    NamedTuple,
+    Optional,
+    Protocol,
+    TypeVar,
+    Union,
+    runtime_checkable,
+)
 
 import jax
 import numpy as np
@@ -41,6 +54,7 @@ __all__ = [
     "HybridMeshShape",
     "MeshShape",
     "Nested",
+    "PerParamFn",
     "NestedPartitionSpec",
     "NestedTensor",
     "NestedTensorSpec",
@@ -48,8 +62,13 @@ __all__ = [
     "Tensor",
     "TensorSpec",
     "VDict",
+    "check_numerics",
     "create_device_mesh",
+    "get_data_dir",
     "infer_mesh_shape",
+    "numeric_checks",
+    "per_param_dtype_by_path",
+    "set_data_dir",
 ]
 
 
@@ -284,6 +303,149 @@ def match_regex_rules(
         if re.fullmatch(regex, x):
             return value
     return default_value
+
+
+@runtime_checkable
+class PerParamFn(Protocol[T]):
+    """A callable mapping a tree of parameters (or their specs) to one value per parameter."""
+
+    def __call__(self, params: Union[NestedTensor, NestedTree]) -> Nested[T]: ...
+
+
+def per_param_dtype_by_path(
+    default_dtype: Optional[Any] = None,
+    *,
+    update_rules: Optional[Sequence[tuple[str, Optional[Any]]]] = None,
+) -> PerParamFn:
+    """Returns a function giving each parameter a dtype by regex rules on its path (AXLearn's).
+
+    Example: with `default_dtype=jnp.float32, update_rules=[(".*/bias", jnp.bfloat16)]`, the
+    returned function maps `{"w": ..., "b": {"bias": ...}}` to
+    `{"w": jnp.float32, "b": {"bias": jnp.bfloat16}}`.
+
+    Args:
+        default_dtype: The dtype of a parameter no rule matches; None keeps the parameter's own
+            dtype (the per-parameter value is None).
+        update_rules: (regex, dtype) pairs; the first regex that fully matches a parameter's
+            path ("a/b/c") gives its dtype.
+
+    Returns:
+        A function from a tree of parameters or `TensorSpec`s to the same tree of dtypes.
+    """
+
+    def fn(tree: Union[NestedTensor, NestedTree]) -> NestedTree:
+        return jax.tree.map(
+            lambda path: match_regex_rules(
+                path, rules=update_rules or (), default_value=default_dtype
+            ),
+            tree_paths(tree),
+        )
+
+    return fn
+
+
+# --------------------------------------------------------------------------------------------
+# Numeric checks.
+# --------------------------------------------------------------------------------------------
+
+_numeric_checks_state = {"enabled": False}
+
+
+@contextlib.contextmanager
+def numeric_checks(enabled: bool = True):
+    """Context in which `check_numerics` asserts and JAX raises on NaNs (`jax_debug_nans`).
+
+    The previous state (of both) is restored on exit, also when the body raises.
+
+    Args:
+        enabled: Whether checks are on inside the context.
+
+    Yields:
+        None.
+    """
+    previous = (_numeric_checks_state["enabled"], jax.config.jax_debug_nans)
+    _numeric_checks_state["enabled"] = enabled
+    jax.config.update("jax_debug_nans", enabled)
+    try:
+        yield
+    finally:
+        _numeric_checks_state["enabled"] = previous[0]
+        jax.config.update("jax_debug_nans", previous[1])
+
+
+def check_numerics(x: Tensor, msg_fmt: str = "", **msg_kwargs) -> Tensor:
+    """Returns `x`; inside `numeric_checks()`, first asserts that every element is finite.
+
+    Args:
+        x: The tensor (concrete: the check reads its values).
+        msg_fmt: A format string for the failure message, filled with `msg_kwargs`.
+        **msg_kwargs: Values for `msg_fmt`.
+
+    Returns:
+        `x`.
+
+    Raises:
+        AssertionError: Inside `numeric_checks()`, if `x` has a NaN or infinity.
+    """
+    if _numeric_checks_state["enabled"] and not bool(jnp.isfinite(x).all()):
+        raise AssertionError(f"Check numerics {msg_fmt.format(**msg_kwargs)}: {x}")
+    return x
+
+
+# --------------------------------------------------------------------------------------------
+# Data dir.
+# --------------------------------------------------------------------------------------------
+
+
+class _DataDirStack(threading.local):
+    """The per-thread stack of `set_data_dir` values."""
+
+    def __init__(self):
+        super().__init__()
+        self.stack: list[Optional[str]] = []
+
+
+_data_dir_stack = _DataDirStack()
+
+
+@contextlib.contextmanager
+def set_data_dir(data_dir: Optional[str]):
+    """Context in which `get_data_dir()` returns `data_dir` (AXLearn's semantics).
+
+    Contexts nest. "FAKE" and None combine with anything; two different real dirs conflict.
+
+    Args:
+        data_dir: A data dir, "FAKE" (fake inputs) or None.
+
+    Yields:
+        None.
+
+    Raises:
+        ValueError: If `data_dir` conflicts with the data dir already in effect.
+    """
+    current = get_data_dir()
+    if None not in (data_dir, current) and "FAKE" not in (data_dir, current):
+        if data_dir != current:
+            raise ValueError(
+                f"set_data_dir conflict: data_dir={data_dir} but DATA_DIR={current} is already in "
+                "effect; use one data dir (or FAKE) per run"
+            )
+    _data_dir_stack.stack.append(data_dir)
+    try:
+        yield
+    finally:
+        _data_dir_stack.stack.pop()
+
+
+def get_data_dir() -> Optional[str]:
+    """Returns the innermost `set_data_dir` value, else env `DATA_DIR` (`--data_dir`), else None.
+
+    Returns:
+        The data dir, "FAKE" (fake inputs), or None (inputs read their default data).
+    """
+    if _data_dir_stack.stack:
+        return _data_dir_stack.stack[-1]
+    return os.environ.get("DATA_DIR") or None
 
 
 def partial_with_fn_metadata(fn: Callable, *args, **kwargs) -> Callable:

@@ -402,8 +402,8 @@ def test_required_field_missing_names_full_paths():
     with pytest.raises(RequiredFieldMissingError) as e:
         cfg.instantiate()
     assert str(e.value) == (
-        "Missing value for required field(s) when instantiating tests.common.test_config.Trainer: "
-        "name"
+        "Missing value for required field when instantiating tests.common.test_config.Trainer: "
+        "name (set it on the config or pass it to instantiate())"
     )
     # Inside a parent's instantiation scope, paths are full and every missing field is named.
     fn_cfg = config_for_function(warmup)
@@ -411,8 +411,8 @@ def test_required_field_missing_names_full_paths():
         with pytest.raises(RequiredFieldMissingError) as e:
             fn_cfg.instantiate()
     assert str(e.value) == (
-        "Missing value for required field(s) when instantiating tests.common.test_config.warmup: "
-        "model.decoder.peak, model.decoder.steps"
+        "Missing value for required field when instantiating tests.common.test_config.warmup: "
+        "model.decoder.peak, model.decoder.steps (set it on the config or pass it to instantiate())"
     )
 
 
@@ -451,7 +451,9 @@ def test_non_config_field():
             not_a_field = 2
 
     assert "Non-config attribute is not supported:" in str(e.value)
-    assert str(e.value).endswith("Bad.not_a_field (annotate it to make it a config field)")
+    assert str(e.value).endswith(
+        "Bad.not_a_field (annotate it, `not_a_field: <type> = ...`, to make it a config field)"
+    )
 
 
 def test_config_does_not_import_tensorflow_or_jax():

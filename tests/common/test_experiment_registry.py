@@ -35,7 +35,8 @@ def test_candidate_names():
     full = "axlearn.experiments.text.gpt.tiny"
     assert candidate_module_names("text.gpt.tiny") == [full, "text.gpt.tiny"]
     assert candidate_module_names(full) == [full]
-    assert candidate_module_names("my_pkg.exps") == ["axlearn.experiments.my_pkg.exps", "my_pkg.exps"]
+    short = "my_pkg.exps"
+    assert candidate_module_names(short) == [f"axlearn.experiments.{short}", short]
 
 
 @pytest.mark.parametrize("bad", ["", "text..tiny", "text/gpt/tiny", "text.gpt.tiny.py", ".tiny"])

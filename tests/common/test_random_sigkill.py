@@ -1,7 +1,7 @@
 """External SIGKILLs at random times on the real main job: nothing committed is lost.
 
-The README's main job (`axlearn/experiments/text/gpt/tiny.py`, `gpt-tiny`: the 1M-parameter GPT reading
-the embedded corpus through tf.data) runs as `python -m axlearn.common.launch_trainer_main`,
+The README's main job (`axlearn/experiments/text/gpt/tiny.py`, `gpt-tiny`: the 1M-parameter GPT
+reading the embedded corpus through tf.data) runs as `python -m axlearn.common.launch_trainer_main`,
 shrunk with `--config_override` to MAX_STEP steps with a checkpoint every CHECKPOINT_EVERY (the
 schedule's and save policy's derived `max_step` overridden too; the evaler's interval stays 100,
 so no evaluation runs) and with `keep_last_n` above the number of saves, so that no committed

@@ -1,4 +1,4 @@
-"""The tiny GPT trainer config (axlearn/experiments/text/gpt/tiny.py) on 8 CPU devices equals 1 device.
+"""The tiny GPT config (axlearn/experiments/text/gpt/tiny.py) on 8 CPU devices equals 1 device.
 
 For each mesh selected by the config's mesh rules, (fsdp=8), (data=2, fsdp=4) and
 (data=2, model=4): the step-0 loss and gradients equal the 1-device ones (1e-5), and the losses of

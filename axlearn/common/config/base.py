@@ -174,12 +174,21 @@ def _is_array(value: Any) -> bool:
     )
 
 
+def _is_hf_like(value: Any) -> bool:
+    """Whether `value` is an instance of a Hugging Face-style class (has `from_pretrained`).
+
+    Such an object is a valid config value when its `to_dict()` is (as in AXLearn).
+    """
+    return not isinstance(value, type) and hasattr(value, "from_pretrained")
+
+
 def validate_config_field_value(value: Any) -> None:
     """Raises `InvalidConfigValueError` if `value` is not a valid config value.
 
     Valid values: None, REQUIRED, numbers, strings, bytes, enums, dtypes, classes, functions and
-    other callables, configs, `jax.sharding.PartitionSpec`s, NumPy/JAX arrays, and
-    lists/tuples/dicts/dataclasses/attrs instances/named tuples of valid values. Every validator
+    other callables, configs, `jax.sharding.PartitionSpec`s, NumPy/JAX arrays,
+    lists/tuples/dicts/dataclasses/attrs instances/named tuples of valid values, and objects with
+    a `from_pretrained` attribute (Hugging Face configs) whose `to_dict()` is valid. Every validator
     registered with `register_validator` whose match_fn accepts the value also runs; other kinds
     are admitted by registering one.
 
@@ -214,6 +223,8 @@ def validate_config_field_value(value: Any) -> None:
     elif is_attrs(value):
         for _, item in _attrs_items(value):
             validate_config_field_value(item)
+    elif _is_hf_like(value):
+        validate_config_field_value(value.to_dict())
     elif callable(value) or matched:
         return
     else:
@@ -224,8 +235,14 @@ def validate_config_field_value(value: Any) -> None:
 
 
 def _check_field_type(instance: ConfigBase, name: str, value: Any) -> None:
-    """Raises `InvalidConfigValueError` if `value` does not fit the field's annotation."""
+    """Raises `InvalidConfigValueError` if `value` does not fit the field's annotation.
+
+    Configs of functions and third-party classes (`config_for_function`/`config_for_class`)
+    carry their parameters' annotations as field types but are not checked against them.
+    """
     if value is None or isinstance(value, RequiredFieldValue):
+        return
+    if not getattr(type(instance), "__config_typecheck__", True):
         return
     hint = typecheck.field_hints(type(instance)).get(name)
     if hint is None or typecheck.matches(value, hint):
@@ -273,9 +290,22 @@ class ConfigBase:
 
     def __init__(self, *args, **kwargs):
         self.__attrs_init__(*args, **kwargs)
+        # Catches plain attributes added to the class after decoration (`Cfg.x = 1`).
+        _check_no_plain_attributes(type(self), inherited=True)
 
     def __attrs_init__(self, *args, **kwargs):
         raise MissingConfigClassDecoratorError(f"{type(self)} was not decorated with @config_class")
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only when normal lookup fails. Raises KeyError for a name that is not a field
+        # (AXLearn's contract, which a config class overriding `__getattr__` may rely on via
+        # `super().__getattr__`); `@config_class` turns that into `UnknownFieldError`.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        fields = attr.fields_dict(type(self)) if attr.has(type(self)) else {}
+        if name in fields:
+            return fields[name]
+        raise KeyError(name)
 
     def __attrs_post_init__(self):
         # Run every field (including defaults) through validation and copying.
@@ -497,6 +527,15 @@ def _flatten_value(key: str, val: Any, result: dict, omit: Collection[Any]) -> N
     if children is None:
         result[key] = val
         return
+    if dataclasses.is_dataclass(val) and not isinstance(val, type):
+        # As for config fields: a dataclass field still at a default that is one of `omit`
+        # (e.g. None) is left out.
+        defaults = {f"{key}[{f.name!r}]": f.default for f in dataclasses.fields(val)}
+        children = [
+            (k, v)
+            for k, v in children
+            if not (v is defaults[k] and any(defaults[k] is o for o in omit))
+        ]
     for sub_key, sub_val in children:
         _flatten_value(sub_key, sub_val, result, omit)
 
@@ -546,9 +585,17 @@ def _attrs_kwargs() -> dict:
 
 
 def _install_accessors(attr_cls: type, *, name: str | None = None) -> type:
-    """Makes unknown field access raise `UnknownFieldError` with suggestions; names the class."""
+    """Makes unknown field access raise `UnknownFieldError` with suggestions; names the class.
+
+    A `__getattr__` the class defines (or inherits) is kept: it is called first, and only a
+    KeyError it raises (the `ConfigBase.__getattr__` contract for unknown names) becomes
+    `UnknownFieldError`.
+    """
     fields = attr.fields_dict(attr_cls)
     base_setattr = attr_cls.__setattr__
+    inner_getattr = attr_cls.__getattr__
+    # Do not stack wrappers when a decorated config class is subclassed.
+    inner_getattr = getattr(inner_getattr, "__config_inner__", inner_getattr)
 
     def __setattr__(self, key: str, value: Any):
         if key not in fields:
@@ -559,8 +606,12 @@ def _install_accessors(attr_cls: type, *, name: str | None = None) -> type:
         # Only called when normal lookup fails: the key is not a field or method.
         if key.startswith("__"):
             raise AttributeError(key)
-        raise UnknownFieldError(f"{type(self).__name__}: {self._key_error_string(key)}")
+        try:
+            return inner_getattr(self, key)
+        except KeyError as e:
+            raise UnknownFieldError(f"{type(self).__name__}: {self._key_error_string(key)}") from e
 
+    __getattr__.__config_inner__ = inner_getattr
     attr_cls.__setattr__ = __setattr__
     attr_cls.__getattr__ = __getattr__
     name = name or f"config_class({attr_cls.__module__}.{attr_cls.__qualname__})"
@@ -569,18 +620,58 @@ def _install_accessors(attr_cls: type, *, name: str | None = None) -> type:
     return attr_cls
 
 
-def _check_no_plain_attributes(cls: type) -> None:
-    """Raises `NonConfigFieldError` for a class attribute that is neither a field nor a method."""
-    annotations = cls.__dict__.get("__annotations__", {})
-    for key, value in cls.__dict__.items():
-        if key.startswith("__") or key in annotations:
+def _is_method_of_class_body(value: Any, key: str) -> bool:
+    """Whether `value` is a function defined by a class body under the name `key`.
+
+    A function defined elsewhere and assigned to a class attribute (`foo = some_function`,
+    `foo = lambda self: ...`) is not: it would silently shadow a config field.
+    """
+    if isinstance(value, (classmethod, staticmethod)):
+        value = value.__func__
+    if isinstance(value, property):
+        return True
+    if not isinstance(value, types.FunctionType):
+        return False
+    parts = value.__qualname__.split(".")
+    return len(parts) >= 2 and parts[-1] == key and parts[-2] != "<locals>"
+
+
+# Names a config class may carry besides fields and methods (set by attrs, typing or us).
+_ALLOWED_CLASS_ATTRIBUTES = frozenset({"_abc_impl", "_is_protocol"})
+
+
+def _check_no_plain_attributes(cls: type, *, inherited: bool = False) -> None:
+    """Raises `NonConfigFieldError` for a class attribute that is neither a field nor a method.
+
+    Args:
+        cls: The config class.
+        inherited: Also check the classes `cls` derives from (below `ConfigBase`); used on
+            instantiation to catch attributes assigned to a class after decoration.
+
+    Raises:
+        NonConfigFieldError: Naming the attribute.
+    """
+    klasses = cls.__mro__ if inherited else (cls,)
+    field_names = set(attr.fields_dict(cls)) if attr.has(cls) else set()
+    for klass in klasses:
+        if klass is ConfigBase or not issubclass(klass, ConfigBase):
             continue
-        if isinstance(value, (types.FunctionType, classmethod, staticmethod, property)):
-            continue
-        raise NonConfigFieldError(
-            f"Non-config attribute is not supported: {cls.__module__}.{cls.__qualname__}.{key} "
-            f"(annotate it to make it a config field)"
-        )
+        annotations = klass.__dict__.get("__annotations__", {})
+        for key, value in klass.__dict__.items():
+            if key.startswith("__") or key in _ALLOWED_CLASS_ATTRIBUTES:
+                continue
+            if key in annotations or (inherited and key in field_names):
+                continue
+            if _is_method_of_class_body(value, key):
+                continue
+            # A decorated class is already named `config_class(module.qualname)`.
+            where = klass.__qualname__
+            if not where.startswith("config_"):
+                where = f"{klass.__module__}.{where}"
+            raise NonConfigFieldError(
+                f"Non-config attribute is not supported: {where}.{key} "
+                f"(annotate it, `{key}: <type> = ...`, to make it a config field)"
+            )
 
 
 def config_class(cls: type[T], **kwargs) -> type[T]:

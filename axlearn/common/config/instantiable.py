@@ -1,14 +1,12 @@
 """Instantiable configs: Configurable, config_for_function/class, and tree helpers."""
 
-from __future__ import annotations
-
 import contextlib
 import copy
 import functools
 import inspect
 import threading
 from collections.abc import Callable, Collection
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, Generic, Protocol, TypeVar, Union
 
 import attr
 
@@ -94,7 +92,8 @@ def _validate_required_fields(cfg: ConfigBase, provided: Collection[str] = ()) -
     target = getattr(cfg, "klass", None) or getattr(cfg, "fn", None)
     what = _qualified_name(target) if _is_named_object(target) else type(cfg).__name__
     raise RequiredFieldMissingError(
-        f"Missing value for required field(s) when instantiating {what}: {', '.join(paths)}"
+        f"Missing value for required field when instantiating {what}: {', '.join(paths)} "
+        "(set it on the config or pass it to instantiate())"
     )
 
 
@@ -119,6 +118,17 @@ class InstantiableConfig(Generic[T], ConfigBase):
 
 
 ConfigOr = Union[T, InstantiableConfig]
+
+
+class TrainerConfigFn(Protocol):
+    """A function that returns the config of a trainer (e.g. `SpmdTrainer.Config`).
+
+    Experiment modules map config names to these (`named_trainer_configs()`); callers invoke them
+    with no arguments. Typed as `InstantiableConfig` so that this module needs no trainer import
+    and custom trainers fit the same protocol (as in AXLearn).
+    """
+
+    def __call__(self) -> InstantiableConfig: ...
 
 
 def maybe_instantiate(x: ConfigOr[T]) -> T:
@@ -177,12 +187,12 @@ class Configurable:
         """
         return cls.Config(klass=cls)
 
-    def __init__(self, cfg: Configurable.Config):
+    def __init__(self, cfg: "Configurable.Config"):
         # Keep a private copy so later changes to `cfg` do not affect this object.
         self._config = copy.deepcopy(cfg)
 
     @property
-    def config(self) -> Configurable.Config:
+    def config(self) -> "Configurable.Config":
         """A copy of this object's config."""
         return copy.deepcopy(self._config)
 
@@ -191,24 +201,20 @@ class Configurable:
 
 
 def _field_for_parameter(param: inspect.Parameter):
+    """An attrs field for a signature parameter: its default (or REQUIRED) and its annotation."""
     default = REQUIRED if param.default is inspect.Parameter.empty else param.default
-    return attr.field(default=default)
+    if param.annotation is inspect.Parameter.empty:
+        return attr.field(default=default)
+    return attr.field(default=default, type=param.annotation)
 
 
 def _call_args(kwargs: dict, *, sig: inspect.Signature, cfg: ConfigBase) -> list:
     """Moves the config's values into `kwargs` (and returns *args) according to `sig`.
 
-    A REQUIRED field may be supplied in `kwargs`; a field that is set may not.
+    A value given in `kwargs` takes precedence over the config's value of the same name (as in
+    AXLearn: `cfg.instantiate(x=...)` overrides `cfg.x` for this call only).
     """
     args: list = []
-
-    def put(name, value):
-        if name in kwargs:
-            if isinstance(value, RequiredFieldValue):
-                return  # Filled by the caller.
-            raise ValueError(f"{name} is already specified: {value} vs. {kwargs[name]}")
-        kwargs[name] = value
-
     params = [(n, p) for n, p in sig.parameters.items() if n != "self"]
     has_var_positional = any(p.kind == inspect.Parameter.VAR_POSITIONAL for _, p in params)
     for name, param in params:
@@ -218,17 +224,17 @@ def _call_args(kwargs: dict, *, sig: inspect.Signature, cfg: ConfigBase) -> list
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
         ):
             # Parameters before *args must be passed positionally.
-            args.append(value)
+            args.append(kwargs.pop(name, value))
         elif param.kind == inspect.Parameter.VAR_POSITIONAL:
             args.extend(value)
         elif param.kind == inspect.Parameter.VAR_KEYWORD:
             for k, v in value.items():
-                put(k, v)
+                kwargs.setdefault(k, v)
         elif param.kind in (
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
             inspect.Parameter.KEYWORD_ONLY,
         ):
-            put(name, value)
+            kwargs.setdefault(name, value)
         else:
             raise NotImplementedError(f"Unsupported param kind {param.kind}: {name}")
     return args
@@ -239,13 +245,13 @@ class FunctionConfigBase(InstantiableConfig[T]):
     """Base of configs made by `config_for_function`; `instantiate()` calls `fn`."""
 
     # The function to call.
-    fn: Callable
+    fn: Callable[..., T]
 
     def instantiate(self, **kwargs) -> T:
         """Calls `fn` with the config's fields (plus `kwargs`) as arguments.
 
         Args:
-            **kwargs: Extra arguments for `fn`.
+            **kwargs: Arguments for `fn`; they take precedence over the config's values.
 
         Returns:
             `fn`'s return value.
@@ -260,13 +266,13 @@ class ClassConfigBase(InstantiableConfig[T]):
     """Base of configs made by `config_for_class`; `instantiate()` constructs `klass`."""
 
     # The class to construct.
-    klass: type
+    klass: type[T]
 
     def instantiate(self, **kwargs) -> T:
         """Constructs `klass` with the config's fields (plus `kwargs`) as arguments.
 
         Args:
-            **kwargs: Extra constructor arguments.
+            **kwargs: Constructor arguments; they take precedence over the config's values.
 
         Returns:
             The constructed object.
@@ -274,6 +280,12 @@ class ClassConfigBase(InstantiableConfig[T]):
         _validate_required_fields(self, provided=kwargs)
         args = _call_args(kwargs, sig=inspect.signature(self.klass.__init__), cfg=self)
         return self.klass(*args, **kwargs)
+
+
+# Their fields carry the parameters' annotations (as in AXLearn) but values are not checked
+# against them: a parameter annotated `float` may legitimately be configured with a schedule config.
+FunctionConfigBase.__config_typecheck__ = False
+ClassConfigBase.__config_typecheck__ = False
 
 
 def _signature_fields(sig: inspect.Signature) -> dict:
@@ -323,8 +335,8 @@ def config_for_function(fn: Callable[..., T]) -> Any:
     """Returns a config with one field per parameter of `fn`, plus `fn`.
 
     Parameters without defaults are REQUIRED. `instantiate(**kwargs)` calls `fn(**fields)`;
-    kwargs may fill REQUIRED fields (not override set ones). A `*args` parameter is a field holding
-    a sequence, `**kwargs` one holding a dict.
+    kwargs fill REQUIRED fields and take precedence over set ones. A `*args` parameter is a field
+    holding a sequence, `**kwargs` one holding a dict.
 
     Args:
         fn: The function.
@@ -346,7 +358,7 @@ def config_for_class(cls: type[T]) -> Any:
     """Returns a config with one field per `__init__` parameter of `cls`, plus `klass`.
 
     Parameters without defaults are REQUIRED. `instantiate(**kwargs)` constructs
-    `cls(**fields)`; kwargs may fill REQUIRED fields (not override set ones).
+    `cls(**fields)`; kwargs fill REQUIRED fields and take precedence over set ones.
 
     Args:
         cls: The class.
