@@ -53,6 +53,25 @@ def _format_size(num_bytes: int) -> str:
     return f"{num_bytes} B"
 
 
+def _no_steps(path: str) -> int:
+    """Says that `path` holds no step directory, pointing to `checkpoints/` in a trainer dir.
+
+    Returns:
+        0 for an empty checkpoint dir; raises for a trainer dir (the user meant its checkpoints).
+
+    Raises:
+        CommandError: If `path` is a trainer dir (it has a `checkpoints/` subdirectory).
+    """
+    inner = os.path.join(path, "checkpoints")
+    if os.path.isdir(inner):
+        raise CommandError(
+            f"{path} holds no step directories; it looks like a trainer dir: its checkpoints are "
+            f"in {inner} (pass that directory)."
+        )
+    print(f"No step directories under {path}")
+    return 0
+
+
 def list_command(args: argparse.Namespace) -> int:
     """Prints one line per step directory of `args.dir`.
 
@@ -72,8 +91,7 @@ def list_command(args: argparse.Namespace) -> int:
     infos = checkpointer.list_checkpoints(args.dir)
     aside = checkpointer.set_aside_dirs(args.dir)
     if not infos and not aside:
-        print(f"No step directories under {args.dir}")
-        return 0
+        return _no_steps(args.dir)
     for info in infos:
         status = "committed" if info.committed else "uncommitted"
         if info.error:
@@ -110,8 +128,7 @@ def verify_command(args: argparse.Namespace) -> int:
         if not dirs:
             raise CommandError(f"No directory for step {args.step} under {args.dir}")
     if not dirs:
-        print(f"No step directories under {args.dir}")
-        return 0
+        return _no_steps(args.dir)
     failed = 0
     for step, path in dirs:
         result = checkpointer.verify_checkpoint(path)

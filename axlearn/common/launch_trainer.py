@@ -20,6 +20,7 @@ from absl import flags, logging
 
 from axlearn.common import run_record
 from axlearn.common.config.override import apply_overrides
+from axlearn.common.config_ranges import ConfigRangeError
 from axlearn.common.run_lock import RunLock
 from axlearn.common.trainer import SpmdTrainer, select_mesh_config
 from axlearn.common.trainer_metrics import PARAMETER_TABLE_FILE
@@ -294,6 +295,10 @@ def run_trainer(
 
     Returns:
         The trainer's `run()` output.
+
+    Raises:
+        InvalidTrainerConfigError: If building the trainer fails with a ValueError, TypeError or
+            ZeroDivisionError (a config value its module refuses), naming it.
     """
     dump = trainer_config.debug_string()
     verbose = flag_values.verbose_start if flag_values.is_parsed() else False
@@ -327,7 +332,17 @@ def run_trainer(
         # Before anything is written: a second run on this dir fails here, naming the owner.
         lock.acquire()
     try:
-        trainer: SpmdTrainer = trainer_config.instantiate(parent=None)
+        try:
+            trainer: SpmdTrainer = trainer_config.instantiate(parent=None)
+        except ConfigRangeError:
+            raise  # Already names the fields and the fix.
+        except (ValueError, TypeError, ZeroDivisionError) as e:
+            # A value of the config that its module refuses (after the range checks): a user
+            # error, reported in one line (the traceback is logged at --v=1).
+            logging.debug("Instantiating the trainer failed", exc_info=True)
+            raise InvalidTrainerConfigError(
+                f"The trainer config does not build: {type(e).__name__}: {e}"
+            ) from e
         trainer.verbose_start = verbose
         trainer.on_run_start = on_run_start
         overrides = flag_values.config_override if flag_values.is_parsed() else []
@@ -336,6 +351,10 @@ def run_trainer(
         return trainer.run(jax.random.PRNGKey(seed))
     finally:
         lock.release()
+
+
+class InvalidTrainerConfigError(ValueError):
+    """The trainer config is refused while the trainer is built (a value its module rejects)."""
 
 
 class TrainerDirError(ValueError):

@@ -26,6 +26,7 @@ from axlearn.common import launch  # isort: skip
 from axlearn.common import experiment_registry, launch_trainer
 from axlearn.common.config.override import ConfigOverrideError
 from axlearn.common.config_ranges import ConfigRangeError
+from axlearn.common.run_lock import RunLockError
 
 _PROG = "launch_trainer_main"
 _HELP_ARGS = ("--help", "-h", "--helpshort", "-?")
@@ -96,7 +97,7 @@ def main(_):
         sys.exit(f"{_PROG}: error: {e}")
     try:
         launch_trainer.run_trainer(trainer_config)
-    except ConfigRangeError as e:
+    except (ConfigRangeError, launch_trainer.InvalidTrainerConfigError, RunLockError) as e:
         sys.exit(f"{_PROG}: error: {e}")
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):

@@ -209,6 +209,16 @@ class TrainerCheckpointMixin:
         non-finite state is not written: NonFiniteStateError is raised by the next save or at
         the end of the run (at once for synchronous saves).
         """
+        streak = getattr(getattr(self, "_skip_streak", None), "streak", 0)
+        if streak and not force:
+            # The skipped steps left the parameters as they were before the streak; a streak
+            # that reaches its limit stops the run, and none of its steps is a checkpoint.
+            logging.info(
+                "Not saving step %d: it is step %d of a streak of skipped steps.",
+                self._step,
+                streak,
+            )
+            return
         self._resolve_pending_finite()
         alias = self._saves_alias_state()
         if alias:

@@ -70,19 +70,19 @@ def test_user_errors_are_one_line_without_a_traceback(tmp_path):
     """Cases 6, 7 and 13: each mistake names itself and the fix in the last line of stderr."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    run = str(tmp_path / "run")
+    runs = iter(str(tmp_path / f"run{i}") for i in range(100))
     cases = {
         "unknown flag": (
-            _tiny(run, "--max_step=20"),
+            _tiny(next(runs), "--max_step=20"),
             "unknown flag --max_step. Fields of the trainer config are set with "
             "--config_override=PATH=VALUE (e.g. --config_override=max_step=...)",
         ),
         "unknown module": (
-            ["--module=text.gpt.tinyy", "--config=gpt-tiny", f"--trainer_dir={run}"],
+            ["--module=text.gpt.tinyy", "--config=gpt-tiny", f"--trainer_dir={next(runs)}"],
             "No experiment module found for --module='text.gpt.tinyy'",
         ),
         "unknown config": (
-            ["--module=text.gpt.tiny", "--config=gpt-tinyy", f"--trainer_dir={run}"],
+            ["--module=text.gpt.tiny", "--config=gpt-tinyy", f"--trainer_dir={next(runs)}"],
             "Did you mean: gpt-tiny",
         ),
         "no trainer dir": (
@@ -90,28 +90,35 @@ def test_user_errors_are_one_line_without_a_traceback(tmp_path):
             "--trainer_dir is required",
         ),
         "missing data dir": (
-            _tiny(run, f"--data_dir={tmp_path}/nowhere"),
+            _tiny(next(runs), f"--data_dir={tmp_path}/nowhere"),
             f"--data_dir={tmp_path}/nowhere does not exist",
         ),
         "empty data dir": (
-            _tiny(run, f"--data_dir={empty}"),
+            _tiny(next(runs), f"--data_dir={empty}"),
             f"--data_dir={empty} is an empty directory",
         ),
         "no TPU": (
-            ["--module=text.gpt.tiny", "--config=gpt-tiny", f"--trainer_dir={run}"]
+            ["--module=text.gpt.tiny", "--config=gpt-tiny", f"--trainer_dir={next(runs)}"]
             + ["--jax_backend=tpu"],
             "--jax_backend=tpu but this machine has no TPU",
         ),
         "fractional max_step": (
-            _tiny(run, "--config_override=max_step=20.5"),
+            _tiny(next(runs), "--config_override=max_step=20.5"),
             "max_step=20.5: a step count must be a whole number",
         ),
         "NaN learning rate": (
-            _tiny(run, f"--config_override={_LR}=nan"),
+            _tiny(next(runs), f"--config_override={_LR}=nan"),
             f"{_LR}=nan is NaN",
         ),
+        "schedule shorter than its warm-up": (
+            _tiny(
+                next(runs), "--config_override=learner.optimizer.inner.learning_rate.max_step=30"
+            ),
+            "must be > the step its decay starts at (warmup_steps=30): raise max_step or lower "
+            "warmup_steps",
+        ),
         "zero model dim": (
-            _tiny(run, "--config_override=model.decoder.dim=0"),
+            _tiny(next(runs), "--config_override=model.decoder.dim=0"),
             "model.decoder.dim=0: a size must be >= 1",
         ),
     }
@@ -124,8 +131,8 @@ def test_user_errors_are_one_line_without_a_traceback(tmp_path):
         assert last.startswith("launch_trainer_main: error: "), (name, err[-3000:])
         assert expected in last, (name, last)
         assert "Traceback" not in err, (name, err[-3000:])
-    # None of them started a run: nothing was recorded in the trainer dir.
-    assert not os.path.exists(os.path.join(run, "trainer_config"))
+    # None of them started a run: nothing was recorded in a trainer dir.
+    assert not list(tmp_path.glob("run*/trainer_config"))
 
 
 @pytest.mark.slow
