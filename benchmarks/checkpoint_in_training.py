@@ -1,8 +1,8 @@
 """What checkpointing costs a training run: workload P1 through SpmdTrainer, saves vs no saves.
 
-P1 (DESIGN.md): decoder, 2 layers, d=256, 4 heads of 64 (4 KV heads), RoPE theta 5e5, QK-norm,
-SwiGLU hidden 1024, tied embedding, vocab 32768, sequence 128, global batch 4, AdamW, fp32, one
-device, summaries every step (TensorBoard and metrics.jsonl). About 10.5M parameters: the
+P1 (docs/performance.md): decoder, 2 layers, d=256, 4 heads of 64 (4 KV heads), RoPE theta 5e5,
+QK-norm, SwiGLU hidden 1024, tied embedding, vocab 32768, sequence 128, global batch 4, AdamW, fp32,
+one device, summaries every step (TensorBoard and metrics.jsonl). About 10.5M parameters: the
 checkpointed state (parameters + two AdamW moments + PRNG key + input position) is ~126 MB.
 
 Two arms, each a fresh trainer run of `--steps` steps in a fresh directory, interleaved in ABBA
@@ -127,7 +127,7 @@ class ClockWriter(BaseWriter):
 
 def p1_saving_trainer_config(trainer_dir: str, *, max_step: int, save: bool) -> SpmdTrainer.Config:
     """The P1 trainer; `save`: checkpoint every SAVE_EVERY steps, else never."""
-    # DESIGN.md's measured fp32 matmul peak of this machine; skips the start-up probe.
+    # docs/performance.md's measured fp32 matmul peak of this machine; skips the start-up probe.
     cfg = p1_trainer_config(trainer_dir, max_step=max_step, peak_flops_per_device=250e9)
     cfg.save_input_iterator = True
     cfg.summary_writer = CompositeWriter.default_config().set(

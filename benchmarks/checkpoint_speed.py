@@ -154,7 +154,7 @@ def _orbax(scratch: str, state: dict) -> dict:
 def _blocking(scratch: str) -> dict:
     """Caller-side cost of async saves of a P1-sized train state (one device, ~126 MB).
 
-    P1 (docs: DESIGN.md) has ~10.5M fp32 parameters; with AdamW's two moments the state is ~3x
+    P1 (docs/performance.md) has ~10.5M fp32 parameters; with AdamW's two moments the state is ~3x
     that. Each save is followed by `wait_until_finished`, so no save waits for another: this is
     the snapshot cost alone, for both snapshot modes.
     """

@@ -1,14 +1,15 @@
 """Each way of writing the P1 model, through the full SpmdTrainer vs plain JAX doing the same math.
 
-P1 (DESIGN.md): decoder, 2 layers, d=256, 4 heads of 64, RoPE theta 5e5, QK-norm, SwiGLU hidden
-1024, vocab 32768, sequence 128, global batch 4, AdamW, fp32, one device.
+P1 (docs/performance.md): decoder, 2 layers, d=256, 4 heads of 64, RoPE theta 5e5, QK-norm, SwiGLU
+hidden 1024, vocab 32768, sequence 128, global batch 4, AdamW, fp32, one device.
 
 The base variant, `dump_p1`, is P1 written field by field in the structure of the reference dump
-(shared/reference/honeycrisp_trainer_config.txt), as a new user writes it: `GroupedQueryAttention`
-with `RoFormerQKVLinear(rotary_value=False)` wrapping `FusedGroupedQKVLinear`, `ScaleQuery` /
-`ScaleKey` with RMSNorm, `causal=True`, `RepeatedTransformerLayer`, `z_loss_scale=1e-6` on the
-model, the dump's partition specs on a 3-axis mesh ("data", "fsdp", "model") of size 1,
-`FakeLmInput`, summaries every step. Each other variant changes one thing:
+(tests/testdata/trainer/honeycrisp_trainer_config.txt), as a new user writes it:
+`GroupedQueryAttention` with `RoFormerQKVLinear(rotary_value=False)` wrapping
+`FusedGroupedQKVLinear`, `ScaleQuery` / `ScaleKey` with RMSNorm, `causal=True`,
+`RepeatedTransformerLayer`, `z_loss_scale=1e-6` on the model, the dump's partition specs on a
+3-axis mesh ("data", "fsdp", "model") of size 1, `FakeLmInput`, summaries every step. Each other
+variant changes one thing:
 
     separate_qkv    GroupedQKVLinear (q_proj, k_proj, v_proj) instead of the fused projection
     gqa             2 KV heads instead of 4 (GroupedQueryAttention with num_kv_heads=2)

@@ -7,7 +7,7 @@ shuffle buffers), then tokens/s over the next `--batches` batches of P1's shape 
 medians of `--trials` (>= 3) are reported.
 
 P1's training throughput: 4 x 128 tokens per step at `--p1_step_seconds` (default 0.25 s, the
-middle of the 0.2-0.3 s/step DESIGN.md gives for this machine; pass a measured value from the
+middle of the 0.2-0.3 s/step of docs/performance.md for this machine; pass a measured value from the
 trainer or plain-JAX benchmark when available). The target is a ratio >= 5.
 
 Usage: python benchmarks/input_pipeline.py [--trials 3] [--batches 2000]

@@ -1,8 +1,8 @@
 """Workload P1 train-step time: the axlearn library (jitted functional + optax) vs plain JAX.
 
-P1 (DESIGN.md): decoder, 2 layers, d=256, 4 heads of 64 (4 KV heads), RoPE theta 5e5, QK-norm,
-SwiGLU hidden 1024, tied embedding, vocab 32768, sequence 128, batch 4, AdamW, fp32, one device,
-summaries every step.
+P1 (docs/performance.md): decoder, 2 layers, d=256, 4 heads of 64 (4 KV heads), RoPE theta 5e5,
+QK-norm, SwiGLU hidden 1024, tied embedding, vocab 32768, sequence 128, batch 4, AdamW, fp32,
+one device, summaries every step.
 
 Both sides run forward + backward + AdamW (optax.adamw, same hyper-parameters) from the same
 parameter values; the first step's losses are checked to agree. Timing is interleaved: each

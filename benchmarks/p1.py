@@ -1,4 +1,4 @@
-"""Workload P1 (DESIGN.md) as an SpmdTrainer config, shared by the benchmarks that train it.
+"""Workload P1 (docs/performance.md) as an SpmdTrainer config, shared by the benchmarks.
 
 Decoder, 2 layers, d=256, 4 heads of 64 (4 KV heads), RoPE theta 5e5, QK-norm, SwiGLU hidden
 1024, tied embedding, vocab 32768, sequence 128, global batch 4, AdamW, fp32, one device,

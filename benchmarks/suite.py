@@ -10,7 +10,7 @@ branch, then compare:
 
 Cases (named like the reference's test cases):
     01_main_job                  gpt-tiny, the README's main job (shortened by --steps)
-    02_fake_p1                   P1 (DESIGN.md's benchmark workload) on FAKE data, 1 device
+    02_fake_p1                   P1 (docs/performance.md's workload) on FAKE data, 1 device
     03_checkpoint_async_every_10 gpt-tiny, an async checkpoint every 10 steps
     04_pdb_lt_1                  gpt-tiny, global batch 4 on 8 CPU devices (per-device batch 0.5:
                                  mesh data=4 x model=2)

@@ -1,8 +1,8 @@
 """Workload P1 through the full SpmdTrainer vs the same math in a plain-JAX loop.
 
-P1 (DESIGN.md): decoder, 2 layers, d=256, 4 heads of 64 (4 KV heads), RoPE theta 5e5, QK-norm,
-SwiGLU hidden 1024, tied embedding, vocab 32768, sequence 128, global batch 4, AdamW, fp32, one
-device, summaries every step.
+P1 (docs/performance.md): decoder, 2 layers, d=256, 4 heads of 64 (4 KV heads), RoPE theta 5e5,
+QK-norm, SwiGLU hidden 1024, tied embedding, vocab 32768, sequence 128, global batch 4, AdamW, fp32,
+one device, summaries every step.
 
 - trainer: `SpmdTrainer` with FakeLmInput, TensorBoard summaries and metrics.jsonl every step,
   no eval, no checkpoints. Its step time is measured two ways: the trainer's own report (median

@@ -1,6 +1,6 @@
 """Packaging checks: the package imports, its metadata is right, and the core stays light.
 
-DESIGN.md: `axlearn.common.config` and `axlearn.common.module` import neither TensorFlow nor seqio
+Import cost: `axlearn.common.config` and `axlearn.common.module` import neither TensorFlow nor seqio
 (they take seconds to import). Each check runs in a fresh interpreter, so that modules already
 imported by other tests in this process cannot hide (or fake) an import.
 """

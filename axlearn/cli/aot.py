@@ -38,7 +38,13 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--dump_hlo", default=None, help="Directory for the optimized HLO.")
     parser.add_argument(
-        "--report_json", default="aot_report.json", help="Where to write the JSON report."
+        "--report",
+        "--report_json",
+        dest="report",
+        default=None,
+        help="Where to write the JSON report (default: "
+        "~/.cache/axlearn/aot_reports/<module>_<config>@<topology>x<slices>.json; never the "
+        "current directory).",
     )
     parser.add_argument(
         "--config_override",
@@ -73,7 +79,7 @@ def aot_command(args: argparse.Namespace) -> int:
             topology_num_slices=args.topology_num_slices,
             compiler_options=args.compiler_options,
             dump_hlo=args.dump_hlo,
-            report_json=args.report_json,
+            report_json=args.report,
             config_overrides=args.config_override,
         )
     except (ValueError, ImportError) as e:

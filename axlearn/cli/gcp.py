@@ -28,9 +28,15 @@ Actions: start (default: build the image, submit the JobSet), list (the axlearn 
 namespace), stop --name=NAME (delete a JobSet), run (run the command on this machine, with the
 pods' environment). `--dry_run` prints the build plan and the JobSet YAML and contacts nothing.
 
-Pre-flight: before a TPU job running launch_trainer_main is submitted (and in --dry_run), its
-train step is compiled for the target slices on this machine (libtpu, the [tpu] extra); a job
-that does not fit in HBM is refused. --skip_preflight skips it.
+The command gains --mesh_selector (the instance type; with the slice count for several TPU
+slices, e.g. tpu-v5p-128-2; with the GPU count for GPUs, e.g. gpu-a3-highgpu-8g-16). Before
+anything is built, a launch_trainer_main command's trainer config is built here exactly as the
+pods will build it; a bad --module/--config/--config_override, or a selector that matches none of
+the experiment's mesh_rules, stops the launch (the dry run names the rule that matched).
+
+Pre-flight: before a TPU job running launch_trainer_main is submitted (and in --dry_run), that
+config's train step is compiled for the target slices on this machine (libtpu, the [tpu] extra);
+a job that does not fit in HBM is refused. --skip_preflight skips the compile only.
 """
 
 
@@ -156,7 +162,14 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
         "--skip_preflight",
         action="store_true",
         help="Do not compile the trainer for the target (libtpu) before submitting; by default "
-        "a job whose train step does not fit in the chips' HBM is refused.",
+        "a job whose train step does not fit in the chips' HBM is refused. The trainer config "
+        "is still built (a bad module, config, override or mesh selector is still an error).",
+    )
+    parser.add_argument(
+        "--report",
+        default=None,
+        help="Where the pre-flight writes its JSON report (default: "
+        "~/.cache/axlearn/aot_reports/<module>_<config>@<topology>x<slices>.json).",
     )
 
 
@@ -226,12 +239,31 @@ def launch_start(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         service_account=args.service_account,
     )
+    if not args.skip_preflight:
+        # Before TensorFlow or libtpu load: it quiets their misleading start-up errors.
+        from axlearn.common import aot_compilation  # noqa: F401  pylint: disable=C0415,W0611
     try:
         prepared = gcp_launch.prepare_launch(options, config.active_config())
-        report = None if args.skip_preflight else gcp_launch.launch_preflight(prepared)
+        # Built before anything else: the pods' config, with their flags and mesh rule.
+        check = gcp_launch.check_trainer_command(prepared)
+        report = None
+        if not args.skip_preflight:
+            report = gcp_launch.launch_preflight(prepared, check)
+        if report is not None:
+            from axlearn.common import aot_compilation  # pylint: disable=C0415
+
+            path = args.report or aot_compilation.default_report_path(
+                report.config, report.topology, report.num_slices
+            )
+            print(
+                f"Pre-flight report written to {aot_compilation.write_report(report, path)}",
+                file=sys.stderr,
+            )
         if args.dry_run:
             preflight = gcp_launch.describe_preflight(report, skipped=args.skip_preflight)
-            sys.stdout.write(gcp_launch.describe_launch(prepared, preflight=preflight))
+            sys.stdout.write(
+                gcp_launch.describe_launch(prepared, preflight=preflight, trainer_check=check)
+            )
             return 0 if report is None or report.fits else 1
         if report is not None and not report.fits:
             raise CommandError(

@@ -26,6 +26,7 @@ See docs/aot.md.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import importlib.util
 import json
 import math
@@ -41,12 +42,24 @@ from axlearn.cloud.gcp.system_characteristics import (  # noqa: F401 (public re-
     USER_FACING_NAME_TO_SYSTEM_CHARACTERISTICS,
     SystemCharacteristics,
     get_system_characteristics,
+    mesh_selector_for,
 )
 
 # libtpu refuses a second process on the machine unless this is set; AOT never runs on a TPU.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # Do not ask a GCE metadata server for the TPU type (there is none here).
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+if not glob.glob("/dev/accel*") and not os.path.exists("/dev/vfio"):
+    # No TPU on this machine: libtpu, loaded only to describe and compile for a topology, would
+    # log errors about the host's TPU type and worker hostnames it cannot find ("Failed to find
+    # host bounds", "unexpected worker hostname"). It does not use them for AOT; these values
+    # silence it (they describe no topology: the one compiled for is given explicitly).
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5p-8")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_WORKER_ID", "0")
+# TensorFlow (imported by input pipelines) logs "failed call to cuInit" as an error on a machine
+# without a GPU; level 3 keeps its C++ errors quiet in this compile-only process.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 TPU_EXTRA_HINT = "pip install 'axlearn[tpu]' (the [tpu] extra installs jax[tpu] with libtpu)"
 
@@ -156,26 +169,61 @@ def matching_mesh_rule(trainer_config: Any, mesh_selector: str) -> Optional[str]
         mesh_selector: E.g. "tpu-v5litepod-256".
 
     Returns:
-        The regex, or None when no rule matches (the default `mesh_shape` is used).
+        The regex, or None when no rule matches.
     """
-    for regex, _ in trainer_config.mesh_rules or ():
-        if re.fullmatch(regex, mesh_selector):
-            return regex
-    return None
-
-
-def _prepare_config(trainer_config: Any, *, mesh_selector: str) -> Any:
-    """A copy of the config with the mesh rule applied, fake inputs and a throwaway dir."""
     # pylint: disable-next=import-outside-toplevel
-    from axlearn.common.input_fake import replace_inputs_with_fake
-    from axlearn.common.trainer import select_mesh_config
+    from axlearn.common.mesh_resolution import match_mesh_rule
 
-    cfg = trainer_config.clone()
-    cfg = select_mesh_config(cfg, mesh_selector=mesh_selector)
-    cfg = replace_inputs_with_fake(cfg)
-    if not isinstance(cfg.dir, str):
-        cfg.dir = tempfile.mkdtemp(prefix="axlearn_aot_")
-    return cfg
+    match = match_mesh_rule(trainer_config, mesh_selector)
+    return None if match is None else match[1]
+
+
+class Progress:
+    """Prints what is being done and, every `interval_s`, how long it has taken so far.
+
+    Used as a context manager around a long step (building the trainer, XLA's compile), so that
+    a compile of minutes is not silent. Lines go to `out` (default stderr, so that a dry run's
+    stdout stays the JobSet).
+    """
+
+    def __init__(self, what: str, *, interval_s: float = 10.0, out: Any = None):
+        self.what = what
+        self.interval_s = interval_s
+        self.out = out
+        self.seconds = 0.0
+        self._stop = None
+        self._thread = None
+        self._start = 0.0
+
+    def _print(self, line: str) -> None:
+        # pylint: disable-next=import-outside-toplevel
+        import sys
+
+        out = self.out or sys.stderr
+        out.write(line + "\n")
+        out.flush()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._print(f"  ... {self.what}: {time.perf_counter() - self._start:.0f} s")
+
+    def __enter__(self) -> Progress:
+        # pylint: disable-next=import-outside-toplevel
+        import threading
+
+        self._print(f"{self.what} ...")
+        self._start = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.seconds = time.perf_counter() - self._start
+        status = "failed after" if exc[0] is not None else "done in"
+        self._print(f"{self.what}: {status} {self.seconds:.1f} s")
 
 
 @dataclasses.dataclass
@@ -214,8 +262,19 @@ def compile_trainer(
     topology_num_slices: int = 1,
     compiler_options: Optional[dict[str, Any]] = None,
     keep_hlo: bool = False,
+    mesh_resolution: Any = None,
+    mesh_selector: Optional[str] = None,
+    config_name: str = "trainer",
+    progress_out: Any = None,
 ) -> AotCompileResult:
     """Builds the trainer on a TPU topology's devices and compiles its train step.
+
+    The mesh comes from `axlearn.common.mesh_resolution`, as in the pods: either the config is
+    already resolved (`mesh_resolution` given, e.g. by `build_trainer_config`), or the rule that
+    `mesh_selector` (default: the launch's selector for `topology_num_slices` slices of the
+    topology, e.g. "tpu-v5p-128-2") selects is applied here. Progress lines (what, elapsed time
+    every 10 s, build and compile times) go to `progress_out` (default stderr). The trainer's
+    throwaway directory is removed before returning.
 
     An XLA resource-exhausted error (the program does not fit in HBM) is returned in `error`;
     any other error is raised.
@@ -226,51 +285,80 @@ def compile_trainer(
         topology_num_slices: Number of slices.
         compiler_options: XLA options for the compile (`axlearn.common.compiler_options`).
         keep_hlo: Whether to keep the optimized HLO text.
+        mesh_resolution: The `MeshResolution` of an already resolved config (None: resolve).
+        mesh_selector: The selector to resolve with (None: the launch's for the topology).
+        config_name: How progress lines name the config.
+        progress_out: Where progress lines go (default stderr).
 
     Returns:
         The `AotCompileResult`.
+
+    Raises:
+        MeshSelectorError: The selector matches none of the config's mesh rules.
     """
-    # pylint: disable-next=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    import shutil
+
     import jax
+
+    from axlearn.common.input_fake import replace_inputs_with_fake
+    from axlearn.common.mesh_resolution import resolve_mesh
 
     sc = topology_system_characteristics(topology)
     devices = get_devices_for_topology(sc.device_type, topology_num_slices)
-    mesh_selector = sc.instance_type
-    start = time.perf_counter()
-    cfg = _prepare_config(trainer_config, mesh_selector=mesh_selector)
-    mesh_rule = matching_mesh_rule(trainer_config, mesh_selector)
-    mesh_devices = reshape_devices(devices, mesh_shape=cfg.mesh_shape)
-    trainer = cfg.instantiate(parent=None, devices=mesh_devices)
-    build_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    compiled, error, hlo_text = None, None, None
-    state_bytes = _state_bytes_per_chip(
-        trainer.trainer_state_specs, trainer.trainer_stateshardings_of_specs
-    )
-    if state_bytes > sc.hbm_per_chip_bytes:
-        # XLA would refuse it too, after a long compile.
-        error = (
-            f"{STATE_EXCEEDS_HBM}: the trainer state alone needs {state_bytes} bytes per chip "
-            f"(more than the {sc.hbm_per_chip_bytes} bytes of HBM); not compiled."
+    cfg = trainer_config.clone()
+    if mesh_resolution is None:
+        if mesh_selector is None:
+            mesh_selector = mesh_selector_for(sc.instance_type, topology_num_slices)
+        cfg, mesh_resolution = resolve_mesh(cfg, mesh_selector=mesh_selector)
+    cfg = replace_inputs_with_fake(cfg)
+    tmp_dir = None
+    if not isinstance(cfg.dir, str):
+        tmp_dir = tempfile.mkdtemp(prefix="axlearn_aot_")
+        cfg.dir = tmp_dir
+    target = f"{sc.device_type} x{topology_num_slices}"
+    try:
+        with Progress(
+            f"Building {config_name} on {target} ({mesh_resolution.describe()})", out=progress_out
+        ) as build:
+            mesh_devices = reshape_devices(devices, mesh_shape=cfg.mesh_shape)
+            trainer = cfg.instantiate(parent=None, devices=mesh_devices)
+        compiled, error, hlo_text = None, None, None
+        start = time.perf_counter()
+        state_bytes = _state_bytes_per_chip(
+            trainer.trainer_state_specs, trainer.trainer_stateshardings_of_specs
         )
-    else:
-        try:
-            compiled = trainer.compile_train_step(compiler_options=compiler_options)
-        except jax.errors.JaxRuntimeError as e:
-            if "RESOURCE_EXHAUSTED" not in str(e):
-                raise
-            error = str(e).strip()
-    compile_seconds = time.perf_counter() - start
-    if compiled is not None and keep_hlo:
-        hlo_text = compiled.as_text()
+        if state_bytes > sc.hbm_per_chip_bytes:
+            # XLA would refuse it too, after a long compile.
+            error = (
+                f"{STATE_EXCEEDS_HBM}: the trainer state alone needs {state_bytes} bytes per chip "
+                f"(more than the {sc.hbm_per_chip_bytes} bytes of HBM); not compiled."
+            )
+        else:
+            with Progress(
+                f"Compiling the train step of {config_name} for {target} (XLA, on this machine)",
+                out=progress_out,
+            ):
+                try:
+                    compiled = trainer.compile_train_step(compiler_options=compiler_options)
+                except jax.errors.JaxRuntimeError as e:
+                    if "RESOURCE_EXHAUSTED" not in str(e):
+                        raise
+                    error = str(e).strip()
+        compile_seconds = time.perf_counter() - start
+        if compiled is not None and keep_hlo:
+            hlo_text = compiled.as_text()
+    finally:
+        if tmp_dir is not None:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
     return AotCompileResult(
         compiled=compiled,
         trainer=trainer,
         system=sc,
         num_slices=topology_num_slices,
-        mesh_selector=mesh_selector,
-        mesh_rule=mesh_rule,
-        build_seconds=build_seconds,
+        mesh_selector=mesh_resolution.mesh_selector,
+        mesh_rule=mesh_resolution.rule,
+        build_seconds=build.seconds,
         compile_seconds=compile_seconds,
         error=error,
         hlo_text=hlo_text,
@@ -628,6 +716,8 @@ def aot_report(
     compiler_options: Optional[dict[str, Any]] = None,
     config_name: str = "trainer",
     dump_hlo_dir: Optional[str] = None,
+    mesh_resolution: Any = None,
+    progress_out: Any = None,
 ) -> AotReport:
     """Compiles the trainer for a topology and returns its report.
 
@@ -638,6 +728,9 @@ def aot_report(
         compiler_options: XLA options for the compile.
         config_name: How the report names the config.
         dump_hlo_dir: If set, the optimized HLO is written to <dir>/train_step.hlo.txt.
+        mesh_resolution: The `MeshResolution` of an already resolved config (None: resolve
+            with the launch's selector for the topology).
+        progress_out: Where progress lines go (default stderr).
 
     Returns:
         The `AotReport`.
@@ -648,12 +741,43 @@ def aot_report(
         topology_num_slices=topology_num_slices,
         compiler_options=compiler_options,
         keep_hlo=dump_hlo_dir is not None,
+        mesh_resolution=mesh_resolution,
+        config_name=config_name,
+        progress_out=progress_out,
     )
     if dump_hlo_dir is not None and result.hlo_text is not None:
         os.makedirs(dump_hlo_dir, exist_ok=True)
         with open(os.path.join(dump_hlo_dir, "train_step.hlo.txt"), "w", encoding="utf-8") as f:
             f.write(result.hlo_text)
     return report_from_result(result, config_name=config_name)
+
+
+def default_report_path(config_name: str, topology: str, num_slices: int = 1) -> str:
+    """Returns where a report goes when the user names no `--report`: the user's cache dir.
+
+    `${XDG_CACHE_HOME:-~/.cache}/axlearn/aot_reports/<config>@<topology>x<slices>.json`: never
+    the current directory (a git tree that a launch then refuses as dirty), never the temp dir.
+
+    Args:
+        config_name: "module:config".
+        topology: The slice type.
+        num_slices: Number of slices.
+
+    Returns:
+        The path.
+    """
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    name = re.sub(r"[^-_.@a-zA-Z0-9]", "_", f"{config_name}@{topology}x{num_slices}")
+    return os.path.join(cache, "axlearn", "aot_reports", name + ".json")
+
+
+def write_report(report: AotReport, path: str) -> str:
+    """Writes the report's JSON to `path` (creating its directory) and returns the path."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(report.to_json() + "\n")
+    return path
 
 
 def run_preflight(
@@ -663,6 +787,8 @@ def run_preflight(
     *,
     compiler_options: Optional[dict[str, Any]] = None,
     config_name: str = "trainer",
+    mesh_resolution: Any = None,
+    progress_out: Any = None,
 ) -> AotReport:
     """The launch pre-flight: compiles for the target and reports whether the job fits.
 
@@ -675,6 +801,9 @@ def run_preflight(
         num_slices: Number of slices.
         compiler_options: XLA options for the compile.
         config_name: How the report names the config.
+        mesh_resolution: The `MeshResolution` of an already resolved config (the launch's:
+            `launch_trainer.build_trainer_config` with the pods' flags); None: resolve here.
+        progress_out: Where progress lines go (default stderr).
 
     Returns:
         The `AotReport` (`.fits`, `.describe()`, `.to_json()`).
@@ -685,4 +814,6 @@ def run_preflight(
         topology_num_slices=num_slices,
         compiler_options=compiler_options,
         config_name=config_name,
+        mesh_resolution=mesh_resolution,
+        progress_out=progress_out,
     )

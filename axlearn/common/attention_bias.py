@@ -13,10 +13,27 @@ Conventions (shared by every attention layer in `axlearn.common.attention`):
 
 `NEG_INF` is a large finite negative number rather than -inf, so a row whose every entry is
 masked produces a uniform softmax instead of NaNs.
+
+Attention-bias objects (AXLearn's classes) describe a bias lazily; `value()` materializes it as
+[batch, num_heads, target_length, source_length] (or None for no bias):
+
+- `ZeroAttentionBias()`: no bias.
+- `TensorAttentionBias(value)`: an explicit 2-, 3- or 4-D bias.
+- `SegmentIdAttentionBias(segment_ids)`: tokens attend only within their segment.
+- `MaskFnAttentionBias(mask=, target_positions=, source_positions=)`: a `MaskFn` on positions;
+  `CausalAttentionBias` (causal_mask) and `SlidingWindowAttentionBias(sliding_window_size=...)`
+  are its common cases.
+- `CompositeAttentionBias(biases)`: the sum; `a + b` builds one.
+
+All are pytrees (tensors are leaves; mask functions and window sizes are static), so they can
+cross `jax.jit` boundaries.
 """
 
-from typing import Optional, Protocol, runtime_checkable
+import dataclasses
+from collections.abc import Sequence
+from typing import Callable, Optional, Protocol, runtime_checkable
 
+import jax
 import jax.numpy as jnp
 
 Tensor = jnp.ndarray
@@ -166,17 +183,101 @@ def as_4d_bias(bias: Tensor) -> Tensor:
     raise ValueError(f"Attention logit biases must have 2-4 dims, got shape {bias.shape}")
 
 
-# The bias classes (AXLearn's names); defined in their own file, public here.
-from axlearn.common.attention_bias_classes import (  # noqa: E402
-    BaseAttentionBias,
-    CausalAttentionBias,
-    CompositeAttentionBias,
-    MaskFnAttentionBias,
-    SegmentIdAttentionBias,
-    SlidingWindowAttentionBias,
-    TensorAttentionBias,
-    ZeroAttentionBias,
-)
+class BaseAttentionBias:
+    """A lazily described attention-logit bias."""
+
+    def value(self) -> Optional[Tensor]:
+        """The bias [batch, num_heads, target, source] (broadcastable), or None for zeros."""
+        raise NotImplementedError(type(self))
+
+    def __add__(self, other: "BaseAttentionBias") -> "CompositeAttentionBias":
+        return CompositeAttentionBias([self, other])
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class ZeroAttentionBias(BaseAttentionBias):
+    """No bias."""
+
+    def value(self) -> Optional[Tensor]:
+        return None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TensorAttentionBias(BaseAttentionBias):
+    """An explicit bias tensor (2-, 3- or 4-D, see `attention_bias`)."""
+
+    bias: Tensor
+
+    def value(self) -> Optional[Tensor]:
+        return as_4d_bias(self.bias)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SegmentIdAttentionBias(BaseAttentionBias):
+    """Disconnects tokens of different segments (segment_ids [batch, length])."""
+
+    segment_ids: Tensor
+
+    def value(self) -> Optional[Tensor]:
+        return make_segment_mask(source_segments=self.segment_ids, target_segments=self.segment_ids)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class MaskFnAttentionBias(BaseAttentionBias):
+    """A mask function evaluated on target/source positions ([batch or 1, length])."""
+
+    target_positions: Tensor
+    source_positions: Tensor
+    mask: Callable = dataclasses.field(default=causal_mask, metadata=dict(static=True))
+
+    def value(self) -> Optional[Tensor]:
+        return mask_fn_bias(
+            self.mask,
+            target_positions=self.target_positions,
+            source_positions=self.source_positions,
+        )
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class CausalAttentionBias(MaskFnAttentionBias):
+    """Causal attention over positions."""
+
+    mask: Callable = dataclasses.field(default=causal_mask, metadata=dict(static=True))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SlidingWindowAttentionBias(MaskFnAttentionBias):
+    """Causal attention to the `sliding_window_size` previous positions and itself."""
+
+    sliding_window_size: int = dataclasses.field(default=0, metadata=dict(static=True))
+
+    def value(self) -> Optional[Tensor]:
+        return mask_fn_bias(
+            sliding_window_causal_mask(self.sliding_window_size),
+            target_positions=self.target_positions,
+            source_positions=self.source_positions,
+        )
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class CompositeAttentionBias(BaseAttentionBias):
+    """The sum of several biases (None values are skipped)."""
+
+    biases: Sequence[BaseAttentionBias]
+
+    def value(self) -> Optional[Tensor]:
+        return add_biases(*(b.value() for b in self.biases))
+
+    def __add__(self, other: BaseAttentionBias) -> "CompositeAttentionBias":
+        return CompositeAttentionBias([*self.biases, other])
+
 
 __all__ = [
     "NEG_INF",

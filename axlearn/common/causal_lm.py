@@ -1,6 +1,6 @@
 """Autoregressive (decoder-only) language model, e.g. the GPT family.
 
-Batch contract (see DESIGN.md): `input_ids` [B, T] int32; `target_labels` [B, T] int32 where a
+Batch contract (docs/inputs.md): `input_ids` [B, T] int32; `target_labels` [B, T] int32 where a
 negative label or the decoder's `pad_token_id` means "no target"; optional `target_num_bytes`
 [B]; for packed examples `input_segment_ids` and `input_positions` [B, T]; optional
 `token_type_ids`.

@@ -21,14 +21,19 @@ import gzip
 import json
 import math
 import os
-import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any, Optional
 
+from axlearn.common.embedded_corpus import (  # noqa: F401  (re-exported public names)
+    _PACKAGE_ROOT,
+    BUILDER_NAME,
+    CORPUS_PATH,
+    read_corpus,
+    split_of,
+)
+
 # The TFDS name (with version) of the embedded data set.
 DATASET_NAME = "python_docs:1.0.0"
-# The TFDS builder name (without version).
-BUILDER_NAME = "python_docs"
 # The file name of the shipped vocabulary (looked up by `axlearn.experiments.text.common.vocab`).
 VOCAB_NAME = "bpe_4k_python_docs.model"
 # The number of ids in the shipped vocabulary.
@@ -37,15 +42,10 @@ VOCAB_SIZE = 4096
 NEWLINE_PIECE = "<n>"
 # Environment variable overriding the cache directory.
 CACHE_DIR_ENV = "AXLEARN_CACHE_DIR"
-# One document in this many goes to the validation split (by a CRC32 of its id).
-_VALIDATION_EVERY = 20
 
 # Data dirs known to hold the built data set (in this process).
 _PREPARED: set = set()
 
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Where the shipped corpus lives.
-CORPUS_PATH = os.path.join(_PACKAGE_ROOT, "data", "python_docs", "corpus.jsonl.gz")
 # The directory of shipped sentencepiece models.
 SENTENCEPIECE_DIR = os.path.join(_PACKAGE_ROOT, "data", "tokenizers", "sentencepiece")
 
@@ -77,49 +77,6 @@ def vocab_path() -> str:
         The path.
     """
     return os.path.join(SENTENCEPIECE_DIR, VOCAB_NAME)
-
-
-def split_of(doc_id: str) -> str:
-    """Returns the split ("train" or "validation") a document id belongs to.
-
-    Args:
-        doc_id: The document id.
-
-    Returns:
-        The split name.
-    """
-    crc = zlib.crc32(doc_id.encode("utf-8"))
-    return "validation" if crc % _VALIDATION_EVERY == 0 else "train"
-
-
-def read_corpus(split: Optional[str] = None, *, path: str = CORPUS_PATH) -> Iterator[dict]:
-    """Yields the corpus documents `{"id": str, "text": str}` in file order.
-
-    Args:
-        split: "train", "validation" or None for all documents.
-        path: The corpus file.
-
-    Yields:
-        Documents.
-
-    Raises:
-        FileNotFoundError: If the corpus file does not exist (names the path).
-        ValueError: If `split` is unknown.
-    """
-    if split not in (None, "train", "validation"):
-        raise ValueError(f"Unknown split {split!r} of {BUILDER_NAME}: use 'train' or 'validation'")
-    if not os.path.exists(path):
-        raise FileNotFoundError(
-            f"The embedded corpus {path} does not exist; reinstall axlearn or regenerate it with "
-            f"`python -m axlearn.common.embedded_data --regenerate`"
-        )
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            doc = json.loads(line)
-            if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
-                raise ValueError(f"{path}:{line_no}: malformed corpus record")
-            if split is None or split_of(doc["id"]) == split:
-                yield doc
 
 
 @contextlib.contextmanager

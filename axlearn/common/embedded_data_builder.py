@@ -11,7 +11,7 @@ import tensorflow_datasets as tfds
 from etils import epath
 from tensorflow_datasets.core.utils import py_utils
 
-from axlearn.common import embedded_data
+from axlearn.common.embedded_corpus import read_corpus
 
 
 class PythonDocs(tfds.core.GeneratorBasedBuilder):
@@ -48,5 +48,5 @@ class PythonDocs(tfds.core.GeneratorBasedBuilder):
         }
 
     def _generate_examples(self, split: str):
-        for doc in embedded_data.read_corpus(split):
+        for doc in read_corpus(split):
             yield doc["id"], {"id": doc["id"], "text": doc["text"]}

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Union
 
-from axlearn.common.input_processors import _public
+from axlearn.common.input_processors import DatasetToDatasetFn, _public
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
-
-    from axlearn.common.input_tf_data import DatasetToDatasetFn
 
 
 @_public

@@ -9,7 +9,7 @@ This file only keeps `input_tf_data.py` to one idea per file.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from axlearn.common.config import (
     ConfigBase,
@@ -22,8 +22,6 @@ from axlearn.common.input_feed import MALFORMED_SKIP, current_feed, derive_seed
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
-    from axlearn.common.input_tf_data import BuildDatasetFn, DatasetToDatasetFn
-
 # The module these functions belong to publicly.
 PUBLIC_MODULE = "axlearn.common.input_tf_data"
 
@@ -31,6 +29,20 @@ PUBLIC_MODULE = "axlearn.common.input_tf_data"
 def _public(fn: Callable) -> Callable:
     fn.__module__ = PUBLIC_MODULE
     return fn
+
+
+@_public
+class BuildDatasetFn(Protocol):
+    """A function that creates a tf.data.Dataset (an input source)."""
+
+    def __call__(self) -> tf.data.Dataset: ...
+
+
+@_public
+class DatasetToDatasetFn(Protocol):
+    """A function that transforms a tf.data.Dataset (a processor or batcher)."""
+
+    def __call__(self, ds: tf.data.Dataset) -> tf.data.Dataset: ...
 
 
 @_public

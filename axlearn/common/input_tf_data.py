@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from absl import logging
 
@@ -56,6 +56,8 @@ from axlearn.common.input_feed import (
 )
 from axlearn.common.input_iterator import Feed, InputError, InputIterator, InputStateError
 from axlearn.common.input_processors import (
+    BuildDatasetFn,
+    DatasetToDatasetFn,
     concatenate_datasets,
     describe_source,
     disable_shuffle_recursively,
@@ -117,18 +119,6 @@ DATA_DIR_ENV = "DATA_DIR"
 # TFDS builder names of data sets built locally from files in the repo (no network), mapped to
 # the module that registers the builder and the function that builds the data set.
 _EMBEDDED_BUILDERS = {"python_docs": "axlearn.common.embedded_data"}
-
-
-class BuildDatasetFn(Protocol):
-    """A function that creates a tf.data.Dataset (an input source)."""
-
-    def __call__(self) -> tf.data.Dataset: ...
-
-
-class DatasetToDatasetFn(Protocol):
-    """A function that transforms a tf.data.Dataset (a processor or batcher)."""
-
-    def __call__(self, ds: tf.data.Dataset) -> tf.data.Dataset: ...
 
 
 # ------------------------------------------------------------------------------------------------

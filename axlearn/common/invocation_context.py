@@ -15,15 +15,27 @@ import dataclasses
 import hashlib
 import re
 import threading
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 import jax
 import numpy as np
 
 from axlearn.common.utils import NestedTensor, Tensor
 
-if TYPE_CHECKING:
-    from axlearn.common.module import Module
+
+class ContextModule(Protocol):
+    """What a context reads from its module (`axlearn.common.module.Module` provides it).
+
+    Declared here, below `module`, so that this file needs nothing from the module system.
+    """
+
+    name: str
+    parent: Optional[ContextModule]
+    children: dict[str, ContextModule]
+
+    def path(self) -> str:
+        """The module's dotted path from the root."""
+
 
 _NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 
@@ -165,7 +177,7 @@ class InvocationContext:  # pylint: disable=too-many-instance-attributes
 
     name: str
     parent: Optional[InvocationContext]
-    module: Optional[Module]
+    module: Optional[ContextModule]
     state: NestedTensor
     is_training: bool
     prng_key: Optional[Tensor]

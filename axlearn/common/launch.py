@@ -31,6 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import jax  # noqa: E402  (imported after the environment above is set)
 
 from axlearn.cloud.common.process_env import distributed_flag_defaults  # noqa: E402
+from axlearn.common import gpu_memory  # noqa: E402
 from axlearn.common.utils_spmd import setup as setup_spmd  # noqa: E402
 
 flags.DEFINE_string(
@@ -118,6 +119,8 @@ def setup(flag_values: flags.FlagValues = FLAGS) -> None:
         # every machine without a GPU driver: an error-looking line about a GPU the run never
         # uses. On CPU runs its C++ log keeps fatal errors only (its errors reach Python anyway).
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    # Before the GPU backend starts: the share of GPU memory JAX takes (see gpu_memory.py).
+    gpu_memory.set_default_memory_fraction(backend)
     if backend != "tpu":
         # Unset distributed flags take the launcher's environment (JobSet pod, local launch).
         for name, value in distributed_flag_defaults().items():

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import types
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
@@ -21,8 +20,9 @@ from absl import flags, logging
 from axlearn.common import run_record
 from axlearn.common.config.override import apply_overrides
 from axlearn.common.config_ranges import ConfigRangeError
+from axlearn.common.mesh_resolution import MeshResolution, overrides_set_mesh, resolve_mesh
 from axlearn.common.run_lock import RunLock
-from axlearn.common.trainer import SpmdTrainer, select_mesh_config
+from axlearn.common.trainer import SpmdTrainer
 from axlearn.common.trainer_metrics import PARAMETER_TABLE_FILE
 from axlearn.common.utils_spmd import HybridMeshShape, infer_mesh_shape
 
@@ -51,7 +51,8 @@ flags.DEFINE_string(
     "mesh_selector",
     None,
     "Selects the first of the config's mesh_rules whose regex fully matches it "
-    "(e.g. tpu-v5litepod-256, gpu-p5.48xlarge-64, cpu).",
+    "(e.g. tpu-v5p-128, tpu-v5p-128-2 for 2 slices, gpu-a3-highgpu-8g-16 for 16 GPUs). A "
+    "selector matching no rule is an error unless --config_override=mesh_shape=... is given.",
 )
 
 flags.DEFINE_integer(
@@ -97,6 +98,46 @@ def _named_trainer_config_fn(module: str, config: str) -> TrainerConfigFn:
     from axlearn.common.experiment_registry import get_named_trainer_config
 
     return get_named_trainer_config(config, config_module=module)
+
+
+def build_trainer_config(
+    *,
+    module: str,
+    config: str,
+    config_overrides: Sequence[str] = (),
+    mesh_selector: Optional[str] = None,
+) -> tuple[SpmdTrainer.Config, MeshResolution]:
+    """Builds a named experiment's trainer config as `launch_trainer_main` does.
+
+    The experiment is looked up, its `--config_override`s applied, then the mesh resolved
+    (`mesh_resolution.resolve_mesh`), in the order of `get_trainer_config`. The launch's check
+    and pre-flight (`axlearn.cloud.gcp.launch`) and `axlearn aot` use it, so the config they
+    check is the pods' config. The trainer's launch settings (trainer dir, profiler, fake
+    inputs) are not part of this; the mesh shape's -1 is inferred later for the devices.
+
+    Args:
+        module: `--module` (full path or relative to axlearn.experiments).
+        config: `--config`.
+        config_overrides: `--config_override` values, in order.
+        mesh_selector: `--mesh_selector` (None: none).
+
+    Returns:
+        (the trainer config, the `MeshResolution`).
+
+    Raises:
+        ValueError: Unknown module or config (naming the close names), a bad override
+            (ConfigOverrideError), or a selector matching no rule (MeshSelectorError).
+    """
+    cfg = _named_trainer_config_fn(module, config)()
+    overrides = list(config_overrides)
+    if overrides:
+        cfg = apply_overrides(cfg, overrides)
+    return resolve_mesh(
+        cfg,
+        mesh_selector=mesh_selector,
+        explicit_mesh=overrides_set_mesh(overrides),
+        config_name=f"{module}:{config}",
+    )
 
 
 def get_trainer_config(
@@ -205,8 +246,14 @@ def apply_launch_settings(
             raise ValueError("--trainer_dir is required (the config does not set `dir`).")
         cfg.dir = flag_values.trainer_dir
     if flag_values.mesh_selector is not None:
-        _check_mesh_selector(cfg, flag_values.mesh_selector)
-        cfg = select_mesh_config(cfg, mesh_selector=flag_values.mesh_selector)
+        # The same resolution as the launch's dry run and pre-flight (mesh_resolution).
+        cfg, resolution = resolve_mesh(
+            cfg,
+            mesh_selector=flag_values.mesh_selector,
+            explicit_mesh=overrides_set_mesh(getattr(flag_values, "config_override", None) or []),
+            config_name=_experiment_name(flag_values),
+        )
+        logging.info("Mesh: %s", resolution.describe())
     if not cfg.mesh_axis_names:
         cfg.mesh_axis_names = ("data", "model")
     if not isinstance(cfg.mesh_shape, (list, tuple, HybridMeshShape)):
@@ -236,24 +283,10 @@ def apply_launch_settings(
     return cfg
 
 
-def _check_mesh_selector(cfg: SpmdTrainer.Config, selector: str) -> None:
-    """A --mesh_selector that matches none of the experiment's mesh rules is an error (a typo
-    would otherwise train on the default mesh); with no rules at all it is a warning."""
-    rules = cfg.mesh_rules or []
-    if not rules:
-        logging.warning(
-            "--mesh_selector=%s: the experiment has no mesh_rules; using its mesh_shape %s.",
-            selector,
-            cfg.mesh_shape,
-        )
-        return
-    if any(re.fullmatch(regex, selector) for regex, _ in rules):
-        return
-    raise ValueError(
-        f"--mesh_selector={selector!r} matches none of the experiment's mesh_rules "
-        f"(regexes, matched in full: {[regex for regex, _ in rules]}). Pick a selector one of "
-        "them matches, or leave the flag out to use the config's mesh_shape."
-    )
+def _experiment_name(flag_values: Any) -> str:
+    """ "module:config" of the flags, or "the experiment" (a config given as a function)."""
+    module, config = getattr(flag_values, "module", None), getattr(flag_values, "config", None)
+    return f"{module}:{config}" if module and config else "the experiment"
 
 
 def _use_fake_inputs(cfg: SpmdTrainer.Config) -> SpmdTrainer.Config:

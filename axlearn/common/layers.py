@@ -13,6 +13,15 @@ from jax.sharding import PartitionSpec
 
 from axlearn.common.base_layer import BaseLayer, FactorizationSpec, ParameterSpec
 from axlearn.common.config import REQUIRED, ConfigBase, Required, config_class
+
+# Normalization layers defined in layers_norm.py (kept apart for length), exported here as in
+# AXLearn (their `__module__` is this module's name).
+from axlearn.common.layers_norm import (  # noqa: F401
+    BaseNormalizationLayer,
+    BatchNorm,
+    GroupNorm,
+    L2Norm,
+)
 from axlearn.common.module import Module
 from axlearn.common.param_init import PARAM_REGEXP_WEIGHT, DefaultInitializer, WeightInitializer
 from axlearn.common.utils import Tensor, maybe_shard, with_sharding_constraint
@@ -209,21 +218,6 @@ def get_stochastic_depth_linear_rate(peak_rate: float, stage_order: int, num_sta
 # --------------------------------------------------------------------------------------------
 # Normalization.
 # --------------------------------------------------------------------------------------------
-
-
-class BaseNormalizationLayer(BaseLayer):
-    """Base class of normalization layers over the last axis."""
-
-    @config_class
-    class Config(BaseLayer.Config):
-        """Configures BaseNormalizationLayer."""
-
-        # The size of the normalized (last) axis.
-        input_dim: Required[int] = REQUIRED
-
-    def forward(self, x: Tensor, *, paddings: Optional[Tensor] = None) -> Tensor:
-        """Normalizes `x` ([..., input_dim]); `paddings` is accepted for API compatibility."""
-        raise NotImplementedError(type(self))
 
 
 class LayerNormStateless(BaseNormalizationLayer):
@@ -531,8 +525,3 @@ def set_norm_recursively(cfg: ConfigBase, norm_cfg: ConfigBase) -> ConfigBase:
 
     cfg.visit(visit_fn=lambda k, v: None, enter_fn=enter_fn)
     return cfg
-
-
-# Normalization layers defined in layers_norm.py (kept apart for length), exported here as in
-# AXLearn. Imported last: layers_norm imports BaseNormalizationLayer from this module.
-from axlearn.common.layers_norm import BatchNorm, GroupNorm, L2Norm  # noqa: E402,F401

@@ -1,7 +1,8 @@
-"""GroupNorm, BatchNorm and L2Norm: normalization layers AXLearn keeps in `layers`.
+"""BaseNormalizationLayer, GroupNorm, BatchNorm and L2Norm: norm layers AXLearn keeps in `layers`.
 
 Defined here to keep layers.py short; `axlearn.common.layers` re-exports them and they report
 `axlearn.common.layers` as their module, so configs dump as `axlearn.common.layers.GroupNorm`.
+The other norm layers (LayerNorm, RMSNorm, ...) live in layers.py and derive from the base here.
 """
 
 from __future__ import annotations
@@ -11,11 +12,25 @@ from typing import Optional
 import jax
 from jax import numpy as jnp
 
-from axlearn.common.base_layer import ParameterSpec
+from axlearn.common.base_layer import BaseLayer, ParameterSpec
 from axlearn.common.config import REQUIRED, Required, config_class
-from axlearn.common.layers import BaseNormalizationLayer
 from axlearn.common.param_init import constant_initializer
 from axlearn.common.utils import Tensor
+
+
+class BaseNormalizationLayer(BaseLayer):
+    """Base class of normalization layers over the last axis."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        """Configures BaseNormalizationLayer."""
+
+        # The size of the normalized (last) axis.
+        input_dim: Required[int] = REQUIRED
+
+    def forward(self, x: Tensor, *, paddings: Optional[Tensor] = None) -> Tensor:
+        """Normalizes `x` ([..., input_dim]); `paddings` is accepted for API compatibility."""
+        raise NotImplementedError(type(self))
 
 
 def _masked_moments(
@@ -164,6 +179,6 @@ class BatchNorm(BaseNormalizationLayer):
         return (normed * self.parameters["scale"] + self.parameters["bias"]).astype(x.dtype)
 
 
-for _cls in (L2Norm, GroupNorm, BatchNorm):
+for _cls in (BaseNormalizationLayer, L2Norm, GroupNorm, BatchNorm):
     _cls.__module__ = "axlearn.common.layers"
 del _cls

@@ -6,8 +6,8 @@
 - `mean_squared_error`, `bilinear_mean_squared_error`, `l1_loss`: weighted means, returned as
   `metrics.WeightedSummary`.
 - `contrastive_logits`, `asymmetric_contrastive_loss_from_logits`,
-  `symmetric_contrastive_loss_from_logits`: contrastive losses; the `..._from_features` variants
-  live in `loss_contrastive` and are re-exported here.
+  `symmetric_contrastive_loss_from_logits` and their `..._from_features` variants: contrastive
+  losses, defined in `loss_contrastive` and re-exported here (as is `NEG_INF`).
 - `categorical_hinge_loss`; `ReductionMethod` with `_reduce_loss`.
 
 Losses compute in float32 when given bfloat16/float16 inputs.
@@ -16,7 +16,7 @@ Losses compute in float32 when given bfloat16/float16 inputs.
 from __future__ import annotations
 
 import enum
-from typing import Optional, Union
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -24,9 +24,6 @@ import jax.numpy as jnp
 from axlearn.common.metrics import WeightedSummary
 
 Tensor = jnp.ndarray
-
-# Added to logits of padded keys in contrastive losses.
-NEG_INF = -1e15
 
 
 class ReductionMethod(str, enum.Enum):  # noqa: UP042 (AXLearn's str+Enum semantics)
@@ -294,98 +291,6 @@ def l1_loss(
         WeightedSummary(mean loss, total weight).
     """
     return _weighted_mean(jnp.abs(preds - targets), sample_weight=sample_weight, eps=eps)
-
-
-def contrastive_logits(x: Tensor, y: Tensor) -> Tensor:
-    """Similarity logits x @ y.T.
-
-    Args:
-        x: [num_x, dim].
-        y: [num_y, dim].
-
-    Returns:
-        [num_x, num_y].
-
-    Raises:
-        ValueError: If the inputs are not 2-D or their feature sizes differ.
-    """
-    if x.ndim != 2 or y.ndim != 2:
-        raise ValueError(f"x and y must be 2-D, got {x.shape} and {y.shape}.")
-    if x.shape[1] != y.shape[1]:
-        raise ValueError("`x[1]` and `y[1]` must have the same feature size!")
-    return jnp.einsum("id,jd->ij", x, y)
-
-
-def asymmetric_contrastive_loss_from_logits(
-    logits: Tensor,
-    *,
-    key_paddings: Optional[Tensor] = None,
-    temperature: Union[Tensor, float] = 1.0,
-    soft_labels: Optional[Tensor] = None,
-) -> Tensor:
-    """Cross entropy of each query i against all non-padded keys, key i being its positive.
-
-    Args:
-        logits: [num_queries, num_keys], num_queries <= num_keys.
-        key_paddings: Optional 0/1 [num_keys] (1: padded key, excluded).
-        temperature: Logits are divided by it.
-        soft_labels: Optional [num_queries, num_keys] targets instead of the identity.
-
-    Returns:
-        The scalar loss.
-    """
-    logits = logits / temperature
-    num_queries, num_keys = logits.shape
-    if key_paddings is None:
-        key_paddings = jnp.zeros(num_keys)
-    logits = logits + key_paddings * NEG_INF
-    if soft_labels is not None:
-        if soft_labels.shape != logits.shape:
-            raise ValueError(
-                f"soft_labels has a shape of {soft_labels.shape} while logits has a shape of "
-                f"{logits.shape}!"
-            )
-        soft_labels = soft_labels * (1 - key_paddings)
-    return cross_entropy(logits, jnp.arange(num_queries), soft_target_labels=soft_labels)[0]
-
-
-def symmetric_contrastive_loss_from_logits(
-    x_y_logits: Tensor,
-    y_x_logits: Tensor,
-    *,
-    y_as_key_paddings: Optional[Tensor] = None,
-    x_as_key_paddings: Optional[Tensor] = None,
-    temperature: Union[float, Tensor] = 1.0,
-    y_as_key_soft_labels: Optional[Tensor] = None,
-    x_as_key_soft_labels: Optional[Tensor] = None,
-) -> Tensor:
-    """The mean of the asymmetric contrastive losses in both directions.
-
-    Args:
-        x_y_logits: [num_x, num_y_keys].
-        y_x_logits: [num_y, num_x_keys].
-        y_as_key_paddings: Optional 0/1 [num_y_keys].
-        x_as_key_paddings: Optional 0/1 [num_x_keys].
-        temperature: Logits are divided by it.
-        y_as_key_soft_labels: Optional soft labels for x_y_logits.
-        x_as_key_soft_labels: Optional soft labels for y_x_logits.
-
-    Returns:
-        The scalar loss.
-    """
-    a = asymmetric_contrastive_loss_from_logits(
-        x_y_logits,
-        key_paddings=y_as_key_paddings,
-        temperature=temperature,
-        soft_labels=y_as_key_soft_labels,
-    )
-    b = asymmetric_contrastive_loss_from_logits(
-        y_x_logits,
-        key_paddings=x_as_key_paddings,
-        temperature=temperature,
-        soft_labels=x_as_key_soft_labels,
-    )
-    return (a + b) / 2.0
 
 
 def categorical_hinge_loss(logits: Tensor, targets: Tensor) -> Tensor:
@@ -694,6 +599,10 @@ def ranking_pairwise_loss(
 
 # Defined in their own module (one idea per file); importable from here as in AXLearn.
 from axlearn.common.loss_contrastive import (  # noqa: E402, F401
+    NEG_INF,
     asymmetric_contrastive_loss_from_features,
+    asymmetric_contrastive_loss_from_logits,
+    contrastive_logits,
     symmetric_contrastive_loss_from_features,
+    symmetric_contrastive_loss_from_logits,
 )

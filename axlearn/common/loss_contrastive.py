@@ -5,9 +5,13 @@
 - `symmetric_contrastive_loss_from_features(x, y, *, x_negatives, y_negatives, ...)`: the mean of
   the x-to-y and y-to-x asymmetric losses.
 
-Both build the similarity logits with `loss.contrastive_logits` and reduce them with
-`loss.asymmetric_contrastive_loss_from_logits` / `loss.symmetric_contrastive_loss_from_logits`;
-`axlearn.common.loss` re-exports them, so `from axlearn.common.loss import ...` works as in AXLearn.
+- `contrastive_logits(x, y)`: the similarity logits x @ y.T.
+- `asymmetric_contrastive_loss_from_logits`, `symmetric_contrastive_loss_from_logits`: the
+  losses from precomputed logits (the `..._from_features` variants build them with
+  `contrastive_logits`).
+
+`axlearn.common.loss` re-exports every name here, so `from axlearn.common.loss import ...` works
+as in AXLearn.
 """
 
 from __future__ import annotations
@@ -15,8 +19,110 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import jax.numpy as jnp
+import optax
 
 Tensor = jnp.ndarray
+
+# Added to logits of padded keys in contrastive losses.
+NEG_INF = -1e15
+
+
+def contrastive_logits(x: Tensor, y: Tensor) -> Tensor:
+    """Similarity logits x @ y.T.
+
+    Args:
+        x: [num_x, dim].
+        y: [num_y, dim].
+
+    Returns:
+        [num_x, num_y].
+
+    Raises:
+        ValueError: If the inputs are not 2-D or their feature sizes differ.
+    """
+    if x.ndim != 2 or y.ndim != 2:
+        raise ValueError(f"x and y must be 2-D, got {x.shape} and {y.shape}.")
+    if x.shape[1] != y.shape[1]:
+        raise ValueError("`x[1]` and `y[1]` must have the same feature size!")
+    return jnp.einsum("id,jd->ij", x, y)
+
+
+def asymmetric_contrastive_loss_from_logits(
+    logits: Tensor,
+    *,
+    key_paddings: Optional[Tensor] = None,
+    temperature: Union[Tensor, float] = 1.0,
+    soft_labels: Optional[Tensor] = None,
+) -> Tensor:
+    """Cross entropy of each query i against all non-padded keys, key i being its positive.
+
+    Args:
+        logits: [num_queries, num_keys], num_queries <= num_keys.
+        key_paddings: Optional 0/1 [num_keys] (1: padded key, excluded).
+        temperature: Logits are divided by it.
+        soft_labels: Optional [num_queries, num_keys] targets instead of the identity.
+
+    Returns:
+        The scalar loss.
+    """
+    logits = logits / temperature
+    num_queries, num_keys = logits.shape
+    if key_paddings is None:
+        key_paddings = jnp.zeros(num_keys)
+    logits = logits + key_paddings * NEG_INF
+    if soft_labels is not None:
+        if soft_labels.shape != logits.shape:
+            raise ValueError(
+                f"soft_labels has a shape of {soft_labels.shape} while logits has a shape of "
+                f"{logits.shape}!"
+            )
+        soft_labels = soft_labels * (1 - key_paddings)
+    # Softmax cross entropy in float32, averaged over the queries (as `loss.cross_entropy`).
+    logits = logits.astype(jnp.float32)
+    if soft_labels is None:
+        per_query = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.arange(num_queries))
+    else:
+        per_query = optax.softmax_cross_entropy(logits, soft_labels.astype(jnp.float32))
+    return per_query.mean()
+
+
+def symmetric_contrastive_loss_from_logits(
+    x_y_logits: Tensor,
+    y_x_logits: Tensor,
+    *,
+    y_as_key_paddings: Optional[Tensor] = None,
+    x_as_key_paddings: Optional[Tensor] = None,
+    temperature: Union[float, Tensor] = 1.0,
+    y_as_key_soft_labels: Optional[Tensor] = None,
+    x_as_key_soft_labels: Optional[Tensor] = None,
+) -> Tensor:
+    """The mean of the asymmetric contrastive losses in both directions.
+
+    Args:
+        x_y_logits: [num_x, num_y_keys].
+        y_x_logits: [num_y, num_x_keys].
+        y_as_key_paddings: Optional 0/1 [num_y_keys].
+        x_as_key_paddings: Optional 0/1 [num_x_keys].
+        temperature: Logits are divided by it.
+        y_as_key_soft_labels: Optional soft labels for x_y_logits.
+        x_as_key_soft_labels: Optional soft labels for y_x_logits.
+
+    Returns:
+        The scalar loss.
+    """
+    a = asymmetric_contrastive_loss_from_logits(
+        x_y_logits,
+        key_paddings=y_as_key_paddings,
+        temperature=temperature,
+        soft_labels=y_as_key_soft_labels,
+    )
+    b = asymmetric_contrastive_loss_from_logits(
+        y_x_logits,
+        key_paddings=x_as_key_paddings,
+        temperature=temperature,
+        soft_labels=x_as_key_soft_labels,
+    )
+    return (a + b) / 2.0
 
 
 def _check_2d(name: str, x: Tensor):
@@ -85,8 +191,6 @@ def asymmetric_contrastive_loss_from_features(
     Raises:
         ValueError: If shapes are inconsistent.
     """
-    from axlearn.common import loss  # Imported here: `loss` re-exports this module.
-
     _check_2d("queries", queries)
     _check_2d("positive_keys", positive_keys)
     if queries.shape[0] != positive_keys.shape[0]:
@@ -97,8 +201,8 @@ def asymmetric_contrastive_loss_from_features(
     keys, key_paddings = _keys_and_paddings(
         positive_keys, negative_keys, negative_key_paddings, negatives_name="negative_keys"
     )
-    return loss.asymmetric_contrastive_loss_from_logits(
-        loss.contrastive_logits(queries, keys),
+    return asymmetric_contrastive_loss_from_logits(
+        contrastive_logits(queries, keys),
         key_paddings=key_paddings,
         temperature=temperature,
         soft_labels=soft_labels,
@@ -141,8 +245,6 @@ def symmetric_contrastive_loss_from_features(
     Raises:
         ValueError: If shapes are inconsistent.
     """
-    from axlearn.common import loss  # Imported here: `loss` re-exports this module.
-
     _check_2d("x", x)
     _check_2d("y", y)
     if x.shape[0] != y.shape[0]:
@@ -153,9 +255,9 @@ def symmetric_contrastive_loss_from_features(
     x_keys, x_as_key_paddings = _keys_and_paddings(
         x, x_negatives, x_negative_paddings, negatives_name="x_negatives"
     )
-    return loss.symmetric_contrastive_loss_from_logits(
-        loss.contrastive_logits(x, y_keys),
-        loss.contrastive_logits(y, x_keys),
+    return symmetric_contrastive_loss_from_logits(
+        contrastive_logits(x, y_keys),
+        contrastive_logits(y, x_keys),
         y_as_key_paddings=y_as_key_paddings,
         x_as_key_paddings=x_as_key_paddings,
         temperature=temperature,

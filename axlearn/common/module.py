@@ -41,6 +41,7 @@ from axlearn.common.config import (
     instantiation_scope,
 )
 from axlearn.common.invocation_context import (  # noqa: F401  (re-exported public names)
+    ContextModule,
     InvocationContext,
     OutputCollection,
     OutputConflictError,

@@ -5,7 +5,9 @@ A step record is a flat dict (also what `metrics.jsonl` and the run summary are 
     step, max_step, loss, step_time_s, overheads ({kind: s}), excluded_reason,
     learning_rate, gradient_norm, consumed_tokens, tokens_per_s_per_device,
     real_tokens_per_s_per_device, real_tokens, tflops_per_device, mfu, eta_s,
-    loss_scale, skipped_steps, nonfinite_steps            (optional keys may be absent)
+    loss_scale, skipped_steps, nonfinite_steps, checkpoint ({snapshot_s,
+    wait_for_previous_s, other_s, snapshot, ...}: the parts of a save's `checkpoint`
+    overhead)                                              (optional keys may be absent)
 
 `step_throughput` derives the throughput keys from a step's wall time by the definitions in
 docs/metrics.md; `format_step_line` renders a record as one readable line, e.g.
@@ -107,6 +109,26 @@ def _fmt_float(value: Any, fmt: str) -> str:
         return str(value)
 
 
+def format_checkpoint_split(split: dict[str, Any]) -> str:
+    """Renders a save's blocking time in parts, e.g. 'snapshot 0.004 s (device), waiting for the
+    previous save 0.000 s, rest 0.002 s'.
+
+    Args:
+        split: A record's `checkpoint` entry (`snapshot_s`, `wait_for_previous_s`, `other_s`,
+            optional `snapshot` and `previous_write_gb_per_s`).
+
+    Returns:
+        The text.
+    """
+    text = f"snapshot {float(split.get('snapshot_s', 0.0)):.3f} s"
+    if split.get("snapshot"):
+        text += f" ({split['snapshot']})"
+    text += f", waiting for the previous save {float(split.get('wait_for_previous_s', 0.0)):.3f} s"
+    if split.get("previous_write_gb_per_s") is not None:
+        text += f" (its write ran at {float(split['previous_write_gb_per_s']):.3g} GB/s)"
+    return text + f", rest {float(split.get('other_s', 0.0)):.3f} s"
+
+
 def format_step_line(record: dict[str, Any]) -> str:
     """Renders a step record as one log line (see the module docstring).
 
@@ -135,7 +157,13 @@ def format_step_line(record: dict[str, Any]) -> str:
     step_text = f"{float(record['step_time_s']):.3f} s"
     overheads = {k: v for k, v in (record.get("overheads") or {}).items() if v > 0}
     if overheads:
-        step_text += " (" + ", ".join(f"{k} {v:.3f} s" for k, v in overheads.items()) + ")"
+        texts = []
+        for kind, seconds in overheads.items():
+            text = f"{kind} {seconds:.3f} s"
+            if kind == "checkpoint" and record.get("checkpoint"):
+                text += " [" + format_checkpoint_split(record["checkpoint"]) + "]"
+            texts.append(text)
+        step_text += " (" + ", ".join(texts) + ")"
     parts.append(step_text)
     if record.get("tflops_per_device") is not None:
         parts.append(f"{_fmt_float(record['tflops_per_device'], '.4g')} TFLOP/s/device")

@@ -10,12 +10,31 @@ Re-exported from `axlearn.common.inference`.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from axlearn.common.config import ConfigBase
 
-if TYPE_CHECKING:
-    from axlearn.common.inference import InferenceRunner
+
+class DecodeRunner(Protocol):
+    """What a TextGenerator uses of its runner (`axlearn.common.inference.InferenceRunner`).
+
+    Declared here so that this module, which `axlearn.common.inference` re-exports, needs
+    nothing from it.
+    """
+
+    # The decoder's EOS id (the prompt token).
+    eos_token_id: int
+    # The run's trainer config (searched for the input's vocabulary).
+    trainer_config: Any
+
+    def sample_decode(self, prompts: Sequence[Sequence[int]], **kwargs) -> list:
+        """Sampled continuations (token ids) of each prompt."""
+
+    def beam_search_decode(self, prompts: Sequence[Sequence[int]], **kwargs) -> list:
+        """Beam search outputs (with `.tokens`) of each prompt."""
+
+    def stream_sample(self, prompt: Sequence[int], **kwargs) -> Iterator[int]:
+        """Yields sampled token ids one at a time."""
 
 
 def find_text_source(trainer_cfg: Any) -> Optional[ConfigBase]:
@@ -79,7 +98,7 @@ class TextGenerator:
 
     def __init__(
         self,
-        runner: InferenceRunner,
+        runner: DecodeRunner,
         vocab: Any,
         *,
         replace_newlines_with: str = "\n",
@@ -90,7 +109,7 @@ class TextGenerator:
         self._prompt_token = runner.eos_token_id
 
     @classmethod
-    def from_runner(cls, runner: InferenceRunner) -> TextGenerator:
+    def from_runner(cls, runner: DecodeRunner) -> TextGenerator:
         """The generator of a runner built by `InferenceRunner.from_trainer_dir`.
 
         Raises:

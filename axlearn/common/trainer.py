@@ -34,7 +34,6 @@ from axlearn.common import utils
 from axlearn.common.checkpointer import Checkpointer
 from axlearn.common.config import (
     REQUIRED,
-    ConfigModifier,
     InstantiableConfig,
     Required,
     config_class,
@@ -42,6 +41,7 @@ from axlearn.common.config import (
 )
 from axlearn.common.config_ranges import validate_config_ranges
 from axlearn.common.evaler import SpmdEvaler
+from axlearn.common.mesh_resolution import apply_mesh_rule, match_mesh_rule
 from axlearn.common.module import Module, child_context, new_output_collection
 from axlearn.common.module import functional as F
 from axlearn.common.preemption import PreemptionHandler
@@ -560,18 +560,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
                 with timer.overhead("compile"):
                     self._compile(global_batch)
             self._step += 1
-            if self._state_held_by_save:
-                # The last save still reads the state's arrays: do not donate them. This step
-                # also checks that they (the saved state) are finite, for the save's writer.
-                self._state_held_by_save = False
-                self._trainer_state, outputs, finite = self._compiled_train_step_keep_state(
-                    self._trainer_state, global_batch
-                )
-                self._resolve_pending_finite(finite)
-            else:
-                self._trainer_state, outputs = self._compiled_train_step(
-                    self._trainer_state, global_batch
-                )
+            outputs = self._dispatch_train_step(global_batch)
             current = _PendingStep(step=self._step, outputs=outputs, batch=host_batch)
             if pending is not None:
                 last_record = self._finish_step(pending)
@@ -583,7 +572,10 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             last_record = self._finish_step(pending)
         if stop_trace_step is not None:
             self._stop_trace()
-        self._write_run_summary()
+        try:
+            self._finish_saves()  # The last save's write: its wait goes in the run summary.
+        finally:
+            self._write_run_summary()
         if last_record is None:
             return None
         return dict(loss=last_record["loss"], step=last_record["step"], record=last_record)
@@ -605,8 +597,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
                 evaler_summaries.update(self._run_eval(due))
         if last or self._checkpoint_due(evaler_summaries):
             self._drain(current)
-            with self._timer.overhead("checkpoint"):
-                self._save_checkpoint(evaler_summaries, force=last)
+            self._save_checkpoint_timed(evaler_summaries, force=last)
 
     def _drain(self, current: _PendingStep) -> None:
         """Waits for step `current` to finish; stops on a non-finite loss (unless skipped)."""
@@ -711,7 +702,8 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         """AOT-compiles the train step for this batch's shapes; logs memory analysis."""
         start = time.perf_counter()
         self._compiled_train_step = self.compile_train_step(global_batch)
-        if self._saves_alias_state():
+        self._choose_checkpoint_snapshot(self._compiled_train_step)
+        if self._saves_alias_state() or self._state_held_by_save:
             self._compiled_train_step_keep_state = self.compile_train_step(
                 global_batch, donate_state=False, input_finite=True
             )
@@ -766,7 +758,8 @@ def select_mesh_config(trainer_config: SpmdTrainer.Config, *, mesh_selector: str
 
     A rule's value is either a mesh shape (or HybridMeshShape), which replaces `mesh_shape`, or a
     ConfigModifier config (or instance), which is applied to the whole trainer config. If no rule
-    matches, the config is unchanged.
+    matches, the config is unchanged (launches go through `mesh_resolution.resolve_mesh`, which
+    refuses an unmatched selector).
 
     Args:
         trainer_config: The trainer config (modified in place).
@@ -775,24 +768,12 @@ def select_mesh_config(trainer_config: SpmdTrainer.Config, *, mesh_selector: str
     Returns:
         The (possibly modified) trainer config.
     """
-    rules = trainer_config.mesh_rules
-    if not rules:
+    match = match_mesh_rule(trainer_config, mesh_selector)
+    if match is None:
+        if trainer_config.mesh_rules:
+            logging.info(
+                "Mesh selector %r matches no mesh rule; keeping the default mesh.", mesh_selector
+            )
         return trainer_config
-    rule = utils.match_regex_rules(mesh_selector, rules=rules, default_value=REQUIRED)
-    if rule is REQUIRED:
-        logging.info(
-            "Mesh selector %r matches no mesh rule; keeping the default mesh.", mesh_selector
-        )
-        return trainer_config
-    logging.info("Mesh selector %r matches mesh rule %s.", mesh_selector, rule)
-    if rule is None or isinstance(rule, (tuple, list, HybridMeshShape)):
-        trainer_config.mesh_shape = rule
-        return trainer_config
-    modifier = maybe_instantiate(rule)
-    if not isinstance(modifier, ConfigModifier):
-        raise TypeError(
-            f"Mesh rule for {mesh_selector!r} must be a mesh shape or a ConfigModifier config; "
-            f"got {type(modifier).__name__}."
-        )
-    result = modifier(trainer_config)
-    return trainer_config if result is None else result
+    logging.info("Mesh selector %r matches mesh rule %s.", mesh_selector, match[2])
+    return apply_mesh_rule(trainer_config, match[2], mesh_selector=mesh_selector)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -34,6 +35,47 @@ class TrainerState(NamedTuple):
 
 class NonFiniteStateError(RuntimeError):
     """The trainer state holds NaN/inf values; it is never checkpointed."""
+
+
+class SnapshotMemoryError(RuntimeError):
+    """A train step could not allocate device memory while a checkpoint snapshot held some."""
+
+
+def _is_resource_exhausted(error: BaseException) -> bool:
+    return "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error)
+
+
+def snapshot_memory_message(
+    *,
+    step: int,
+    error: BaseException,
+    held_bytes: int,
+    saved_step: Optional[int],
+    peak_bytes: Optional[int],
+    limit_bytes: Optional[int],
+) -> str:
+    """The one-line message of a `SnapshotMemoryError` (both numbers and the fixes).
+
+    Args:
+        step: The step that failed.
+        error: The allocation error.
+        held_bytes: Bytes per device the snapshot held on the device when the step started.
+        saved_step: The step whose snapshot it is.
+        peak_bytes: The step's compiled peak per device, if known.
+        limit_bytes: The device memory limit, if known.
+
+    Returns:
+        The message.
+    """
+    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+    need = f"{peak_bytes / 1e9:.2f} GB" if peak_bytes else "an unknown amount"
+    limit = f" of the {limit_bytes / 1e9:.2f} GB limit" if limit_bytes else ""
+    return (
+        f"Step {step} could not allocate device memory ({first}) while the checkpoint snapshot "
+        f"of step {saved_step} held {held_bytes / 1e9:.2f} GB per device on the device; the "
+        f"step needs {need} (compiled peak){limit}. Set checkpointer.storage.snapshot='host' "
+        "(or 'partial'), or leave more device memory to JAX (XLA_PYTHON_CLIENT_MEM_FRACTION)."
+    )
 
 
 class _DeferredFinite:
@@ -75,6 +117,12 @@ class TrainerCheckpointMixin:
     _state_held_by_save: bool = False
     # That save's finiteness flag, set by the next step (see _DeferredFinite).
     _pending_finite: Optional[_DeferredFinite] = None
+    # The parts of the last save's blocking time, for the next step record.
+    _pending_checkpoint_split: Optional[dict[str, Any]] = None
+    # Seconds the end of the run waited for the last save's write.
+    _end_of_run_wait_s: Optional[float] = None
+    # The checkpoint snapshot chosen for this run (see `_choose_checkpoint_snapshot`).
+    _snapshot_choice: Any = None
 
     def restore_checkpoint(self, restore_step: Optional[int] = None) -> Optional[int]:
         """Restores the latest committed checkpoint (or `restore_step`) into the state shardings.
@@ -197,7 +245,7 @@ class TrainerCheckpointMixin:
 
     def _save_checkpoint(
         self, evaler_summaries: Optional[dict[str, Any]], *, force: bool = False
-    ) -> None:
+    ) -> Any:
         """Saves the current state (the caller checked the policy); never a non-finite state.
 
         On CPU the save references the state's arrays instead of copying them, and the next
@@ -208,6 +256,9 @@ class TrainerCheckpointMixin:
         (`precondition`), so the loop does not wait for it. A
         non-finite state is not written: NonFiniteStateError is raised by the next save or at
         the end of the run (at once for synchronous saves).
+
+        Returns:
+            The checkpointer's `SaveStats`, or None if it did not save.
         """
         streak = getattr(getattr(self, "_skip_streak", None), "streak", 0)
         if streak and not force:
@@ -241,7 +292,7 @@ class TrainerCheckpointMixin:
         if self._config.save_input_iterator and self._input_is_checkpointable():
             ckpt_state["input_iter"] = self.input.iterator_state(self._input_iter)
         with self._mesh_context():
-            self.checkpointer.save(
+            stats = self.checkpointer.save(
                 step=self._step,
                 state=ckpt_state,
                 evaler_summaries=evaler_summaries,
@@ -252,6 +303,116 @@ class TrainerCheckpointMixin:
         # The save may read these arrays until its write is done: the next step keeps them.
         self._state_held_by_save = alias
         self._last_saved_step = self._step
+        return stats
+
+    def _save_checkpoint_timed(
+        self, evaler_summaries: Optional[dict[str, Any]], *, force: bool = False
+    ) -> None:
+        """`_save_checkpoint` as the step's "checkpoint" overhead, split into its parts for the
+        step record: the snapshot, waiting for the previous save, and the rest."""
+        timer = self._timer
+        before = timer.pending_overheads().get("checkpoint", 0.0)
+        with timer.overhead("checkpoint"):
+            stats = self._save_checkpoint(evaler_summaries, force=force)
+        total = timer.pending_overheads().get("checkpoint", 0.0) - before
+        if stats is None:
+            return
+        snapshot = stats.snapshot
+        if stats.choice is not None:
+            snapshot = stats.choice.short()
+        elif self._snapshot_choice is not None and stats.snapshot == "reference":
+            snapshot = "reference (CPU: no copy, the next step keeps the state)"
+        split = dict(
+            blocking_s=total,
+            snapshot_s=stats.snapshot_s,
+            wait_for_previous_s=stats.wait_for_previous_s,
+            other_s=max(0.0, total - stats.snapshot_s - stats.wait_for_previous_s),
+            snapshot=snapshot,
+        )
+        split["waited"] = bool(stats.waited)
+        if stats.waited and stats.previous is not None:
+            split["previous_write_gb_per_s"] = stats.previous.write_gb_per_s
+            split["previous_write_s"] = stats.previous.write_s
+        self._pending_checkpoint_split = split
+
+    def _take_checkpoint_split(self) -> Optional[dict[str, Any]]:
+        """The parts of the save charged to the step being recorded (then cleared)."""
+        split, self._pending_checkpoint_split = self._pending_checkpoint_split, None
+        return split
+
+    def _finish_saves(self) -> None:
+        """At the end of the run: waits for the last save's write; records the wait."""
+        self._resolve_pending_finite()
+        start = time.perf_counter()
+        try:
+            self.checkpointer.wait_until_finished()
+        finally:
+            self._end_of_run_wait_s = time.perf_counter() - start
+
+    def _choose_checkpoint_snapshot(self, compiled: Any) -> None:
+        """Chooses where this run's checkpoint snapshots live, from the compiled step's peak
+        memory, the state's bytes per device and each device's limit (logged once)."""
+        # pylint: disable-next=import-outside-toplevel
+        from axlearn.common.device_memory import compiled_memory_stats
+
+        choose = getattr(getattr(self.checkpointer, "storage", None), "choose_snapshot", None)
+        if choose is None:
+            return
+        memory = compiled_memory_stats(compiled)
+        peak = None
+        if memory is not None:
+            peak = memory.peak_bytes or memory.total_bytes
+        self._snapshot_peak_bytes = peak
+        with self._mesh_context():
+            self._snapshot_choice = choose(
+                self._checkpoint_state_spec(with_input=False), step_peak_bytes=peak
+            )
+        if self._snapshot_choice is None:
+            return
+        # The storage logged the choice and its numbers (once, when it changes).
+        if self._saves_alias_state():
+            self._step_log(
+                "checkpoint snapshot on CPU: no copy at all; the step after a save keeps (does "
+                "not donate) the saved state until its write ends."
+            )
+
+    def _dispatch_train_step(self, global_batch: Any) -> dict[str, Any]:
+        """Dispatches the next train step (updating the state); returns its outputs.
+
+        After a save that references the state (CPU) the step does not donate it and checks it
+        for NaN/inf for the save's writer. A step that cannot allocate device memory while a
+        checkpoint snapshot holds some raises SnapshotMemoryError naming both numbers.
+        """
+        storage = getattr(self.checkpointer, "storage", None)
+        held = storage.device_snapshot_bytes() if hasattr(storage, "device_snapshot_bytes") else 0
+        try:
+            if self._state_held_by_save:
+                # The last save still reads the state's arrays: do not donate them. This step
+                # also checks that they (the saved state) are finite, for the save's writer.
+                self._state_held_by_save = False
+                self._trainer_state, outputs, finite = self._compiled_train_step_keep_state(
+                    self._trainer_state, global_batch
+                )
+                self._resolve_pending_finite(finite)
+            else:
+                self._trainer_state, outputs = self._compiled_train_step(
+                    self._trainer_state, global_batch
+                )
+        except Exception as e:
+            if held and _is_resource_exhausted(e):
+                choice = self._snapshot_choice
+                raise SnapshotMemoryError(
+                    snapshot_memory_message(
+                        step=self._step,
+                        error=e,
+                        held_bytes=held,
+                        saved_step=getattr(self, "_last_saved_step", None),
+                        peak_bytes=getattr(self, "_snapshot_peak_bytes", None),
+                        limit_bytes=choice.limit_bytes if choice is not None else None,
+                    )
+                ) from e
+            raise
+        return outputs
 
     def _resolve_pending_finite(self, value: Any = None) -> None:
         """Sets the last aliased save's finiteness flag: `value` from the step after it, or
@@ -269,10 +430,14 @@ class TrainerCheckpointMixin:
         On CPU the snapshot copy would be a host memcpy of the whole state in the step's time;
         instead the step after a save runs without donating the state (one extra compiled
         variant, compiled with the train step), so the saved arrays stay unchanged while the
-        checkpointer writes them. On accelerators the copy frees device memory at once and the
-        state stays donated.
+        checkpointer writes them. That costs one state's worth of memory for a step, as a device
+        snapshot would: so only while the snapshot choice (if made) is "device". On
+        accelerators the state stays donated and the snapshot is a copy.
         """
-        return all(d.platform == "cpu" for d in self._mesh.devices.flat)
+        if not all(d.platform == "cpu" for d in self._mesh.devices.flat):
+            return False
+        choice = self._snapshot_choice
+        return choice is None or choice.mode == "device"
 
     def _checkpoint_due(self, evaler_summaries) -> bool:
         policy = getattr(self.checkpointer, "save_policy", None)

@@ -147,6 +147,10 @@ class TrainerMetricsMixin:
             overheads=dict(timing.overheads),
             excluded_reason=timing.excluded_reason,
         )
+        take_split = getattr(self, "_take_checkpoint_split", None)
+        split = take_split() if take_split is not None else None
+        if split is not None:
+            record["checkpoint"] = split
         lr = applied_learning_rate(scalars)
         if lr is not None:
             record["learning_rate"] = lr
@@ -213,9 +217,17 @@ class TrainerMetricsMixin:
             if k in record
         }
         perf["overhead"] = dict(record["overheads"])
+        extra = {}
+        if record.get("checkpoint"):
+            # The parts of the "checkpoint" overhead (seconds) and where the snapshot lived.
+            split = record["checkpoint"]
+            perf["checkpoint"] = {k: v for k, v in split.items() if isinstance(v, float)}
+            extra["checkpoint_snapshot"] = str(split.get("snapshot", ""))
         values = dict(loss=record["loss"], **_unflatten(scalars), perf=perf)
         self.summary_writer(step, values)
-        self._jsonl_writer(step, dict(values, excluded_reason=record["excluded_reason"] or ""))
+        self._jsonl_writer(
+            step, dict(values, excluded_reason=record["excluded_reason"] or "", **extra)
+        )
 
     def _write_run_summary(self) -> dict[str, Any]:
         """Logs the end-of-run summary block and writes <dir>/run_summary.json (process 0)."""
@@ -236,6 +248,7 @@ class TrainerMetricsMixin:
                 self._compiled_memory.to_dict() if getattr(self, "_compiled_memory", None) else None
             ),
             environment=environment_info(list(self._mesh.devices.flat)),
+            end_of_run_wait_s=getattr(self, "_end_of_run_wait_s", None),
             config_digest=config_hash(cfg),
             extra=dict(
                 name=cfg.name,
@@ -248,6 +261,11 @@ class TrainerMetricsMixin:
                     self._skip_streak.skip_counter if getattr(self, "_skip_streak", None) else 0
                 ),
                 nonfinite_steps=getattr(self, "_num_nonfinite_steps", 0),
+                checkpoint_snapshot=(
+                    self._snapshot_choice.to_dict()
+                    if getattr(self, "_snapshot_choice", None) is not None
+                    else None
+                ),
                 **(
                     dict(pipeline=self._pipeline_report)
                     if getattr(self, "_pipeline_report", None)

@@ -3,10 +3,11 @@
     python -m axlearn.experiments.run_aot_compilation \
         --module=text.gpt.honeycrisp --config=honeycrisp-3B --topology=v5litepod-256 \
         [--topology_num_slices=2] [--compiler_options=default] [--dump_hlo=DIR] \
-        [--report_json=PATH] [--config_override=PATH=VALUE ...]
+        [--report=PATH] [--config_override=PATH=VALUE ...]
 
 `axlearn aot` takes the same flags. Needs libtpu (`pip install 'axlearn[tpu]'`), not a TPU. The
-report (printed, and written as JSON to --report_json, default `aot_report.json`) has per-chip
+report (printed, and written as JSON to --report, default
+`~/.cache/axlearn/aot_reports/<module>_<config>@<topology>x<slices>.json`) has per-chip
 memory vs the chip's HBM, FLOPs, XLA's step-time estimate and MFU, the mesh and the mesh rule that
 chose it, and the compile time. Exit code: 0 when the train step fits, 1 when it does not, 2 on a
 usage error. See docs/aot.md.
@@ -31,7 +32,7 @@ def run_aot(
     topology_num_slices: int = 1,
     compiler_options: str = "none",
     dump_hlo: Optional[str] = None,
-    report_json: Optional[str] = "aot_report.json",
+    report_json: Optional[str] = None,
     config_overrides: Sequence[str] = (),
 ) -> int:
     """Compiles a named experiment for a topology, prints the report and writes its JSON.
@@ -44,7 +45,8 @@ def run_aot(
         compiler_options: "none" (XLA's defaults) or "default"
             (`compiler_options.default_xla_options` for the topology).
         dump_hlo: If set, a directory for the optimized HLO (train_step.hlo.txt).
-        report_json: Where to write the report as JSON (None: not written).
+        report_json: Where to write the report as JSON (None: the user's cache dir,
+            `aot_compilation.default_report_path`).
         config_overrides: `PATH=VALUE` changes to the config, as launch_trainer_main's
             `--config_override` (e.g. "input.batcher.global_batch_size=256").
 
@@ -56,10 +58,10 @@ def run_aot(
         aot_compilation.LibTpuMissingError: libtpu is not installed (naming the extra).
     """
     # pylint: disable=import-outside-toplevel
+    from axlearn.cloud.gcp.system_characteristics import mesh_selector_for
     from axlearn.common import aot_compilation
     from axlearn.common import compiler_options as options_lib
-    from axlearn.common.config.override import apply_overrides
-    from axlearn.common.experiment_registry import get_named_trainer_config
+    from axlearn.common.launch_trainer import build_trainer_config
 
     sc = aot_compilation.topology_system_characteristics(topology)
     aot_compilation.require_libtpu()
@@ -73,22 +75,29 @@ def run_aot(
         raise ValueError(
             f"--compiler_options must be 'none' or 'default', got {compiler_options!r}"
         )
-    trainer_config = get_named_trainer_config(config, config_module=module)()
-    if config_overrides:
-        trainer_config = apply_overrides(trainer_config, config_overrides)
+    config_name = f"{module}:{config}"
+    # The config the pods of a launch on this topology build: same overrides, same mesh rule.
+    trainer_config, resolution = build_trainer_config(
+        module=module,
+        config=config,
+        config_overrides=config_overrides,
+        mesh_selector=mesh_selector_for(sc.instance_type, topology_num_slices),
+    )
     report = aot_compilation.aot_report(
         trainer_config,
         topology=sc.device_type,
         topology_num_slices=topology_num_slices,
         compiler_options=options,
-        config_name=f"{module}:{config}",
+        config_name=config_name,
         dump_hlo_dir=dump_hlo,
+        mesh_resolution=resolution,
     )
     print(report.describe())
-    if report_json:
-        with open(report_json, "w", encoding="utf-8") as f:
-            f.write(report.to_json() + "\n")
-        print(f"Report written to {report_json}")
+    path = report_json or aot_compilation.default_report_path(
+        config_name, sc.device_type, topology_num_slices
+    )
+    aot_compilation.write_report(report, path)
+    print(f"Report written to {path}")
     return 0 if report.fits else 1
 
 
@@ -117,8 +126,12 @@ def main(argv=None) -> int:
     )
     flags.DEFINE_string("dump_hlo", None, "Directory for the optimized HLO.", flag_values=fv)
     flags.DEFINE_string(
-        "report_json", "aot_report.json", "Where to write the JSON report.", flag_values=fv
+        "report",
+        None,
+        "Where to write the JSON report (default: ~/.cache/axlearn/aot_reports/...).",
+        flag_values=fv,
     )
+    flags.DEFINE_alias("report_json", "report", flag_values=fv)
     flags.DEFINE_multi_string(
         "config_override", [], "PATH=VALUE change to the config (repeatable).", flag_values=fv
     )
@@ -134,7 +147,7 @@ def main(argv=None) -> int:
         topology_num_slices=fv.topology_num_slices,
         compiler_options=fv.compiler_options,
         dump_hlo=fv.dump_hlo,
-        report_json=fv.report_json,
+        report_json=fv.report,
         config_overrides=fv.config_override,
     )
 

@@ -79,10 +79,11 @@ def test_bytes_needed_from_oom_messages():
 @pytest.mark.slow
 def test_two_slice_hybrid_mesh_data_axis_spans_slices():
     """v5p-8 x 2: data over the 2 slices (DCN), fsdp over each slice's 4 chips (ICI)."""
-    cfg = _tiny_config(**{"tpu-v5p-8": HybridMeshShape((1, 1, 1, 4, 1, 1), (1, 2, 1, 1, 1, 1))})
+    # The launch's selector for 2 slices of tpu-v5p-8 is "tpu-v5p-8-2" (AXLearn's convention).
+    cfg = _tiny_config(**{"tpu-v5p-8-2": HybridMeshShape((1, 1, 1, 4, 1, 1), (1, 2, 1, 1, 1, 1))})
     result = aot.compile_trainer(cfg, topology="v5p-8", topology_num_slices=2)
     assert result.error is None and result.compiled is not None
-    assert result.mesh_rule == "tpu-v5p-8"
+    assert result.mesh_rule == "tpu-v5p-8-2" and result.mesh_selector == "tpu-v5p-8-2"
     mesh = result.trainer.mesh()
     assert dict(mesh.shape) == dict(pipeline=1, data=2, expert=1, fsdp=4, seq=1, model=1)
     grid = mesh.devices.reshape(2, 4)  # [data, fsdp]

@@ -8,7 +8,7 @@ from axlearn.common import flops
 
 
 def _p1_params(*, repeat: bool, tied: bool = True) -> dict:
-    """Parameter shapes of DESIGN.md's P1: 2 layers, d=256, 4x64 heads, SwiGLU 1024, V=32768."""
+    """P1's parameter shapes (docs/performance.md): 2 layers, d=256, 4x64 heads, V=32768."""
     d, h, dh, f, v, layers = 256, 4, 64, 1024, 32768, 2
 
     def layer(prefix=()):
@@ -159,7 +159,7 @@ def test_lm_flops_from_model_config_p1():
         64,
     )
     assert got.total_flops == 32_212_254_720 + 202_899_456
-    # DESIGN.md: "about 32 GFLOP per step".
+    # docs/performance.md: "about 32 GFLOP per step".
     assert got.total_flops == pytest.approx(32e9, rel=0.02)
     cfg.decoder.transformer.layer.self_attention.attention.num_heads = 3
     with pytest.raises(ValueError, match="not divisible"):

@@ -160,9 +160,19 @@ def test_launch_flag_errors_name_the_flag(tmp_path):
 
     with pytest.raises(ValueError, match=r"--trace_at_steps=x,y: expects a comma-separated"):
         apply_launch_settings(cfg(), flag_values=_launch_flags(trace_at_steps=["x", "y"]))
-    with pytest.raises(ValueError, match=r"--mesh_selector='tpu-v4-8' matches none.*tpu-v5"):
+    with pytest.raises(
+        ValueError, match=r"--mesh_selector=tpu-v4-8 matches none.*tpu-v5.*closest selectors"
+    ):
         apply_launch_settings(cfg(), flag_values=_launch_flags(mesh_selector="tpu-v4-8"))
-    # Matching, and no rules at all (a warning): fine.
+    # An explicit mesh_shape override: no rule is applied, no error.
+    explicit = apply_launch_settings(
+        cfg().set(mesh_shape=(1, 1, 1, -1)),
+        flag_values=_launch_flags(
+            mesh_selector="tpu-v4-8", config_override=["mesh_shape=(1,1,1,-1)"]
+        ),
+    )
+    assert explicit.mesh_shape == (1, 1, 1, 8)
+    # Matching, and no rules at all: fine.
     apply_launch_settings(cfg(), flag_values=_launch_flags(mesh_selector="gpu-a3"))
     apply_launch_settings(
         cfg().set(mesh_rules=None), flag_values=_launch_flags(mesh_selector="tpu-v4-8")

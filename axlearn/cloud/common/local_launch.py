@@ -6,6 +6,11 @@ PROCESS_ID from its completion index), so `launch_trainer_main` joins the run ex
 on GKE. Every output line is prefixed with the process index (`[1] ...`). When a process exits
 with an error, the others are stopped and the launcher exits with that process's exit code,
 naming the process on stderr.
+
+The processes die with the launcher: SIGTERM or SIGINT of the launcher stops them as a failure
+does (SIGTERM, then SIGKILL after a grace period), and on Linux each child asks the kernel for a
+parent-death signal (`prctl(PR_SET_PDEATHSIG, SIGKILL)`, `die_with_launcher`), so even a
+SIGKILLed launcher leaves no process behind holding the trainer dir's `run.lock`.
 """
 
 from __future__ import annotations
@@ -49,6 +54,45 @@ def process_environments(
     contract = distributed_env(coordinator=f"127.0.0.1:{port}", num_processes=num_processes)
     base = dict(os.environ if base_env is None else base_env)
     return [{**base, **resolve_env(contract, completion_index=i)} for i in range(num_processes)]
+
+
+# Runs a command so that it gets SIGKILL when the launcher dies (Linux prctl(2)
+# PR_SET_PDEATHSIG = 1, kept across exec): argv = [launcher pid, command...]. If the launcher
+# died before the call, it exits at once instead of running the command.
+_DIE_WITH_LAUNCHER = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(137)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def die_with_launcher(command: Sequence[str]) -> list[str]:
+    """Returns `command` wrapped so that its process is killed when this process dies.
+
+    On Linux the command runs under a short Python shim that asks the kernel for SIGKILL on
+    this (the launcher's) death and then execs the command (same pid, same environment);
+    elsewhere the command is returned as is.
+
+    Args:
+        command: The command and its arguments.
+
+    Returns:
+        The command to start.
+    """
+    if not sys.platform.startswith("linux"):
+        return list(command)
+    return [sys.executable, "-c", _DIE_WITH_LAUNCHER, str(os.getpid()), *command]
+
+
+class _Stopped(Exception):
+    """The launcher received SIGTERM or SIGINT."""
+
+
+def _raise_stopped(signum, frame) -> None:
+    del frame
+    raise _Stopped(signal.Signals(signum).name)
 
 
 def _pump(index: int, stream, out: TextIO, lock: threading.Lock) -> None:
@@ -124,10 +168,14 @@ def launch_local(
     envs = process_environments(num_processes, port=port, base_env=base_env)
     lock = threading.Lock()
     procs, pumps = [], []
+    previous_handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous_handlers[signum] = signal.signal(signum, _raise_stopped)
     try:
         for i, env in enumerate(envs):
             p = subprocess.Popen(
-                list(command),
+                die_with_launcher(command),
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -148,9 +196,17 @@ def launch_local(
                 time.sleep(poll_s)
         if failed is None:
             failed = next((i for i, p in enumerate(procs) if p.returncode != 0), None)
+    except _Stopped as e:
+        _stop(procs, grace_s)
+        err.write(f"axlearn local launch: {e}: stopped the {len(procs)} process(es).\n")
+        err.flush()
+        return 128 + (signal.SIGTERM if str(e) == "SIGTERM" else signal.SIGINT)
     except BaseException:
         _stop(procs, grace_s)
         raise
+    finally:
+        for signum, handler in previous_handlers.items():
+            signal.signal(signum, handler)
     if failed is not None:
         others = [p for p in procs if p.poll() is None]
         _stop(procs, grace_s)

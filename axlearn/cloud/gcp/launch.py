@@ -2,8 +2,14 @@
 
 `prepare_launch` does everything that contacts nothing: it reads the active config, checks the
 name, instance type and replica count, picks the runner, completes the command
-(`axlearn.cloud.common.command`), makes the bundler's build plan, and builds the JobSet.
-`--dry_run` prints the result (`describe_launch`); `start` runs the build plan and submits the
+(`axlearn.cloud.common.command`, adding `--mesh_selector` by AXLearn's convention: see
+`system_characteristics.mesh_selector_for`), makes the bundler's build plan, and builds the
+JobSet. `check_trainer_command` then builds the trainer config exactly as the pods'
+`launch_trainer_main` will (`axlearn.common.launch_trainer.build_trainer_config`: the same
+`--module`, `--config`, `--config_override`s and `--mesh_selector`), so a bad experiment, override
+or a selector that matches no mesh rule stops the launch before anything is built, and
+`launch_preflight` compiles that same config for the target. `--dry_run` prints the result
+(`describe_launch`, with the mesh rule that matched); `start` runs the build plan and submits the
 JobSet with `axlearn.cloud.gcp.k8s`.
 """
 
@@ -136,7 +142,7 @@ def prepare_launch(options: LaunchOptions, config: dict) -> PreparedLaunch:
         trainer_dir = default_trainer_dir(config, options.name)
     command = complete_trainer_command(
         options.command,
-        mesh_selector=mesh_selector_for(options.instance_type),
+        mesh_selector=mesh_selector_for(options.instance_type, options.num_replicas),
         jax_backend=sc.platform,
         trainer_dir=trainer_dir,
     )
@@ -169,12 +175,76 @@ def prepare_launch(options: LaunchOptions, config: dict) -> PreparedLaunch:
     return PreparedLaunch(options, sc, runner, command, trainer_dir, plan, jobset)
 
 
-def describe_launch(prepared: PreparedLaunch, *, preflight: Optional[str] = None) -> str:
+@dataclasses.dataclass
+class TrainerCheck:
+    """The trainer config the pods will build, built here from their command.
+
+    Attributes:
+        config_name: "module:config".
+        trainer_config: The `SpmdTrainer.Config` after overrides and the mesh rule.
+        mesh_resolution: Which rule chose the mesh (`axlearn.common.mesh_resolution`).
+    """
+
+    config_name: str
+    trainer_config: Any
+    mesh_resolution: Any
+
+
+def check_trainer_command(prepared: PreparedLaunch) -> Optional[TrainerCheck]:
+    """Builds the trainer config that the pods' `launch_trainer_main` command builds.
+
+    The module, config, `--config_override`s and `--mesh_selector` are read from the completed
+    command (the one in the JobSet), and the config is built by the same function the trainer
+    uses. Nothing is compiled (that is the pre-flight's job, which `--skip_preflight` skips).
+
+    Args:
+        prepared: The prepared launch.
+
+    Returns:
+        The `TrainerCheck`, or None when the command does not run launch_trainer_main.
+
+    Raises:
+        ValueError: The command names no experiment; an unknown module or config (naming the
+            close names); a bad override; a `--mesh_selector` that matches none of the
+            experiment's mesh rules (listing them and the closest names).
+    """
+    # pylint: disable=import-outside-toplevel
+    if not runs_trainer(prepared.command):
+        return None
+    modules = _flag_values(prepared.command, ("module", "config_module"))
+    configs = _flag_values(prepared.command, ("config",))
+    if not modules or not configs:
+        raise ValueError(
+            "The trainer command names no experiment: pass --module=... and --config=... "
+            "after `--` (e.g. --module=text.gpt.tiny --config=gpt-tiny)."
+        )
+    from axlearn.common.launch_trainer import build_trainer_config
+
+    selectors = _flag_values(prepared.command, ("mesh_selector",))
+    try:
+        trainer_config, resolution = build_trainer_config(
+            module=modules[-1],
+            config=configs[-1],
+            config_overrides=_flag_values(prepared.command, ("config_override",)),
+            mesh_selector=selectors[-1] if selectors else None,
+        )
+    except (ImportError, TypeError) as e:  # An unknown module, or not an experiment module.
+        raise ValueError(str(e)) from e
+    return TrainerCheck(f"{modules[-1]}:{configs[-1]}", trainer_config, resolution)
+
+
+def describe_launch(
+    prepared: PreparedLaunch,
+    *,
+    preflight: Optional[str] = None,
+    trainer_check: Optional[TrainerCheck] = None,
+) -> str:
     """Returns `--dry_run`'s output: a summary and build plan as comments, then the YAML.
 
     Args:
         prepared: The prepared launch.
         preflight: The pre-flight's comment lines (`describe_preflight`), shown after the plan.
+        trainer_check: The pods' trainer config (`check_trainer_command`): its mesh rule is shown.
 
     Returns:
         Text whose non-comment part is the JobSet manifest in YAML.
@@ -200,6 +270,9 @@ def describe_launch(prepared: PreparedLaunch, *, preflight: Optional[str] = None
         f"chip{', topology ' + sc.topology if sc.platform == 'tpu' else ''}); "
         f"{o.num_replicas * sc.chips_per_slice} chips in all.",
     ]
+    if trainer_check is not None:
+        lines.append(f"# Experiment {trainer_check.config_name}: built as the pods will build it.")
+        lines.append(f"# Mesh: {trainer_check.mesh_resolution.describe()}")
     if prepared.trainer_dir:
         lines.append(f"# Trainer dir: {prepared.trainer_dir}")
     if prepared.plan is None:
@@ -224,52 +297,46 @@ def _flag_values(command: Sequence[str], names: Sequence[str]) -> list[str]:
     return values
 
 
-def launch_preflight(prepared: PreparedLaunch) -> Optional[Any]:
-    """Compiles the job's trainer for the target before submitting (the launch pre-flight).
+def launch_preflight(
+    prepared: PreparedLaunch,
+    trainer_check: Optional[TrainerCheck],
+    *,
+    progress_out: Any = None,
+) -> Optional[Any]:
+    """Compiles the pods' trainer config for the target before submitting (the pre-flight).
 
-    Runs when the command runs `launch_trainer_main` on a TPU instance type: the experiment
-    (`--module`, `--config`, with its `--config_override`s) is compiled here for
-    `num_replicas` slices of the instance type, with the mesh rule the job's `--mesh_selector`
-    picks.
+    Runs when the command runs `launch_trainer_main` on a TPU instance type: the config of
+    `check_trainer_command` (the pods' flags, overrides and mesh rule) is compiled here for
+    `num_replicas` slices of the instance type.
 
     Args:
         prepared: The prepared launch.
+        trainer_check: From `check_trainer_command` (None: not a trainer command).
+        progress_out: Where progress lines go (default stderr).
 
     Returns:
         The `AotReport` (`.fits`, `.refusal_message()`, `.describe()`), or None when there is
         nothing to check (a GPU instance type, or not a trainer command).
 
     Raises:
-        ValueError: The command names no experiment, or an unknown one; libtpu is missing (the
-            message names the [tpu] extra and --skip_preflight).
+        ValueError: libtpu is missing (the message names the [tpu] extra and --skip_preflight).
     """
     # pylint: disable=import-outside-toplevel
-    if prepared.system.platform != "tpu" or not runs_trainer(prepared.command):
+    if prepared.system.platform != "tpu" or trainer_check is None:
         return None
-    modules = _flag_values(prepared.command, ("module", "config_module"))
-    configs = _flag_values(prepared.command, ("config",))
-    if not modules or not configs:
-        raise ValueError(
-            "Pre-flight: the trainer command names no experiment (--module and --config); "
-            "pass --skip_preflight to launch without compiling first."
-        )
     from axlearn.common import aot_compilation
-    from axlearn.common.config.override import apply_overrides
-    from axlearn.common.experiment_registry import get_named_trainer_config
 
     try:
         aot_compilation.require_libtpu()
-        trainer_config = get_named_trainer_config(configs[-1], config_module=modules[-1])()
     except ImportError as e:
         raise ValueError(f"Pre-flight: {e} Or pass --skip_preflight.") from e
-    overrides = _flag_values(prepared.command, ("config_override",))
-    if overrides:
-        trainer_config = apply_overrides(trainer_config, overrides)
     return aot_compilation.run_preflight(
-        trainer_config,
+        trainer_check.trainer_config,
         prepared.options.instance_type,
         prepared.options.num_replicas,
-        config_name=f"{modules[-1]}:{configs[-1]}",
+        config_name=trainer_check.config_name,
+        mesh_resolution=trainer_check.mesh_resolution,
+        progress_out=progress_out,
     )
 
 

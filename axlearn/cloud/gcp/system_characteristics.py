@@ -360,20 +360,32 @@ def instance_types() -> list[str]:
     return [sc.instance_type for sc in USER_FACING_NAME_TO_SYSTEM_CHARACTERISTICS.values()]
 
 
-def mesh_selector_for(instance_type: str) -> str:
-    """Returns the `--mesh_selector` value a launch passes for an instance type.
+def mesh_selector_for(instance_type: str, num_replicas: int = 1) -> str:
+    """Returns the `--mesh_selector` value a launch passes, following AXLearn's convention.
 
-    The experiment's `mesh_rules` are regexes matched against this value, as in AXLearn
-    (e.g. a rule "tpu-v5litepod-256" or "tpu-v5p-.*"). It is the instance type itself.
+    The experiment's `mesh_rules` are regexes matched against it (AXLearn's fuji rules:
+    "tpu-v5p-.*", "tpu-v5litepod-256-4", "gpu-(p5.48xlarge|p4de.24xlarge|a3-highgpu-8g)-256"):
+
+    - TPU, one slice: the instance type ("tpu-v5p-128"); several slices: the instance type and
+      the slice count ("tpu-v5p-128-2").
+    - GPU: the instance type and the total GPU count ("gpu-a3-highgpu-8g-16" for 2 nodes of 8).
 
     Args:
         instance_type: A launch instance type.
+        num_replicas: TPU slices or GPU nodes.
 
     Returns:
         The mesh selector.
+
+    Raises:
+        ValueError: Unknown instance type, or num_replicas < 1.
     """
-    instance_type_to_system_characteristics(instance_type)  # Validates.
-    return instance_type
+    sc = instance_type_to_system_characteristics(instance_type)
+    if num_replicas < 1:
+        raise ValueError(f"--num_replicas must be >= 1, got {num_replicas}.")
+    if sc.platform == "gpu":
+        return f"{instance_type}-{sc.chips_per_vm * num_replicas}"
+    return instance_type if num_replicas == 1 else f"{instance_type}-{num_replicas}"
 
 
 def total_chips(sc: SystemCharacteristics, num_slices: int = 1) -> int:

@@ -15,6 +15,7 @@ from axlearn.common.checkpointer.faults import (
     FAULT_ACTION_ENV,
     FAULT_ENV,
     FAULT_POINTS,
+    TRANSFER_FAULT_POINTS,
     InjectedFault,
 )
 from axlearn.common.checkpointer.layout import (
@@ -85,6 +86,7 @@ __all__ = [
     "StateMismatchError",
     "StateStorage",
     "TensorStoreStateStorage",
+    "TRANSFER_FAULT_POINTS",
     "VerifyResult",
     "checkpoint_paths",
     "every_n_steps_and_last_policy",

@@ -232,16 +232,22 @@ class Checkpointer(Module):
             precondition=precondition,
             alias_arrays=alias_arrays,
         )
-        logging.info(
+        mode = stats.choice.short() if stats.choice is not None else stats.snapshot
+        wait = stats.describe_wait()
+        # A long wait means saves come more often than the disk writes them: say it loudly.
+        (logging.warning if stats.wait_for_previous_s >= 1.0 else logging.info)(
             "Checkpoint of step %d: caller blocked %.3fs (waiting for the previous save %.3fs, "
-            "%s snapshot %.3fs), %.3f GB from this process, host memory bound %.3f GB.",
+            "%s snapshot %.3fs, rest %.3fs), %.3f GB from this process, host memory bound "
+            "%.3f GB.%s",
             step,
             stats.blocking_s,
             stats.wait_for_previous_s,
-            stats.snapshot,
+            mode,
             stats.snapshot_s,
+            stats.other_s,
             stats.num_bytes / 1e9,
             stats.host_bytes / 1e9,
+            f" It {wait}." if wait else "",
         )
         return stats
 

@@ -6,7 +6,10 @@ Set in the environment of the process to fault:
   the save of that step) at which the fault fires. Points, in the order a save reaches them:
   `before_arrays` (directories prepared, no array written), `mid_arrays` (about half of this
   process's chunks written), `after_arrays` (all of this process's arrays written, index not yet
-  written), `after_index` (index written: the step is committed).
+  written), `after_index` (index written: the step is committed). Saves whose snapshot has device
+  copies (snapshot "device" or "partial") also reach, between `before_arrays` and `mid_arrays`,
+  `mid_transfer` (about half of the device copies' shards moved to the host) and
+  `after_transfer` (every device copy on the host and released, nothing written yet).
 - `AXLEARN_CHECKPOINT_FAULT_ACTION=kill|hang|raise` (default `kill`): `kill` sends SIGKILL to
   the process itself (a crash: no clean-up runs), `hang` blocks the saving thread forever (a
   stuck process), `raise` raises `InjectedFault` (for in-process tests).
@@ -24,6 +27,8 @@ from absl import logging
 FAULT_ENV = "AXLEARN_CHECKPOINT_FAULT"
 FAULT_ACTION_ENV = "AXLEARN_CHECKPOINT_FAULT_ACTION"
 FAULT_POINTS = ("before_arrays", "mid_arrays", "after_arrays", "after_index")
+# Points reached only by saves that move device copies to the host (see the module docstring).
+TRANSFER_FAULT_POINTS = ("mid_transfer", "after_transfer")
 FAULT_ACTIONS = ("kill", "hang", "raise")
 
 
@@ -33,8 +38,10 @@ class InjectedFault(RuntimeError):
 
 def _parse(spec: str) -> tuple[str, Optional[int]]:
     point, _, step = spec.partition("@")
-    if point not in FAULT_POINTS:
-        raise ValueError(f"{FAULT_ENV}={spec!r}: the point must be one of {FAULT_POINTS}")
+    if point not in FAULT_POINTS + TRANSFER_FAULT_POINTS:
+        raise ValueError(
+            f"{FAULT_ENV}={spec!r}: the point must be one of {FAULT_POINTS + TRANSFER_FAULT_POINTS}"
+        )
     if step and not step.isdigit():
         raise ValueError(f"{FAULT_ENV}={spec!r}: the step after '@' must be an integer")
     return point, (int(step) if step else None)
@@ -60,13 +67,13 @@ def maybe_inject_fault(point: str, *, step: int) -> None:
     """Fires the configured fault if it names `point` (and `step`, when it names one).
 
     Args:
-        point: One of `FAULT_POINTS`.
+        point: One of `FAULT_POINTS` or `TRANSFER_FAULT_POINTS`.
         step: The step being saved.
 
     Raises:
         InjectedFault: When the configured action is `raise`.
     """
-    assert point in FAULT_POINTS, point
+    assert point in FAULT_POINTS + TRANSFER_FAULT_POINTS, point
     fault = configured_fault()
     if fault is None:
         return

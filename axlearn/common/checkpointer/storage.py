@@ -11,16 +11,18 @@ import zlib
 from typing import Any, Callable, Optional
 
 import jax
+from absl import logging
 
 from axlearn.common.checkpointer import (
     layout,
+    snapshot_choice,
     tensorstore_restore,
     tensorstore_save,
     thread_priority,
 )
 from axlearn.common.checkpointer.tensorstore_restore import CheckpointValidationType
 from axlearn.common.checkpointer.tensorstore_save import SaveResult
-from axlearn.common.config import Configurable, config_class
+from axlearn.common.config import Configurable, InstantiableConfig, config_class
 
 # Host staging budget when `max_concurrent_gb` is None.
 _DEFAULT_CONCURRENT_GB = 1.0
@@ -38,11 +40,17 @@ class SaveStats:
             (at most one save is in flight).
         snapshot_s: Part of `blocking_s` spent taking the snapshot (device-to-host copy, or
             dispatching the on-device copy).
-        snapshot: Where the snapshot lives while it is written: "device", "host", or
-            "reference" (no copy: the caller's arrays, see `alias_arrays`).
+        snapshot: Where the snapshot lives until its bytes are on the host: "device",
+            "partial", "host", or "reference" (no copy: the caller's arrays, see `alias_arrays`).
         num_bytes: Bytes of array data this process writes.
         host_bytes: Upper bound of host memory this save holds on this process.
         async_save: Whether the write continues in the background.
+        choice: The snapshot choice in effect (None for "reference" saves), with its numbers.
+        previous: The previous save's result (its write time and throughput), if it finished
+            since the last `save`/`wait_until_finished` collected it.
+        waited: Whether this save had to wait for the previous save's write to end (then
+            `wait_for_previous_s` is that wait, and `previous.write_gb_per_s` says how fast the
+            disk took it: saves come more often than the disk writes them).
     """
 
     step: int
@@ -53,6 +61,25 @@ class SaveStats:
     num_bytes: int
     host_bytes: int
     async_save: bool
+    choice: Optional[snapshot_choice.SnapshotChoice] = None
+    previous: Optional[SaveResult] = None
+    waited: bool = False
+
+    @property
+    def other_s(self) -> float:
+        """The rest of `blocking_s`: neither waiting for the previous save nor the snapshot."""
+        return max(0.0, self.blocking_s - self.wait_for_previous_s - self.snapshot_s)
+
+    def describe_wait(self) -> str:
+        """'' if the save did not wait; else what it waited for and the write's throughput."""
+        if not self.waited or self.previous is None:
+            return ""
+        prev = self.previous
+        return (
+            f"waited {self.wait_for_previous_s:.3f}s for the previous save's write (step "
+            f"{prev.step}: {prev.num_bytes / 1e9:.3f} GB in {prev.write_s:.2f}s, "
+            f"{prev.write_gb_per_s:.2f} GB/s): saves come more often than the disk writes them"
+        )
 
 
 class StateStorage(Configurable):
@@ -86,6 +113,25 @@ class StateStorage(Configurable):
             The cost to the caller.
         """
         raise NotImplementedError(type(self))
+
+    def choose_snapshot(
+        self, state: Any, *, step_peak_bytes: Optional[int] = None
+    ) -> Optional[snapshot_choice.SnapshotChoice]:
+        """Chooses where the snapshots of `state` live, for this and later saves.
+
+        Args:
+            state: The state tree to be saved (arrays or ShapeDtypeStructs with shardings).
+            step_peak_bytes: The train step's peak memory per device (compiled memory analysis).
+
+        Returns:
+            The choice, or None if this storage does not choose.
+        """
+        del state, step_peak_bytes
+        return None
+
+    def device_snapshot_bytes(self) -> int:
+        """Bytes the save in flight holds on the fullest device (0 once on the host)."""
+        return 0
 
     def wait_until_finished(self) -> Optional[SaveResult]:
         """Waits for the save in flight, if any; re-raises its error.
@@ -137,13 +183,17 @@ class TensorStoreStateStorage(StateStorage):
 
         # Time-out in seconds of each cross-process barrier and each chunk write or read.
         timeout_secs: float = 3600
-        # Max GB of host buffers in flight while writing a device snapshot or reading chunks.
-        # None: 1 GB.
+        # Max GB of host buffers a save holds while moving a device snapshot to the host and
+        # writing it (in pieces if the state is larger), and of chunks in flight while reading.
+        # None: half the host's available memory when saving, 1 GB when reading.
         max_concurrent_gb: Optional[float] = None
-        # Where the consistent copy lives while written: "device" (save blocks only to dispatch
-        # a device copy) or "host" (save blocks for the device-to-host copy, no extra device
-        # memory). None: "device" on CPU, "host" on accelerators.
+        # Where the consistent copy lives until its bytes are on the host: "device", "partial"
+        # or "host". None: chosen from the step's memory and each device's limit
+        # (checkpointer/snapshot_choice.py).
         snapshot: Optional[str] = None
+        # A config instantiating to a function (device) -> memory limit in bytes or None, used
+        # to choose the snapshot. None: memory_stats()["bytes_limit"] (CPU: available RAM).
+        memory_limit: Optional[InstantiableConfig] = None
         # Niceness (0..19) of the background write's threads (the writer and its chunk
         # writers), so a save takes idle CPU before training's. None: 19 on CPU backends, where
         # training uses every core, else 0 (unchanged).
@@ -156,10 +206,10 @@ class TensorStoreStateStorage(StateStorage):
     def __init__(self, cfg: Config):
         super().__init__(cfg)
         cfg = self._config
-        if cfg.snapshot is not None and cfg.snapshot not in tensorstore_save.SNAPSHOT_MODES:
+        if cfg.snapshot is not None and cfg.snapshot not in snapshot_choice.SNAPSHOT_MODES:
             raise ValueError(
-                f"TensorStoreStateStorage.snapshot must be one of "
-                f"{tensorstore_save.SNAPSHOT_MODES} or None, got {cfg.snapshot!r}"
+                f"checkpointer.storage.snapshot={cfg.snapshot!r} is not a snapshot mode: use one "
+                f"of {snapshot_choice.SNAPSHOT_MODES}, or None to choose from memory numbers"
             )
         if cfg.writer_niceness is not None and not 0 <= cfg.writer_niceness <= 19:
             raise ValueError(
@@ -189,15 +239,84 @@ class TensorStoreStateStorage(StateStorage):
         self._previous_prefix: Optional[str] = None
         self._last_result: Optional[SaveResult] = None
         self.last_restore_stats: Optional[tensorstore_restore.RestoreStats] = None
+        self._memory_limit: snapshot_choice.MemoryLimitFn = (
+            cfg.memory_limit.instantiate()
+            if cfg.memory_limit is not None
+            else snapshot_choice.device_memory_limit
+        )
+        self._choice: Optional[snapshot_choice.SnapshotChoice] = None
+        # (leaf paths, per-device bytes) the choice was made for.
+        self._choice_key: Optional[tuple] = None
+        self._plan: Optional[tensorstore_save.SavePlan] = None
 
     @property
     def _budget_bytes(self) -> int:
+        """The host budget of a save (see `max_concurrent_gb`)."""
+        return snapshot_choice.host_budget_bytes(self._config.max_concurrent_gb)
+
+    @property
+    def _read_budget_bytes(self) -> int:
         gb = self._config.max_concurrent_gb
         return int((_DEFAULT_CONCURRENT_GB if gb is None else gb) * 1e9)
 
-    def snapshot_mode(self) -> str:
-        """The snapshot mode in effect ("device" or "host")."""
-        return self._config.snapshot or tensorstore_save.default_snapshot_mode()
+    def snapshot_mode(self) -> Optional[str]:
+        """The snapshot mode in effect: the last choice's, else the configured one (or None)."""
+        return self._choice.mode if self._choice is not None else self._config.snapshot
+
+    @property
+    def snapshot_choice(self) -> Optional[snapshot_choice.SnapshotChoice]:
+        """The last snapshot choice (see `choose_snapshot`), if any."""
+        return self._choice
+
+    def choose_snapshot(
+        self, state: Any, *, step_peak_bytes: Optional[int] = None
+    ) -> snapshot_choice.SnapshotChoice:
+        """See `StateStorage.choose_snapshot`; logs the choice when it differs from the last."""
+        leaf_bytes = snapshot_choice.leaf_bytes_per_device(state)
+        devices = {d for per in leaf_bytes.values() for d in per}
+        choice = snapshot_choice.choose_snapshot(
+            leaf_bytes=leaf_bytes,
+            step_peak_bytes=step_peak_bytes,
+            limit_bytes={d: self._memory_limit(d) for d in devices},
+            configured=self._config.snapshot,
+        )
+        self._check_budget(leaf_bytes, choice)
+        if choice != self._choice:
+            if choice.source == "no memory limit":
+                logging.warning("%s", choice.describe())
+            else:
+                logging.info("%s", choice.describe())
+        self._choice = choice
+        self._choice_key = _state_key(state)
+        return choice
+
+    def device_snapshot_bytes(self) -> int:
+        plan, future = self._plan, self._future
+        if plan is None or future is None or future.done():
+            return 0
+        return plan.device_bytes_held
+
+    def _check_budget(self, leaf_bytes: dict, choice: snapshot_choice.SnapshotChoice) -> None:
+        """Raises ValueError if one device-snapshot shard exceeds the host budget."""
+        budget = self._budget_bytes
+        largest, where = 0, None
+        for path in choice.device_paths:
+            shard = max(leaf_bytes[path].values(), default=0)
+            if shard > largest:
+                largest, where = shard, path
+        if largest > budget:
+            gb = self._config.max_concurrent_gb
+            source = (
+                f"checkpointer.storage.max_concurrent_gb={gb}"
+                if gb is not None
+                else "half the host's available memory (max_concurrent_gb=None)"
+            )
+            raise ValueError(
+                f"The host-memory budget of a save, {budget / 1e9:.4g} GB from {source}, is "
+                f"below one chunk: leaf {where!r} has a {largest / 1e9:.4g} GB shard; set "
+                f"checkpointer.storage.max_concurrent_gb >= {largest / 1e9:.4g} (or shard the "
+                "leaf more finely)"
+            )
 
     def _writer_niceness(self) -> int:
         niceness = self._config.writer_niceness
@@ -238,8 +357,14 @@ class TensorStoreStateStorage(StateStorage):
     ) -> SaveStats:
         cfg = self._config
         start = time.perf_counter()
-        self._wait()
+        in_flight = self._future is not None and not self._future.done()
+        previous = self._wait()
         waited = time.perf_counter()
+        choice = None
+        if not alias_arrays:
+            choice = self._choice
+            if choice is None or self._choice_key != _state_key(state):
+                choice = self.choose_snapshot(state)
         self._save_count += 1
         dir_key = f"{zlib.crc32(os.path.abspath(ckpt_dir).encode()):08x}"
         prefix = f"axlearn_ckpt/{dir_key}/{self._save_count}"
@@ -248,10 +373,12 @@ class TensorStoreStateStorage(StateStorage):
             state=state,
             ckpt_dir=ckpt_dir,
             barrier_prefix=prefix,
-            snapshot_mode=self.snapshot_mode(),
+            snapshot_mode=choice.mode if choice is not None else snapshot_choice.SNAPSHOT_HOST,
             previous_barrier_prefix=self._previous_prefix,
             alias_arrays=alias_arrays,
+            device_paths=choice.device_paths if choice is not None else None,
         )
+        self._plan = plan
         self._previous_prefix = prefix
         snapshotted = time.perf_counter()
         write = dict(
@@ -274,7 +401,7 @@ class TensorStoreStateStorage(StateStorage):
                 with self._lock:
                     self._writing_dir = None
         host_bytes = plan.snapshot_host_bytes
-        if plan.snapshot_mode in ("device", "reference"):
+        if plan.snapshot_mode != "host":
             host_bytes += min(self._budget_bytes, plan.num_bytes)
         done = time.perf_counter()
         return SaveStats(
@@ -286,6 +413,9 @@ class TensorStoreStateStorage(StateStorage):
             num_bytes=plan.num_bytes,
             host_bytes=host_bytes,
             async_save=async_save,
+            choice=choice,
+            previous=previous,
+            waited=in_flight,
         )
 
     def restore_from_dir(
@@ -314,7 +444,7 @@ class TensorStoreStateStorage(StateStorage):
             ckpt_dir=ckpt_dir,
             index=index,
             state=state,
-            budget_bytes=self._budget_bytes,
+            budget_bytes=self._read_budget_bytes,
             timeout_s=float(self._config.timeout_secs),
             validation=validation,
         )
@@ -334,6 +464,15 @@ class TensorStoreStateStorage(StateStorage):
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+
+
+def _state_key(state: Any) -> tuple:
+    """What a snapshot choice depends on: the (shape, dtype, sharding) of each array leaf."""
+    return tuple(
+        (tuple(leaf.shape), str(leaf.dtype), leaf.sharding)
+        for leaf in jax.tree.leaves(state)
+        if getattr(leaf, "sharding", None) is not None and hasattr(leaf, "shape")
+    )
 
 
 def _write_if(

@@ -3,20 +3,25 @@
 A save has two halves:
 1. `snapshot_state` runs in the caller's thread. It takes a consistent copy of the state that no
    later computation can change, so the caller may donate the state's buffers to the next step
-   as soon as it returns. The copy is either on the device (`snapshot="device"`: dispatch of an
-   asynchronous device-side copy, the caller blocks only for the dispatch; host memory is then
-   bounded by the write budget) or on the host (`snapshot="host"`: the caller blocks for the
-   device-to-host copy; no extra device memory). A caller that will never donate or modify the
-   state's arrays (e.g. the trainer on CPU, which runs the step after a save without donation)
-   may ask for no copy at all (`alias_arrays=True`, reported as snapshot "reference"): the plan
-   then holds the arrays themselves and the writer copies them to the host as it writes.
-2. `write_snapshot` runs in the background (or the caller's thread for synchronous saves). Each
-   process writes only the shards it owns (replica 0 of each shard), one zarr chunk per shard,
-   with a CRC-32 per chunk: process 0 writes each array's zarr metadata (`.zarray`, the JSON
-   TensorStore writes for the same spec), and the chunk bytes are written straight from the host
-   buffer (`chunk_file`: O_DIRECT where the filesystem allows it). One filesystem sync makes all
-   of it durable; process 0 writes the `index` last, after a barrier confirms every process has
-   written its shards.
+   as soon as it returns. The copy is on the device (`snapshot="device"`: dispatch of an
+   asynchronous device-side copy, the caller blocks only for the dispatch), on the host
+   (`snapshot="host"`: the caller blocks for the device-to-host copy; no extra device memory),
+   or split (`"partial"`: the leaves named by `device_paths` on the device, the others copied to
+   the host before `snapshot_state` returns); `snapshot_choice` picks the mode from memory
+   numbers. A caller that will never donate or modify the state's arrays (e.g. the trainer on
+   CPU, which runs the step after a save without donation) may ask for no copy at all
+   (`alias_arrays=True`, reported as snapshot "reference"): the plan then holds the arrays
+   themselves and the writer copies them to the host as it writes.
+2. `write_snapshot` runs in the background (or the caller's thread for synchronous saves). It
+   first moves every device-snapshot leaf to host memory, as fast as the link allows, and
+   releases each device copy as soon as its bytes are on the host: device memory is held for
+   the transfer, not for the write. Host memory is bounded by a budget (`budget_bytes`); a state
+   larger than it is moved and written in pieces. Then each process writes only the shards it
+   owns (replica 0 of each shard), one zarr chunk per shard, with a CRC-32 per chunk: process 0
+   writes each array's zarr metadata (`.zarray`, the JSON TensorStore writes for the same spec),
+   and the chunk bytes are written straight from the host buffer (`chunk_file`: O_DIRECT where
+   the filesystem allows it). One filesystem sync makes all of it durable; process 0 writes the
+   `index` last, after a barrier confirms every process has written its shards.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 import jax
 import numpy as np
@@ -40,11 +45,13 @@ from axlearn.common.checkpointer import (
     faults,
     layout,
     multihost,
+    snapshot_choice,
     state_tree,
     thread_priority,
 )
 
-SNAPSHOT_MODES = ("device", "host")
+# Where the snapshot lives (see snapshot_choice): "partial" puts `device_paths` on the device.
+SNAPSHOT_MODES = snapshot_choice.SNAPSHOT_MODES
 
 
 @dataclasses.dataclass
@@ -102,6 +109,9 @@ class SavePlan:
     num_bytes: int
     # Bytes of host memory held by the snapshot itself.
     snapshot_host_bytes: int
+    # Bytes of the snapshot's device copies on the fullest device; the writer sets it to 0 once
+    # they are all on the host and released.
+    device_bytes_held: int = 0
 
 
 @dataclasses.dataclass
@@ -115,6 +125,9 @@ class SaveResult:
         num_bytes: Bytes of array data this process wrote.
         peak_host_bytes: Peak host memory held by the save on this process (snapshot and
             staging buffers).
+        transfer_s: Seconds from the start of the background write until every device copy
+            of the snapshot was on the host and released (0 without device copies).
+        device_bytes: Bytes this process moved from device copies to the host.
     """
 
     step: int
@@ -122,6 +135,13 @@ class SaveResult:
     write_s: float
     num_bytes: int
     peak_host_bytes: int
+    transfer_s: float = 0.0
+    device_bytes: int = 0
+
+    @property
+    def write_gb_per_s(self) -> float:
+        """This process's bytes over the whole background write's time, in GB/s."""
+        return self.num_bytes / 1e9 / self.write_s if self.write_s > 0 else math.inf
 
 
 _chunk_shape_cache: dict = {}
@@ -251,6 +271,7 @@ def snapshot_state(
     snapshot_mode: str,
     previous_barrier_prefix: Optional[str] = None,
     alias_arrays: bool = False,
+    device_paths: Optional[Collection[str]] = None,
 ) -> SavePlan:
     """Builds the save plan of `state` and takes its consistent copy (see module docstring).
 
@@ -259,10 +280,12 @@ def snapshot_state(
         state: A pytree of jax.Arrays, numpy arrays, Python scalars/strings and bytes.
         ckpt_dir: The step directory.
         barrier_prefix: Unique per save, identical on all processes.
-        snapshot_mode: "device" or "host".
+        snapshot_mode: "device", "partial" or "host".
         previous_barrier_prefix: The previous save's barrier prefix (its keys are deleted).
         alias_arrays: If True, the plan references the state's jax.Arrays instead of copying
             them (snapshot "reference"); the caller must not donate or modify them afterwards.
+        device_paths: With "partial", the paths of the leaves copied on the device (the others
+            are copied to the host before this returns).
 
     Returns:
         The plan.
@@ -280,6 +303,7 @@ def snapshot_state(
     device_leaves: list[_ArrayLeaf] = []
     host_bytes = 0
     num_bytes = 0
+    on_device = frozenset(device_paths or ())
     for path, leaf in pairs:
         if isinstance(leaf, jax.Array):
             if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
@@ -294,7 +318,11 @@ def snapshot_state(
                 dtype=np.dtype(leaf.dtype),
                 chunk_shape=_chunk_shape(leaf.sharding, shape, path),
             )
-            if snapshot_mode == "device" or alias_arrays:
+            if (
+                alias_arrays
+                or snapshot_mode == "device"
+                or (snapshot_mode == "partial" and path in on_device)
+            ):
                 device_arrays.append(leaf)
                 device_leaves.append(item)
                 if leaf.is_fully_addressable:
@@ -343,9 +371,16 @@ def snapshot_state(
         copies = jax.device_put(device_arrays, [a.sharding for a in device_arrays], may_alias=False)
     else:
         copies = []
+    device_bytes_held = 0
     if copies:
+        held: dict[Any, int] = collections.defaultdict(int)
         for item, copy in zip(device_leaves, copies):
             item.snapshot = copy
+            if not alias_arrays:
+                for shard in copy.addressable_shards:
+                    region = state_tree.normalize_index(shard.index, item.shape)
+                    held[shard.device] += _region_bytes(region, item.dtype)
+        device_bytes_held = max(held.values(), default=0)
     for item in arrays:
         if item.shards is not None and item.snapshot is None:
             for shard in item.shards:
@@ -368,6 +403,7 @@ def snapshot_state(
         snapshot_mode="reference" if alias_arrays else snapshot_mode,
         num_bytes=num_bytes,
         snapshot_host_bytes=host_bytes,
+        device_bytes_held=device_bytes_held,
     )
 
 
@@ -404,6 +440,13 @@ class _Writer:
         self.timeout_s = timeout_s
         self.peak_host_bytes = plan.snapshot_host_bytes
         self.checksums: dict[str, dict[str, str]] = {a.path: {} for a in plan.arrays}
+        # Device-snapshot shards of each leaf not yet on the host (by id of the leaf).
+        self._device_shards: dict[int, int] = {}
+        self._total_device_shards = 0
+        self._moved_shards = 0
+        self._mid_transfer_fired = False
+        self.transfer_s = 0.0
+        self.device_bytes = 0
 
     def prepare(self) -> None:
         """Process 0: replaces any earlier directory of this step, writes the zarr metadata.
@@ -427,8 +470,51 @@ class _Writer:
             with open(os.path.join(leaf_dir, ".zarray"), "wb") as f:
                 f.write(metadata)
 
+    def _pieces(self) -> list[list[tuple[_ArrayLeaf, _Shard]]]:
+        """This process's shards in tree order, cut into pieces whose device-snapshot shards
+        fit in `budget_bytes` of host memory (host-snapshot shards cost nothing more)."""
+        pieces: list[list[tuple[_ArrayLeaf, _Shard]]] = [[]]
+        piece_bytes = 0
+        for item in self.plan.arrays:
+            if item.shards is None:
+                item.shards = _owned_shards(item.snapshot, item.chunk_shape)
+                self._device_shards[id(item)] = len(item.shards)
+                self._total_device_shards += len(item.shards)
+            for shard in item.shards:
+                cost = shard.nbytes if isinstance(shard.data, jax.Array) else 0
+                if pieces[-1] and piece_bytes + cost > self.budget_bytes:
+                    pieces.append([])
+                    piece_bytes = 0
+                pieces[-1].append((item, shard))
+                piece_bytes += cost
+        return pieces
+
+    def _transfer(self, piece: list[tuple[_ArrayLeaf, _Shard]]) -> int:
+        """Moves a piece's device-snapshot shards to host memory; releases each leaf's device
+        copy as soon as all of its shards are on the host. Returns the bytes moved."""
+        moving = [(item, shard) for item, shard in piece if isinstance(shard.data, jax.Array)]
+        for _, shard in moving:
+            shard.data.copy_to_host_async()  # All transfers in flight at once.
+        moved = 0
+        for item, shard in moving:
+            shard.data = _to_host(shard.data, copy=True)
+            moved += shard.nbytes
+            self._moved_shards += 1
+            if not self._mid_transfer_fired and 2 * self._moved_shards >= self._total_device_shards:
+                self._mid_transfer_fired = True
+                faults.maybe_inject_fault("mid_transfer", step=self.plan.step)
+            self._device_shards[id(item)] -= 1
+            if self._device_shards[id(item)] == 0 and item.snapshot is not None:
+                item.snapshot.delete()  # Our own copy: free its device memory now.
+                item.snapshot = None
+        return moved
+
     def write_arrays(self) -> None:
-        """Writes this process's shards, keeping at most `budget_bytes` of them in flight."""
+        """Writes this process's shards, keeping at most `budget_bytes` of them in host memory.
+
+        A device snapshot is first moved to the host (in pieces of at most `budget_bytes`) and
+        released; a reference snapshot (the caller's arrays) is read as it is written.
+        """
         plan = self.plan
         fault = faults.configured_fault()
         mid_fault = fault is not None and fault[0] == "mid_arrays"
@@ -457,26 +543,45 @@ class _Writer:
             self.checksums[path][key] = crc
             inflight_bytes -= nbytes
 
-        for item in plan.arrays:
-            shards = item.shards
-            if shards is None:
-                shards = _owned_shards(item.snapshot, item.chunk_shape)
-            if not shards:
-                item.snapshot = None
-                continue
-            leaf_dir = os.path.join(plan.ckpt_dir, item.zarr_path)
-            for shard in shards:
+        if plan.snapshot_mode == "reference":
+            pieces = [
+                [
+                    (item, shard)
+                    for item in plan.arrays
+                    for shard in (
+                        item.shards
+                        if item.shards is not None
+                        else _owned_shards(item.snapshot, item.chunk_shape)
+                    )
+                ]
+            ]
+            for item in plan.arrays:
+                item.snapshot = None  # The shards above hold what is still needed.
+        else:
+            pieces = self._pieces()
+        start = time.perf_counter()
+        remaining_pieces = sum(1 for piece in pieces if self._has_device_data(piece))
+        for piece in pieces:
+            if plan.snapshot_mode != "reference" and self._has_device_data(piece):
+                moved = self._transfer(piece)
+                self.device_bytes += moved
+                self.peak_host_bytes = max(self.peak_host_bytes, plan.snapshot_host_bytes + moved)
+                remaining_pieces -= 1
+                if remaining_pieces == 0:
+                    plan.device_bytes_held = 0
+                    self.transfer_s = time.perf_counter() - start
+                    faults.maybe_inject_fault("after_transfer", step=plan.step)
+            for item, shard in piece:
                 data = shard.data
                 if isinstance(data, jax.Array):
-                    # A device snapshot nobody else holds, or a reference the caller promised
-                    # not to change: reading it without a host copy is safe.
+                    # A reference the caller promised not to change: read it without a copy.
                     data = _to_host(data, copy=False)
                     staged = shard.nbytes
                 else:
                     staged = 0
                 future = state_tree.submit_write(
                     write_chunk_file,
-                    os.path.join(leaf_dir, shard.key),
+                    os.path.join(plan.ckpt_dir, item.zarr_path, shard.key),
                     data,
                     item.chunk_shape,
                     self.niceness,
@@ -495,13 +600,17 @@ class _Writer:
                         retire_one()
                     fired = True
                     faults.maybe_inject_fault("mid_arrays", step=plan.step)
-            # Release references to the device snapshot of this leaf.
-            item.snapshot = None
+            # The piece's host buffers are freed once written, before the next piece moves.
+            while inflight:
+                retire_one()
+        for item in plan.arrays:
             item.shards = None
-        while inflight:
-            retire_one()
         if mid_fault and not fired:
             faults.maybe_inject_fault("mid_arrays", step=plan.step)
+
+    @staticmethod
+    def _has_device_data(piece: list[tuple[_ArrayLeaf, _Shard]]) -> bool:
+        return any(isinstance(shard.data, jax.Array) for _, shard in piece)
 
     def write_byte_leaves(self) -> dict[str, dict]:
         """Writes this process's bytes leaves; returns {path: {file, size, checksum}}."""
@@ -638,6 +747,8 @@ def write_snapshot(
         write_s=time.perf_counter() - start,
         num_bytes=plan.num_bytes,
         peak_host_bytes=writer.peak_host_bytes,
+        transfer_s=writer.transfer_s,
+        device_bytes=writer.device_bytes,
     )
     if me == 0 and on_commit is not None:
         on_commit(step, plan.ckpt_dir)

@@ -285,7 +285,7 @@ def _copy_value(value: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-class ConfigBase:
+class ConfigBase(typecheck.ConfigMarker):
     """The base class of config classes. Subclasses must be decorated with `@config_class`."""
 
     def __init__(self, *args, **kwargs):

@@ -98,11 +98,15 @@ def field_hints(config_cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in attr.fields(config_cls) if f.name in hints}
 
 
-def _is_config(value: Any) -> bool:
-    # Imported lazily: base.py imports this module.
-    from axlearn.common.config.base import ConfigBase  # pylint: disable=import-outside-toplevel
+class ConfigMarker:
+    """The base of `axlearn.common.config.ConfigBase`, declared here so this module can tell a
+    config from other values without importing `base` (which imports this module)."""
 
-    return isinstance(value, ConfigBase)
+    __slots__ = ()
+
+
+def _is_config(value: Any) -> bool:
+    return isinstance(value, ConfigMarker)
 
 
 def _array_kind(value: Any) -> Optional[str]:

@@ -221,13 +221,14 @@ def test_cli_start_list_stop(server, kubeconfig, active_config, capsys):
         ["gcp", "launch", "--name=cli-job", "--instance_type=tpu-v5p-128", "--num_replicas=2"]
         + ["--image=img:7", "--skip_preflight", *flags, "--"]
         + ["python", "-m", "axlearn.common.launch_trainer_main", "--module=text.gpt.honeycrisp"]
+        + ["--config=honeycrisp-3B"]
     )
     assert rc == 0, capsys.readouterr().err
     body = server.requests[-1]["body"]
     assert body["metadata"]["name"] == "cli-job"
     command = js.pod_template(body)["spec"]["containers"][0]["command"]
     assert command[-3:] == [
-        "--mesh_selector=tpu-v5p-128",
+        "--mesh_selector=tpu-v5p-128-2",
         "--jax_backend=tpu",
         "--trainer_dir=gs://perm/axlearn/jobs/cli-job",
     ]

@@ -54,7 +54,7 @@ def test_dry_run_prints_plan_and_the_manifest(repo):
     assert "# Trainer dir: gs://perm/axlearn/jobs/x" in header
     assert "docker build --platform linux/amd64 -f Dockerfile --target tpu" in header
     assert prepared.command == COMMAND + [
-        "--mesh_selector=tpu-v5p-128",
+        "--mesh_selector=tpu-v5p-128-2",
         "--jax_backend=tpu",
         "--trainer_dir=gs://perm/axlearn/jobs/x",
     ]

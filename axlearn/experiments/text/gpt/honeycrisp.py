@@ -1,4 +1,4 @@
-"""The reference 3B trainer (`shared/reference/honeycrisp_trainer_config.txt`), rebuilt.
+"""The reference 3B trainer (`tests/testdata/trainer/honeycrisp_trainer_config.txt`), rebuilt.
 
 `honeycrisp-3B` builds, from the real classes and functions, the trainer config whose dump is the
 reference dump line for line: a 2.7B-parameter decoder (26 repeated layers, dim 3072, 24 query /
@@ -144,6 +144,33 @@ def honeycrisp_trainer_config() -> SpmdTrainer.Config:
     return cfg
 
 
+# Mesh rules for the launch targets the docs use (docs/launch.md) that the reference rules do not
+# match, by `--mesh_selector` (AXLearn's convention: the instance type, "-<slices>" for several
+# TPU slices, "-<GPUs>" for GPUs). Every weight is fsdp-sharded over the chips of one slice (ICI)
+# and data-parallel over slices (DCN) or GPU nodes, as the reference's tpu-v5litepod-256 and GPU
+# rules do. Chosen by AOT-compiled per-chip memory on the target (see docs/launch.md): the state
+# (parameters + adastar's two slots, fp32) is 12 bytes x 2.74B parameters / fsdp, so the largest
+# fsdp a slice allows; the activations of 2048 x 4096-token sequences per step do not depend on
+# the mesh (the same total split over the same chips).
+LAUNCH_MESH_RULES = [
+    ("tpu-v5p-8", (1, -1, 1, 4, 1, 1)),
+    ("tpu-v5p-128-2", (1, -1, 1, 64, 1, 1)),
+    ("tpu-v6e-256", (1, -1, 1, 256, 1, 1)),
+    ("gpu-a3-highgpu-8g-(8|16|32)", (1, -1, 1, 8, 1, 1)),
+]
+
+
+def honeycrisp_launch_config() -> SpmdTrainer.Config:
+    """The named config honeycrisp-3B: the reference config plus `LAUNCH_MESH_RULES`.
+
+    Its dump is the reference dump with the added rules after the reference's five
+    (`mesh_rules[5]` on), so every reference rule keeps its index and wins where it matches.
+    """
+    cfg = honeycrisp_trainer_config()
+    cfg.mesh_rules = list(cfg.mesh_rules) + LAUNCH_MESH_RULES
+    return cfg
+
+
 def named_trainer_configs() -> dict:
     """The named trainer configs of this module."""
-    return {"honeycrisp-3B": honeycrisp_trainer_config}
+    return {"honeycrisp-3B": honeycrisp_launch_config}

@@ -2,7 +2,7 @@
 
 `transformer_lm_config(...)` returns a `causal_lm.Model.Config` from a handful of
 hyper-parameters; `honeycrisp_model_config()` is the 3B model of the reference trainer dump
-(`model.` lines of shared/reference/honeycrisp_trainer_config.txt).
+(`model.` lines of tests/testdata/trainer/honeycrisp_trainer_config.txt).
 """
 
 from typing import Optional

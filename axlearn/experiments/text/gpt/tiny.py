@@ -10,7 +10,8 @@ axlearn/data/python_docs/README.md); the training loss falls from ~8.5 to ~4. It
 the validation split, writes TensorBoard summaries and metrics.jsonl, and commits a checkpoint
 every 100 steps (3 during the run).
 
-Mesh: data parallel over all devices by default; `--mesh_selector` picks one of `mesh_rules`.
+Mesh: data parallel over all devices by default; `--mesh_selector` picks one of `mesh_rules`
+(CPU meshes for tests, and the TPU/GPU launch targets of docs/launch.md: `LAUNCH_MESH_RULES`).
 """
 
 from __future__ import annotations
@@ -32,9 +33,27 @@ MESH_AXIS_NAMES = ("pipeline", "data", "expert", "fsdp", "seq", "model")
 BATCH_AXIS_NAMES = ("data", "expert", "fsdp", "seq")
 
 
-def _mesh(*, data: int = 1, fsdp: int = 1, model: int = 1) -> tuple[int, ...]:
+def _mesh(*, pipeline: int = 1, data: int = 1, fsdp: int = 1, model: int = 1) -> tuple[int, ...]:
     """A mesh shape over MESH_AXIS_NAMES."""
-    return (1, data, 1, fsdp, 1, model)
+    return (pipeline, data, 1, fsdp, 1, model)
+
+
+# The meshes of the launch targets the docs use (docs/launch.md), by `--mesh_selector`
+# (AXLearn's convention: instance type, "-<slices>" for several TPU slices, "-<GPUs>" for GPUs).
+# Chosen by AOT-compiled per-chip memory (libtpu, on CPU) where it can be measured:
+# - tpu-v5p-8 (4 chips): fsdp=4 needs 36.6 MB per chip vs 44.6 MB data-parallel.
+# - 128 / 256 chips (tpu-v5p-128 x2, tpu-v6e-256): the global batch of 16 sequences cannot be
+#   split over more than 16 devices, so the batch axes hold 16 and the rest are replicas on the
+#   `pipeline` axis (not a batch axis; this model has no pipeline stages, so each replica
+#   computes the same step). fsdp=16 needs 21.7 MB per chip on tpu-v5p-128 x2; see
+#   docs/launch.md for the alternatives measured.
+# - gpu-a3-highgpu-8g x2 (16 GPUs): fsdp over a node's 8 GPUs (NVLink), data over the nodes,
+#   as AXLearn's GPU rules do (XLA:GPU cannot be compiled for here without a GPU).
+LAUNCH_MESH_RULES = [
+    ("tpu-v5p-8(-2)?", _mesh(data=-1, fsdp=4)),
+    ("tpu-(v5p-128-2|v6e-256)", _mesh(pipeline=-1, fsdp=16)),
+    ("gpu-a3-highgpu-8g-(8|16)", _mesh(data=-1, fsdp=8)),
+]
 
 
 def _input(*, is_training: bool, split: str, global_batch_size: int, seq_len: int):
@@ -95,6 +114,7 @@ def tiny_trainer_config(
             ("cpu-fsdp", _mesh(fsdp=-1)),
             ("cpu-data2-fsdp", _mesh(data=2, fsdp=-1)),
             ("cpu-data2-model", _mesh(data=2, model=-1)),
+            *LAUNCH_MESH_RULES,
         ],
         train_dtype=jnp.float32,
         save_input_iterator=True,
