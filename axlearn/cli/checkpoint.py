@@ -1,7 +1,8 @@
 """`axlearn checkpoint ...`: inspect checkpoint directories without a model.
 
 - `axlearn checkpoint list DIR` prints one line per step directory: step, committed or not,
-  size, number of leaves.
+  size, number of leaves, and (in a trainer dir's `checkpoints/`) the run record the step was
+  made with (`run_records/<n>`).
 - `axlearn checkpoint verify DIR [--step N]` reads every array chunk and bytes file and checks it
   against the checksums in the index; DIR is a checkpointer directory (every step is checked) or
   one `step_%08d` directory. It checks the metadata too: the index against the files it
@@ -92,12 +93,24 @@ def list_command(args: argparse.Namespace) -> int:
     aside = checkpointer.set_aside_dirs(args.dir)
     if not infos and not aside:
         return _no_steps(args.dir)
+    from axlearn.common import run_record  # pylint: disable=import-outside-toplevel
+
+    # In a trainer dir's checkpoints/: the run record each step was made with.
+    trainer_dir = os.path.dirname(os.path.abspath(args.dir))
+    has_records = bool(run_record.records(trainer_dir))
     for info in infos:
         status = "committed" if info.committed else "uncommitted"
         if info.error:
             status = f"corrupt index: {info.error}"
         leaves = "" if info.num_leaves is None else f"  {info.num_leaves} leaves"
-        print(f"step {info.step:>8}  {status:<11}  {_format_size(info.size_bytes):>10}{leaves}")
+        record = ""
+        if has_records:
+            record_dir = run_record.record_dir_for_step(trainer_dir, info.step)
+            record = f"  record {os.path.relpath(record_dir, trainer_dir)}"
+        print(
+            f"step {info.step:>8}  {status:<11}  {_format_size(info.size_bytes):>10}{leaves}"
+            f"{record}"
+        )
     for path in aside:
         print(f"set aside (never restored or removed): {path}")
     return 0

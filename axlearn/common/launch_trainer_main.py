@@ -17,7 +17,9 @@ one line naming it and the fix, exit code 1, without a traceback.
 """
 
 import errno
+import re
 import sys
+from typing import Any
 
 from absl import app, flags
 
@@ -99,14 +101,40 @@ def main(_):
         launch_trainer.run_trainer(trainer_config)
     except (ConfigRangeError, launch_trainer.InvalidTrainerConfigError, RunLockError) as e:
         sys.exit(f"{_PROG}: error: {e}")
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        where = e.filename or trainer_config.dir
-        sys.exit(
-            f"{_PROG}: error: {e.strerror or e} (writing {where}). Free space and rerun the same "
-            "command: the run resumes from its last committed checkpoint."
-        )
+    except Exception as e:  # pylint: disable=broad-except
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            _exit_disk_full(e, trainer_config)
+        if "RESOURCE_EXHAUSTED" in str(e):
+            sys.exit(f"{_PROG}: error: {out_of_memory_message(str(e))}")
+        raise
+
+
+def out_of_memory_message(error: str) -> str:
+    """One line for a train step that does not fit in device memory (XLA's RESOURCE_EXHAUSTED).
+
+    Args:
+        error: The XLA error text.
+
+    Returns:
+        The message: how much was asked for and what to change.
+    """
+    match = re.search(r"allocating (\d+) bytes", error)
+    asked = f" (it asked for {int(match.group(1)) / 1e9:,.1f} GB at once)" if match else ""
+    return (
+        f"the train step does not fit in device memory{asked}: lower the sequence length "
+        "(e.g. input.source.max_sequence_length), the global batch size (input.batcher."
+        "global_batch_size) or the model, or use more devices; the compiled memory analysis is "
+        "in the log above."
+    )
+
+
+def _exit_disk_full(e: OSError, trainer_config: Any) -> None:
+    """Exits with one line naming the path that could not be written (a full disk or quota)."""
+    where = e.filename or trainer_config.dir
+    sys.exit(
+        f"{_PROG}: error: {e.strerror or e} (writing {where}). Free space and rerun the same "
+        "command: the run resumes from its last committed checkpoint."
+    )
 
 
 if __name__ == "__main__":

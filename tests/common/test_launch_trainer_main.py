@@ -143,3 +143,17 @@ def test_cpu_run_prints_no_error_looking_lines(tmp_path):
     )
     assert code == 0, err[-3000:]
     assert "cuInit" not in err and "\nE0000" not in "\n" + err
+
+
+def test_out_of_memory_is_one_line_naming_the_size_and_the_knobs():
+    """Case 13: a too-long sequence's raw `RESOURCE_EXHAUSTED: Out of memory allocating ...`
+    becomes one line with the size in GB and what to lower."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.launch_trainer_main import out_of_memory_message
+
+    message = out_of_memory_message(
+        "RESOURCE_EXHAUSTED: Out of memory allocating 123456789012 bytes."
+    )
+    assert "\n" not in message
+    assert message.startswith("the train step does not fit in device memory (it asked for 123.5 GB")
+    assert "input.source.max_sequence_length" in message and "global_batch_size" in message

@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from axlearn.cli.main import main
 from axlearn.common import launch_trainer, run_record
 from axlearn.common.checkpointer import StateMismatchError
 from axlearn.common.config.base import InvalidConfigValueError
@@ -32,7 +33,7 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def test_a_rerun_that_does_not_train_leaves_the_record(tmp_path):
+def test_a_rerun_that_does_not_train_leaves_the_record(tmp_path, capsys):
     """Case 1: a rerun that fails at restore (another model), has nothing to do (another lr at
     max_step) or is rejected (an out-of-range value) leaves `trainer_config` and the records as
     they were; a rerun that trains adds record 2 and keeps record 1 for the older steps."""
@@ -60,6 +61,15 @@ def test_a_rerun_that_does_not_train_leaves_the_record(tmp_path):
     # Steps 2 and 4 were saved under record 1, step 6 under record 2.
     assert run_record.record_dir_for_step(trainer_dir, 4) == found[0]["dir"]
     assert run_record.record_dir_for_step(trainer_dir, 6) == found[1]["dir"]
+    # `axlearn checkpoint list` names the record of each step.
+    capsys.readouterr()
+    assert main(["checkpoint", "list", os.path.join(trainer_dir, "checkpoints")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.rsplit("  ", 1)[-1] for line in lines] == [
+        "record run_records/1",
+        "record run_records/1",
+        "record run_records/2",
+    ]
     # Another max_step is another record; a start with the same config and flags adds none.
     _run(trainer_dir, max_step=8, **{"learner.optimizer.learning_rate": 0.03})
     found = run_record.records(trainer_dir)
