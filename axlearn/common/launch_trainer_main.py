@@ -26,6 +26,7 @@ from absl import app, flags
 # `launch` defines the process flags and must come before anything that touches devices.
 from axlearn.common import launch  # isort: skip
 from axlearn.common import experiment_registry, launch_trainer
+from axlearn.common.checkpointer import CheckpointCorruptionError, StateMismatchError
 from axlearn.common.config.override import ConfigOverrideError
 from axlearn.common.config_ranges import ConfigRangeError
 from axlearn.common.run_lock import RunLockError
@@ -99,7 +100,15 @@ def main(_):
         sys.exit(f"{_PROG}: error: {e}")
     try:
         launch_trainer.run_trainer(trainer_config)
-    except (ConfigRangeError, launch_trainer.InvalidTrainerConfigError, RunLockError) as e:
+    except (
+        ConfigRangeError,
+        launch_trainer.InvalidTrainerConfigError,
+        RunLockError,
+        CheckpointCorruptionError,
+        StateMismatchError,
+    ) as e:
+        # Also a damaged checkpoint (the message names the file and --restore_fallback) and a
+        # model that does not match the checkpoint (naming the parameters).
         sys.exit(f"{_PROG}: error: {e}")
     except Exception as e:  # pylint: disable=broad-except
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
