@@ -1,12 +1,11 @@
-"""The Fuji v3 configs (axlearn/experiments/text/gpt/fuji.py) against AXLearn's published sizes.
+"""The Fuji v3 configs (axlearn.experiments.text.gpt.c4_trainer) against AXLearn's published sizes.
 
 Reference shapes: AXLearn's golden `_init.txt` dumps, which list every parameter with its
 per-layer shape (apple/axlearn, axlearn/experiments/testdata/axlearn.experiments.text.gpt.
-c4_trainer/fuji-1B-v3-flash_init.txt, fuji-3B-v3_init.txt, fuji-70B-v3-flash_init.txt). The 3B
-dump predates the 128256-token v3 vocabulary (it lists 131072 rows); the embedding rows here
-are AXLearn's `fuji.py` VOCAB_SIZE[V3] = 128256. There is no 7B-v3 `_init.txt`; its reference
-is AXLearn's `fuji.py` 7B kwargs (32 layers, dim 4096, 32 heads, 8 KV heads, ffn
-scaled_hidden_dim(8/3, multiple of 256) = 11008, shared LM head).
+c4_trainer/fuji-7B-v3_init.txt, fuji-70B-v3_init.txt, and the 1B/3B ones). The v3 vocabulary is
+AXLearn's `fuji.py` VOCAB_SIZE[V3] = 128 * 1024 = 131072 rows, as those dumps list (128256 is
+the separate V3_TIKTOKEN version's vocabulary; some older 1B/70B-flash `_init.txt` versions
+predate the change and list 128256).
 """
 
 import json
@@ -19,9 +18,9 @@ import numpy as np
 import pytest
 
 from axlearn.common.utils import flatten_items
-from axlearn.experiments.text.gpt import fuji
+from axlearn.experiments.text.gpt import c4_trainer, fuji
 
-V = 128256
+V = 131072
 _LAYER = "decoder/transformer/repeat/layer/"
 
 
@@ -53,17 +52,17 @@ PUBLISHED = {
     "fuji-7B-v3": (32, _published(4096, 48, 32, 128, 11008)),
     "fuji-70B-v3": (80, _published(8192, 80, 64, 128, 28672, untied=True)),
 }
-# Parameter counts of the published shapes (hand-summed; the docstring table of fuji.py).
+# Parameter counts of the published shapes (hand-summed).
 COUNTS = {
-    "fuji-1B-v3": 1_235_814_400,
-    "fuji-3B-v3": 3_212_749_824,
-    "fuji-7B-v3": 6_196_301_824,
-    "fuji-70B-v3": 70_553_706_496,
+    "fuji-1B-v3": 1_241_581_568,
+    "fuji-3B-v3": 3_221_400_576,
+    "fuji-7B-v3": 6_207_836_160,
+    "fuji-70B-v3": 70_599_843_840,
 }
 
 
 def _abstract_params(name):
-    cfg = fuji.named_trainer_configs()[name]()
+    cfg = c4_trainer.named_trainer_configs()[name]()
     model = cfg.model.clone(name="model").instantiate(parent=None)
     return cfg, jax.eval_shape(model.initialize_parameters_recursively, jax.random.PRNGKey(0))
 
@@ -87,9 +86,9 @@ def test_parameter_shapes_and_counts_match_axlearn(name):
 
 def test_trainer_settings_follow_axlearn():
     cfg, _ = _abstract_params("fuji-7B-v3")
-    # 4M tokens per batch of 8192-token sequences; 15T tokens.
-    assert cfg.input.batcher.global_batch_size == 512
-    assert cfg.max_step == 15 * 1024**4 // (4 * 1024**2)
+    # 16M tokens per batch of 8192-token sequences; 15T tokens.
+    assert cfg.input.input_dispatcher.global_logical_batch_size == 2048
+    assert cfg.max_step == 15 * 1024**4 // (16 * 1024**2)
     assert cfg.mesh_shape == (1, -1, 1, 8, 1, 1)
     assert dict(cfg.mesh_rules)["tpu-v4-(1024|2048)"] == (1, -1, 1, 16, 1, 1)
     assert cfg.batch_axis_names == ("data", "expert", "fsdp", "seq")
@@ -100,7 +99,9 @@ def test_trainer_settings_follow_axlearn():
     assert (adamw.learning_rate, adamw.weight_decay) == (3e-4, 0.1)
     assert cfg.model.decoder.transformer.layer.remat_spec is not None
     with pytest.raises(NotImplementedError, match="Unknown Fuji model size"):
-        fuji.get_trainer_kwargs("13B")
+        fuji.get_trainer_kwargs(
+            "13B", vocab_size=fuji.VOCAB_SIZE[fuji.Version.V3], version=fuji.Version.V3
+        )
 
 
 @pytest.mark.slow

@@ -58,8 +58,10 @@ if not glob.glob("/dev/accel*") and not os.path.exists("/dev/vfio"):
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("TPU_WORKER_ID", "0")
 # TensorFlow (imported by input pipelines) logs "failed call to cuInit" as an error on a machine
-# without a GPU; level 3 keeps its C++ errors quiet in this compile-only process.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# without a GPU; level 3 keeps its C++ errors quiet in this compile-only process. (The commands
+# set level 2 by default, which still shows errors; a user's 0 or 1 is kept.)
+if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2") == "2":
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
 TPU_EXTRA_HINT = "pip install 'axlearn[tpu]' (the [tpu] extra installs jax[tpu] with libtpu)"
 

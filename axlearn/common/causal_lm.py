@@ -30,7 +30,13 @@ from axlearn.common.attention import (
 )
 from axlearn.common.base_layer import RematSpec
 from axlearn.common.base_model import BaseModel
-from axlearn.common.config import ConfigOr, InstantiableConfig, config_class
+from axlearn.common.config import (
+    REQUIRED,
+    ConfigOr,
+    InstantiableConfig,
+    Required,
+    config_class,
+)
 from axlearn.common.decoder import Decoder
 from axlearn.common.decoding import (
     BeamSearchOutputs,
@@ -43,6 +49,7 @@ from axlearn.common.embedding import LearnedPositionalEmbedding, TransformerText
 from axlearn.common.layers import LayerNorm
 from axlearn.common.logit_modifiers import LogitsToLogitsFn
 from axlearn.common.loss import cross_entropy
+from axlearn.common.loss_metrics import BaseLossMetrics
 from axlearn.common.metrics import WeightedScalar
 from axlearn.common.module import Module, child_context
 from axlearn.common.param_init import PARAM_REGEXP_WEIGHT, DefaultInitializer, WeightInitializer
@@ -88,6 +95,199 @@ def first_max_index(logits: Tensor) -> Tensor:
     return first.astype(jnp.int32)
 
 
+def lm_loss_and_summaries(
+    logits: Tensor,
+    *,
+    target_labels: Tensor,
+    target_num_bytes: Optional[Tensor],
+    input_ids: Tensor,
+    pad_token_id: int,
+    z_loss_scale: float,
+) -> tuple[Tensor, Tensor, dict[str, WeightedScalar]]:
+    """Next-token cross-entropy (+ z-loss) of `logits` and the LM summaries (module docstring).
+
+    Args:
+        logits: [batch, seq_len, vocab].
+        target_labels: [batch, seq_len]; negative or `pad_token_id` means no target.
+        target_num_bytes: Optional [batch] bytes per example (for bits_per_byte).
+        input_ids: [batch, seq_len] (for num_tokens).
+        pad_token_id: The padding id.
+        z_loss_scale: Scale of the z-loss.
+
+    Returns:
+        (loss, per_token_loss [batch, seq_len], {summary name: WeightedScalar}).
+    """
+    live = (target_labels >= 0) & (target_labels != pad_token_id)
+    loss, parts = cross_entropy(logits, target_labels, mask=live, z_loss_scale=z_loss_scale)
+    num_targets = parts["num_targets"]
+    denom = jnp.maximum(1.0, num_targets)
+    correct = (first_max_index(logits) == target_labels) & live
+    per_token_loss = parts["pre_mask_loss"] * live
+    batch_size = target_labels.shape[0]
+    num_tokens = (input_ids != pad_token_id).sum().astype(jnp.float32)
+    summaries = {
+        "loss": WeightedScalar(loss, num_targets),
+        "cross_entropy_loss": WeightedScalar(parts["cross_entropy"], num_targets),
+        "z_loss": WeightedScalar(parts["z_loss"], num_targets),
+        "perplexity": WeightedScalar(jnp.exp(parts["cross_entropy"]), num_targets),
+        "accuracy": WeightedScalar(correct.sum() / denom, num_targets),
+        "num_targets": WeightedScalar(num_targets, 1.0),
+        "num_tokens": WeightedScalar(num_tokens, 1.0),
+        "train_live_targets": WeightedScalar(num_targets / batch_size, float(batch_size)),
+    }
+    if target_num_bytes is not None:
+        total_bytes = target_num_bytes.sum()
+        bits_per_byte = per_token_loss.sum() / jnp.maximum(1, total_bytes) / jnp.log(2.0)
+        summaries["bits_per_byte"] = WeightedScalar(bits_per_byte, total_bytes)
+    return loss, per_token_loss, summaries
+
+
+class CrossEntropyLossMetrics(BaseLossMetrics):
+    """The language-model loss: next-token cross-entropy plus z-loss, with the LM summaries."""
+
+    @config_class
+    class Config(BaseLossMetrics.Config):
+        """Configures CrossEntropyLossMetrics."""
+
+        # Padding id of target labels (no target); None: the model's decoder.pad_token_id.
+        pad_token_id: Optional[int] = None
+        # Scale of the z-loss; None: the model's z_loss_scale.
+        z_loss_scale: Optional[float] = None
+
+    def forward(self, input_batch, *, predict_outputs, module_outputs):
+        """See `BaseLossMetrics.forward`; outputs also hold "per_token_loss" [batch, seq_len]."""
+        del module_outputs
+        cfg = self.config
+        loss, per_token_loss, summaries = lm_loss_and_summaries(
+            predict_outputs["logits"],
+            target_labels=input_batch["target_labels"],
+            target_num_bytes=input_batch.get("target_num_bytes"),
+            input_ids=input_batch["input_ids"],
+            pad_token_id=0 if cfg.pad_token_id is None else cfg.pad_token_id,
+            z_loss_scale=cfg.z_loss_scale or 0.0,
+        )
+        return loss, dict(summaries=summaries, per_token_loss=per_token_loss)
+
+
+class AuxLossMetrics(BaseLossMetrics):
+    """Auxiliary losses: the sum of the module outputs whose paths match a regex.
+
+    E.g. mixture-of-experts layers output "aux_loss"; with `aux_loss_regex` ".*/aux_loss" their
+    sum is the loss (summary "aux_loss", weighted by the number of target tokens). Without a
+    regex the loss is 0 and there are no summaries.
+    """
+
+    @config_class
+    class Config(BaseLossMetrics.Config):
+        """Configures AuxLossMetrics."""
+
+        # Full-match regex of module output paths (e.g. "decoder/transformer/layer0/.../aux_loss")
+        # to sum; None: the model's aux_loss_regex.
+        aux_loss_regex: Optional[str] = None
+
+    def forward(self, input_batch, *, predict_outputs, module_outputs):
+        """See `BaseLossMetrics.forward`."""
+        del predict_outputs
+        regex = self.config.aux_loss_regex
+        if regex is None:
+            return jnp.zeros([], jnp.float32), dict(summaries={})
+        values = [v.sum() for k, v in module_outputs.items() if re.fullmatch(regex, k)]
+        aux_loss = sum(values, jnp.zeros([], jnp.float32))
+        labels = input_batch["target_labels"]
+        weight = (labels >= 0).sum().astype(jnp.float32)
+        return aux_loss, dict(summaries={"aux_loss": WeightedScalar(aux_loss, weight)})
+
+
+class CompositeLossMetrics(BaseLossMetrics):
+    """A weighted sum of child loss metrics; the children's summaries are merged.
+
+    The loss is sum(loss_weights[name] * loss of child name) (weight 1 by default), and the
+    "loss" summary is that total (weighted as the first child's "loss" summary, else by 1).
+    Two children reporting the same summary name (other than "loss") is an error.
+    """
+
+    @config_class
+    class Config(BaseLossMetrics.Config):
+        """Configures CompositeLossMetrics."""
+
+        # The child metrics by name, e.g. {"lm": CrossEntropyLossMetrics, "aux": AuxLossMetrics}.
+        metrics: Required[dict[str, InstantiableConfig]] = REQUIRED
+        # Optional {child name: weight of its loss}; missing children weigh 1.
+        loss_weights: Optional[dict[str, float]] = None
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        unknown = set(cfg.loss_weights or {}) - set(cfg.metrics)
+        if unknown:
+            raise ValueError(
+                f"{self.path()}.loss_weights names {sorted(unknown)}, which are not in metrics "
+                f"{sorted(cfg.metrics)}: use the metrics' names"
+            )
+        for name, child in cfg.metrics.items():
+            self._add_child(name, child)
+
+    def forward(self, input_batch, *, predict_outputs, module_outputs):
+        """See `BaseLossMetrics.forward`."""
+        cfg = self.config
+        weights = cfg.loss_weights or {}
+        total = jnp.zeros([], jnp.float32)
+        merged: dict = {}
+        outputs: dict = {}
+        loss_weight = None
+        for name in cfg.metrics:
+            loss, child_outputs = self.children[name](
+                input_batch, predict_outputs=predict_outputs, module_outputs=module_outputs
+            )
+            total = total + weights.get(name, 1.0) * loss
+            for key, value in child_outputs["summaries"].items():
+                if key == "loss":
+                    loss_weight = value.weight if loss_weight is None else loss_weight
+                    continue
+                if key in merged:
+                    raise KeyError(f"{self.path()}: summary {key!r} reported by two metrics")
+                merged[key] = value
+            outputs.update({k: v for k, v in child_outputs.items() if k != "summaries"})
+        summaries = {"loss": WeightedScalar(total, 1.0 if loss_weight is None else loss_weight)}
+        summaries.update(merged)
+        return total, dict(outputs, summaries=summaries)
+
+
+def metrics_config() -> CompositeLossMetrics.Config:
+    """The default LM loss metrics: cross-entropy ("lm") plus auxiliary losses ("aux").
+
+    Returns:
+        A CompositeLossMetrics config.
+    """
+    return CompositeLossMetrics.default_config().set(
+        metrics={
+            "lm": CrossEntropyLossMetrics.default_config(),
+            "aux": AuxLossMetrics.default_config(),
+        }
+    )
+
+
+def _propagate_metrics_defaults(metrics_cfg: InstantiableConfig, model_cfg) -> InstantiableConfig:
+    """A copy of `metrics_cfg` whose unset pad/z-loss/aux fields (recursively) take the model's."""
+    metrics_cfg = metrics_cfg.clone()
+    defaults = dict(
+        pad_token_id=model_cfg.decoder.pad_token_id,
+        z_loss_scale=model_cfg.z_loss_scale,
+        aux_loss_regex=model_cfg.aux_loss_regex,
+    )
+
+    def fill(node):
+        for key, value in defaults.items():
+            if key in node and getattr(node, key) is None:
+                setattr(node, key, value)
+        if "metrics" in node and isinstance(node.metrics, dict):
+            for child in node.metrics.values():
+                fill(child)
+
+    fill(metrics_cfg)
+    return metrics_cfg
+
+
 class Model(BaseModel):
     """A decoder-only transformer language model trained with next-token cross-entropy."""
 
@@ -97,8 +297,9 @@ class Model(BaseModel):
 
         # The decoder.
         decoder: InstantiableConfig = Decoder.default_config()
-        # Scale of the auxiliary z-loss (logsumexp(logits)^2 averaged over targets); 0 disables.
-        z_loss_scale: float = 0.0
+        # Scale of the auxiliary z-loss (logsumexp(logits)^2 averaged over targets); None or 0
+        # disables.
+        z_loss_scale: Optional[float] = None
         # Mesh axis name(s) sharding the batch axis of inputs.
         batch_axis_names: tuple = ("data",)
         # Mesh axis name(s) sharding the sequence axis of inputs; None leaves it unconstrained.
@@ -108,6 +309,11 @@ class Model(BaseModel):
         # into an auxiliary loss added to the loss (summary "aux_loss"), e.g. the load-balancing
         # loss of mixture-of-experts layers.
         aux_loss_regex: Optional[str] = None
+        # Optional loss metrics (e.g. CompositeLossMetrics of CrossEntropyLossMetrics and
+        # AuxLossMetrics); None: the built-in cross-entropy (+ aux_loss_regex) loss. The metrics
+        # compute the same loss and summaries; unset pad_token_id / z_loss_scale /
+        # aux_loss_regex fields of the children take the model's.
+        metrics: Optional[InstantiableConfig] = None
 
     @classmethod
     def default_config(cls) -> Config:
@@ -125,13 +331,17 @@ class Model(BaseModel):
         super().__init__(cfg, parent=parent)
         cfg = self.config
         self._add_child("decoder", cfg.decoder)
-        self._z_loss_scale = cfg.z_loss_scale
+        if cfg.metrics is not None:
+            self._add_child("metrics", _propagate_metrics_defaults(cfg.metrics, cfg))
+        self._z_loss_scale = cfg.z_loss_scale or 0.0
         self._batch_axis_names = cfg.batch_axis_names
         self._seq_axis_names = cfg.seq_axis_names
         self._pad_token_id = cfg.decoder.pad_token_id
 
     def _constrain(self, input_batch: NestedTensor) -> NestedTensor:
         batch = dict(input_batch)
+        if self._batch_axis_names is None:
+            return batch  # No input sharding constraints.
         for key, value in batch.items():
             if key in _BATCH_SEQ_KEYS or key == "token_type_ids":
                 spec = PartitionSpec(self._batch_axis_names, self._seq_axis_names)
@@ -172,7 +382,18 @@ class Model(BaseModel):
         aux = dict(predictions)
         loss = None
         target_labels = input_batch.get("target_labels")
-        if target_labels is not None:
+        if target_labels is not None and "metrics" in self.children:
+            outputs = self.get_invocation_context().output_collection.module_outputs
+            loss, metrics = self.metrics(
+                input_batch,
+                predict_outputs=predictions,
+                module_outputs=dict(flatten_items(outputs)),
+            )
+            for name, value in metrics["summaries"].items():
+                self.add_summary(name, value)
+            if "per_token_loss" in metrics:
+                aux["per_label_loss"] = metrics["per_token_loss"]
+        elif target_labels is not None:
             loss, per_token_loss = self._metrics(
                 predictions["logits"],
                 target_labels=target_labels,
@@ -196,35 +417,21 @@ class Model(BaseModel):
         target_num_bytes: Optional[Tensor],
         input_ids: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        live = (target_labels >= 0) & (target_labels != self._pad_token_id)
-        loss, parts = cross_entropy(
-            logits, target_labels, mask=live, z_loss_scale=self._z_loss_scale
+        loss, per_token_loss, summaries = lm_loss_and_summaries(
+            logits,
+            target_labels=target_labels,
+            target_num_bytes=target_num_bytes,
+            input_ids=input_ids,
+            pad_token_id=self._pad_token_id,
+            z_loss_scale=self._z_loss_scale,
         )
-        num_targets = parts["num_targets"]
-        denom = jnp.maximum(1.0, num_targets)
-        correct = (first_max_index(logits) == target_labels) & live
-        accuracy = correct.sum() / denom
-        per_token_loss = parts["pre_mask_loss"] * live
-        batch_size = target_labels.shape[0]
         if self.config.aux_loss_regex is not None:
             aux_loss = self._aux_loss(self.config.aux_loss_regex)
             loss = loss + aux_loss
-            self.add_summary("aux_loss", WeightedScalar(aux_loss, num_targets))
-        self.add_summary("loss", WeightedScalar(loss, num_targets))
-        self.add_summary("cross_entropy_loss", WeightedScalar(parts["cross_entropy"], num_targets))
-        self.add_summary("z_loss", WeightedScalar(parts["z_loss"], num_targets))
-        self.add_summary("perplexity", WeightedScalar(jnp.exp(parts["cross_entropy"]), num_targets))
-        self.add_summary("accuracy", WeightedScalar(accuracy, num_targets))
-        self.add_summary("num_targets", WeightedScalar(num_targets, 1.0))
-        num_tokens = (input_ids != self._pad_token_id).sum().astype(jnp.float32)
-        self.add_summary("num_tokens", WeightedScalar(num_tokens, 1.0))
-        self.add_summary(
-            "train_live_targets", WeightedScalar(num_targets / batch_size, float(batch_size))
-        )
-        if target_num_bytes is not None:
-            total_bytes = target_num_bytes.sum()
-            bits_per_byte = per_token_loss.sum() / jnp.maximum(1, total_bytes) / jnp.log(2.0)
-            self.add_summary("bits_per_byte", WeightedScalar(bits_per_byte, total_bytes))
+            summaries["aux_loss"] = WeightedScalar(aux_loss, summaries["num_targets"].mean)
+            summaries["loss"] = WeightedScalar(loss, summaries["num_targets"].mean)
+        for name, value in summaries.items():
+            self.add_summary(name, value)
         return loss, per_token_loss
 
     def score(self, input_batch: NestedTensor) -> dict[str, Tensor]:

@@ -16,8 +16,9 @@ The existing inputs (`input_tf_data.Input`, `input_fake.FakeLmInput`) keep their
 subclassing this one would add `input_dispatcher: None` to every experiment's config dump.
 """
 
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Optional, Union
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Optional, Union
 
 import jax
 import numpy as np
@@ -26,7 +27,13 @@ from jax.sharding import PartitionSpec
 from axlearn.common.config import config_class
 from axlearn.common.input_dispatch import InputDispatcher
 from axlearn.common.module import Module
-from axlearn.common.utils import Nested, Tensor, dispatch_input_batch, with_sharding_constraint
+from axlearn.common.utils import (
+    Nested,
+    Tensor,
+    dispatch_input_batch,
+    tree_paths,
+    with_sharding_constraint,
+)
 
 
 class Input(Module):
@@ -120,3 +127,44 @@ class Input(Module):
         else:
             logical = dispatch_input_batch(global_physical_batch, batch_axis_names=None)
         return constrain(logical)
+
+
+def partition_by_path_rank(
+    path_rank_to_partition: Mapping[tuple[Optional[str], int], Any],
+) -> Any:
+    """Returns a function mapping an input batch to partition specs by leaf path and rank.
+
+    AXLearn's input partitioner. Each key is (path regex or None, rank); a leaf takes the value of
+    the first key whose regex fully matches its path ("/"-joined, e.g. "input_ids") or is None and
+    whose rank equals the leaf's ndim. Values are PartitionSpecs (or tuples of their entries).
+    E.g. {(None, 1): PartitionSpec(("data", "fsdp")), (None, 2): PartitionSpec(("data", "fsdp"),
+    "seq")} shards batch axes over data and fsdp and sequence axes over seq.
+
+    Args:
+        path_rank_to_partition: {(path regex or None, rank): partition spec}.
+
+    Returns:
+        fn(input_batch) -> a tree of PartitionSpecs like input_batch.
+
+    Raises:
+        ValueError: (when called) naming the path and rank of a leaf no key matches.
+    """
+    rules = [
+        (None if regex is None else re.compile(regex), rank, spec)
+        for (regex, rank), spec in path_rank_to_partition.items()
+    ]
+
+    def fn(input_batch: Nested[Any]) -> Nested[PartitionSpec]:
+        def spec_of(path: str, leaf: Any) -> PartitionSpec:
+            rank = len(leaf.shape)
+            for regex, rule_rank, spec in rules:
+                if rule_rank == rank and (regex is None or regex.fullmatch(path)):
+                    return spec if isinstance(spec, PartitionSpec) else PartitionSpec(*spec)
+            raise ValueError(
+                f"partition_by_path_rank: no rule for input {path!r} of rank {rank}; add a key "
+                f"(None or a regex matching {path!r}, {rank}) to path_rank_to_partition"
+            )
+
+        return jax.tree.map(spec_of, tree_paths(input_batch), input_batch)
+
+    return fn

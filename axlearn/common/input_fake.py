@@ -242,10 +242,13 @@ def replace_inputs_with_fake(
         batch_size = (
             getattr(batcher, "global_batch_size", None) if "global_batch_size" in batcher else None
         )
+        dispatcher = getattr(input_cfg, "input_dispatcher", None)
+        if dispatcher is not None:  # Per-feed batching: the dispatcher's logical batch.
+            batch_size = dispatcher.global_logical_batch_size
         if not isinstance(batch_size, int):
             raise ValueError(
                 f"--data_dir=FAKE: cannot tell the global batch size of {path or 'the input'} "
-                f"(its batcher has no global_batch_size set)"
+                f"(its batcher has no global_batch_size and it has no input_dispatcher set)"
             )
         length = _find_int(input_cfg.source, ("max_sequence_length", "max_len"))
         length = length or source_length or fallback_length

@@ -409,6 +409,48 @@ def text_to_lm_training_input(
     return fn
 
 
+def lm_text_preprocessor(
+    *,
+    vocab_cfg: InstantiableConfig,
+    max_sequence_length: int,
+    replace_newlines_with: str,
+    window_size: int = 128,
+    max_padding_fraction: float = 1,
+    shuffle_buffer_size: int = 1024 * 8,
+    is_training: Optional[bool] = None,
+) -> DatasetToDatasetFn:
+    """AXLearn's LM text preprocessor: `{"text"}` documents -> training examples.
+
+    Tokenizes (newlines replaced by `replace_newlines_with`), concatenates windows of
+    `window_size` documents (EOS after each) and cuts them into `max_sequence_length` pieces,
+    keeping a padded tail only when at most `max_padding_fraction` of it is padding (see
+    `concatenate_and_split`), then shuffles the pieces (`shuffle_buffer_size`; 0: no shuffle).
+    The data are not repeated here (a mixture source repeats its sources).
+
+    Args:
+        vocab_cfg: Config of a seqio vocabulary.
+        max_sequence_length: The sequence length.
+        replace_newlines_with: Newlines are replaced with this string before tokenizing.
+        window_size: Documents concatenated per window.
+        max_padding_fraction: The largest padded fraction of a kept tail piece.
+        shuffle_buffer_size: Shuffle buffer of the pieces (0: no shuffling).
+        is_training: Unused (accepted so an Input can set it).
+
+    Returns:
+        A DatasetToDatasetFn.
+    """
+    del is_training
+    return text_to_lm_training_input(
+        vocab_cfg=vocab_cfg,
+        max_len=max_sequence_length,
+        replace_newlines_with=replace_newlines_with,
+        window_size=window_size,
+        max_padding_fraction=max_padding_fraction,
+        shuffle_buffer_size=shuffle_buffer_size,
+        is_training=False,
+    )
+
+
 def text_to_lm_eval_input(
     vocab_cfg: InstantiableConfig,
     max_len: int,

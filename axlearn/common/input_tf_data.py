@@ -474,6 +474,51 @@ def batch(
     return fn
 
 
+def per_feed_batch(
+    feed_batch_size: int,
+    *,
+    is_training: bool,
+    pad_example_fn: PadExampleFn,
+    prefetch_buffer_size: Optional[int] = -1,
+    post_batch_processor: Optional[ConfigOr[DatasetToDatasetFn]] = None,
+    repeat: Optional[int] = None,
+) -> DatasetToDatasetFn:
+    """Like `batch`, but sized per feed: each feed batches `feed_batch_size` examples.
+
+    AXLearn's per-feed batcher, used with `Input.input_dispatcher`: the Input sets
+    `feed_batch_size` to the dispatcher's `global_logical_batch_size // num_feeds`.
+
+    Args:
+        feed_batch_size: Examples per batch of this feed.
+        is_training: Whether the input is for training (set by Input).
+        pad_example_fn: Creates a padding example from the element spec.
+        prefetch_buffer_size: See `batch`.
+        post_batch_processor: See `batch`.
+        repeat: See `batch`.
+
+    Returns:
+        A DatasetToDatasetFn.
+
+    Raises:
+        ValueError: If feed_batch_size is not positive.
+    """
+    if feed_batch_size <= 0:
+        raise ValueError(f"per_feed_batch: feed_batch_size must be positive, got {feed_batch_size}")
+
+    def fn(ds: tf.data.Dataset) -> tf.data.Dataset:
+        global_batch_size = feed_batch_size * current_feed().num_feeds
+        return batch(
+            global_batch_size,
+            is_training=is_training,
+            pad_example_fn=pad_example_fn,
+            prefetch_buffer_size=prefetch_buffer_size,
+            post_batch_processor=post_batch_processor,
+            repeat=repeat,
+        )(ds)
+
+    return fn
+
+
 # ------------------------------------------------------------------------------------------------
 # Config helpers.
 # ------------------------------------------------------------------------------------------------
@@ -513,6 +558,12 @@ class Input(Module):
         # Malformed records: None or "fail" stops with an error naming the source; "skip"
         # drops and counts them.
         malformed_records: Optional[str] = None
+        # Optional `input_dispatch.InputDispatcher` config: its global_logical_batch_size is the
+        # global batch, split evenly over the feeds (use with the `per_feed_batch` batcher).
+        input_dispatcher: Optional[InstantiableConfig] = None
+        # Optional config of a function mapping an input batch to its partition specs (e.g.
+        # `input_base.partition_by_path_rank`); see `Input.partition_specs`.
+        input_partitioner: Optional[InstantiableConfig] = None
 
     def __init__(
         self,
@@ -554,12 +605,50 @@ class Input(Module):
         self._seed = DEFAULT_SEED if cfg.seed is None else cfg.seed
         self._source = maybe_set_config(cfg.source, is_training=cfg.is_training).instantiate()
         self._processor = maybe_set_config(cfg.processor, is_training=cfg.is_training).instantiate()
-        self._batcher = maybe_set_config(cfg.batcher, is_training=cfg.is_training).instantiate()
+        batcher = cfg.batcher
+        self._per_feed_batch_size = None
+        if cfg.input_dispatcher is not None:
+            batcher = self._dispatched_batcher(batcher)
+        elif "global_batch_size" in batcher and isinstance(batcher.global_batch_size, int):
+            self._per_feed_batch_size = batcher.global_batch_size // self._num_feeds
+        self._batcher = maybe_set_config(batcher, is_training=cfg.is_training).instantiate()
         self._description = describe_source(cfg.source)
         dump = [line for line in cfg.debug_string().splitlines() if not line.startswith("name:")]
         self._config_dump = "\n".join(dump)
         self._eval_num_batches: Optional[int] = None
         self._eval_counts: dict[int, int] = {}
+
+    def _dispatched_batcher(self, batcher: InstantiableConfig) -> InstantiableConfig:
+        """The batcher config with this feed's share of the dispatcher's logical batch."""
+        cfg = self.config
+        logical = cfg.input_dispatcher.global_logical_batch_size
+        if logical % self._num_feeds != 0:
+            raise ValueError(
+                f"{self.path()}.input_dispatcher.global_logical_batch_size={logical} is not "
+                f"divisible by the {self._num_feeds} input feeds: use a multiple of "
+                f"{self._num_feeds}"
+            )
+        if "feed_batch_size" not in batcher:
+            raise ValueError(
+                f"{self.path()}.batcher ({describe_source(batcher)}) has no feed_batch_size: "
+                "use input_tf_data.per_feed_batch with an input_dispatcher"
+            )
+        self._per_feed_batch_size = logical // self._num_feeds
+        return batcher.clone(feed_batch_size=self._per_feed_batch_size)
+
+    @nowrap
+    def partition_specs(self, input_batch: Any) -> Any:
+        """The partition specs of a (global) input batch from `input_partitioner`.
+
+        Args:
+            input_batch: A (nested) batch of arrays or shape structs.
+
+        Returns:
+            A tree of PartitionSpecs like `input_batch`, or None without an input_partitioner.
+        """
+        if self.config.input_partitioner is None:
+            return None
+        return maybe_instantiate(self.config.input_partitioner)(input_batch)
 
     @property
     def source(self) -> BuildDatasetFn:
@@ -603,8 +692,7 @@ class Input(Module):
 
     def _compute_eval_num_batches(self) -> int:
         """Counts examples of every local feed; all feeds pad to the largest batch count."""
-        cfg = self.config
-        per_feed = cfg.batcher.global_batch_size // self._num_feeds
+        per_feed = self._per_feed_batch_size
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
         try:
@@ -634,7 +722,7 @@ class Input(Module):
         if (
             not cfg.is_training
             and self._eval_num_batches is None
-            and "global_batch_size" in cfg.batcher
+            and self._per_feed_batch_size is not None
         ):
             self._eval_num_batches = self._compute_eval_num_batches()
         ds = self._examples(feed_index, counter)

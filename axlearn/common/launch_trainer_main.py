@@ -29,6 +29,7 @@ from axlearn.common import experiment_registry, launch_trainer
 from axlearn.common.checkpointer import CheckpointCorruptionError, StateMismatchError
 from axlearn.common.config.override import ConfigOverrideError
 from axlearn.common.config_ranges import ConfigRangeError
+from axlearn.common.mesh_resolution import MeshSelectorError
 from axlearn.common.run_lock import RunLockError
 
 _PROG = "launch_trainer_main"
@@ -95,8 +96,9 @@ def main(_):
         trainer_config = launch_trainer.get_trainer_config(config_fn)
     except ConfigOverrideError as e:
         sys.exit(f"{_PROG}: error: --config_override: {e}")
-    except (ValueError, *_USER_ERRORS) as e:
-        # A missing --trainer_dir, a --mesh_selector matching no rule, an unknown experiment.
+    except (ValueError, MeshSelectorError, *_USER_ERRORS) as e:
+        # A missing --trainer_dir, a --mesh_selector matching no rule (the message names the
+        # flag, the rules and the fix), an unknown experiment.
         sys.exit(f"{_PROG}: error: {e}")
     try:
         launch_trainer.run_trainer(trainer_config)

@@ -356,7 +356,8 @@ def checkpoint_summary(
         end_of_run_wait_s: Seconds the end of the run waited for the last save's write.
 
     Returns:
-        {saves, blocking_s (total), snapshot_s, wait_for_previous_s, other_s (totals),
+        {saves, blocking_s (total), snapshot_s, wait_for_previous_s, other_s (totals;
+        input_position_s: the part of other_s spent reading the input iterator's position),
         median_blocking_s, max_blocking_s, saves_that_waited, snapshot (modes seen),
         end_of_run_wait_s}.
     """
@@ -368,6 +369,7 @@ def checkpoint_summary(
         snapshot_s=sum(float(s.get("snapshot_s", 0.0)) for s in splits),
         wait_for_previous_s=sum(float(s.get("wait_for_previous_s", 0.0)) for s in splits),
         other_s=sum(float(s.get("other_s", 0.0)) for s in splits),
+        input_position_s=sum(float(s.get("input_position_s", 0.0)) for s in splits),
         median_blocking_s=statistics.median(blocking) if blocking else None,
         max_blocking_s=max(blocking) if blocking else None,
         saves_that_waited=sum(1 for s in splits if s.get("waited")),
@@ -392,7 +394,8 @@ def format_checkpoint_summary(checkpoint: dict[str, Any]) -> str:
         text = (
             f"{checkpoint['saves']} saves blocked {checkpoint['blocking_s']:.3f} s: snapshot "
             f"{checkpoint['snapshot_s']:.3f} s, waiting for the previous save "
-            f"{checkpoint['wait_for_previous_s']:.3f} s, rest {checkpoint['other_s']:.3f} s; "
+            f"{checkpoint['wait_for_previous_s']:.3f} s, rest {checkpoint['other_s']:.3f} s "
+            f"(input position {checkpoint.get('input_position_s', 0.0):.3f} s); "
             f"per save median {checkpoint['median_blocking_s']:.3f} s, max "
             f"{checkpoint['max_blocking_s']:.3f} s; {checkpoint['saves_that_waited']} waited for "
             "the previous save"

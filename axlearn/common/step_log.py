@@ -126,7 +126,10 @@ def format_checkpoint_split(split: dict[str, Any]) -> str:
     text += f", waiting for the previous save {float(split.get('wait_for_previous_s', 0.0)):.3f} s"
     if split.get("previous_write_gb_per_s") is not None:
         text += f" (its write ran at {float(split['previous_write_gb_per_s']):.3g} GB/s)"
-    return text + f", rest {float(split.get('other_s', 0.0)):.3f} s"
+    text += f", rest {float(split.get('other_s', 0.0)):.3f} s"
+    if split.get("input_position_s"):
+        text += f" (input position {float(split['input_position_s']):.3f} s)"
+    return text
 
 
 def format_step_line(record: dict[str, Any]) -> str:

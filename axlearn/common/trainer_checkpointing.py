@@ -289,8 +289,10 @@ class TrainerCheckpointMixin:
                 )
 
         ckpt_state = self._trainer_state._asdict()
+        start = time.perf_counter()
         if self._config.save_input_iterator and self._input_is_checkpointable():
             ckpt_state["input_iter"] = self.input.iterator_state(self._input_iter)
+        self._input_state_s = time.perf_counter() - start
         with self._mesh_context():
             stats = self.checkpointer.save(
                 step=self._step,
@@ -327,6 +329,8 @@ class TrainerCheckpointMixin:
             snapshot_s=stats.snapshot_s,
             wait_for_previous_s=stats.wait_for_previous_s,
             other_s=max(0.0, total - stats.snapshot_s - stats.wait_for_previous_s),
+            # Part of the rest: reading the input iterator's position.
+            input_position_s=getattr(self, "_input_state_s", 0.0),
             snapshot=snapshot,
         )
         split["waited"] = bool(stats.waited)

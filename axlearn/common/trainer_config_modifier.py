@@ -26,13 +26,14 @@ from typing import Any
 
 from axlearn.common.config import (
     REQUIRED,
-    ChainConfigModifier,
     ConfigBase,
     ConfigModifier,
+    ConfigOr,
     Configurable,
     Required,
     config_class,
     config_for_function,
+    maybe_instantiate,
 )
 from axlearn.common.metrics import MetricAccumulator
 
@@ -108,6 +109,34 @@ def replace_config(cfg: ConfigBase, path: str, value: Any) -> None:
         parent[keys[-1]] = value
     else:
         setattr(parent, keys[-1], value)
+
+
+class ChainConfigModifier(ConfigModifier):
+    """Applies a sequence of config modifiers in order (e.g. one mesh rule's edits)."""
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        """Configures ChainConfigModifier."""
+
+        # The modifiers to apply, in order.
+        config_modifiers: Required[list[ConfigOr[ConfigModifier]]] = REQUIRED
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        self._modifiers = [maybe_instantiate(m) for m in self.config.config_modifiers]
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        """Applies every modifier to `cfg`, in order.
+
+        Args:
+            cfg: The trainer config.
+
+        Returns:
+            The modified config.
+        """
+        for modifier in self._modifiers:
+            cfg = modifier(cfg)
+        return cfg
 
 
 class MeshShapeModifier(ConfigModifier):

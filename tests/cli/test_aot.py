@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -54,8 +56,9 @@ def test_aot_report_json_and_hlo(tmp_path, capsys):
     assert "AOT compilation of text.gpt.tiny:gpt-tiny for v5p-8 x1 (4 x TPU v5p" in out
     report = json.loads(report_path.read_text())
     assert report["fits"] is True and report["topology"] == "v5p-8"
-    assert report["mesh_rule"] is None  # gpt-tiny's rules name CPU meshes only.
-    assert report["mesh_shape"]["data"] == 4
+    # The rule a launch on tpu-v5p-8 picks (--mesh_selector=tpu-v5p-8).
+    assert report["mesh_rule"] == "tpu-v5p-8(-2)?" and report["mesh_selector"] == "tpu-v5p-8"
+    assert report["mesh_shape"]["fsdp"] == 4 and report["mesh_shape"]["data"] == 1
     memory = report["memory"]
     assert memory["total_bytes"] == (
         memory["argument_bytes"]
@@ -80,3 +83,66 @@ def test_aot_report_json_and_hlo(tmp_path, capsys):
 def test_bad_config_override_is_an_error(capsys):
     assert main(["aot", *TINY, "--topology=v5p-8", "--config_override=no_such_field=1"]) == 1
     assert "no_such_field" in capsys.readouterr().err
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _git_status() -> str:
+    return subprocess.run(
+        ["git", "status", "--porcelain", "--ignored"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+@pytest.mark.slow
+def test_aot_leaves_nothing_behind_and_shows_progress(tmp_path):
+    """`axlearn aot` run from the repo root: nothing new in the git tree, nothing left in the temp
+    dir; the report goes to the cache dir; progress lines, and none of libtpu's or TensorFlow's
+    misleading start-up errors."""
+    tmp, cache = tmp_path / "tmp", tmp_path / "cache"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp), XDG_CACHE_HOME=str(cache))
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    for name in ("TF_CPP_MIN_LOG_LEVEL", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES"):
+        env.pop(name, None)
+    before = _git_status()
+    proc = subprocess.run(
+        [sys.executable, "-m", "axlearn.cli.main", "aot", *TINY, "--topology=v5p-8"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert _git_status() == before
+    assert sorted(os.listdir(tmp)) == []
+    report = cache / "axlearn" / "aot_reports" / "text.gpt.tiny_gpt-tiny@v5p-8x1.json"
+    assert f"Report written to {report}" in proc.stdout
+    assert json.loads(report.read_text())["fits"] is True
+    err = proc.stderr
+    what = "Compiling the train step of text.gpt.tiny:gpt-tiny for v5p-8 x1 (XLA, on this machine)"
+    assert f"{what} ..." in err and f"{what}: done in " in err
+    assert "Building text.gpt.tiny:gpt-tiny on v5p-8 x1 (--mesh_selector=tpu-v5p-8 matched" in err
+    for misleading in ("unexpected worker hostname", "Failed to find host bounds", "cuInit"):
+        assert misleading not in err, misleading
+
+
+def test_progress_prints_elapsed_time_every_interval():
+    import io
+    import time
+
+    from axlearn.common.aot_compilation import Progress
+
+    out = io.StringIO()
+    with Progress("Compiling x for v5p-8 x1", interval_s=0.2, out=out) as p:
+        time.sleep(0.7)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "Compiling x for v5p-8 x1 ..."
+    assert 2 <= sum(line.startswith("  ... Compiling x for v5p-8 x1: ") for line in lines) <= 4
+    assert lines[-1] == f"Compiling x for v5p-8 x1: done in {p.seconds:.1f} s"
+    assert 0.7 <= p.seconds < 5

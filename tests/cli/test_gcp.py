@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from axlearn.cli import main as cli_main
+from axlearn.cloud.gcp import jobset as js
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = """
@@ -157,3 +159,126 @@ def test_dry_run_includes_the_preflight_report(active_config, capsys):
     assert "# Pre-flight: fits" in out
     assert "# AOT compilation of text.gpt.tiny:gpt-tiny for v5p-8 x1 (4 x TPU v5p" in out
     assert "#   memory per chip: arguments" in out
+
+
+# The launch targets of the docs, and the rule each shipped experiment's pods match there.
+TARGETS = [("tpu-v5p-8", 1), ("tpu-v5p-128", 2), ("tpu-v6e-256", 1), ("gpu-a3-highgpu-8g", 2)]
+EXPECTED_RULES = {
+    ("text.gpt.tiny", "gpt-tiny"): {
+        "tpu-v5p-8": "tpu-v5p-8(-2)?",
+        "tpu-v5p-128-2": "tpu-(v5p-128-2|v6e-256)",
+        "tpu-v6e-256": "tpu-(v5p-128-2|v6e-256)",
+        "gpu-a3-highgpu-8g-16": "gpu-a3-highgpu-8g-(8|16)",
+    },
+    ("text.gpt.honeycrisp", "honeycrisp-3B"): {
+        "tpu-v5p-8": "tpu-v5p-8",
+        "tpu-v5p-128-2": "tpu-v5p-128-2",
+        "tpu-v6e-256": "tpu-v6e-256",
+        "gpu-a3-highgpu-8g-16": "gpu-a3-highgpu-8g-(8|16|32)",
+    },
+}
+
+
+def _pod_flag_values(command: list[str]):
+    """Parses a pod's launch_trainer_main command with the trainer's own absl flags."""
+    from absl import flags
+
+    import axlearn.common.launch_trainer_main  # noqa: F401  (defines the trainer's flags)
+
+    assert command[:3] == ["python", "-m", "axlearn.common.launch_trainer_main"]
+    fv = flags.FlagValues()
+    fv.append_flag_values(flags.FLAGS)
+    fv(["launch_trainer_main", *command[3:]])
+    return fv
+
+
+@pytest.mark.parametrize("experiment", sorted(EXPECTED_RULES))
+def test_dry_run_names_the_rule_the_pods_then_pass(active_config, capsys, monkeypatch, experiment):
+    """For each docs launch target: the dry run names the mesh rule, and the pods' command (from
+    the printed JobSet) passes the trainer's own --mesh_selector check with the same mesh."""
+    import jax
+
+    from axlearn.cloud.gcp.system_characteristics import instance_type_to_system_characteristics
+    from axlearn.common import launch_trainer
+
+    module, config = experiment
+    for instance_type, replicas in TARGETS:
+        argv = _launch(instance_type, module, config, "--dry_run", "--skip_preflight")
+        argv.insert(3, f"--num_replicas={replicas}")
+        assert cli_main.main(argv) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        header, _, body = out.partition("\n---\n")
+        manifest = yaml.safe_load(body)
+        command = js.pod_template(manifest)["spec"]["containers"][0]["command"]
+        selector = next(a.split("=", 1)[1] for a in command if a.startswith("--mesh_selector="))
+        rule = EXPECTED_RULES[experiment][selector]
+        line = next(x for x in header.splitlines() if x.startswith("# Mesh: "))
+        assert line.startswith(f"# Mesh: --mesh_selector={selector} matched mesh rule {rule!r}")
+        # The trainer, started with the pod's command on the target's chips, picks that rule.
+        sc = instance_type_to_system_characteristics(instance_type)
+        chips = sc.chips_per_slice * replicas
+        monkeypatch.setattr(jax, "device_count", lambda chips=chips: chips)
+        fv = _pod_flag_values(command)
+        cfg = launch_trainer.get_trainer_config(flag_values=fv)
+        shape = tuple(cfg.mesh_shape)
+        assert math.prod(shape) == chips, (selector, shape)
+        expected = launch_trainer.infer_mesh_shape(
+            cfg.mesh_rules[[r for r, _ in cfg.mesh_rules].index(rule)][1], num_devices=chips
+        )
+        assert shape == expected, (selector, shape, expected)
+
+
+def test_unmatched_selector_is_refused_before_building(home, active_config, capsys, monkeypatch):
+    """gpt-tiny on tpu-v5p-16 (no rule): one error line, and the image is never built."""
+    from axlearn.cloud.common.bundler import BuildPlan
+
+    built = []
+    monkeypatch.setattr(BuildPlan, "run", lambda self: built.append(self))
+    (home.parent / "Dockerfile").write_text("FROM scratch\n")  # The build context is the cwd.
+    argv = [a for a in _launch("tpu-v5p-16", "text.gpt.tiny", "gpt-tiny") if "--image" not in a]
+    argv.insert(3, "--bundler_spec=allow_dirty=true")
+    assert cli_main.main(argv) == 1
+    err = capsys.readouterr().err
+    assert built == []
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(
+        "axlearn gcp: error: --mesh_selector=tpu-v5p-16 matches none of "
+        "text.gpt.tiny:gpt-tiny's mesh_rules ['cpu-fsdp', 'cpu-data2-fsdp', 'cpu-data2-model', "
+        "'tpu-v5p-8(-2)?', 'tpu-(v5p-128-2|v6e-256)', 'gpu-a3-highgpu-8g-(8|16)']; closest "
+        "selectors its rules match: tpu-v5p-8"
+    )
+    # An explicit mesh (a mesh_shape override) is accepted; the dry run says so.
+    argv = _launch("tpu-v5p-16", "text.gpt.tiny", "gpt-tiny", "--dry_run", "--skip_preflight")
+    argv.append("--config_override=mesh_shape=(1,-1,1,1,1,1)")
+    assert cli_main.main(argv) == 0, capsys.readouterr().err
+    assert "# Mesh: --mesh_selector=tpu-v5p-16: explicit mesh_shape (1, -1, 1, 1, 1, 1)" in (
+        capsys.readouterr().out
+    )
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ("--config=gpt-tinyy", "Unknown config 'gpt-tinyy' in experiment module 'text.gpt.tiny'"),
+        ("--module=text.gpt.tinyy", "text.gpt.tinyy"),
+        ("--config_override=no_such_field=1", "no_such_field"),
+    ],
+)
+def test_skip_preflight_still_builds_the_config(active_config, capsys, monkeypatch, bad, message):
+    """--skip_preflight skips the compile only: a bad module, config or override is an error
+    before anything is built or submitted."""
+    from axlearn.cloud.common.bundler import BuildPlan
+    from axlearn.cloud.gcp import k8s
+
+    calls = []
+    monkeypatch.setattr(BuildPlan, "run", lambda self: calls.append("build"))
+    monkeypatch.setattr(k8s, "start", lambda *a, **k: calls.append("submit"))
+    monkeypatch.setattr(k8s, "custom_objects_api", lambda *a, **k: calls.append("api"))
+    argv = [a for a in _launch("tpu-v5p-8", "text.gpt.tiny", "gpt-tiny", "--skip_preflight")]
+    key = bad.split("=", 1)[0]
+    argv = [a for a in argv if not a.startswith(key + "=")] + [bad]
+    assert cli_main.main(argv) == 1
+    err = capsys.readouterr().err
+    assert calls == []
+    assert err.startswith("axlearn gcp: error: ") and message in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err

@@ -88,3 +88,52 @@ def test_errors():
         _init_states(layer, batch_size=2)
     with pytest.raises(ValueError, match="do not also pass time_step or data"):
         _init_states(layer, batch_size=2, max_len=3, data=jnp.zeros((2, 3, D)))
+
+
+@pytest.mark.parametrize("cache_dtype", [None, jnp.bfloat16])
+def test_kv_cache_field_sets_cache_dtype_and_decodes_like_forward(cache_dtype):
+    """attention.kv_cache = KVCache(cache_dtype=...): the (nested RoPE + grouped) projection
+    caches in that dtype; step-by-step decoding equals the full causal forward pass."""
+    from axlearn.common.attention import (
+        FusedGroupedQKVLinear,
+        GroupedQueryAttention,
+        KVCache,
+        RoFormerQKVLinear,
+    )
+
+    qkv = RoFormerQKVLinear.default_config().set(
+        input_linear=FusedGroupedQKVLinear.default_config().set(num_kv_heads=1), rotary_value=False
+    )
+    cfg = GroupedQueryAttention.default_config().set(
+        name="attn",
+        query_dim=D,
+        key_dim=D,
+        value_dim=D,
+        num_heads=2,
+        causal=True,
+        input_linear=qkv,
+    )
+    if cache_dtype is not None:
+        cfg.kv_cache = KVCache.default_config().set(cache_dtype=cache_dtype)
+    layer = cfg.instantiate(parent=None)
+    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    query = jax.random.normal(jax.random.PRNGKey(1), (2, 5, D))
+    full, _ = functional(layer, None, params, dict(query=query), is_training=False)
+    cache, _ = functional(
+        layer, None, params, dict(batch_size=2, max_len=5), method="init_states", is_training=False
+    )
+    cache = cache[0]
+    assert cache["i_proj"]["key"].dtype == (cache_dtype or jnp.float32)
+    steps = []
+    for t in range(5):
+        (cache, out), _ = functional(
+            layer,
+            None,
+            params,
+            dict(cached_states=cache, query=query[:, t : t + 1]),
+            method="extend_step",
+            is_training=False,
+        )
+        steps.append(out.data)
+    tol = 2e-2 if cache_dtype is not None else 1e-5
+    np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full.data, atol=tol, rtol=tol)

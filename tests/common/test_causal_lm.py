@@ -283,3 +283,78 @@ def test_first_max_index_matches_numpy_argmax_with_ties():
     got = np.asarray(first_max_index(jnp.asarray(logits)))
     np.testing.assert_array_equal(got, np.argmax(logits, axis=-1))
     assert got.dtype == np.int32
+
+
+# ---- Loss metrics (model.metrics). ----
+
+
+def test_metrics_config_gives_the_same_loss_and_summaries():
+    """model.metrics = metrics_config() computes what the built-in path computes (whose numbers
+    test_loss_and_metrics_match_numpy checks against NumPy), z_loss_scale taken from the model."""
+    from axlearn.common import causal_lm
+
+    base = _model()
+    cfg = base.config.clone(metrics=causal_lm.metrics_config())
+    with_metrics = cfg.instantiate(parent=None)
+    params = _params(base)
+    batch = _batch()
+    loss, aux, summaries = _loss_fn(base)(params, batch)
+    loss_m, aux_m, summaries_m = _loss_fn(with_metrics)(params, batch)
+    np.testing.assert_allclose(loss_m, loss, rtol=1e-6)
+    np.testing.assert_allclose(aux_m["per_label_loss"], aux["per_label_loss"], rtol=1e-6)
+    assert set(summaries_m) == set(summaries)
+    for name, value in summaries.items():
+        np.testing.assert_allclose(summaries_m[name].mean, value.mean, rtol=1e-6, err_msg=name)
+        np.testing.assert_allclose(summaries_m[name].weight, value.weight, rtol=1e-6, err_msg=name)
+
+
+def _run_metrics(metrics_cfg, input_batch, predict_outputs, module_outputs):
+    metrics = metrics_cfg.set(name="metrics").instantiate(parent=None)
+    (loss, outputs), _ = functional(
+        metrics,
+        jax.random.PRNGKey(0),
+        {},
+        dict(
+            input_batch=input_batch,
+            predict_outputs=predict_outputs,
+            module_outputs=module_outputs,
+        ),
+        is_training=False,
+    )
+    return loss, outputs
+
+
+def test_composite_loss_metrics_weights_children():
+    from axlearn.common.causal_lm import (
+        AuxLossMetrics,
+        CompositeLossMetrics,
+        CrossEntropyLossMetrics,
+    )
+
+    logits = np.log(np.array([[[0.5, 0.25, 0.25], [0.1, 0.8, 0.1]]], np.float32))
+    batch = dict(input_ids=np.array([[2, 2]], np.int32), target_labels=np.array([[1, 1]], np.int32))
+    module_outputs = {
+        "decoder/layer0/aux_loss": np.float32(0.5),
+        "decoder/layer1/aux_loss": np.float32(0.25),
+        "decoder/layer1/other": np.float32(100.0),
+    }
+    cfg = CompositeLossMetrics.default_config().set(
+        metrics={
+            "lm": CrossEntropyLossMetrics.default_config().set(pad_token_id=0, z_loss_scale=0.0),
+            "aux": AuxLossMetrics.default_config().set(aux_loss_regex=".*/aux_loss"),
+        },
+        loss_weights={"aux": 2.0},
+    )
+    loss, outputs = _run_metrics(cfg, batch, dict(logits=logits), module_outputs)
+    ce = (-np.log(0.25) - np.log(0.8)) / 2  # Both labels are 1.
+    aux = 0.5 + 0.25
+    np.testing.assert_allclose(loss, ce + 2.0 * aux, rtol=1e-6)
+    summaries = outputs["summaries"]
+    np.testing.assert_allclose(summaries["loss"].mean, ce + 2.0 * aux, rtol=1e-6)
+    np.testing.assert_allclose(summaries["cross_entropy_loss"].mean, ce, rtol=1e-6)
+    np.testing.assert_allclose(summaries["aux_loss"].mean, aux, rtol=1e-6)
+    assert float(summaries["loss"].weight) == 2  # The lm child's weight: its target count.
+    # An unknown loss weight names the config path.
+    bad = cfg.clone(loss_weights={"lmm": 1.0})
+    with pytest.raises(ValueError, match=r"metrics.loss_weights names \['lmm'\]"):
+        bad.set(name="metrics").instantiate(parent=None)

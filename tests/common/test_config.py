@@ -15,7 +15,6 @@ import pytest
 from axlearn.common import config
 from axlearn.common.config import (
     REQUIRED,
-    ChainConfigModifier,
     ConfigBase,
     ConfigModifier,
     Configurable,
@@ -316,6 +315,9 @@ def test_config_modifiers_chain_and_dump():
             cfg.encoder.rate *= 2
             return cfg
 
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.trainer_config_modifier import ChainConfigModifier
+
     chain = ChainConfigModifier.default_config().set(
         config_modifiers=[SetHidden.default_config().set(hidden=64), DoubleRate.default_config()]
     )
@@ -325,7 +327,7 @@ def test_config_modifiers_chain_and_dump():
         "config_modifiers[0].hidden: 64",
         "config_modifiers[0].klass: 'tests.common.test_config.SetHidden'",
         "config_modifiers[1].klass: 'tests.common.test_config.DoubleRate'",
-        "klass: 'axlearn.common.config.ChainConfigModifier'",
+        "klass: 'axlearn.common.trainer_config_modifier.ChainConfigModifier'",
     ]
 
 

@@ -81,3 +81,29 @@ def test_dataset_not_implemented():
         base.dataset()
     with pytest.raises(NotImplementedError):
         base.element_spec()
+
+
+def test_partition_by_path_rank():
+    from jax.sharding import PartitionSpec
+
+    from axlearn.common.input_base import partition_by_path_rank
+
+    fn = partition_by_path_rank(
+        {
+            ("target_.*", 2): PartitionSpec("data", None),
+            (None, 1): PartitionSpec(("data", "fsdp")),
+            (None, 2): (("data", "fsdp"), "seq"),  # A tuple of a spec's entries.
+        }
+    )
+    batch = {
+        "input_ids": np.zeros((4, 8)),
+        "target_labels": np.zeros((4, 8)),
+        "target_num_bytes": np.zeros((4,)),
+    }
+    assert fn(batch) == {
+        "input_ids": PartitionSpec(("data", "fsdp"), "seq"),
+        "target_labels": PartitionSpec("data", None),
+        "target_num_bytes": PartitionSpec(("data", "fsdp")),
+    }
+    with pytest.raises(ValueError, match=r"no rule for input 'image' of rank 4"):
+        fn({"image": np.zeros((2, 3, 4, 5))})

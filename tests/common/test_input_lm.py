@@ -187,3 +187,30 @@ def test_tokenize_replaces_newlines():
     (ex,) = list(input_lm.tokenize(v, replace_newlines_with="<n>")(ds).as_numpy_iterator())
     assert 3 in ex["tokens"].tolist()  # "<n>" is id 3 in the embedded vocabulary.
     assert v.decode(ex["tokens"].tolist()) == "a<n>b"
+
+
+def test_lm_text_preprocessor_matches_hand_concatenation(embedded_cache):
+    """Windows of documents, EOS after each, cut into max_sequence_length pieces (NumPy ref)."""
+    import tensorflow as tf
+
+    v = embedded_vocab_config().instantiate()
+    docs = [d["text"] for d in embedded_data.read_corpus("validation")][:6]
+    fn = input_lm.lm_text_preprocessor(
+        vocab_cfg=embedded_vocab_config(),
+        max_sequence_length=16,
+        replace_newlines_with="<n>",
+        window_size=3,
+        max_padding_fraction=1.0,
+        shuffle_buffer_size=0,
+    )
+    got = list(fn(tf.data.Dataset.from_tensor_slices({"text": docs})).as_numpy_iterator())
+    expected = []
+    for start in (0, 3):
+        stream = []
+        for text in docs[start : start + 3]:
+            stream += list(v.encode(text.replace("\n", "<n>"))) + [v.eos_id]
+        inputs = [stream[-1]] + stream[:-1]
+        pad = -len(stream) % 16
+        stream, inputs = stream + [v.pad_id] * pad, inputs + [v.pad_id] * pad
+        expected += [(inputs[i : i + 16], stream[i : i + 16]) for i in range(0, len(stream), 16)]
+    assert [(g["input_ids"].tolist(), g["target_labels"].tolist()) for g in got] == expected

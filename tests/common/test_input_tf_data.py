@@ -385,3 +385,49 @@ def test_input_error_wraps_tf_errors():
     cfg.source = config_for_function(failing_source)
     with pytest.raises(InputError, match="failing_source"):
         take(iter(cfg.instantiate(parent=None)), 5)
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-feed batching through an input dispatcher (AXLearn's `input_dispatcher` + `per_feed_batch`).
+# ------------------------------------------------------------------------------------------------
+
+
+def _dispatched_input(logical: int, **kwargs) -> input_tf_data.Input.Config:
+    from axlearn.common.input_dispatch import InputDispatcher
+
+    cfg = _range_input(processor=config_for_function(input_tf_data.identity), **kwargs)
+    cfg.batcher = config_for_function(input_tf_data.per_feed_batch).set(
+        pad_example_fn=input_tf_data.default_pad_example_fn
+    )
+    cfg.input_dispatcher = InputDispatcher.default_config().set(global_logical_batch_size=logical)
+    return cfg
+
+
+def test_per_feed_batch_equals_global_batch_split_over_feeds():
+    # Reference: the global batcher with the same global batch (8) over 2 feeds.
+    dispatched = _dispatched_input(8, num_feeds=2)
+    dispatched.batcher.repeat = 1
+    reference = _range_input(num_feeds=2, batch_size=8, processor=dispatched.processor)
+    reference.batcher.repeat = 1
+    got = [b["x"].tolist() for b in iter(dispatched.instantiate(parent=None))]
+    expected = [b["x"].tolist() for b in iter(reference.instantiate(parent=None))]
+    assert got == expected and len(got[0]) == 8  # This process runs both feeds: 2 x 4 rows.
+    # Evaluation pads to whole per-feed batches, every example once.
+    eval_cfg = _dispatched_input(4, n=10, is_training=False)
+    xs = np.concatenate([b["x"] for b in iter(eval_cfg.instantiate(parent=None))])
+    np.testing.assert_array_equal(xs, list(range(10)) + [0, 0])
+
+
+def test_dispatcher_batch_must_divide_over_feeds():
+    with pytest.raises(
+        ValueError,
+        match=r"input.input_dispatcher.global_logical_batch_size=6 is "
+        r"not divisible by the 4 input feeds",
+    ):
+        _dispatched_input(6, num_feeds=4).instantiate(parent=None)
+    cfg = _range_input(processor=config_for_function(input_tf_data.identity))
+    cfg.input_dispatcher = _dispatched_input(8).input_dispatcher
+    with pytest.raises(
+        ValueError, match="has no feed_batch_size: use input_tf_data.per_feed_batch"
+    ):
+        cfg.instantiate(parent=None)

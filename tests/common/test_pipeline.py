@@ -504,10 +504,13 @@ def pipeline_trainer_config(
     Pipelined: mesh pipeline=4 x model=2 via the PipelineModifier + MeshShapeModifier chain (as a
     mesh rule would apply it); unpipelined: data=4 x model=2.
     """
-    from axlearn.common.config import ChainConfigModifier
     from axlearn.common.input_fake import FakeLmInput
     from axlearn.common.loss_scale import DynamicLossScaler
-    from axlearn.common.trainer_config_modifier import MeshShapeModifier, PipelineModifier
+    from axlearn.common.trainer_config_modifier import (
+        ChainConfigModifier,
+        MeshShapeModifier,
+        PipelineModifier,
+    )
     from axlearn.experiments.text.gpt.tiny import tiny_trainer_config
 
     cfg = tiny_trainer_config(

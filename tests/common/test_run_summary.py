@@ -138,6 +138,57 @@ def test_git_commit_outside_a_checkout_reads_the_image_env(tmp_path, monkeypatch
     assert run_summary.git_commit(str(tmp_path)) == {"commit": "ab" * 20, "dirty": None}
 
 
+def test_checkpoint_summary_by_hand():
+    records = [
+        dict(step=1, step_time_s=1.0, overheads={}),
+        dict(
+            step=2,
+            step_time_s=1.5,
+            overheads={"checkpoint": 0.5},
+            checkpoint=dict(
+                blocking_s=0.5, snapshot_s=0.25, wait_for_previous_s=0.0, other_s=0.25,
+                input_position_s=0.125, snapshot="device", waited=False,
+            ),
+        ),
+        dict(
+            step=4,
+            step_time_s=3.0,
+            overheads={"checkpoint": 2.0},
+            checkpoint=dict(
+                blocking_s=2.0, snapshot_s=0.25, wait_for_previous_s=1.5, other_s=0.25,
+                input_position_s=0.125, snapshot="device", waited=True,
+                previous_write_gb_per_s=1.25,
+            ),
+        ),
+    ]  # fmt: skip
+    summary = run_summary.checkpoint_summary(records, end_of_run_wait_s=0.75)
+    assert summary == dict(
+        saves=2,
+        blocking_s=2.5,
+        snapshot_s=0.5,
+        wait_for_previous_s=1.5,
+        other_s=0.5,
+        input_position_s=0.25,
+        median_blocking_s=1.25,
+        max_blocking_s=2.0,
+        saves_that_waited=1,
+        snapshot=["device"],
+        end_of_run_wait_s=0.75,
+    )
+    assert run_summary.format_checkpoint_summary(summary) == (
+        "2 saves blocked 2.500 s: snapshot 0.500 s, waiting for the previous save 1.500 s, rest "
+        "0.500 s (input position 0.250 s); per save median 1.250 s, max 2.000 s; 1 waited for "
+        "the previous save; snapshot device; end-of-run wait 0.750 s"
+    )
+    full = run_summary.build_run_summary(
+        records, num_params=1, num_devices=1, tokens_per_step=1, end_of_run_wait_s=0.75,
+        environment={}, git={},
+    )  # fmt: skip
+    assert full["checkpoint"] == summary
+    assert "Checkpoints" in run_summary.format_run_summary(full)
+    assert run_summary.format_checkpoint_summary(run_summary.checkpoint_summary([])) == "no saves"
+
+
 def test_one_config_hash_spelling_for_runs_in_other_dirs(tmp_path):
     """Issue 29 case 14: two runs of one config (different trainer dirs) print the same config
     hash, in the spelling `axlearn compare` shows (sha256: and 10 hex digits)."""

@@ -72,3 +72,28 @@ def test_format_step_line_compile_and_loss_scale():
 )
 def test_format_duration(seconds, text):
     assert step_log.format_duration(seconds) == text
+
+
+def test_format_step_line_checkpoint_split():
+    record = dict(
+        step=20,
+        max_step=100,
+        step_time_s=2.5,
+        overheads={"checkpoint": 2.25},
+        excluded_reason="checkpoint",
+        checkpoint=dict(
+            blocking_s=2.25,
+            snapshot_s=0.25,
+            wait_for_previous_s=1.875,
+            other_s=0.125,
+            input_position_s=0.0625,
+            snapshot="partial (3 of 8 leaves, 6.20 GB of 12.53 GB on the device)",
+            previous_write_gb_per_s=1.5,
+        ),
+    )
+    assert step_log.format_step_line(record) == (
+        "step 20/100 [checkpoint, not in averages] | 2.500 s (checkpoint 2.250 s [snapshot "
+        "0.250 s (partial (3 of 8 leaves, 6.20 GB of 12.53 GB on the device)), waiting for the "
+        "previous save 1.875 s (its write ran at 1.5 GB/s), rest 0.125 s (input position "
+        "0.062 s)])"
+    )

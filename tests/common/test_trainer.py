@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from axlearn.common.config import ChainConfigModifier, config_for_function
+from axlearn.common.config import config_for_function
 from axlearn.common.evaler import every_n_steps_policy
 from axlearn.common.trainer import (
     NonFiniteLossError,
@@ -23,6 +23,7 @@ from axlearn.common.trainer import (
     select_mesh_config,
 )
 from axlearn.common.trainer_config_modifier import (
+    ChainConfigModifier,
     GradientAccumulationModifier,
     MeshShapeModifier,
 )

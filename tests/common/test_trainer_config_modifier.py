@@ -175,3 +175,53 @@ def test_pipeline_modifier_through_a_mesh_rule():
         PipelineModifier.default_config().set(
             target_config="model.decoder.emb", num_stages=2, num_microbatches=2
         ).instantiate()(_trainer_config())
+
+
+def test_chain_dumps_under_trainer_config_modifier():
+    chain = ChainConfigModifier.default_config().set(
+        config_modifiers=[MeshShapeModifier.default_config().set(mesh_shape=(-1, 2, 1))]
+    )
+    assert "klass: 'axlearn.common.trainer_config_modifier.ChainConfigModifier'" in (
+        chain.debug_string().splitlines()
+    )
+
+
+def _flash_trainer_config(flash: bool) -> SpmdTrainer.Config:
+    from axlearn.experiments.text.gpt import fuji
+    from axlearn.experiments.text.gpt.fuji_tiny import tiny_model_kwargs
+
+    cfg = _trainer_config()
+    cfg.model = fuji.model_config(**tiny_model_kwargs(), flash_attention=flash)
+    return cfg
+
+
+def test_flash_block_size_modifiers():
+    from axlearn.common.flash_attention.layer import FlashAttention, FlashBlockSizeModifier
+    from axlearn.experiments.trainer_config_utils import V6eFlashConfigModifier
+
+    attention = "model.decoder.transformer.layer.self_attention.attention"
+    cfg = _flash_trainer_config(flash=True)
+    # A FlashAttention config inside a mesh rule is not a layer of the model: left alone.
+    rule_attention = FlashAttention.default_config()
+    cfg.mesh_rules = [("x", ChainConfigModifier.default_config().set(config_modifiers=[]))]
+    cfg.mesh_rules[0][1].config_modifiers.append(
+        ModuleConfigModifier.default_config().set(
+            target_config=attention, modification=rule_attention
+        )
+    )
+    cfg = FlashBlockSizeModifier.default_config().set(gpu_block_size=64).instantiate()(cfg)
+    assert (
+        find_config(cfg, attention).tpu_block_size,
+        find_config(cfg, attention).gpu_block_size,
+    ) == (512, 64)
+    cfg = V6eFlashConfigModifier.default_config().instantiate()(cfg)
+    assert (
+        find_config(cfg, attention).tpu_block_size,
+        find_config(cfg, attention).gpu_block_size,
+    ) == (1024, 64)
+    assert (rule_attention.tpu_block_size, rule_attention.gpu_block_size) == (512, None)
+    # Without FlashAttention layers nothing changes.
+    plain = _flash_trainer_config(flash=False)
+    before = plain.debug_string()
+    FlashBlockSizeModifier.default_config().instantiate()(plain)
+    assert plain.debug_string() == before

@@ -170,3 +170,78 @@ def test_validate_contains_paths():
     validate_contains_paths(dict(a=1, b=dict(c=2)), paths=["a", "b/c"])
     with pytest.raises(KeyError, match=r"\['b/d'\].*\['a', 'b'\]"):
         validate_contains_paths(dict(a=1, b=dict(c=2)), paths=["a", "b/d"])
+
+
+def _decisions(policy, fn, *args):
+    """{primitive name: [decision, ...]} of `policy` on the equations of fn's jaxpr."""
+    out = {}
+    for eqn in jax.make_jaxpr(fn)(*args).jaxpr.eqns:
+        out.setdefault(eqn.primitive.name, []).append(policy(eqn.primitive, **eqn.params))
+    return out
+
+
+def test_offload_dots_saveable_offloads_only_unbatched_dots():
+    from jax._src.interpreters import partial_eval as pe
+
+    from axlearn.common.utils import offload_dots_saveable
+
+    policy = offload_dots_saveable("device", "pinned_host")
+    x = jnp.ones((2, 3, 4))
+    w = jnp.ones((4, 5))
+
+    def f(x, w):
+        y = jnp.einsum("bti,io->bto", x, w)  # No batch dims: offloaded.
+        z = jnp.einsum("bti,btj->bij", x, x)  # Batch dim b: recomputed.
+        return jnp.sin(y).sum() + z.sum()
+
+    got = _decisions(policy, f, x, w)
+    assert got["dot_general"] == [pe.Offloadable(src="device", dst="pinned_host"), pe.Recompute]
+    assert set(got["sin"]) == {pe.Recompute}
+
+
+def test_combine_remat_policies_table():
+    from jax._src.interpreters import partial_eval as pe
+
+    from axlearn.common.utils import combine_remat_policies, default_remat_combine_fn
+
+    save, recompute = pe.Saveable, pe.Recompute
+    offload = pe.Offloadable(src="device", dst="pinned_host")
+
+    def const(decision):
+        return lambda prim, *args, **kwargs: decision
+
+    # (policy 1, policy 2) -> combined, by hand: a non-recompute decision wins.
+    table = [
+        (recompute, recompute, recompute),
+        (save, recompute, save),
+        (recompute, offload, offload),
+        (save, save, save),
+    ]
+    for d1, d2, expected in table:
+        assert combine_remat_policies(const(d1), const(d2))("prim") == expected
+    with pytest.raises(RuntimeError, match="Conflicting remat decisions"):
+        combine_remat_policies(const(save), const(offload))("prim")
+    preferred = default_remat_combine_fn(preferred_remat_type=offload)
+    assert combine_remat_policies(const(save), const(offload), combine_fn=preferred)("p") == offload
+
+
+def test_combined_policy_keeps_gradients():
+    from jax.ad_checkpoint import checkpoint_policies
+
+    from axlearn.common.flash_attention.remat import save_or_offload_flash_attention_policy
+    from axlearn.common.utils import combine_remat_policies
+
+    def f(w, x):
+        h = checkpoint_name(jnp.tanh(x @ w), "layer.context")
+        return jnp.sum(jnp.sin(h @ w.T))
+
+    w = jnp.arange(12.0).reshape(3, 4) / 10
+    x = jnp.arange(6.0).reshape(2, 3) / 7
+    policy = combine_remat_policies(
+        save_or_offload_flash_attention_policy(), checkpoint_policies.dots_saveable
+    )
+    expected = jax.grad(f)(w, x)  # The reference: no rematerialization.
+    got = jax.grad(jax.checkpoint(f, policy=policy))(w, x)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    residuals = [d for _, d in saved_residuals(jax.checkpoint(f, policy=policy), w, x)]
+    assert any("layer.context" in d for d in residuals)

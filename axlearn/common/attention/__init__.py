@@ -77,6 +77,7 @@ from axlearn.common.attention_bias import (
     make_segment_mask,
     sliding_window_causal_mask,
 )
+from axlearn.common.kv_cache.kv_cache import KVCache
 
 
 def _claim_public_names():
@@ -108,6 +109,7 @@ __all__ = [
     "FusedGroupedQKVLinear",
     "FusedQKVLinear",
     "GroupedQKVLinear",
+    "KVCache",
     "GroupedQueryAttention",
     "KVState",
     "MultiheadAttention",

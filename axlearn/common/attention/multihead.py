@@ -37,6 +37,7 @@ from axlearn.common.config import (
     config_class,
     maybe_instantiate,
 )
+from axlearn.common.kv_cache.base_kv_cache import BaseKVCache
 from axlearn.common.layers import Dropout
 from axlearn.common.module import Module
 from axlearn.common.utils import NestedTensor, Tensor
@@ -52,6 +53,15 @@ class _MaskInfo(NamedTuple):
     source_positions: Tensor
     # Whether target/source positions are both arange(length) (full-sequence forward).
     default_positions: bool
+
+
+def _set_cache_dtype(qkv_cfg: InstantiableConfig, cache_dtype) -> None:
+    """Sets `cache_dtype` on a QKV projection config and its nested `input_linear`s (if unset)."""
+    node = qkv_cfg
+    while node is not None:
+        if "cache_dtype" in node and node.cache_dtype is None:
+            node.cache_dtype = cache_dtype
+        node = getattr(node, "input_linear", None) if "input_linear" in node else None
 
 
 class MultiheadAttention(BaseLayer):
@@ -83,10 +93,14 @@ class MultiheadAttention(BaseLayer):
         key_scale: InstantiableConfig = ScaleKey.default_config()
         # If positive, logits are capped as cap * tanh(logits / cap).
         atten_logit_cap: Optional[float] = None
-        # Whether to apply causal masking (self-attention). Exclusive with `mask`.
-        causal: bool = False
+        # Whether to apply causal masking (self-attention); None means False. Exclusive with `mask`.
+        causal: Optional[bool] = None
         # Optional mask function config (e.g. `sliding_window_causal_mask`). Exclusive with causal.
         mask: Optional[ConfigOr[MaskFn]] = None
+        # Optional KV cache config (e.g. `KVCache` with `cache_dtype`) of decoding; its cache_dtype
+        # becomes the QKV projection's (and any nested projection's) unless those set their own.
+        # None: the projections' own cache_dtype (default: the layer dtype).
+        kv_cache: Optional[BaseKVCache.Config] = None
 
     class Output(NamedTuple):
         """Attention outputs.
@@ -106,7 +120,10 @@ class MultiheadAttention(BaseLayer):
             raise ValueError(f"{self.path()}: set either causal or mask, not both")
         self._mask_fn = causal_mask if cfg.causal else maybe_instantiate(cfg.mask)
         per_head_dim = self.per_head_dim()
-        self._add_child("i_proj", _input_linear_config(cfg, per_head_dim=per_head_dim))
+        i_proj_cfg = _input_linear_config(cfg, per_head_dim=per_head_dim)
+        if cfg.kv_cache is not None:
+            _set_cache_dtype(i_proj_cfg, cfg.kv_cache.cache_dtype)
+        self._add_child("i_proj", i_proj_cfg)
         self._add_child(
             "o_proj",
             cfg.output_linear.clone(

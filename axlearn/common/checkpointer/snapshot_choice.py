@@ -38,6 +38,7 @@ import jax
 import numpy as np
 
 from axlearn.common.checkpointer import state_tree
+from axlearn.common.device_memory import format_bytes
 
 SNAPSHOT_DEVICE = "device"
 SNAPSHOT_PARTIAL = "partial"
@@ -55,7 +56,7 @@ MemoryLimitFn = Callable[[Any], Optional[int]]
 
 
 def _gb(num_bytes: Optional[float]) -> str:
-    return "n/a" if num_bytes is None else f"{num_bytes / 1e9:.2f} GB"
+    return format_bytes(num_bytes)
 
 
 def available_host_memory_bytes() -> Optional[int]:
@@ -137,6 +138,8 @@ class SnapshotChoice:
         peak_bytes: The step's peak memory per device (None if unknown).
         margin_bytes: The safety margin kept free.
         device: The device that decided it (the one reporting no limit, or the tightest).
+        peak_from_step: Whether `peak_bytes` is a compiled step's peak (else the state's own
+            bytes: no step was given, e.g. a Checkpointer used on its own).
     """
 
     mode: str
@@ -149,6 +152,7 @@ class SnapshotChoice:
     peak_bytes: Optional[int] = None
     margin_bytes: int = 0
     device: str = ""
+    peak_from_step: bool = True
 
     @property
     def free_bytes(self) -> Optional[int]:
@@ -168,8 +172,9 @@ class SnapshotChoice:
 
     def describe(self) -> str:
         """The line logged once at start, e.g. 'checkpoint snapshot: device, 12.53 GB of ...'."""
+        peak = "the step's peak" if self.peak_from_step else "the state itself (no step given)"
         numbers = (
-            f"the step's peak {_gb(self.peak_bytes)} of the {_gb(self.limit_bytes)} limit per "
+            f"{peak} {_gb(self.peak_bytes)} of the {_gb(self.limit_bytes)} limit per "
             f"device, margin {_gb(self.margin_bytes)}"
         )
         if self.source == "configured":
@@ -261,7 +266,12 @@ def choose_snapshot(
     num_leaves = len(leaf_bytes)
     peak = state_bytes if step_peak_bytes is None else int(step_peak_bytes)
     all_paths = frozenset(leaf_bytes)
-    common = dict(state_bytes=state_bytes, num_leaves=num_leaves, peak_bytes=peak)
+    common = dict(
+        state_bytes=state_bytes,
+        num_leaves=num_leaves,
+        peak_bytes=peak,
+        peak_from_step=step_peak_bytes is not None,
+    )
     missing = [d for d in devices if limit_bytes.get(d) is None]
     if missing and configured is None:
         return SnapshotChoice(

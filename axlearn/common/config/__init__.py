@@ -76,11 +76,10 @@ from axlearn.common.config.instantiable import (
     maybe_set_config,
     set_recursively,
 )
-from axlearn.common.config.modifier import ChainConfigModifier, ConfigModifier
+from axlearn.common.config.modifier import ConfigModifier
 
 __all__ = [
     "C",
-    "ChainConfigModifier",
     "ClassConfigBase",
     "ConfigBase",
     "ConfigModifier",

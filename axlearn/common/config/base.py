@@ -544,8 +544,10 @@ def _leaf_repr(val: Any) -> str:
     if _is_named_object(val):
         return repr(_qualified_name(val))
     if is_partition_spec(val):
-        # Stable across JAX versions (newer JAX reprs it as P(...)); AXLearn dumps this form.
-        return f"PartitionSpec({', '.join(repr(a) for a in val)})"
+        # Stable across JAX versions (newer JAX reprs it as P(...)); AXLearn dumps this form
+        # (a tuple's repr: one entry keeps its trailing comma).
+        entries = ", ".join(repr(a) for a in val)
+        return f"PartitionSpec({entries},)" if len(val) == 1 else f"PartitionSpec({entries})"
     if _is_array(val):
         return " ".join(repr(np.asarray(val)).split())
     return repr(val)

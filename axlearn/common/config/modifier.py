@@ -1,12 +1,15 @@
-"""Config modifiers: configurables that take a config and return a modified one."""
+"""Config modifiers: configurables that take a config and return a modified one.
+
+The trainer-config modifiers (including `ChainConfigModifier`) live in
+`axlearn.common.trainer_config_modifier`.
+"""
 
 from __future__ import annotations
 
 from typing import TypeVar
 
-from axlearn.common.config.base import ConfigBase, config_class
-from axlearn.common.config.errors import REQUIRED, Required
-from axlearn.common.config.instantiable import ConfigOr, Configurable, maybe_instantiate
+from axlearn.common.config.base import ConfigBase
+from axlearn.common.config.instantiable import Configurable
 
 T = TypeVar("T")
 
@@ -28,23 +31,3 @@ class ConfigModifier(Configurable):
             The modified config.
         """
         raise NotImplementedError(type(self))
-
-
-class ChainConfigModifier(ConfigModifier):
-    """Applies a sequence of config modifiers in order."""
-
-    @config_class
-    class Config(ConfigModifier.Config):
-        """Configures ChainConfigModifier."""
-
-        # The modifiers to apply, in order.
-        config_modifiers: Required[list[ConfigOr[ConfigModifier]]] = REQUIRED
-
-    def __init__(self, cfg: Config):
-        super().__init__(cfg)
-        self._modifiers = [maybe_instantiate(m) for m in self._config.config_modifiers]
-
-    def __call__(self, cfg: ConfigBase) -> ConfigBase:
-        for modifier in self._modifiers:
-            cfg = modifier(cfg)
-        return cfg

@@ -13,6 +13,9 @@ the attention inputs and outputs by dim-string keys:
 `default_output_dim_to_partition_spec(mesh_axis_names)` give AXLearn's defaults (heads over
 "model", batch over the other axes). `tpu_block_size` / `gpu_block_size` are kept for config
 compatibility (the kernel picks its own tiling).
+
+`FlashBlockSizeModifier` (a trainer config modifier, used by AXLearn's mesh rules) sets the block
+sizes of every FlashAttention layer in a trainer config.
 """
 
 from collections.abc import Sequence
@@ -21,7 +24,7 @@ from typing import Optional
 from jax.sharding import PartitionSpec
 
 from axlearn.common.attention import FlashAttention as _FusedAttention
-from axlearn.common.config import config_class
+from axlearn.common.config import ConfigBase, ConfigModifier, config_class
 from axlearn.common.utils import Tensor, with_sharding_constraint
 
 
@@ -44,8 +47,8 @@ class FlashAttention(_FusedAttention):
         output_dim_to_partition_spec: dict[str, Optional[PartitionSpec]] = {}
         # Kept for AXLearn config compatibility (the fused kernel picks its own tiling).
         tpu_block_size: int = 512
-        # Kept for AXLearn config compatibility.
-        gpu_block_size: int = 128
+        # Kept for AXLearn config compatibility; None: the kernel's choice.
+        gpu_block_size: Optional[int] = None
 
     def _compute_attention(self, *, q_proj, k_proj, v_proj, biases, mask, need_probs):
         cfg = self.config
@@ -102,3 +105,68 @@ def default_output_dim_to_partition_spec(
         "btnh": PartitionSpec(batch, None, tp, None),
         "bnts": PartitionSpec(batch, tp, None, None),
     }
+
+
+def set_flash_block_sizes(
+    cfg: ConfigBase, *, tpu_block_size: Optional[int], gpu_block_size: Optional[int]
+) -> int:
+    """Sets the block sizes of every FlashAttention config in the tree `cfg` (in place).
+
+    Args:
+        cfg: A config tree, e.g. a trainer config.
+        tpu_block_size: The TPU block size; None keeps each layer's.
+        gpu_block_size: The GPU block size; None keeps each layer's.
+
+    Returns:
+        The number of FlashAttention configs changed.
+    """
+    found = []
+
+    def enter(key: str, value, children):
+        if key == "mesh_rules":
+            return None  # The rules' own configs are not layers of this model.
+        if isinstance(value, ConfigBase) and isinstance(getattr(value, "klass", None), type):
+            if issubclass(value.klass, FlashAttention):
+                found.append(value)
+        return children
+
+    cfg.visit(visit_fn=lambda key, value: None, enter_fn=enter)
+    for attention_cfg in found:
+        if tpu_block_size is not None:
+            attention_cfg.tpu_block_size = tpu_block_size
+        if gpu_block_size is not None:
+            attention_cfg.gpu_block_size = gpu_block_size
+    return len(found)
+
+
+class FlashBlockSizeModifier(ConfigModifier):
+    """Sets `tpu_block_size` / `gpu_block_size` of every FlashAttention layer of a trainer config.
+
+    A config without FlashAttention layers is left unchanged (mesh rules apply the same modifier
+    to the flash and non-flash variants of an experiment).
+    """
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        """Configures FlashBlockSizeModifier."""
+
+        # The TPU block size to set; None keeps each layer's.
+        tpu_block_size: Optional[int] = 512
+        # The GPU block size to set; None keeps each layer's.
+        gpu_block_size: Optional[int] = 128
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        """Sets the block sizes (in place).
+
+        Args:
+            cfg: The trainer config.
+
+        Returns:
+            The modified config.
+        """
+        set_flash_block_sizes(
+            cfg,
+            tpu_block_size=self.config.tpu_block_size,
+            gpu_block_size=self.config.gpu_block_size,
+        )
+        return cfg

@@ -1,11 +1,13 @@
 """Building blocks of GPT trainer configs, with AXLearn's names and signatures.
 
-- Inputs: `tfds_input`.
+- Inputs: `tfds_input`, `mixture_train_input_source`, `tfds_read_config`.
 - Model: `model_config` (a causal LM from layer-level choices), `scaled_hidden_dim`,
   `flash_attention_config`.
 - Learner: `adamw_decoupled_learner_config`, `mup_simple_adam_update_transformation`.
-- Trainer: `get_trainer_config_fn`, `evaler_config_dict`, `mesh_shape_from_axes`,
-  `make_config_name`, `MESH_AXIS_NAMES`, `STEP_DTYPE`, `SourceBuilder`.
+- Trainer: `get_trainer_config_fn` (per-feed batching through an `InputDispatcher`, inputs
+  partitioned by `input_base.partition_by_path_rank`), `evaler_config_dict`,
+  `mesh_shape_from_axes`, `make_config_name`, `update_model_remat_config`, `MESH_AXIS_NAMES`,
+  `STEP_DTYPE`, `EVAL_EVERY_N_STEPS`, `SourceBuilder`.
 
 The Fuji family (`axlearn/experiments/text/gpt/fuji.py`) is written against these builders.
 (`model_builders.py` has the builders of our own experiments.)
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Callable, Optional, Protocol, Union
+from typing import Any, Optional, Protocol, Union
 
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
@@ -33,16 +35,22 @@ from axlearn.common.config import (
     FunctionConfigBase,
     InstantiableConfig,
     config_for_function,
+    maybe_instantiate,
+    maybe_set_config,
 )
 from axlearn.common.decoder import Decoder
 from axlearn.common.embedding import TransformerTextEmbeddings
 from axlearn.common.evaler import ModelSummaryAccumulator, SpmdEvaler
 from axlearn.common.evaler import every_n_steps_policy as eval_every_n_steps_policy
 from axlearn.common.flash_attention.layer import FlashAttention
+from axlearn.common.input_base import partition_by_path_rank
+from axlearn.common.input_dispatch import InputDispatcher
+from axlearn.common.input_processors import sample_from_datasets, with_processor
 from axlearn.common.layers import set_bias_recursively, set_norm_recursively
 from axlearn.common.param_init import PARAM_REGEXP_WEIGHT, DefaultInitializer, WeightInitializer
 from axlearn.common.trainer import SpmdTrainer
-from axlearn.experiments.text.common import tfds_text_source
+from axlearn.experiments.text.common import DataMixtureComponent, tfds_text_source
+from axlearn.experiments.trainer_config_utils import TrainerConfigFn
 
 # The dtype of train and eval steps (parameters stay float32).
 STEP_DTYPE = jnp.bfloat16
@@ -50,11 +58,11 @@ STEP_DTYPE = jnp.bfloat16
 # The logical mesh axes, from least to most communication intensive.
 MESH_AXIS_NAMES = ("pipeline", "data", "expert", "fsdp", "seq", "model")
 
-# A function returning a trainer config.
-TrainerConfigFn = Callable[[], SpmdTrainer.Config]
-
 # Newlines are replaced with this piece for sentencepiece BPE vocabularies.
 REPLACE_NEWLINES_WITH = "<n>"
+
+# The default evaluation period (steps).
+EVAL_EVERY_N_STEPS = 5_000
 
 
 def tfds_input(
@@ -113,6 +121,83 @@ def tfds_input(
             stride=max(1, max_sequence_length // 4),
         )
     return input_tf_data.with_processor(source=source, processor=processor, is_training=is_training)
+
+
+def tfds_read_config() -> InstantiableConfig:
+    """AXLearn's TFDS read config of training mixtures (1 file at a time, 8 parallel decodes).
+
+    Returns:
+        A config of `input_tf_data.tfds_read_config`.
+    """
+    return config_for_function(input_tf_data.tfds_read_config).set(
+        read_parallelism=1, decode_parallelism=8
+    )
+
+
+def mixture_train_input_source(
+    *,
+    is_training: bool,
+    vocab_cfg: InstantiableConfig,
+    preprocessor: Union[InstantiableConfig, list[InstantiableConfig]],
+    data_mixture_components: Union[InstantiableConfig, list[DataMixtureComponent]],
+    max_sequence_length: int,
+    replace_newlines_with: str = REPLACE_NEWLINES_WITH,
+    fake_input_source_cfg: Optional[InstantiableConfig] = None,
+) -> input_tf_data.BuildDatasetFn:
+    """A training source sampling from several TFDS text data sets (AXLearn's mixture source).
+
+    Each component's documents (read with a `64 * shuffle_buffer_size` shuffle buffer) go
+    through its preprocessor (e.g. `input_lm.lm_text_preprocessor`, given `vocab_cfg`,
+    `max_sequence_length` and `replace_newlines_with`); then examples are sampled from the
+    processed components with the components' weights, so each example comes from one source.
+
+    Args:
+        is_training: Whether the input is for training.
+        vocab_cfg: Config of the seqio vocabulary.
+        preprocessor: One preprocessor config for all components, or one per component.
+        data_mixture_components: The components (or a config instantiating to them).
+        max_sequence_length: The sequence length.
+        replace_newlines_with: Newlines are replaced with this piece before tokenizing.
+        fake_input_source_cfg: Optional BuildDatasetFn config of `{"text"}` documents used
+            instead of every component's TFDS data (for tests).
+
+    Returns:
+        A BuildDatasetFn.
+
+    Raises:
+        ValueError: If a list of preprocessors does not have one per component.
+    """
+    components = maybe_instantiate(data_mixture_components)
+    if isinstance(preprocessor, (list, tuple)):
+        if len(preprocessor) != len(components):
+            raise ValueError(
+                f"mixture_train_input_source: {len(preprocessor)} preprocessors for "
+                f"{len(components)} data_mixture_components: give one per component or one"
+            )
+        preprocessors = list(preprocessor)
+    else:
+        preprocessors = [preprocessor] * len(components)
+    sources = []
+    for component, processor in zip(components, preprocessors):
+        if fake_input_source_cfg is not None:
+            source = fake_input_source_cfg
+        else:
+            source = config_for_function(input_tf_data.tfds_dataset).set(
+                dataset_name=component.name,
+                split=component.split,
+                train_shuffle_buffer_size=64 * component.shuffle_buffer_size,
+                read_config=tfds_read_config(),
+            )
+        processor = maybe_set_config(
+            processor.clone(),
+            vocab_cfg=vocab_cfg,
+            max_sequence_length=max_sequence_length,
+            replace_newlines_with=replace_newlines_with,
+        )
+        sources.append(config_for_function(with_processor).set(source=source, processor=processor))
+    return sample_from_datasets(
+        is_training, sources=sources, weights=[c.weight for c in components]
+    )
 
 
 def scaled_hidden_dim(scale: float, *, round_up_to_multiples_of: int = 256) -> FunctionConfigBase:
@@ -181,6 +266,27 @@ def mesh_shape_from_axes(
     return tuple(x if x == -1 else max(x, 1) for x in sizes)
 
 
+def update_model_remat_config(
+    *, stack_cfg: InstantiableConfig, layer_cfg: InstantiableConfig
+) -> None:
+    """Sets `layer_cfg.remat_spec` for a RepeatedTransformerLayer stack (save the attention
+    projections and context, recompute the rest).
+
+    Args:
+        stack_cfg: The transformer stack config.
+        layer_cfg: The transformer layer config (modified in place).
+
+    Raises:
+        NotImplementedError: If the stack is not a RepeatedTransformerLayer.
+    """
+    if stack_cfg.klass is not RepeatedTransformerLayer:
+        raise NotImplementedError(
+            f"update_model_remat_config: stack_cfg.klass must be RepeatedTransformerLayer, got "
+            f"{getattr(stack_cfg.klass, '__name__', stack_cfg.klass)}"
+        )
+    layer_cfg.set(remat_spec=build_remat_spec(stack_cfg.clone(layer=layer_cfg)))
+
+
 def model_config(
     *,
     hidden_dim: int,
@@ -204,6 +310,7 @@ def model_config(
     atten_logit_cap: Optional[float] = None,
     pad_token_id: Optional[int] = None,
     eos_token_id: Optional[int] = None,
+    attention_kv_cache: Optional[InstantiableConfig] = None,
 ) -> causal_lm.Model.Config:
     """A causal LM config from layer-level choices (AXLearn's `common.model_config`).
 
@@ -234,9 +341,12 @@ def model_config(
         atten_logit_cap: Optional tanh cap of attention logits.
         pad_token_id: Optional padding id.
         eos_token_id: Optional end-of-sequence id.
+        attention_kv_cache: Optional KV cache config of the attention (e.g. `KVCache` with
+            `cache_dtype`).
 
     Returns:
-        The model config.
+        The model config (loss from `causal_lm.metrics_config()`; inputs are not sharding-
+        constrained inside the model: the trainer shards them).
     """
     stack_cfg = (stack_cfg or RepeatedTransformerLayer.default_config()).clone()
     layer_cfg = (layer_cfg or TransformerLayer.default_config()).clone()
@@ -249,9 +359,11 @@ def model_config(
     attention.set(causal=True, num_heads=num_heads, atten_logit_cap=atten_logit_cap)
     if attention_qkv_linear is not None:
         attention.input_linear = attention_qkv_linear.clone()
+    if attention_kv_cache is not None:
+        attention.kv_cache = attention_kv_cache.clone()
     layer_cfg.self_attention.structure = atten_structure
     if stack_cfg.klass is RepeatedTransformerLayer:
-        layer_cfg.remat_spec = build_remat_spec(stack_cfg)
+        update_model_remat_config(stack_cfg=stack_cfg, layer_cfg=layer_cfg)
     stack_cfg.set(num_layers=num_layers, layer=layer_cfg)
     decoder_cfg = Decoder.default_config().set(
         transformer=stack_cfg,
@@ -276,11 +388,12 @@ def model_config(
                 )
             }
         ),
-        batch_axis_names=batch_axis_names,
-        seq_axis_names=("seq",),
+        batch_axis_names=None,
         dtype=jnp.float32,
-        z_loss_scale=z_loss_scale,
+        metrics=causal_lm.metrics_config(),
     )
+    if z_loss_scale:
+        cfg.z_loss_scale = z_loss_scale
     set_double_shard_weights_config(
         cfg.decoder.transformer.layer,
         batch_axis_names=batch_axis_names,
@@ -375,14 +488,23 @@ def adamw_decoupled_learner_config(
     return learner.Learner.default_config().set(optimizer=optimizer)
 
 
-def _batcher(global_batch_size: Optional[int] = None) -> InstantiableConfig:
-    batcher = config_for_function(input_tf_data.batch).set(
+def _batcher() -> InstantiableConfig:
+    """A per-feed batcher (its size comes from the Input's input_dispatcher)."""
+    return config_for_function(input_tf_data.per_feed_batch).set(
         prefetch_buffer_size=-1,  # tf.data.AUTOTUNE.
         pad_example_fn=input_tf_data.default_pad_example_fn,
     )
-    if global_batch_size is not None:
-        batcher.set(global_batch_size=global_batch_size)
-    return batcher
+
+
+def _dispatcher(global_logical_batch_size: int) -> InstantiableConfig:
+    return InputDispatcher.default_config().set(global_logical_batch_size=global_logical_batch_size)
+
+
+# Batch axes over (data, expert, fsdp); sequence axes over seq.
+_INPUT_PARTITION = {
+    (None, 1): PartitionSpec(("data", "expert", "fsdp")),
+    (None, 2): PartitionSpec(("data", "expert", "fsdp"), "seq"),
+}
 
 
 def evaler_config_dict(
@@ -391,7 +513,8 @@ def evaler_config_dict(
     metric_calculators: Optional[dict[str, InstantiableConfig]] = None,
     summary_writer: Optional[InstantiableConfig] = None,
 ) -> dict[str, SpmdEvaler.Config]:
-    """One SpmdEvaler config per eval input source (batch size set by get_trainer_config_fn).
+    """One SpmdEvaler config per eval input source (per-feed batching; the batch size is set by
+    `get_trainer_config_fn` on the input's input_dispatcher).
 
     Args:
         input_source_configs: {name: BuildDatasetFn config}.
@@ -464,7 +587,7 @@ def get_trainer_config_fn(
     mesh_shape: Sequence[int],
     mesh_axis_names: Sequence[str] = MESH_AXIS_NAMES,
     mesh_rules: Optional[Sequence[tuple[str, Any]]] = None,
-    eval_every_n_steps: int = 5000,
+    eval_every_n_steps: int = EVAL_EVERY_N_STEPS,
     eval_batch_size: Optional[int] = None,
     keep_every_n_steps: int = 50_000,
     save_every_n_steps: Optional[int] = None,
@@ -476,13 +599,13 @@ def get_trainer_config_fn(
         model_cfg: The model config.
         learner_cfg: The learner config.
         max_step: Training steps.
-        train_batch_size: Global training batch size.
+        train_batch_size: Global training batch size (the input dispatcher's logical batch).
         train_input_source: BuildDatasetFn config of the training input (e.g. `tfds_input`).
         evalers: {name: SpmdEvaler config} (e.g. from `evaler_config_dict`).
         mesh_shape: The default mesh shape.
         mesh_axis_names: The mesh axis names (batches shard over all but "model"/"pipeline").
         mesh_rules: Optional (instance-type regex, mesh shape or config modifier) rules.
-        eval_every_n_steps: Evaluation period.
+        eval_every_n_steps: Evaluation period (AXLearn's default: EVAL_EVERY_N_STEPS).
         eval_batch_size: Eval batch size (default: train_batch_size).
         keep_every_n_steps: Checkpoints at multiples of this are kept.
         save_every_n_steps: Checkpoint period (default: min(eval_every_n_steps, 5000)).
@@ -516,12 +639,16 @@ def get_trainer_config_fn(
             is_training=True,
             source=train_input_source,
             processor=config_for_function(input_tf_data.identity),
-            batcher=_batcher(train_batch_size),
+            batcher=_batcher(),
+            input_dispatcher=_dispatcher(train_batch_size),
+            input_partitioner=config_for_function(partition_by_path_rank).set(
+                path_rank_to_partition=dict(_INPUT_PARTITION)
+            ),
         )
         cfg.evalers = {}
         for name, evaler_cfg in evalers.items():
             evaler_cfg = evaler_cfg.clone()
-            evaler_cfg.input.batcher.set(global_batch_size=eval_batch_size or train_batch_size)
+            evaler_cfg.input.input_dispatcher = _dispatcher(eval_batch_size or train_batch_size)
             evaler_cfg.eval_policy = config_for_function(eval_every_n_steps_policy).set(
                 n=eval_every_n_steps, max_step=max_step
             )

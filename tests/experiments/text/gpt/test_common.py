@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from axlearn.common.config import config_for_function
 from axlearn.experiments.text.common import embedded_vocab_config
@@ -47,3 +48,46 @@ def test_training_pieces_and_packing(embedded_cache):
     )
     assert {"input_segment_ids", "input_positions"} <= set(packed)
     assert packed["input_ids"].shape == (16,)
+
+
+def test_mixture_train_input_source_samples_by_weight(monkeypatch):
+    """Two components weighted 3:1: about 3/4 of the examples come from the first (each
+    component's TFDS reader replaced by a source repeating one word)."""
+    import tensorflow as tf
+
+    from axlearn.common import input_tf_data
+    from axlearn.common.input_lm import lm_text_preprocessor
+    from axlearn.experiments.text.common import DataMixtureComponent
+    from axlearn.experiments.text.gpt.common import mixture_train_input_source
+
+    def fake_tfds(dataset_name, *, split, is_training, train_shuffle_buffer_size, read_config):
+        del split, is_training, read_config
+        assert train_shuffle_buffer_size == 64 * 2  # 64 x the component's shuffle buffer.
+        return lambda: tf.data.Dataset.from_tensors({"text": dataset_name}).repeat(2000)
+
+    monkeypatch.setattr(input_tf_data, "tfds_dataset", fake_tfds)
+    components = [
+        DataMixtureComponent(name="apple", weight=3.0, shuffle_buffer_size=2),
+        DataMixtureComponent(name="zebra", weight=1.0, shuffle_buffer_size=2),
+    ]
+    preprocessor = config_for_function(lm_text_preprocessor).set(shuffle_buffer_size=0)
+    vocab = embedded_vocab_config().instantiate()
+    apple = set(vocab.encode("apple"))
+    source = mixture_train_input_source(
+        is_training=True,
+        vocab_cfg=embedded_vocab_config(),
+        preprocessor=preprocessor,
+        data_mixture_components=components,
+        max_sequence_length=4,
+    )
+    examples = list(source().take(800).as_numpy_iterator())
+    from_apple = [bool(set(ex["target_labels"].tolist()) & apple) for ex in examples]
+    assert abs(np.mean(from_apple) - 0.75) < 0.06
+    with pytest.raises(ValueError, match="1 preprocessors for 2 data_mixture_components"):
+        mixture_train_input_source(
+            is_training=True,
+            vocab_cfg=embedded_vocab_config(),
+            preprocessor=[preprocessor],
+            data_mixture_components=components,
+            max_sequence_length=4,
+        )
