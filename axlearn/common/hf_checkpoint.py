@@ -368,7 +368,7 @@ def export_trainer_dir(
     # pylint: disable-next=import-outside-toplevel
     from axlearn.common.inference import InferenceRunner, sentencepiece_model_file
 
-    runner = InferenceRunner.from_trainer_dir(trainer_dir, evalers=[])
+    runner = InferenceRunner.from_trainer_dir(trainer_dir, evalers=[], step=step)
     # Refuse before reading the checkpoint if the architecture cannot be expressed.
     tied = "lm_head" not in runner.model.decoder.children
     llama_config(runner.config.model, tied=tied)
