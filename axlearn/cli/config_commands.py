@@ -1,7 +1,10 @@
 """`axlearn config ...`: inspect named experiments' config trees.
 
 - `axlearn config dump --module=M --config=C [--output=PATH]` prints (or writes) the config's
-  `debug_string()`: one `path: value` line per leaf, keys sorted.
+  `debug_string()`: one `path: value` line per leaf, keys sorted. With `--init`, AXLearn's
+  `_init.txt` text instead (each model parameter's initializer, in creation order); with
+  `--regularizer`, its `_regularizer.txt` text (per-parameter weight-decay scales, under
+  `====================weight_decay_scale root.optimizer====================` headers).
 - `axlearn config list --module=M` prints the module's config names, one per line; with no
   `--module`, every experiment module under the `experiments` package and its configs.
 - `axlearn config diff --module=A --config=X [--module=B] --config=Y` and
@@ -55,6 +58,17 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     dump.add_argument(
         "--output", default=None, help="Write the dump to this file instead of stdout."
     )
+    what = dump.add_mutually_exclusive_group()
+    what.add_argument(
+        "--init",
+        action="store_true",
+        help="Print the parameter-initializer dump (AXLearn's _init.txt) instead.",
+    )
+    what.add_argument(
+        "--regularizer",
+        action="store_true",
+        help="Print the per-parameter weight-decay scales (AXLearn's _regularizer.txt) instead.",
+    )
     dump.set_defaults(func=dump_command)
 
     listing = commands.add_parser(
@@ -97,8 +111,11 @@ def _add_module_flag(parser: argparse.ArgumentParser, *, required: bool = True) 
 def dump_command(args: argparse.Namespace) -> int:
     """Prints (or writes to `--output`) the `debug_string()` of a named trainer config.
 
+    With `--init` / `--regularizer`, prints the `_init.txt` / `_regularizer.txt` text instead
+    (see `axlearn.common.golden_config`).
+
     Args:
-        args: Parsed arguments with `module`, `config` and `output`.
+        args: Parsed arguments with `module`, `config`, `output`, `init` and `regularizer`.
 
     Returns:
         0 on success.
@@ -119,7 +136,13 @@ def dump_command(args: argparse.Namespace) -> int:
             f"Config function {args.config!r} of {args.module!r} returned "
             f"{type(cfg).__name__}, not a config"
         )
-    text = cfg.debug_string() + "\n"
+    if getattr(args, "init", False) or getattr(args, "regularizer", False):
+        # Imported here: it pulls in the model and learner stack.
+        from axlearn.common import golden_config  # pylint: disable=import-outside-toplevel
+
+        text = golden_config.init_text(cfg) if args.init else golden_config.regularizer_text(cfg)
+    else:
+        text = cfg.debug_string() + "\n"
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)

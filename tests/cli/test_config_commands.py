@@ -1,5 +1,7 @@
 """Tests axlearn/cli/config_commands.py: `config diff` and module-less `config list`."""
 
+import pathlib
+
 import pytest
 
 from axlearn.cli.main import main
@@ -63,6 +65,26 @@ def test_list_without_module_lists_every_experiment(capsys):
     out = capsys.readouterr().out
     assert "axlearn.experiments.text.gpt.tiny\n  gpt-tiny\n" in out
     assert "axlearn.experiments.text.gpt.honeycrisp\n  honeycrisp-3B\n" in out
+
+
+def test_dump_init_and_regularizer(tmp_path, capsys):
+    assert main(["config", "dump", *TINY, "--init"]) == 0
+    init = capsys.readouterr().out.splitlines()
+    assert init[0].startswith("decoder/emb/token_emb/weight: normal(0, 1.0 / fan_out)")
+    assert main(["config", "dump", *TINY, "--regularizer"]) == 0
+    reg = capsys.readouterr().out.splitlines()
+    assert reg[0] == "====================weight_decay_scale root.optimizer===================="
+    assert reg[1] == "decoder/emb/token_emb/weight: 1"
+    # The same texts as the checked-in goldens.
+    out = tmp_path / "reg.txt"
+    assert main(["config", "dump", *TINY, "--regularizer", f"--output={out}"]) == 0
+    golden = pathlib.Path(__file__).parents[2] / (
+        "experiments/testdata/axlearn.experiments.text.gpt.tiny/gpt-tiny_regularizer.txt"
+    )
+    with open(golden, encoding="utf-8") as f:
+        assert out.read_text() == f.read()
+    with pytest.raises(SystemExit):
+        main(["config", "dump", *TINY, "--init", "--regularizer"])
 
 
 def test_diff_of_trainer_dirs_and_of_a_file_that_is_not_a_dump(tmp_path, capsys):
