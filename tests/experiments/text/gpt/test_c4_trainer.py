@@ -133,12 +133,17 @@ _70B = (
     [("fuji-7B-v3", 32, 4096, _7B), ("fuji-70B-v3", 80, 8192, _70B)],
 )
 def test_parameter_count_equals_axlearn_init_dump(name, num_layers, dim, expected):
+    from axlearn.common import golden_config
+
     assert (_7B, _70B) == (6_207_836_160, 70_599_843_840)
     cfg = _configs()[name]()
     model = cfg.model.clone(name="model").instantiate(parent=None)
     params = jax.eval_shape(model.initialize_parameters_recursively, jax.random.PRNGKey(0))
     ours = sum(int(np.prod(x.shape)) for _, x in flatten_items(params))
     assert ours == _init_dump_count(name, num_layers=num_layers, dim=dim) == expected
+    # `axlearn config dump --init` of the config is AXLearn's published _init.txt, line for line.
+    with open(os.path.join(_DUMPS, f"{name}_init.txt"), encoding="utf-8") as f:
+        assert golden_config.init_text(cfg).splitlines() == f.read().splitlines()
 
 
 def _tiny_equivalent(name: str, trainer_dir: str, *, max_step: int = 3):
@@ -158,12 +163,16 @@ def _tiny_equivalent(name: str, trainer_dir: str, *, max_step: int = 3):
     batch = min(cfg.input.input_dispatcher.global_logical_batch_size, 16)
     cfg.input.source = train
     cfg.input.input_dispatcher.global_logical_batch_size = batch
-    cfg.evalers = {}
+    # The "validation" evaler (per-feed batching like training), on 8 documents, at the end.
+    evaler = cfg.evalers["validation"]
+    evaler.input.source = evals["validation"].set(split="validation[:8]")
+    evaler.input.input_dispatcher.global_logical_batch_size = batch
+    evaler.eval_policy.set(n=max_step, max_step=max_step)
+    cfg.evalers = {"validation": evaler}
     cfg.set(name="trainer", dir=trainer_dir, max_step=max_step, mesh_shape=(1, -1, 1, 1, 1, 1))
     cfg.learner.optimizer.args[1].update_schedule.max_step = max_step
     cfg.learner.optimizer.args[1].update_schedule.warmup_steps = 1
     cfg.checkpointer.save_policy.max_step = max_step
-    del evals
     return cfg
 
 
@@ -176,6 +185,8 @@ def test_tiny_equivalent_trains(name, tmp_path):
     trainer = cfg.instantiate(parent=None)
     output = trainer.run(jax.random.PRNGKey(0))
     assert output is not None and np.isfinite(float(output["loss"]))
+    # The evaluation at the last step wrote its summaries.
+    assert os.listdir(os.path.join(str(tmp_path), "summaries", "validation"))
 
 
 def test_every_matched_config_builds_its_tiny_equivalent(tmp_path):
