@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from axlearn.common import experiment_registry
@@ -85,7 +86,9 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
         "trainer_config), or --config twice with --module once (both configs in that module) or "
         "twice (one per config).",
     )
-    diff.add_argument("dumps", nargs="*", metavar="DUMP", help="Two config dump files.")
+    diff.add_argument(
+        "dumps", nargs="*", metavar="DUMP", help="Two config dump files (or trainer dirs)."
+    )
     diff.add_argument(
         "--module", action="append", default=None, help="Experiment module (once or twice)."
     )
@@ -216,6 +219,9 @@ def diff_command(args: argparse.Namespace) -> int:
             )
         texts, labels = [], list(args.dumps)
         for path in args.dumps:
+            if os.path.isdir(path):
+                # A trainer dir: its record's dump (the config the run trained with).
+                path = os.path.join(path, "trainer_config")
             try:
                 with open(path, encoding="utf-8") as f:
                     texts.append(f.read())
@@ -237,7 +243,11 @@ def diff_command(args: argparse.Namespace) -> int:
             texts[0], texts[1], source_a=labels[0], source_b=labels[1]
         )
     except config_diff.ConfigDumpFormatError as e:
-        raise CommandError(str(e), exit_code=2) from e
+        raise CommandError(
+            f"{e}. config diff compares two config dumps: a trainer dir (its `trainer_config`), "
+            "or the output of `axlearn config dump`.",
+            exit_code=2,
+        ) from e
     if not diff:
         return 0
     print(

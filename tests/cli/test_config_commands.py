@@ -85,3 +85,23 @@ def test_dump_init_and_regularizer(tmp_path, capsys):
         assert out.read_text() == f.read()
     with pytest.raises(SystemExit):
         main(["config", "dump", *TINY, "--init", "--regularizer"])
+
+
+def test_diff_of_trainer_dirs_and_of_a_file_that_is_not_a_dump(tmp_path, capsys):
+    """Issue 29 case 13: `config diff` on a file that is not a dump says what a dump is, in one
+    line; a trainer dir stands for its record's `trainer_config`."""
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    run_a.mkdir()
+    run_b.mkdir()
+    assert main(["config", "dump", *TINY, f"--output={run_a / 'trainer_config'}"]) == 0
+    text = (run_a / "trainer_config").read_text()
+    (run_b / "trainer_config").write_text(text.replace("\nmax_step: 300\n", "\nmax_step: 20\n"))
+    capsys.readouterr()
+    assert main(["config", "diff", str(run_a), str(run_b)]) == 1
+    assert "  ~ max_step: 300 -> 20" in capsys.readouterr().out
+    flags = run_a / "launch_trainer_flags"
+    flags.write_text('{\n  "module": "text.gpt.tiny"\n}\n')
+    assert main(["config", "diff", str(flags), str(run_b)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flags}:1: not a config dump line" in err[0]
+    assert "config diff compares two config dumps: a trainer dir" in err[0]

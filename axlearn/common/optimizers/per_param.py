@@ -323,7 +323,10 @@ def per_param_settings_of_optimizer(
 def regularizer_text(
     optimizer: ConfigOr[PartitionedGradientTransformation], param_specs: Any
 ) -> str:
-    """The `_regularizer.txt` text: one `param/path: weight-decay scale` line per parameter.
+    """One `param/path: weight-decay scale` line per parameter of one optimizer.
+
+    (`golden_config.regularizer_text` gives a trainer config's AXLearn-format `_regularizer.txt`,
+    with its `====` header.)
 
     Args:
         optimizer: The optimizer or its config.
