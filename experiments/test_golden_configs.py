@@ -1,6 +1,10 @@
 """Golden config dumps: every named experiment config vs experiments/testdata/<module>/<name>.txt.
 
-A change that moves any config line fails here with a unified diff. If the change is intended,
+Besides the config dump (`<name>.txt`), each config has AXLearn's parameter-init dump
+(`<name>_init.txt`) and per-parameter weight-decay dump (`<name>_regularizer.txt`), as
+`axlearn config dump --init/--regularizer` prints them (see `axlearn.common.golden_config`).
+
+A change that moves any line fails here with a unified diff. If the change is intended,
 regenerate the goldens and review the diff in version control:
 
     AXLEARN_UPDATE_GOLDENS=1 .venv/bin/pytest experiments/test_golden_configs.py
@@ -18,6 +22,7 @@ import pkgutil
 import pytest
 
 import axlearn.experiments
+from axlearn.common import golden_config
 
 TESTDATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")
 UPDATE_ENV = "AXLEARN_UPDATE_GOLDENS"
@@ -45,21 +50,30 @@ def _cases() -> list[tuple[str, str]]:
     return cases
 
 
-def golden_path(module: str, name: str) -> str:
-    """The golden dump file of config `name` of `module`."""
-    return os.path.join(TESTDATA_DIR, module, f"{name}.txt")
+# The dumps of each config: file suffix -> text function (of a built trainer config).
+KINDS = {
+    ".txt": lambda cfg: cfg.debug_string() + "\n",
+    "_init.txt": golden_config.init_text,
+    "_regularizer.txt": golden_config.regularizer_text,
+}
 
 
-def dump(module: str, name: str) -> str:
-    """The dump text of a named config, as `axlearn config dump` writes it."""
+def golden_path(module: str, name: str, suffix: str = ".txt") -> str:
+    """The golden dump file of config `name` of `module` (`suffix`: one of KINDS)."""
+    return os.path.join(TESTDATA_DIR, module, f"{name}{suffix}")
+
+
+def dump(module: str, name: str, suffix: str = ".txt") -> str:
+    """The dump text of a named config, as `axlearn config dump [--init/--regularizer]` prints."""
     cfg = importlib.import_module(module).named_trainer_configs()[name]()
-    return cfg.debug_string() + "\n"
+    return KINDS[suffix](cfg)
 
 
+@pytest.mark.parametrize("suffix", sorted(KINDS))
 @pytest.mark.parametrize("module,name", _cases())
-def test_golden_config(module: str, name: str):
-    path = golden_path(module, name)
-    text = dump(module, name)
+def test_golden_config(module: str, name: str, suffix: str):
+    path = golden_path(module, name, suffix)
+    text = dump(module, name, suffix)
     if os.environ.get(UPDATE_ENV):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w", encoding="utf-8") as f:
@@ -85,7 +99,7 @@ def test_golden_config(module: str, name: str):
 
 
 def test_no_stale_goldens():
-    expected = {golden_path(m, n) for m, n in _cases()}
+    expected = {golden_path(m, n, suffix) for m, n in _cases() for suffix in KINDS}
     found = set()
     if os.path.isdir(TESTDATA_DIR):
         for module_dir in os.listdir(TESTDATA_DIR):

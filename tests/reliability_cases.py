@@ -30,6 +30,9 @@ _CFG = "tests/common/config/test_typecheck.py"
 _RANGE = "tests/common/test_config_ranges.py"
 _LAUNCH = "tests/common/test_launch_trainer.py"
 _TFD = "tests/common/test_input_tf_data.py"
+_META = "tests/common/test_checkpointer_metadata.py"
+_MAIN = "tests/common/test_launch_trainer_main.py"
+_RR = "tests/common/test_run_record.py"
 
 CASES = [
     # Process death and preemption.
@@ -194,6 +197,58 @@ CASES = [
         f"{_VER}::test_verify_finds_corruption",
     ),
     Case(
+        "an index that lost a leaf (verify used to say OK)",
+        "verify exits 1 naming the array the index does not list; restore refuses it as corrupt",
+        "nothing",
+        f"{_META}::test_verify_reports_damaged_metadata",
+    ),
+    Case(
+        "a `.zarray` deleted, garbage, or of another dtype or shape",
+        "verify exits 1 naming the file; the trainer and generate refuse the step naming "
+        "--restore_fallback; with it the step is set aside and the previous one restored",
+        "nothing (moved, not deleted)",
+        f"{_META}::test_restore_refuses_damaged_metadata_or_sets_it_aside",
+    ),
+    Case(
+        "an index edited to another shape",
+        "CorruptCheckpointError naming the `.zarray` that disagrees and --restore_fallback (not "
+        "a model mismatch)",
+        "nothing",
+        f"{_META}::test_restore_refuses_damaged_metadata_or_sets_it_aside",
+    ),
+    Case(
+        "an older step with a corrupt chunk, due for garbage collection",
+        "GC verifies before removing: it sets the step aside as step_N.corrupt-<time> and logs "
+        "why; the intact steps are unchanged and restore",
+        "nothing (moved, not deleted)",
+        f"{_META}::test_gc_sets_a_step_that_fails_verification_aside",
+    ),
+    Case(
+        "only the index of the newest step deleted, every chunk intact",
+        "verify exits 1 saying so; the run resumes from the step before and sets the step aside "
+        "as step_N.unindexed-<time> (the next save of that step cannot delete it)",
+        "nothing (moved, not deleted)",
+        f"{_META}::test_lost_index_with_intact_chunks_is_set_aside_never_deleted",
+    ),
+    Case(
+        "every step corrupt, with --restore_fallback=previous",
+        "error naming the steps set aside; training from step 0 needs them moved out first",
+        "nothing (moved, not deleted)",
+        f"{_META}::test_fallback_with_nothing_left_is_an_error_naming_what_was_set_aside",
+    ),
+    Case(
+        "`axlearn checkpoint verify|list` of a trainer dir",
+        "exit 1 pointing to its checkpoints/ directory",
+        "nothing",
+        f"{_VER}::test_cli_on_a_trainer_dir_points_to_its_checkpoints",
+    ),
+    Case(
+        "`axlearn checkpoint select` that sets steps aside",
+        "the set-aside steps logged as info, not ERROR lines",
+        "nothing",
+        f"{_REC}::test_select_logs_no_error_for_the_steps_it_sets_aside",
+    ),
+    Case(
         "restoring into a model with another parameter shape",
         "StateMismatchError naming the parameter",
         "nothing",
@@ -216,6 +271,29 @@ CASES = [
         "its error is raised by the next call",
         "nothing committed",
         f"{_CKPT}::test_async_error_is_raised_on_next_call",
+    ),
+    # The run's record.
+    Case(
+        "rerun of a finished run that fails at restore (another model), has nothing to do "
+        "(another learning rate at max_step) or is rejected (an out-of-range value)",
+        "trainer_config and launch_trainer_flags unchanged; a rerun that trains adds "
+        "run_records/<n> and keeps the earlier records",
+        "nothing",
+        f"{_RR}::test_a_rerun_that_does_not_train_leaves_the_record",
+    ),
+    Case(
+        "`axlearn generate`/`eval` of a step saved before a start with another config",
+        "the model of the record that step was made with",
+        "nothing",
+        f"{_RR}::test_config_of_a_step_comes_from_its_record",
+    ),
+    Case(
+        "disk full while appending to metrics.jsonl; a torn tail left by a killed process",
+        "OSError naming the file, no half line; the resumed run cuts a torn tail with a "
+        "warning; compare skips a torn line with a note",
+        "nothing (the failed step is redone and logged by the resumed run)",
+        "tests/common/test_summary_writer.py::"
+        "test_jsonl_full_disk_leaves_whole_lines_and_a_torn_tail_is_cut",
     ),
     # Concurrent runs.
     Case(
@@ -248,6 +326,13 @@ CASES = [
         "TooManySkippedStepsError naming likely causes; the streak is not saved",
         "nothing committed",
         "tests/common/test_skip_streak.py::test_all_nan_run_stops_without_checkpointing_the_streak",
+    ),
+    Case(
+        "every step dropped by drop_norm (finite loss and gradient norm)",
+        "TooManySkippedStepsError saying the values were finite and naming drop_norm; no step "
+        "of the streak is saved",
+        "nothing committed",
+        "tests/common/test_skip_streak.py::test_drop_norm_streak_names_drop_norm_not_non_finite_values",
     ),
     Case(
         "fp16 loss scaling skipping its first steps",
@@ -291,6 +376,66 @@ CASES = [
         "ValueError at instantiation with the config path",
         "nothing",
         f"{_RANGE}::test_out_of_range_values_fail_at_instantiation",
+    ),
+    Case(
+        "max_step=20.5; a learning rate of 0; model.decoder.dim=0",
+        "ConfigRangeError (a whole number, >= 1) naming the path; a warning for the rate of 0",
+        "nothing",
+        f"{_RANGE}::test_fractional_step_counts_fail_and_a_zero_learning_rate_warns",
+    ),
+    Case(
+        "--config_override=max_step=N below the experiment's",
+        "the start names the fields still holding the old number (schedule, policies); step N "
+        "is evaluated and saved",
+        "nothing",
+        f"{_LAUNCH}::test_shortened_max_step_names_derived_fields_and_saves_and_evaluates_the_last_step",
+    ),
+    Case(
+        "launcher mistakes: --max_step=20, unknown --module or --config, no --trainer_dir, "
+        "missing or empty --data_dir, --jax_backend=tpu without a TPU, max_step=20.5, "
+        "peak_lr=nan, dim=0, a schedule no longer than its warm-up",
+        "exit 1 with one line naming the mistake and the fix (did-you-mean, --config_override, "
+        "warmup_steps), no traceback; nothing recorded",
+        "nothing",
+        f"{_MAIN}::test_user_errors_are_one_line_without_a_traceback",
+    ),
+    Case(
+        "`launch_trainer_main --help`",
+        "the usage and every training flag, exit 0",
+        "nothing",
+        f"{_MAIN}::test_help_prints_the_training_flags_and_exits_0",
+    ),
+    Case(
+        "`axlearn eval|generate --step` of a step that never existed",
+        "one line listing the committed steps",
+        "nothing",
+        "tests/cli/test_inference_commands.py::test_eval_errors_name_the_problem",
+    ),
+    Case(
+        "`axlearn config diff` of a file that is not a dump",
+        "one line naming the file and line and what a dump is; trainer dirs are accepted",
+        "nothing",
+        "tests/cli/test_config_commands.py::"
+        "test_diff_of_trainer_dirs_and_of_a_file_that_is_not_a_dump",
+    ),
+    # Numbers that must not mislead.
+    Case(
+        "two runs of one config in different trainer dirs",
+        "one config hash, spelled as `axlearn compare` shows it",
+        "nothing",
+        "tests/common/test_run_summary.py::test_one_config_hash_spelling_for_runs_in_other_dirs",
+    ),
+    Case(
+        "`axlearn compare` of a timing measured once or twice per run (+23% eval time)",
+        "within noise (too few samples), never REGRESSED",
+        "nothing",
+        "tests/common/test_run_comparison.py::test_a_timing_from_too_few_samples_is_never_regressed",
+    ),
+    Case(
+        "a CPU run on a machine without a GPU driver",
+        "no `E0000 ... failed call to cuInit` line",
+        "nothing",
+        f"{_MAIN}::test_cpu_run_prints_no_error_looking_lines",
     ),
     Case(
         "--mesh_selector matching no rule; --trace_at_steps=x,y",

@@ -21,9 +21,10 @@ from tests.trained_run import LLAMA_OVERRIDES, MODULE
 
 pytestmark = pytest.mark.slow
 
-# A `--module=M` (optionally followed by `--config=C`) in the docs or the README.
+# A `--module=M` (optionally followed by `--config=C`) in the docs or the README; not a
+# placeholder such as `--module=text.gpt.<name>`.
 _MODULE_RE = re.compile(
-    r"--module[= ](?P<module>(?:axlearn\.experiments\.|text\.)[\w.]+)"
+    r"--module[= ](?P<module>(?:axlearn\.experiments\.|text\.)[\w.]+)(?![\w.<])"
     r"(?:[ \\\n]+--config[= ](?P<config>[\w.-]+))?"
 )
 # The one line of a command that needs an extra.
@@ -44,20 +45,36 @@ def base_env(tmp_path_factory) -> BaseEnv:
     return make_base_env(str(tmp_path_factory.mktemp("base_install")))
 
 
-def documented_modules() -> dict[str, set[str]]:
-    """{`--module` value in docs/*.md or README.md: the `--config` values documented with it}."""
+def documented_modules() -> tuple[dict[str, set[str]], dict[tuple[str, str], str]]:
+    """The `--module` values of the commands in docs/*.md and README.md.
+
+    Returns:
+        ({module: the `--config` values documented with it}, {(module, config): the error line
+        shown under it, up to any "..."} for `axlearn config` examples that document an error).
+    """
     pages = [os.path.join(REPO_ROOT, "README.md")]
     docs = os.path.join(REPO_ROOT, "docs")
     pages += [os.path.join(docs, f) for f in sorted(os.listdir(docs)) if f.endswith(".md")]
     found: dict[str, set[str]] = {}
+    errors: dict[tuple[str, str], str] = {}
     for page in pages:
         with open(page, encoding="utf-8") as f:
             text = f.read()
-        for match in _MODULE_RE.finditer(text):
-            configs = found.setdefault(match["module"].rstrip("."), set())
-            if match["config"]:
+        # Commands only: fenced blocks, and inline code that starts with a command (prose such
+        # as "`--module=text.gpt.fuji --config=fuji-7B-v3` is now ..." is not an example).
+        snippets = re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M)
+        snippets += re.findall(r"`((?:axlearn|python) [^`]+)`", text)
+        for match in (m for snippet in snippets for m in _MODULE_RE.finditer(snippet)):
+            rest = match.string[match.end() :]
+            configs = found.setdefault(match["module"], set())
+            if not match["config"]:
+                continue
+            next_line = rest.split("\n", 2)[1] if "\n" in rest else ""
+            if next_line.startswith("axlearn config: error: "):  # A documented config error.
+                errors[(match["module"], match["config"])] = next_line.split("...", 1)[0]
+            else:
                 configs.add(match["config"])
-    return found
+    return found, errors
 
 
 def _output(proc) -> str:
@@ -89,7 +106,7 @@ def test_experiments_is_not_importable_from_the_wheel(base_env):
 
 
 def test_every_documented_module_works_from_root(base_env):
-    documented = documented_modules()
+    documented, errors = documented_modules()
     assert {"text.gpt.tiny", "text.gpt.honeycrisp", "text.gpt.fuji"} <= set(documented)
     for module, configs in sorted(documented.items()):
         proc = base_env.run(["-m", "axlearn.cli.main", "config", "list", f"--module={module}"])
@@ -102,6 +119,11 @@ def test_every_documented_module_works_from_root(base_env):
             assert proc.returncode == 0, f"{' '.join(args)}\n{_output(proc)}"
             lines = proc.stdout.splitlines()
             assert len(lines) > 20 and all(": " in line for line in lines), args
+    # Examples that document an error print that error.
+    for (module, config), error in sorted(errors.items()):
+        args = ["config", "dump", f"--module={module}", f"--config={config}"]
+        proc = base_env.run(["-m", "axlearn.cli.main", *args])
+        assert proc.returncode != 0 and proc.stderr.startswith(error), _output(proc)
 
 
 def _check(base_env: BaseEnv, args: list[str], expect: str, **kwargs):
@@ -167,10 +189,10 @@ def test_every_command_works_or_names_its_extra(base_env, trained_dir, tmp_path)
     # checkout may have uncommitted changes); its pre-flight compile needs libtpu.
     _check(base_env, ["gcp", "config", "activate", "--label=v5p"], "works", **root)
     assert "my-project" in _check(base_env, ["gcp", "config", "list"], "works", **root).stdout
-    launch = ["gcp", "launch", "--instance_type=tpu-v5p-128", "--num_replicas=2"]
+    launch = ["gcp", "launch", "--dry_run", "--bundler_spec=allow_dirty=true"]
     job = ["--", "python", "-m", "axlearn.common.launch_trainer_main"]
-    job += ["--module=text.gpt.honeycrisp", "--config=honeycrisp-3B"]
-    dry_run = [*launch, "--dry_run", "--bundler_spec=allow_dirty=true", "--name=x", *job]
+    job += ["--module=text.gpt.tiny", "--config=gpt-tiny"]
+    dry_run = [*launch, "--instance_type=tpu-v5p-8", "--name=x", *job]
     _check(base_env, dry_run, "tpu", **repo)
     _check(base_env, ["gcp", "launch", "list"], "gcp", **root)
     _check(base_env, ["gcp", "launch", "stop", "--name=honeycrisp-3b"], "gcp", **root)

@@ -1,11 +1,14 @@
 """`axlearn checkpoint ...`: inspect checkpoint directories without a model.
 
 - `axlearn checkpoint list DIR` prints one line per step directory: step, committed or not,
-  size, number of leaves.
+  size, number of leaves, and (in a trainer dir's `checkpoints/`) the run record the step was
+  made with (`run_records/<n>`).
 - `axlearn checkpoint verify DIR [--step N]` reads every array chunk and bytes file and checks it
   against the checksums in the index; DIR is a checkpointer directory (every step is checked) or
-  one `step_%08d` directory. Exits 1 if a committed checkpoint (one whose `index` exists, readable
-  or not) fails verification.
+  one `step_%08d` directory. It checks the metadata too: the index against the files it
+  describes, every `.zarray` against the index. Exits 1 if a committed checkpoint (one whose
+  `index` exists, readable or not) fails verification, or if a directory has lost its index
+  while every chunk is present (restore sets such a directory aside, never deletes it).
 - `axlearn checkpoint select DIR --step N` verifies step N and sets every newer step directory
   aside (renamed `step_%08d.superseded-<time>`, nothing deleted), so that the next run resumes
   from step N; the same as the trainer's `--restore_step=N`.
@@ -51,6 +54,25 @@ def _format_size(num_bytes: int) -> str:
     return f"{num_bytes} B"
 
 
+def _no_steps(path: str) -> int:
+    """Says that `path` holds no step directory, pointing to `checkpoints/` in a trainer dir.
+
+    Returns:
+        0 for an empty checkpoint dir; raises for a trainer dir (the user meant its checkpoints).
+
+    Raises:
+        CommandError: If `path` is a trainer dir (it has a `checkpoints/` subdirectory).
+    """
+    inner = os.path.join(path, "checkpoints")
+    if os.path.isdir(inner):
+        raise CommandError(
+            f"{path} holds no step directories; it looks like a trainer dir: its checkpoints are "
+            f"in {inner} (pass that directory)."
+        )
+    print(f"No step directories under {path}")
+    return 0
+
+
 def list_command(args: argparse.Namespace) -> int:
     """Prints one line per step directory of `args.dir`.
 
@@ -70,14 +92,25 @@ def list_command(args: argparse.Namespace) -> int:
     infos = checkpointer.list_checkpoints(args.dir)
     aside = checkpointer.set_aside_dirs(args.dir)
     if not infos and not aside:
-        print(f"No step directories under {args.dir}")
-        return 0
+        return _no_steps(args.dir)
+    from axlearn.common import run_record  # pylint: disable=import-outside-toplevel
+
+    # In a trainer dir's checkpoints/: the run record each step was made with.
+    trainer_dir = os.path.dirname(os.path.abspath(args.dir))
+    has_records = bool(run_record.records(trainer_dir))
     for info in infos:
         status = "committed" if info.committed else "uncommitted"
         if info.error:
             status = f"corrupt index: {info.error}"
         leaves = "" if info.num_leaves is None else f"  {info.num_leaves} leaves"
-        print(f"step {info.step:>8}  {status:<11}  {_format_size(info.size_bytes):>10}{leaves}")
+        record = ""
+        if has_records:
+            record_dir = run_record.record_dir_for_step(trainer_dir, info.step)
+            record = f"  record {os.path.relpath(record_dir, trainer_dir)}"
+        print(
+            f"step {info.step:>8}  {status:<11}  {_format_size(info.size_bytes):>10}{leaves}"
+            f"{record}"
+        )
     for path in aside:
         print(f"set aside (never restored or removed): {path}")
     return 0
@@ -108,13 +141,21 @@ def verify_command(args: argparse.Namespace) -> int:
         if not dirs:
             raise CommandError(f"No directory for step {args.step} under {args.dir}")
     if not dirs:
-        print(f"No step directories under {args.dir}")
-        return 0
+        return _no_steps(args.dir)
     failed = 0
     for step, path in dirs:
         result = checkpointer.verify_checkpoint(path)
         size = _format_size(result.num_bytes)
         if not result.committed:
+            if checkpointer.chunks_complete(path):
+                failed += 1
+                print(
+                    f"step {step:>8}  uncommitted  FAILED  its index is missing but every chunk "
+                    "of its arrays is present (the index was lost after the save): it cannot be "
+                    "restored; the next run sets it aside as step_%08d.unindexed-<time>, never "
+                    "deletes it" % step
+                )
+                continue
             print(f"step {step:>8}  uncommitted  {result.errors[0] if result.errors else ''}")
             continue
         if result.ok:

@@ -1,7 +1,10 @@
 """`axlearn config ...`: inspect named experiments' config trees.
 
 - `axlearn config dump --module=M --config=C [--output=PATH]` prints (or writes) the config's
-  `debug_string()`: one `path: value` line per leaf, keys sorted.
+  `debug_string()`: one `path: value` line per leaf, keys sorted. With `--init`, AXLearn's
+  `_init.txt` text instead (each model parameter's initializer, in creation order); with
+  `--regularizer`, its `_regularizer.txt` text (per-parameter weight-decay scales, under
+  `====================weight_decay_scale root.optimizer====================` headers).
 - `axlearn config list --module=M` prints the module's config names, one per line; with no
   `--module`, every experiment module under the `experiments` package and its configs.
 - `axlearn config diff --module=A --config=X [--module=B] --config=Y` and
@@ -12,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from axlearn.common import experiment_registry
@@ -54,6 +58,17 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     dump.add_argument(
         "--output", default=None, help="Write the dump to this file instead of stdout."
     )
+    what = dump.add_mutually_exclusive_group()
+    what.add_argument(
+        "--init",
+        action="store_true",
+        help="Print the parameter-initializer dump (AXLearn's _init.txt) instead.",
+    )
+    what.add_argument(
+        "--regularizer",
+        action="store_true",
+        help="Print the per-parameter weight-decay scales (AXLearn's _regularizer.txt) instead.",
+    )
     dump.set_defaults(func=dump_command)
 
     listing = commands.add_parser(
@@ -71,7 +86,9 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
         "trainer_config), or --config twice with --module once (both configs in that module) or "
         "twice (one per config).",
     )
-    diff.add_argument("dumps", nargs="*", metavar="DUMP", help="Two config dump files.")
+    diff.add_argument(
+        "dumps", nargs="*", metavar="DUMP", help="Two config dump files (or trainer dirs)."
+    )
     diff.add_argument(
         "--module", action="append", default=None, help="Experiment module (once or twice)."
     )
@@ -94,8 +111,11 @@ def _add_module_flag(parser: argparse.ArgumentParser, *, required: bool = True) 
 def dump_command(args: argparse.Namespace) -> int:
     """Prints (or writes to `--output`) the `debug_string()` of a named trainer config.
 
+    With `--init` / `--regularizer`, prints the `_init.txt` / `_regularizer.txt` text instead
+    (see `axlearn.common.golden_config`).
+
     Args:
-        args: Parsed arguments with `module`, `config` and `output`.
+        args: Parsed arguments with `module`, `config`, `output`, `init` and `regularizer`.
 
     Returns:
         0 on success.
@@ -116,7 +136,13 @@ def dump_command(args: argparse.Namespace) -> int:
             f"Config function {args.config!r} of {args.module!r} returned "
             f"{type(cfg).__name__}, not a config"
         )
-    text = cfg.debug_string() + "\n"
+    if getattr(args, "init", False) or getattr(args, "regularizer", False):
+        # Imported here: it pulls in the model and learner stack.
+        from axlearn.common import golden_config  # pylint: disable=import-outside-toplevel
+
+        text = golden_config.init_text(cfg) if args.init else golden_config.regularizer_text(cfg)
+    else:
+        text = cfg.debug_string() + "\n"
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
@@ -193,6 +219,9 @@ def diff_command(args: argparse.Namespace) -> int:
             )
         texts, labels = [], list(args.dumps)
         for path in args.dumps:
+            if os.path.isdir(path):
+                # A trainer dir: its record's dump (the config the run trained with).
+                path = os.path.join(path, "trainer_config")
             try:
                 with open(path, encoding="utf-8") as f:
                     texts.append(f.read())
@@ -214,7 +243,11 @@ def diff_command(args: argparse.Namespace) -> int:
             texts[0], texts[1], source_a=labels[0], source_b=labels[1]
         )
     except config_diff.ConfigDumpFormatError as e:
-        raise CommandError(str(e), exit_code=2) from e
+        raise CommandError(
+            f"{e}. config diff compares two config dumps: a trainer dir (its `trainer_config`), "
+            "or the output of `axlearn config dump`.",
+            exit_code=2,
+        ) from e
     if not diff:
         return 0
     print(

@@ -274,7 +274,9 @@ def launch_start(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         if args.dry_run:
-            preflight = gcp_launch.describe_preflight(report, skipped=args.skip_preflight)
+            preflight = gcp_launch.describe_preflight(
+                report, skipped=args.skip_preflight, trainer_check=check
+            )
             sys.stdout.write(
                 gcp_launch.describe_launch(prepared, preflight=preflight, trainer_check=check)
             )

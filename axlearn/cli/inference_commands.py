@@ -89,6 +89,7 @@ def _add_common_flags(parser: argparse.ArgumentParser) -> None:
 
 def _runner(args: argparse.Namespace, *, evalers=None):
     # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.checkpointer import CheckpointCorruptionError  # pylint: disable=C0415
     from axlearn.common.config.override import ConfigOverrideError
     from axlearn.common.inference import InferenceRunner  # pylint: disable=import-outside-toplevel
     from axlearn.common.launch_trainer import TrainerDirError  # pylint: disable=C0415
@@ -97,10 +98,10 @@ def _runner(args: argparse.Namespace, *, evalers=None):
         raise CommandError(f"--trainer_dir {args.trainer_dir} is not a directory")
     try:
         runner = InferenceRunner.from_trainer_dir(
-            args.trainer_dir, config_overrides=args.config_override, evalers=evalers
+            args.trainer_dir, config_overrides=args.config_override, evalers=evalers, step=args.step
         )
         runner.restore(args.step)
-    except (TrainerDirError, ConfigOverrideError, ValueError) as e:
+    except (TrainerDirError, ConfigOverrideError, ValueError, CheckpointCorruptionError) as e:
         raise CommandError(str(e)) from e
     return runner
 

@@ -105,6 +105,35 @@ def bool_to_bias(mask: Tensor, dtype=jnp.float32) -> Tensor:
     return jnp.where(mask, jnp.zeros((), dtype), jnp.asarray(NEG_INF, dtype))
 
 
+def make_causal_biases(seq_len: int) -> Tensor:
+    """Causal attention-logit biases for a sequence (AXLearn's `make_causal_biases`).
+
+    Args:
+        seq_len: The sequence length.
+
+    Returns:
+        Float tensor [seq_len, seq_len]: 0 where the key position j <= the query position i,
+        `NEG_INF` where j > i.
+    """
+    positions = jnp.arange(seq_len)
+    return bool_to_bias(causal_mask(positions[:, None], positions[None, :]))
+
+
+def make_sliding_window_causal_biases(seq_len: int, sliding_window_size: int) -> Tensor:
+    """Sliding-window causal biases: query i attends to keys i - sliding_window_size ... i.
+
+    Args:
+        seq_len: The sequence length.
+        sliding_window_size: How many earlier positions each query sees besides itself.
+
+    Returns:
+        Float tensor [seq_len, seq_len] of 0 (attend) and `NEG_INF`.
+    """
+    positions = jnp.arange(seq_len)
+    mask = sliding_window_causal_mask(sliding_window_size)(positions[:, None], positions[None, :])
+    return bool_to_bias(mask)
+
+
 def make_segment_mask(*, source_segments: Tensor, target_segments: Tensor) -> Tensor:
     """Bias that disconnects tokens of different segments.
 
@@ -294,7 +323,9 @@ __all__ = [
     "as_4d_bias",
     "bool_to_bias",
     "causal_mask",
+    "make_causal_biases",
     "make_segment_mask",
+    "make_sliding_window_causal_biases",
     "mask_fn_bias",
     "sliding_window_causal_mask",
 ]

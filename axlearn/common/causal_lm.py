@@ -185,6 +185,8 @@ class AuxLossMetrics(BaseLossMetrics):
         # Full-match regex of module output paths (e.g. "decoder/transformer/layer0/.../aux_loss")
         # to sum; None: the model's aux_loss_regex.
         aux_loss_regex: Optional[str] = None
+        # Padding id of target labels (not counted in the summary weight); None: the model's.
+        pad_token_id: Optional[int] = None
 
     def forward(self, input_batch, *, predict_outputs, module_outputs):
         """See `BaseLossMetrics.forward`."""
@@ -195,7 +197,8 @@ class AuxLossMetrics(BaseLossMetrics):
         values = [v.sum() for k, v in module_outputs.items() if re.fullmatch(regex, k)]
         aux_loss = sum(values, jnp.zeros([], jnp.float32))
         labels = input_batch["target_labels"]
-        weight = (labels >= 0).sum().astype(jnp.float32)
+        pad_token_id = 0 if self.config.pad_token_id is None else self.config.pad_token_id
+        weight = ((labels >= 0) & (labels != pad_token_id)).sum().astype(jnp.float32)
         return aux_loss, dict(summaries={"aux_loss": WeightedScalar(aux_loss, weight)})
 
 

@@ -93,6 +93,24 @@ def _file_lock(path: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _builder(builder_cls: Any, data_dir: str) -> Any:
+    """Returns `builder_cls(data_dir=data_dir)`; a damaged `dataset_info.json` names the file.
+
+    TFDS reads the built data set's `dataset_info.json` when the builder is created; a garbage
+    file there surfaces as a bare protobuf `ParseError` without a file name.
+    """
+    try:
+        return builder_cls(data_dir=data_dir)
+    except Exception as e:  # pylint: disable=broad-except
+        if type(e).__name__ != "ParseError":
+            raise
+        folder = os.path.join(data_dir, BUILDER_NAME)
+        raise ValueError(
+            f"The embedded data set's dataset_info.json under {folder} is not valid ({e}): "
+            f"delete {folder} and rerun to rebuild it (it is built from the shipped corpus)."
+        ) from e
+
+
 def prepare(data_dir: Optional[str] = None) -> str:
     """Builds the `python_docs` TFDS data set under `data_dir` unless it is already built.
 
@@ -110,12 +128,12 @@ def prepare(data_dir: Optional[str] = None) -> str:
     # pylint: disable-next=import-outside-toplevel
     from axlearn.common.embedded_data_builder import PythonDocs
 
-    builder = PythonDocs(data_dir=data_dir)
+    builder = _builder(PythonDocs, data_dir)
     if builder.is_prepared():
         _PREPARED.add(data_dir)
         return data_dir
     with _file_lock(os.path.join(data_dir, f".{BUILDER_NAME}.lock")):
-        builder = PythonDocs(data_dir=data_dir)
+        builder = _builder(PythonDocs, data_dir)
         if not builder.is_prepared():
             import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 

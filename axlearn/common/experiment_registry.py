@@ -106,9 +106,29 @@ def load_experiment_module(module: str) -> types.ModuleType:
                 f"defines no function named_trainer_configs() -> dict[str, config function]"
             )
         return mod
+    similar = similar_names(module, _short_module_names())[:2]
+    hint = f" Did you mean: {', '.join(similar)}?" if similar else ""
     raise ExperimentModuleNotFoundError(
-        f"No experiment module found for --module={module!r}; tried: {', '.join(tried)}"
+        f"No experiment module found for --module={module!r}; tried: {', '.join(tried)}.{hint} "
+        "`axlearn config list` lists the experiment modules."
     )
+
+
+def _short_module_names(package: str = EXPERIMENTS_PACKAGE) -> list[str]:
+    """The submodule names of `package` relative to it (`text.gpt.tiny`), found without importing
+    the modules themselves (only their packages): the did-you-mean candidates of `--module`."""
+    import pkgutil  # pylint: disable=import-outside-toplevel
+
+    try:
+        root = importlib.import_module(package)
+    except ImportError:
+        return []
+    names = []
+    for info in pkgutil.walk_packages(root.__path__, prefix=package + ".", onerror=lambda _: None):
+        short = info.name[len(package) + 1 :]
+        if not short.rsplit(".", 1)[-1].startswith("test_"):
+            names.append(short)
+    return sorted(names)
 
 
 def named_trainer_configs(module: str) -> dict[str, TrainerConfigFn]:

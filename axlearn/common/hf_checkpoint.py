@@ -59,12 +59,14 @@ def _klass_name(cfg: Any) -> str:
     return getattr(klass, "__name__", type(cfg).__name__)
 
 
-def llama_config(model_cfg: ConfigBase, *, tied: bool) -> dict[str, Any]:
+def llama_config(model_cfg: ConfigBase, *, tied: bool, importing: bool = False) -> dict[str, Any]:
     """The `config.json` of the Llama model equivalent to `model_cfg` (a causal_lm.Model config).
 
     Args:
         model_cfg: The model config (`trainer_config.model`).
         tied: Whether the LM head is the token embedding.
+        importing: Whether the message of a refusal speaks of importing Llama weights into the
+            experiment (and names the --config_override that removes a QK-norm) or of exporting.
 
     Returns:
         The config dict.
@@ -99,6 +101,21 @@ def llama_config(model_cfg: ConfigBase, *, tied: bool) -> dict[str, Any]:
     if theta is None:
         problems.append(f"{attn}.input_linear has no RoPE (rope_pos_emb_layer.theta)")
     if problems:
+        if importing:
+            fixes = [
+                f"--config_override=model.{p.split(' ')[0]}=None"
+                for p in problems
+                if "QK-norm" in p
+            ]
+            hint = (
+                f" Pass {' '.join(fixes)} to make the experiment's model a Llama." if fixes else ""
+            )
+            raise HfConversionError(
+                "Llama weights cannot be imported into the experiment's model: "
+                + "; ".join(problems)
+                + "."
+                + hint
+            )
         raise HfConversionError(
             "The model cannot be exported as a Hugging Face Llama model:\n  "
             + "\n  ".join(problems)
@@ -283,7 +300,9 @@ def check_hf_config(hf_dir: str, model_cfg: ConfigBase) -> None:
         theirs = json.load(f)
     if theirs.get("model_type") != "llama":
         raise HfConversionError(f"{path}: model_type is {theirs.get('model_type')!r}, not 'llama'")
-    ours = llama_config(model_cfg, tied=bool(theirs.get("tie_word_embeddings", False)))
+    ours = llama_config(
+        model_cfg, tied=bool(theirs.get("tie_word_embeddings", False)), importing=True
+    )
     keys = [
         "vocab_size",
         "hidden_size",
@@ -349,7 +368,7 @@ def export_trainer_dir(
     # pylint: disable-next=import-outside-toplevel
     from axlearn.common.inference import InferenceRunner, sentencepiece_model_file
 
-    runner = InferenceRunner.from_trainer_dir(trainer_dir, evalers=[])
+    runner = InferenceRunner.from_trainer_dir(trainer_dir, evalers=[], step=step)
     # Refuse before reading the checkpoint if the architecture cannot be expressed.
     tied = "lm_head" not in runner.model.decoder.children
     llama_config(runner.config.model, tied=tied)

@@ -17,6 +17,7 @@ checkpoint of any mesh restores on any other.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, Optional, Union
 
@@ -27,7 +28,8 @@ from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common import decoding, logit_modifiers
-from axlearn.common.checkpointer import Checkpointer, layout
+from axlearn.common.checkpointer import Checkpointer, check_metadata, layout
+from axlearn.common.checkpointer.recovery import CorruptCheckpointError, corrupt_message
 from axlearn.common.config import (
     REQUIRED,
     InstantiableConfig,
@@ -133,6 +135,7 @@ class InferenceRunner(Module):
         *,
         config_overrides: Sequence[str] = (),
         evalers: Optional[Sequence[str]] = None,
+        step: Optional[int] = None,
     ) -> InferenceRunner:
         """Builds the runner of the run in `trainer_dir` (see the module docstring).
 
@@ -141,6 +144,8 @@ class InferenceRunner(Module):
             config_overrides: `PATH=VALUE` overrides of the trainer config (e.g. to change an
                 evaler's input).
             evalers: The evalers to build (names); None: all of the experiment's.
+            step: The checkpoint step that will be restored (None: the newest): the config is
+                rebuilt from the run record that step was made with.
 
         Returns:
             The runner (parameters not yet restored).
@@ -152,7 +157,9 @@ class InferenceRunner(Module):
         # pylint: disable-next=import-outside-toplevel
         from axlearn.common.launch_trainer import trainer_config_from_dir
 
-        trainer_cfg = trainer_config_from_dir(trainer_dir, config_overrides=config_overrides)
+        trainer_cfg = trainer_config_from_dir(
+            trainer_dir, config_overrides=config_overrides, step=step
+        )
         cfg = cls.config_from_trainer(trainer_cfg)
         if evalers is not None:
             unknown = [n for n in evalers if n not in cfg.evalers]
@@ -241,12 +248,27 @@ class InferenceRunner(Module):
         if step is None:
             step = layout.latest_checkpoint_step(base_dir)
             if step is None:
-                raise ValueError(f"No committed checkpoint under {base_dir}.")
+                raise ValueError(
+                    f"No committed checkpoint under {base_dir}: the run saved none (its "
+                    "checkpointer.save_policy did not fire before it stopped; `axlearn checkpoint "
+                    f"list {base_dir}` shows what is there)."
+                )
         step_dir = ckpt.ckpt_dir(step)
+        if not layout.is_committed(step_dir):
+            committed = [layout.parse_step_from_dir(p) for p in layout.checkpoint_paths(base_dir)]
+            what = "its directory is uncommitted" if os.path.isdir(step_dir) else "no such step"
+            raise ValueError(
+                f"Cannot restore step {step}: {what} under {base_dir}; committed steps: "
+                f"{committed}. Pass "
+                "one of them as --step (or leave --step out for the newest)."
+            )
         try:
             index = layout.read_index_file(step_dir)
         except layout.CheckpointIndexError as e:
             raise ValueError(f"Cannot restore step {step} from {step_dir}: {e}") from e
+        problems = check_metadata(step_dir, index)
+        if problems:
+            raise CorruptCheckpointError(corrupt_message(step_dir, "; ".join(problems)))
         leaves = [leaf for leaf in index["leaves"] if leaf["path"].startswith(_MODEL_PREFIX)]
         if not leaves:
             raise ValueError(

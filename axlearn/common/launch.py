@@ -20,10 +20,12 @@ Flags:
 from __future__ import annotations
 
 import os
+import sys
 
 from absl import flags, logging
 
 # Keep TensorFlow's C++ logging quiet (it is imported later by the input pipelines).
+_TF_LOG_LEVEL_FROM_USER = "TF_CPP_MIN_LOG_LEVEL" in os.environ
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import jax  # noqa: E402  (imported after the environment above is set)
@@ -70,6 +72,34 @@ flags.DEFINE_integer("jax_profiler_port", None, "If set, serve the JAX profiler 
 FLAGS = flags.FLAGS
 
 
+class LaunchFlagError(ValueError):
+    """A process flag names something this machine does not have (a backend, a data dir)."""
+
+
+def check_data_dir(data_dir: str | None) -> None:
+    """Refuses a local `--data_dir` that does not exist or is empty (it would be ignored).
+
+    Args:
+        data_dir: The flag's value (None, "FAKE", a remote "scheme://" path or a local path).
+
+    Raises:
+        LaunchFlagError: Naming the path and what to pass instead.
+    """
+    if not data_dir or data_dir == "FAKE" or "://" in data_dir:
+        return
+    fix = (
+        "Pass a TFDS data dir that holds the experiment's data sets, --data_dir=FAKE for "
+        "synthetic inputs, or leave the flag out to use the experiment's default data (the "
+        "embedded data for the gpt-tiny configs)."
+    )
+    if not os.path.isdir(data_dir):
+        raise LaunchFlagError(
+            f"--data_dir={data_dir} does not exist (or is not a directory). {fix}"
+        )
+    if not os.listdir(data_dir):
+        raise LaunchFlagError(f"--data_dir={data_dir} is an empty directory. {fix}")
+
+
 def setup(flag_values: flags.FlagValues = FLAGS) -> None:
     """Sets up JAX for this process from the flags; call before touching devices.
 
@@ -77,10 +107,18 @@ def setup(flag_values: flags.FlagValues = FLAGS) -> None:
         flag_values: The parsed flags.
 
     Raises:
-        RuntimeError: If the devices do not belong to the requested backend.
+        LaunchFlagError: If the devices do not belong to the requested backend (or there is no
+            TPU for --jax_backend=tpu), or --data_dir is a local path that does not exist or is
+            empty.
         ValueError: If NUM_PROCESSES or PROCESS_ID (used for an unset flag) is not an integer.
     """
     backend = flag_values.jax_backend
+    check_data_dir(flag_values.data_dir)
+    if backend == "cpu" and not _TF_LOG_LEVEL_FROM_USER and "tensorflow" not in sys.modules:
+        # TensorFlow (the input pipeline) logs "E... failed call to cuInit" at its first use on
+        # every machine without a GPU driver: an error-looking line about a GPU the run never
+        # uses. On CPU runs its C++ log keeps fatal errors only (its errors reach Python anyway).
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     # Before the GPU backend starts: the share of GPU memory JAX takes (see gpu_memory.py).
     gpu_memory.set_default_memory_fraction(backend)
     if backend != "tpu":
@@ -90,13 +128,22 @@ def setup(flag_values: flags.FlagValues = FLAGS) -> None:
                 flag_values[name].value = value
     if backend and not jax.config.jax_platforms:
         jax.config.update("jax_platforms", backend)
-    setup_spmd(
-        jax_backend=backend or "cpu",
-        distributed_coordinator=flag_values.distributed_coordinator,
-        num_processes=flag_values.num_processes,
-        process_id=flag_values.process_id,
-        initialization_timeout=flag_values.initialization_timeout,
-    )
+    try:
+        setup_spmd(
+            jax_backend=backend or "cpu",
+            distributed_coordinator=flag_values.distributed_coordinator,
+            num_processes=flag_values.num_processes,
+            process_id=flag_values.process_id,
+            initialization_timeout=flag_values.initialization_timeout,
+        )
+    except (ValueError, RuntimeError) as e:
+        if backend == "tpu" and "coordinator_address" in str(e):
+            # jax.distributed found no TPU metadata to discover its peers from.
+            raise LaunchFlagError(
+                "--jax_backend=tpu but this machine has no TPU (jax.distributed could not "
+                "discover TPU peers). Run on a TPU VM, or pass --jax_backend=cpu (or gpu)."
+            ) from e
+        raise
     if flag_values.jax_profiler_port is not None:
         jax.profiler.start_server(flag_values.jax_profiler_port)
     devices = jax.devices()
@@ -110,7 +157,10 @@ def setup(flag_values: flags.FlagValues = FLAGS) -> None:
     )
     if backend and not all(d.platform == backend for d in devices):
         platforms = sorted({d.platform for d in devices})
-        raise RuntimeError(f"--jax_backend={backend} but JAX's devices are {platforms}.")
+        raise LaunchFlagError(
+            f"--jax_backend={backend} but JAX's devices are {platforms}: pass "
+            f"--jax_backend={platforms[0]} or run where {backend} devices are."
+        )
     if flag_values.data_dir:
         os.environ["DATA_DIR"] = flag_values.data_dir
     logging.info("DATA_DIR=%s", os.environ.get("DATA_DIR"))

@@ -2,8 +2,8 @@
 
 `get_trainer_config()` looks the experiment up (`--module`, `--config`), applies the launch-time
 settings (trainer dir, mesh rule selected by `--mesh_selector`, inferred mesh shape, profiler
-steps, watchdog, `--data_dir=FAKE`), and `run_trainer()` writes the config dump and the flags into
-the trainer dir before instantiating and running the trainer.
+steps, watchdog, `--data_dir=FAKE`), and `run_trainer()` instantiates and runs the trainer,
+recording the config dump and the flags in the trainer dir once the run is known to start.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from typing import Any, Optional
 import jax
 from absl import flags, logging
 
+from axlearn.common import run_record
 from axlearn.common.config.override import apply_overrides
+from axlearn.common.config_ranges import ConfigRangeError
 from axlearn.common.mesh_resolution import MeshResolution, overrides_set_mesh, resolve_mesh
 from axlearn.common.run_lock import RunLock
 from axlearn.common.trainer import SpmdTrainer
@@ -84,9 +86,9 @@ flags.DEFINE_bool(
 
 FLAGS = flags.FLAGS
 
-# The config dump (`debug_string()`) and the flags of a run, in its trainer dir.
-TRAINER_CONFIG_FILE = "trainer_config"
-LAUNCH_FLAGS_FILE = "launch_trainer_flags"
+# The config dump (`debug_string()`) and the flags of a run, in its trainer dir (run_record.py).
+TRAINER_CONFIG_FILE = run_record.TRAINER_CONFIG_FILE
+LAUNCH_FLAGS_FILE = run_record.LAUNCH_FLAGS_FILE
 
 TrainerConfigFn = Callable[[], SpmdTrainer.Config]
 
@@ -162,8 +164,66 @@ def get_trainer_config(
         trainer_config_fn = _named_trainer_config_fn(flag_values.module, flag_values.config)
     cfg: SpmdTrainer.Config = trainer_config_fn()
     if flag_values.config_override:
+        old_max_step = cfg.max_step
         apply_overrides(cfg, flag_values.config_override)
+        if cfg.max_step != old_max_step:
+            warn_derived_max_step(cfg, old_max_step)
     return apply_launch_settings(cfg, flag_values=flag_values)
+
+
+def max_step_overridden(overrides: Sequence[str]) -> bool:
+    """Whether `--config_override`s set the trainer's `max_step`.
+
+    Args:
+        overrides: The `PATH=VALUE` overrides.
+
+    Returns:
+        True if one of them sets `max_step`.
+    """
+    return any(o.partition("=")[0].strip() == "max_step" for o in overrides)
+
+
+def warn_derived_max_step(cfg: SpmdTrainer.Config, old_max_step: Any) -> list[str]:
+    """Says at start which fields still hold the experiment's `max_step` after an override.
+
+    Values the experiment derived from `max_step` (the learning-rate schedule's length, a save
+    or eval policy's last step) keep the old number unless overridden too; the run then
+    evaluates and saves its last step whatever the policies say (`run_trainer`).
+
+    Args:
+        cfg: The trainer config, `max_step` overridden.
+        old_max_step: The experiment's `max_step`.
+
+    Returns:
+        The paths of the fields that still hold `old_max_step`.
+    """
+    found: list[str] = []
+
+    def visit(path: str, value: Any) -> None:
+        if (
+            path != "max_step"
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and value == old_max_step
+        ):
+            found.append(path)
+
+    if isinstance(old_max_step, (int, float)) and old_max_step != float("inf"):
+        cfg.visit(visit)
+    logging.warning(
+        "--config_override=max_step=%s (the experiment's max_step is %s): %s. The run evaluates "
+        "and saves step %s whatever the save and eval policies say.",
+        cfg.max_step,
+        old_max_step,
+        (
+            f"these fields still hold {old_max_step}: {', '.join(found)} (override them too to "
+            "change them, e.g. the learning-rate schedule)"
+            if found
+            else f"no other field holds {old_max_step}"
+        ),
+        cfg.max_step,
+    )
+    return found
 
 
 def apply_launch_settings(
@@ -255,7 +315,12 @@ def _flag_values_json(flag_values: flags.FlagValues) -> dict[str, Any]:
 def run_trainer(
     trainer_config: SpmdTrainer.Config, *, flag_values: flags.FlagValues = FLAGS
 ) -> Any:
-    """Writes `trainer_config` and `launch_trainer_flags` into the trainer dir, then trains.
+    """Trains; once the run is known to start, records its config and flags in the trainer dir.
+
+    The record (`trainer_config`, `launch_trainer_flags`, numbered under `run_records/`; see
+    run_record.py) is written after the trainer was instantiated (its config validated), the
+    restore succeeded and a step is left to train: a rerun that fails or has nothing to do leaves
+    the record of the steps that were trained as it was.
 
     Args:
         trainer_config: The trainer config (its `dir` set).
@@ -263,37 +328,66 @@ def run_trainer(
 
     Returns:
         The trainer's `run()` output.
+
+    Raises:
+        InvalidTrainerConfigError: If building the trainer fails with a ValueError, TypeError or
+            ZeroDivisionError (a config value its module refuses), naming it.
     """
     dump = trainer_config.debug_string()
     verbose = flag_values.verbose_start if flag_values.is_parsed() else False
     dump_path = os.path.join(trainer_config.dir, TRAINER_CONFIG_FILE)
     if verbose:
         logging.info("Trainer config:\n%s", dump)
-    else:
-        logging.info(
-            "Trainer config (%d fields) written to %s; the parameter table to %s "
-            "(--verbose_start logs both).",
-            dump.count("\n") + 1,
-            dump_path,
-            os.path.join(trainer_config.dir, PARAMETER_TABLE_FILE),
+    flags_json = _flag_values_json(flag_values) if flag_values.is_parsed() else {}
+    flags_json["data_dir"] = os.environ.get("DATA_DIR")
+
+    def on_run_start(restored_step: int) -> None:
+        if jax.process_index() != 0:
+            return
+        record_dir = run_record.write_run_record(
+            trainer_config.dir,
+            trainer_config=dump,
+            launch_flags=flags_json,
+            start_step=restored_step,
         )
+        if not verbose:
+            logging.info(
+                "Trainer config (%d fields) written to %s (record %s); the parameter table to "
+                "%s (--verbose_start logs both).",
+                dump.count("\n") + 1,
+                dump_path,
+                record_dir,
+                os.path.join(trainer_config.dir, PARAMETER_TABLE_FILE),
+            )
+
     lock = RunLock(trainer_config.dir)
     if jax.process_index() == 0:
         # Before anything is written: a second run on this dir fails here, naming the owner.
         lock.acquire()
-        with open(dump_path, "w", encoding="utf-8") as f:
-            f.write(dump + "\n")
-        flags_json = _flag_values_json(flag_values) if flag_values.is_parsed() else {}
-        flags_json["data_dir"] = os.environ.get("DATA_DIR")
-        with open(os.path.join(trainer_config.dir, LAUNCH_FLAGS_FILE), "w", encoding="utf-8") as f:
-            json.dump(flags_json, f, indent=2, sort_keys=True)
     try:
-        trainer: SpmdTrainer = trainer_config.instantiate(parent=None)
+        try:
+            trainer: SpmdTrainer = trainer_config.instantiate(parent=None)
+        except ConfigRangeError:
+            raise  # Already names the fields and the fix.
+        except (ValueError, TypeError, ZeroDivisionError) as e:
+            # A value of the config that its module refuses (after the range checks): a user
+            # error, reported in one line (the traceback is logged at --v=1).
+            logging.debug("Instantiating the trainer failed", exc_info=True)
+            raise InvalidTrainerConfigError(
+                f"The trainer config does not build: {type(e).__name__}: {e}"
+            ) from e
         trainer.verbose_start = verbose
+        trainer.on_run_start = on_run_start
+        overrides = flag_values.config_override if flag_values.is_parsed() else []
+        trainer.save_and_eval_last_step = max_step_overridden(overrides)
         seed = flag_values.trainer_prng_seed if flag_values.is_parsed() else 0
         return trainer.run(jax.random.PRNGKey(seed))
     finally:
         lock.release()
+
+
+class InvalidTrainerConfigError(ValueError):
+    """The trainer config is refused while the trainer is built (a value its module rejects)."""
 
 
 class TrainerDirError(ValueError):
@@ -301,9 +395,16 @@ class TrainerDirError(ValueError):
 
 
 def trainer_config_from_dir(
-    trainer_dir: str, *, config_overrides: Sequence[str] = (), check_dump: bool = True
+    trainer_dir: str,
+    *,
+    config_overrides: Sequence[str] = (),
+    check_dump: bool = True,
+    step: Optional[int] = None,
 ) -> SpmdTrainer.Config:
     """Rebuilds the trainer config of the run in `trainer_dir` from its `launch_trainer_flags`.
+
+    The record used is the one the checkpoint of `step` was made with (run_record.py): a later
+    start with another config does not change what an older step rebuilds into.
 
     The experiment is looked up again (`--module`, `--config`), the run's `--config_override`s
     and then `config_overrides` are applied, and the launch settings (mesh selector, fake inputs)
@@ -318,6 +419,8 @@ def trainer_config_from_dir(
         trainer_dir: The run's trainer dir (holding `launch_trainer_flags` and `trainer_config`).
         config_overrides: Further `PATH=VALUE` overrides.
         check_dump: Whether to compare with the saved dump.
+        step: The checkpoint step the config is for; None: the newest committed step under
+            `trainer_dir/checkpoints` (or the newest record if there is none).
 
     Returns:
         The trainer config, its `dir` set to `trainer_dir`.
@@ -325,7 +428,13 @@ def trainer_config_from_dir(
     Raises:
         TrainerDirError: If `launch_trainer_flags` is missing or names no experiment.
     """
-    flags_path = os.path.join(trainer_dir, LAUNCH_FLAGS_FILE)
+    if step is None:
+        # pylint: disable-next=import-outside-toplevel
+        from axlearn.common.checkpointer import latest_checkpoint_step
+
+        step = latest_checkpoint_step(os.path.join(trainer_dir, "checkpoints"))
+    record_dir = run_record.record_dir_for_step(trainer_dir, step)
+    flags_path = os.path.join(record_dir, LAUNCH_FLAGS_FILE)
     if not os.path.exists(flags_path):
         raise TrainerDirError(
             f"{flags_path} does not exist: {trainer_dir} is not the trainer dir of a run of "
@@ -348,7 +457,7 @@ def trainer_config_from_dir(
         restore_fallback=None,
     )
     cfg = apply_launch_settings(cfg, flag_values=settings)
-    dump_path = os.path.join(trainer_dir, TRAINER_CONFIG_FILE)
+    dump_path = os.path.join(record_dir, TRAINER_CONFIG_FILE)
     if check_dump and os.path.exists(dump_path):
         _check_against_dump(cfg.debug_string(), dump_path)
     return apply_overrides(cfg, list(config_overrides))

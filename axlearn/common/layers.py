@@ -21,6 +21,7 @@ from axlearn.common.layers_norm import (  # noqa: F401
     BatchNorm,
     GroupNorm,
     L2Norm,
+    NormType,
 )
 from axlearn.common.module import Module
 from axlearn.common.param_init import PARAM_REGEXP_WEIGHT, DefaultInitializer, WeightInitializer

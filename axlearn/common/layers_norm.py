@@ -1,4 +1,4 @@
-"""BaseNormalizationLayer, GroupNorm, BatchNorm and L2Norm: norm layers AXLearn keeps in `layers`.
+"""BaseNormalizationLayer, GroupNorm, NormType, BatchNorm, L2Norm: the norm layers in `layers`.
 
 Defined here to keep layers.py short; `axlearn.common.layers` re-exports them and they report
 `axlearn.common.layers` as their module, so configs dump as `axlearn.common.layers.GroupNorm`.
@@ -7,7 +7,8 @@ The other norm layers (LayerNorm, RMSNorm, ...) live in layers.py and derive fro
 
 from __future__ import annotations
 
-from typing import Optional
+import enum
+from typing import Optional, Union
 
 import jax
 from jax import numpy as jnp
@@ -31,6 +32,16 @@ class BaseNormalizationLayer(BaseLayer):
     def forward(self, x: Tensor, *, paddings: Optional[Tensor] = None) -> Tensor:
         """Normalizes `x` ([..., input_dim]); `paddings` is accepted for API compatibility."""
         raise NotImplementedError(type(self))
+
+
+def _masked_mean(x: Tensor, *, axes: tuple[int, ...], paddings: Optional[Tensor]) -> Tensor:
+    """Mean of `x` over `axes` (kept as size 1), leaving out padded positions."""
+    if paddings is None:
+        return jnp.mean(x, axis=axes, keepdims=True)
+    mask = (1 - paddings).astype(x.dtype).reshape(paddings.shape + (1,) * (x.ndim - 2))
+    mask = jnp.broadcast_to(mask, x.shape)
+    count = jnp.maximum(jnp.sum(mask, axis=axes, keepdims=True), 1.0)
+    return jnp.sum(x * mask, axis=axes, keepdims=True) / count
 
 
 def _masked_moments(
@@ -74,12 +85,24 @@ class L2Norm(BaseNormalizationLayer):
         return x * jax.lax.rsqrt(sum2 + self.config.eps)
 
 
-class GroupNorm(BaseNormalizationLayer):
-    """Group normalization (https://arxiv.org/abs/1803.08494) with a learned scale and bias.
+class NormType(enum.Enum):
+    """How `GroupNorm` normalizes each group.
 
-    The channels (last axis) are split into `num_groups` groups; each example's group is
-    normalized by its mean and variance over all non-batch axes, leaving out padded time steps
-    when `paddings` ([batch, time]) is given.
+    - LAYERNORM: subtract the mean, divide by the standard deviation; learned scale and bias.
+    - RMSNORM: divide by the root mean square; learned scale only.
+    """
+
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+
+class GroupNorm(BaseNormalizationLayer):
+    """Group normalization (https://arxiv.org/abs/1803.08494).
+
+    The channels (last axis) are split into `num_groups` groups. Each group is normalized over
+    its own channels plus `norm_axes` (by default every axis except the batch and group axes),
+    leaving out padded time steps when `paddings` ([batch, time]) is given. `norm_type` picks
+    layer normalization (scale and bias) or RMS normalization (scale only), as in AXLearn.
     """
 
     @config_class
@@ -88,8 +111,21 @@ class GroupNorm(BaseNormalizationLayer):
 
         # The number of channel groups; must divide input_dim.
         num_groups: Required[int] = REQUIRED
-        # Added to the variance.
+        # Added to the variance (or mean square).
         eps: float = 1e-8
+        # Inputs are cast to this dtype for the statistics; None: no cast.
+        forward_dtype: Optional[jnp.dtype] = jnp.float32
+        # NormType.LAYERNORM or NormType.RMSNORM; None means LAYERNORM.
+        norm_type: Optional[NormType] = None
+        # Axes of the [batch, ..., num_groups, group_size] tensor to reduce besides the group
+        # channels (e.g. (1,) for time only); None: all axes but batch and num_groups.
+        norm_axes: Optional[Union[tuple[int, ...], int]] = None
+
+    @classmethod
+    def default_config(cls) -> Config:
+        cfg = super().default_config()
+        cfg.norm_type = NormType.LAYERNORM
+        return cfg
 
     def __init__(self, cfg: Config, *, parent):
         super().__init__(cfg, parent=parent)
@@ -100,26 +136,58 @@ class GroupNorm(BaseNormalizationLayer):
                 f"input_dim ({cfg.input_dim})"
             )
 
+    def _norm_type(self) -> NormType:
+        return self.config.norm_type or NormType.LAYERNORM
+
     def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
         dim = self.config.input_dim
-        return {
-            "scale": ParameterSpec(shape=[dim], mesh_axes=(None,)),
-            "bias": ParameterSpec(shape=[dim], mesh_axes=(None,)),
-        }
+        specs = {"scale": ParameterSpec(shape=[dim], mesh_axes=(None,))}
+        if self._norm_type() == NormType.LAYERNORM:
+            specs["bias"] = ParameterSpec(shape=[dim], mesh_axes=(None,))
+        return specs
+
+    def _reduction_axes(self, ndim: int) -> tuple[int, ...]:
+        """The axes of the grouped [batch, ..., num_groups, group_size] tensor to reduce."""
+        cfg = self.config
+        if cfg.norm_axes is None:
+            axes = list(range(1, ndim - 2))
+        elif isinstance(cfg.norm_axes, int):
+            axes = [cfg.norm_axes]
+        else:
+            axes = list(cfg.norm_axes)
+        axes = [a if a >= 0 else ndim + a for a in axes]
+        if ndim - 2 in axes:
+            raise ValueError(
+                f"{self.path()}.norm_axes={cfg.norm_axes}: GroupNorm should not normalize along "
+                "the num_groups axis; drop it from norm_axes"
+            )
+        if 0 in axes:
+            raise ValueError(
+                f"{self.path()}.norm_axes={cfg.norm_axes}: GroupNorm should not normalize along "
+                "the batch axis; drop it from norm_axes"
+            )
+        if ndim - 1 not in axes:
+            axes.append(ndim - 1)
+        return tuple(sorted(set(axes)))
 
     def forward(self, x: Tensor, *, paddings: Optional[Tensor] = None) -> Tensor:
         """Normalizes `x` ([batch, ..., input_dim], rank >= 3 when paddings is given)."""
         cfg = self.config
         if x.ndim < 2:
             raise ValueError(f"{self.path()}: GroupNorm needs [batch, ..., dim], got {x.shape}")
-        shape = x.shape
+        x_dtype, shape = x.dtype, x.shape
+        if cfg.forward_dtype is not None:
+            x = x.astype(cfg.forward_dtype)
         grouped = x.reshape(shape[:-1] + (cfg.num_groups, shape[-1] // cfg.num_groups))
-        # Reduce over every axis except batch (0) and the group axis (-2).
-        axes = tuple(range(1, grouped.ndim - 2)) + (grouped.ndim - 1,)
-        mean, var = _masked_moments(grouped.astype(jnp.float32), axes=axes, paddings=paddings)
-        normed = (grouped - mean) * jax.lax.rsqrt(var + cfg.eps)
-        normed = normed.reshape(shape).astype(x.dtype)
-        return normed * self.parameters["scale"] + self.parameters["bias"]
+        axes = self._reduction_axes(grouped.ndim)
+        if self._norm_type() == NormType.LAYERNORM:
+            mean, var = _masked_moments(grouped, axes=axes, paddings=paddings)
+            normed = (grouped - mean) * jax.lax.rsqrt(var + cfg.eps)
+            normed = normed.reshape(shape).astype(x_dtype)
+            return normed * self.parameters["scale"] + self.parameters["bias"]
+        mean_square = _masked_mean(grouped * grouped, axes=axes, paddings=paddings)
+        normed = grouped * jax.lax.rsqrt(mean_square + cfg.eps)
+        return normed.reshape(shape).astype(x_dtype) * self.parameters["scale"]
 
 
 class BatchNorm(BaseNormalizationLayer):
@@ -179,6 +247,6 @@ class BatchNorm(BaseNormalizationLayer):
         return (normed * self.parameters["scale"] + self.parameters["bias"]).astype(x.dtype)
 
 
-for _cls in (BaseNormalizationLayer, L2Norm, GroupNorm, BatchNorm):
+for _cls in (BaseNormalizationLayer, L2Norm, GroupNorm, BatchNorm, NormType):
     _cls.__module__ = "axlearn.common.layers"
 del _cls

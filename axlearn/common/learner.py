@@ -691,26 +691,22 @@ def _updates_from_forward(
     )
 
 
-def per_param_settings_text(
-    learner: Learner,
-    model_param_specs: Nested[Any],
-    *,
-    descriptions: Sequence[str] = (WEIGHT_DECAY_SCALE, L2_REGULARIZER_SCALE),
-) -> str:
-    """Dumps the per-parameter settings `learner` resolves, as `param/path: value` lines.
+def per_param_settings_records(
+    learner: Learner, model_param_specs: Nested[Any]
+) -> list[dict[str, Any]]:
+    """Collects the per-parameter settings `learner` registers in `init` and one `update`.
 
-    Runs `init` and one `update` abstractly (`jax.eval_shape`, no compute) and collects what they
-    register. The default descriptions give the `_regularizer.txt` text (weight-decay scales);
-    ("update_scale", "learner_update_type") give update multipliers and update types.
+    Runs them abstractly (`jax.eval_shape`, no compute), with zero gradients for the parameters
+    the optimizers update, inside `functional(learner)` (root context "root", so the optimizer
+    registers as "root.optimizer", as in AXLearn).
 
     Args:
         learner: The learner.
         model_param_specs: The model's parameter specs (shape, dtype, optional
             weight_decay_scale).
-        descriptions: Which settings to dump.
 
     Returns:
-        The text (see `per_param_settings.per_param_settings_text`).
+        The registrations: dicts with keys "description", "path" and "settings".
     """
     opt_params = opt_params_from_specs(model_param_specs)
     values = jax.tree.map(lambda p: p.value, opt_params)
@@ -734,4 +730,29 @@ def per_param_settings_text(
 
     with collect_per_param_settings() as records:
         jax.eval_shape(init_and_update, values)
+    return records
+
+
+def per_param_settings_text(
+    learner: Learner,
+    model_param_specs: Nested[Any],
+    *,
+    descriptions: Sequence[str] = (WEIGHT_DECAY_SCALE, L2_REGULARIZER_SCALE),
+) -> str:
+    """Dumps the per-parameter settings `learner` resolves, as `param/path: value` lines.
+
+    The default descriptions give the weight-decay scales; ("update_scale",
+    "learner_update_type") give update multipliers and update types. For AXLearn's golden
+    `_regularizer.txt` format (with `====...` headers) see `golden_config.regularizer_text`.
+
+    Args:
+        learner: The learner.
+        model_param_specs: The model's parameter specs (shape, dtype, optional
+            weight_decay_scale).
+        descriptions: Which settings to dump.
+
+    Returns:
+        The text (see `per_param_settings.per_param_settings_text`).
+    """
+    records = per_param_settings_records(learner, model_param_specs)
     return settings_to_text(records, descriptions)

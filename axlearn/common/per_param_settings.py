@@ -102,3 +102,58 @@ def per_param_settings_text(records: Sequence[dict[str, Any]], descriptions: Seq
             lines.append(f"# {description}")
         lines.extend(f"{p}: {v}" for p, v in items)
     return "\n".join(lines)
+
+
+def _is_empty_or_masked(value: Any) -> bool:
+    """Whether a settings subtree is dropped from dumps (optax.MaskedNode or an empty dict)."""
+    return type(value).__name__ == "MaskedNode" or (isinstance(value, dict) and not value)
+
+
+def _prune(tree: Any) -> Any:
+    """`tree` without MaskedNode leaves and without dicts that become empty (as AXLearn prunes)."""
+    if isinstance(tree, dict):
+        pruned = type(tree)()
+        for k, v in tree.items():
+            v = _prune(v)
+            if not _is_empty_or_masked(v):
+                pruned[k] = v
+        return pruned
+    return tree
+
+
+def per_param_settings_golden_text(
+    records: Sequence[dict[str, Any]], descriptions: Sequence[str]
+) -> str:
+    """Formats captured registrations as AXLearn's golden `_regularizer.txt` text.
+
+    One block per (description, registration path), in order of first registration:
+
+        ====================weight_decay_scale root.optimizer====================
+        decoder/emb/token_emb/weight: 1
+        ...
+
+    A later registration of the same description and path replaces the earlier one; a
+    registration without a path is keyed by its index among its description's registrations.
+    Values print with `str` (the default scale is the int 1, rule scales are floats).
+
+    Args:
+        records: From `collect_per_param_settings`.
+        descriptions: The descriptions to include (e.g. "weight_decay_scale",
+            "l2_regularizer_scale").
+
+    Returns:
+        The text (lines joined by newlines, no trailing newline); empty when nothing matched.
+    """
+    by_description: dict[str, dict[str, Any]] = {}
+    for record in records:
+        settings = by_description.setdefault(record["description"], {})
+        key = record.get("path") or str(len(settings))
+        settings[key] = _prune(record["settings"])
+    lines = []
+    for description, by_path in by_description.items():
+        if description not in descriptions:
+            continue
+        for path, settings in by_path.items():
+            lines.append("=" * 20 + f"{description} {path}" + "=" * 20)
+            lines.extend(f"{name}: {value}" for name, value in flatten_items(settings))
+    return "\n".join(lines)

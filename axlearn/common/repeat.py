@@ -8,9 +8,11 @@ per-layer computation with `_run(fn, carry, xs=...)`:
     for i in range(num_layers):
         carry, ys[i] = fn(carry, xs[i])
 
-Each iteration runs with the i-th slice of the parameters and its own PRNG key (split from the
-module's key). Summaries of iteration i land under `layer/iter{i}`; outputs matched by
-`drop_output` are dropped (by default all module outputs).
+Each iteration runs in the layer's context with the i-th slice of the parameters and its own
+PRNG key (split from the module's key). As in AXLearn, the outputs land in the Repeat's output
+collection: state updates and module outputs stacked (leading axis num_layers) under `layer`,
+i.e. at the stacked parameters' own paths, and the summaries of iteration i under `layer{i}`.
+Outputs matched by `drop_output` are dropped (by default all module outputs).
 """
 
 import dataclasses
@@ -183,7 +185,18 @@ class Repeat(BaseLayer):
         scan_xs = dict(xs=xs, state=None)
         if prng_key is not None:
             scan_xs["prng_key"] = jax.random.split(prng_key, self._num_layers())
-        with child_context("layer", module=self.layer) as layer_context:
+        # The layer's context writes into this module's output collection, so that the scan's
+        # outputs are added here as "layer" (stacked) and "layer{i}" (per-layer summaries).
+        own_collection = self.get_invocation_context().output_collection
+        with child_context(
+            "layer", module=self.layer, output_collection=own_collection
+        ) as layer_context:
             scan_xs["state"] = layer_context.state
-            carry, ys = scan_in_context(fn, carry=carry, xs=scan_xs, drop_output=self._drop_output)
+            carry, ys = scan_in_context(
+                fn,
+                carry=carry,
+                xs=scan_xs,
+                drop_output=self._drop_output,
+                child_name_prefix="layer",
+            )
         return self.Output(carry=carry, ys=ys)

@@ -28,6 +28,8 @@ import os
 import statistics
 from typing import Any, Callable, Optional, Sequence
 
+from axlearn.common import run_summary
+
 # Keys of metrics.jsonl records (the trainer's summary tags).
 LOSS_KEY = "loss"
 STEP_TIME_KEY = "perf/step_time_s"
@@ -46,6 +48,9 @@ MIN_EFFECT = 0.05
 # Runs whose start-of-run matmul probes (CPU) differ by more than this fraction ran on a machine
 # of different speed (other load): their step times are not comparable.
 MACHINE_SPEED_TOLERANCE = 0.15
+# A timing row (eval, checkpoint, ... seconds) measured fewer times than this in either run is
+# within noise whatever its difference: one eval's time says nothing about the code.
+MIN_TIMING_SAMPLES = 3
 
 
 class NotARunError(ValueError):
@@ -150,7 +155,8 @@ def load_run(path: str, *, label: Optional[str] = None) -> RunData:
     Raises:
         NotARunError: If the directory has none of run_summary.json, metrics.jsonl and
             trainer_config (the message names what was looked for).
-        ValueError: If a file exists but is not valid JSON / JSON lines (names the file and line).
+        ValueError: If run_summary.json exists but is not valid JSON (names the file). Lines of
+            metrics.jsonl that are not valid JSON are skipped with a note naming them.
     """
     if not _exists(path):
         raise NotARunError(f"Run directory {path!r} does not exist.")
@@ -182,7 +188,13 @@ def load_run(path: str, *, label: Optional[str] = None) -> RunData:
                 if lineno == len(lines):
                     notes.append(f"{METRICS_JSONL}: last line incomplete (run still writing)")
                     continue
-                raise ValueError(f"{files[METRICS_JSONL]}:{lineno}: not valid JSON ({e})") from e
+                # A line torn by an interrupted write (e.g. a full disk) that a resumed run
+                # appended to: that step's record is lost, the others are read.
+                notes.append(
+                    f"{METRICS_JSONL}:{lineno}: not valid JSON ({e}; a torn line from an "
+                    "interrupted write?): skipped"
+                )
+                continue
             if "step" in record:
                 by_step[int(record["step"])] = record
     else:
@@ -340,6 +352,8 @@ class RowSpec:
         tolerance: Relative differences below this are within noise (e.g. memory jitter).
         timing: A wall-time measurement: not comparable when the machines' speeds differed.
         abs_tolerance: Absolute differences below this are within noise (e.g. 0.5 s of overhead).
+        samples: How many measurements a run's value comes from (e.g. the evals of an eval-time
+            row); fewer than `MIN_TIMING_SAMPLES` in either run is too few to call a difference.
     """
 
     key: str
@@ -351,6 +365,7 @@ class RowSpec:
     tolerance: float = 0.0
     timing: bool = False
     abs_tolerance: float = 0.0
+    samples: Optional[Callable[[RunData], Optional[int]]] = None
 
 
 def _num(fmt: str) -> Callable[[Any], str]:
@@ -368,6 +383,17 @@ def _bytes(v: Any) -> str:
 
 def _env(name: str) -> Callable[[RunData], Any]:
     return lambda r: ((r.summary or {}).get("environment") or {}).get(name)
+
+
+def _overhead_samples(name: str) -> Callable[[RunData], Optional[int]]:
+    """How many steps paid the overhead `name` (None without per-step records)."""
+
+    def count(r: RunData) -> Optional[int]:
+        if not r.records:
+            return None
+        return sum(1 for x in r.records if float(x.get(f"perf/overhead/{name}", 0.0) or 0.0) > 0)
+
+    return count
 
 
 def _overhead(name: str) -> Callable[[RunData], Any]:
@@ -431,15 +457,12 @@ def _commit(r: RunData) -> Any:
 
 
 def _config_hash(r: RunData) -> Any:
-    """Hash of the config dump with the run's own directory left out (see
-    `normalized_config_dump`), so two runs of one config share it; else the summary's hash."""
-    dump = normalized_config_dump(r)
-    if dump is not None:
-        import hashlib  # pylint: disable=import-outside-toplevel
-
-        return "sha256:" + hashlib.sha256(dump.rstrip("\n").encode()).hexdigest()[:10]
+    """`run_summary.config_dump_hash` of the run's dump (its own directory left out), so two
+    runs of one config share it; else the summary's hash in the same spelling."""
+    if r.config_dump is not None:
+        return run_summary.config_dump_hash(r.config_dump)
     digest = (r.summary or {}).get("config_hash")
-    return digest[:17] if digest else None
+    return digest[: len("sha256:") + 10] if digest else None
 
 
 # The table's rows: the reference comparison's (Parameters, Final loss, TFLOP/s, Tok/s,
@@ -494,6 +517,7 @@ ROWS: list[RowSpec] = [
             tolerance=0.10,
             abs_tolerance=0.5,
             timing=True,
+            samples=_overhead_samples(kind),
         )
         for kind, title in (
             ("compile", "Compile s"),
@@ -631,6 +655,20 @@ def _diff(
     return Diff(absolute, percent, IMPROVED if better else REGRESSED, note)
 
 
+def _too_few_samples(spec: RowSpec, base: RunData, run: RunData, diff: Diff) -> Diff:
+    """A timing measured fewer than `MIN_TIMING_SAMPLES` times is not called better or worse."""
+    if spec.samples is None or diff.verdict not in (IMPROVED, REGRESSED):
+        return diff
+    counts = [spec.samples(base), spec.samples(run)]
+    if any(c is None for c in counts) or min(counts) >= MIN_TIMING_SAMPLES:
+        return diff
+    return dataclasses.replace(
+        diff,
+        verdict=NOISE,
+        note=f"{min(counts)} sample(s): too few to tell (needs {MIN_TIMING_SAMPLES} per run)",
+    )
+
+
 def _loss_step(runs: Sequence[RunData]) -> Optional[int]:
     steps = [set(s for s, _ in r.series(LOSS_KEY)) for r in runs]
     if not any(steps):
@@ -661,16 +699,7 @@ def normalized_config_dump(run: RunData) -> Optional[str]:
     """
     if run.config_dump is None:
         return None
-    text = run.config_dump
-    for line in text.splitlines():
-        if line.startswith("dir: "):  # The trainer's own directory (SpmdTrainer.Config.dir).
-            own = line[len("dir: ") :]
-            if own not in ("None", "'<trainer_dir>'"):
-                text = text.replace(own, "'<trainer_dir>'").replace(
-                    own[:-1] + "/", "'<trainer_dir>/"
-                )
-            break
-    return text
+    return run_summary.normalize_config_dump(run.config_dump) + "\n"
 
 
 def compare_runs(runs: Sequence[RunData], *, baseline: int = 0) -> Comparison:
@@ -710,7 +739,9 @@ def compare_runs(runs: Sequence[RunData], *, baseline: int = 0) -> Comparison:
         diffs = [
             None
             if i == baseline
-            else _diff(spec, values[baseline], v, noise.get(i), machine.get(i))
+            else _too_few_samples(
+                spec, base, runs[i], _diff(spec, values[baseline], v, noise.get(i), machine.get(i))
+            )
             for i, v in enumerate(values)
         ]
         rows.append(Row(spec=spec, values=values, diffs=diffs))

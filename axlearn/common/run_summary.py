@@ -38,8 +38,47 @@ SCHEMA = "axlearn.run_summary/1"
 FILENAME = "run_summary.json"
 
 
+def normalize_config_dump(text: str) -> str:
+    """Returns a config dump with the trainer's own directory replaced by `<trainer_dir>`.
+
+    Two runs of one config differ only in where they write; that is not a config difference.
+
+    Args:
+        text: A config dump (`debug_string()`, or a trainer dir's `trainer_config` file).
+
+    Returns:
+        The dump, its own directory (the `dir: ...` line's value, wherever it appears) replaced
+        and trailing newlines removed.
+    """
+    for line in text.splitlines():
+        if line.startswith("dir: "):  # The trainer's own directory (SpmdTrainer.Config.dir).
+            own = line[len("dir: ") :]
+            if own not in ("None", "'<trainer_dir>'"):
+                text = text.replace(own, "'<trainer_dir>'").replace(
+                    own[:-1] + "/", "'<trainer_dir>/"
+                )
+            break
+    return text.rstrip("\n")
+
+
+def config_dump_hash(text: str) -> str:
+    """Returns the config hash of a dump: 'sha256:' and 10 hex digits of its normalized text.
+
+    The one spelling of a config hash: run summaries, the summary table and `axlearn compare`
+    all show it, and two runs of one config in different directories share it.
+
+    Args:
+        text: A config dump.
+
+    Returns:
+        The hash text.
+    """
+    digest = hashlib.sha256(normalize_config_dump(text).encode("utf-8")).hexdigest()
+    return "sha256:" + digest[:10]
+
+
 def config_hash(config: Any) -> str:
-    """Returns 'sha256:<hex>' of a config's dump (`debug_string()`), or of `str(config)`.
+    """Returns `config_dump_hash` of a config's dump (`debug_string()`), or of `str(config)`.
 
     Args:
         config: A config (or any object).
@@ -47,8 +86,9 @@ def config_hash(config: Any) -> str:
     Returns:
         The hash text.
     """
-    text = config.debug_string() if hasattr(config, "debug_string") else str(config)
-    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return config_dump_hash(
+        config.debug_string() if hasattr(config, "debug_string") else str(config)
+    )
 
 
 # Set in launch images (Dockerfile, from the bundler's GIT_COMMIT build argument).

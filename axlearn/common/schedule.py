@@ -373,7 +373,16 @@ def cosine_with_linear_warmup(
         segment_steps.append(decay_begin_step - warmup_steps)
         decay_start = decay_begin_step
     if max_step <= decay_start:
-        raise ValueError(f"max_step ({max_step}) must be > the decay start step ({decay_start}).")
+        start = (
+            f"decay_begin_step={decay_start}"
+            if decay_start != warmup_steps
+            else f"warmup_steps={warmup_steps}"
+        )
+        raise ValueError(
+            f"The schedule's max_step={max_step} must be > the step its decay starts at ({start}): "
+            f"raise max_step or lower {start.split('=')[0]} (for a run shortened with "
+            "--config_override=max_step=N, override the schedule's warmup_steps too)."
+        )
     segments.append(
         config_for_function(cosine_decay_schedule).set(
             init_value=peak_lr, decay_steps=max_step - decay_start, alpha=alpha

@@ -27,6 +27,14 @@ def _find_skip_counter(scalars: dict[str, Any]) -> Optional[int]:
     return None
 
 
+def _find_grad_norm(scalars: dict[str, Any]) -> Optional[float]:
+    """The learner's global gradient norm among a step's scalar summaries."""
+    for path, value in scalars.items():
+        if path.rsplit("/", 1)[-1] == "gradient_norm":
+            return float(value)
+    return None
+
+
 def _find_loss_scale(scalars: dict[str, Any]) -> Optional[float]:
     """The fp16 loss scale among a step's scalar summaries."""
     for path, value in scalars.items():
@@ -63,6 +71,13 @@ class SkipStreak:
         self._last_step = -1
         self._counter: Optional[int] = None
         self._scale: Optional[float] = None
+        # The learner's global gradient norm at the last step noted, if it reports one.
+        self._grad_norm: Optional[float] = None
+
+    @property
+    def streak(self) -> int:
+        """Consecutive skipped steps up to the last step noted (0: that step was not skipped)."""
+        return self._streak
 
     @property
     def skip_counter(self) -> int:
@@ -85,6 +100,7 @@ class SkipStreak:
         self._last_step = step
         counter = _find_skip_counter(scalars)
         scale = _find_loss_scale(scalars)
+        self._grad_norm = _find_grad_norm(scalars)
         skipped = not math.isfinite(loss)
         if counter is not None:
             skipped = skipped or counter > (self._counter or 0)
@@ -100,12 +116,28 @@ class SkipStreak:
         self._streak += 1
         if self._streak >= self._limit:
             first = step - self._streak + 1
+            norm = self._grad_norm
+            if math.isfinite(loss) and norm is not None and math.isfinite(norm):
+                # Nothing was non-finite: the learner dropped the updates by their norm.
+                why = (
+                    f"loss {loss} and gradient norm {norm:.4g} were finite: the learner dropped "
+                    "the updates, as skip_and_clip_by_global_norm does for a gradient norm at or "
+                    "above its drop_norm"
+                )
+                causes = (
+                    "a drop_norm below the run's gradient norms (raise it, or set it to None), "
+                    "or a drop_norm threshold function that is too strict"
+                )
+            else:
+                why = f"non-finite loss or gradients; last loss {loss}"
+                causes = (
+                    "token ids at or above the model's vocab_size (a vocabulary larger than the "
+                    "model's), a learning rate far too high, an fp16/bf16 overflow, bad input "
+                    "data, or a drop_norm below the gradient norms"
+                )
             raise TooManySkippedStepsError(
-                f"Steps {first}-{step}: {self._streak} consecutive steps were skipped "
-                f"(non-finite loss or gradients; last loss {loss}), the limit "
-                f"{self._path}.max_consecutive_skipped_steps={self._limit}. Likely causes: "
-                "token ids at or above the model's vocab_size (a vocabulary larger than the "
-                "model's), a learning rate far too high, an fp16/bf16 overflow, or bad input "
-                "data. Stopping; no state after the streak is checkpointed (the last committed "
-                "checkpoint is kept)."
+                f"Steps {first}-{step}: {self._streak} consecutive steps were skipped ({why}), "
+                f"the limit {self._path}.max_consecutive_skipped_steps={self._limit}. Likely "
+                f"causes: {causes}. Stopping; no step of the streak is checkpointed (the last "
+                "committed checkpoint, from before it, is kept)."
             )

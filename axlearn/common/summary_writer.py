@@ -29,6 +29,7 @@ Interface for the trainer:
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import math
 import numbers
@@ -391,7 +392,9 @@ class JsonlWriter(BaseWriter):
 
     A record is `{"step": N, "time": unix_seconds, "<tag>": value, ...}` with '/'-joined tags;
     scalars and strings only. On a resumed run, steps after the last checkpoint may appear twice;
-    the later line is the resumed run's.
+    the later line is the resumed run's. Lines are appended whole (`append_whole_line`: a write
+    that fails, e.g. on a full disk, leaves no part of its line, and the error names the file);
+    a torn last line left by an earlier process is cut, with a warning, before the first append.
     """
 
     @config_class
@@ -411,6 +414,8 @@ class JsonlWriter(BaseWriter):
                 f"{self.path()}.write_every_n_steps must be >= 1, got {cfg.write_every_n_steps}"
             )
         self._path = os.path.join(cfg.dir, cfg.filename)
+        # Whether a torn last line left by an earlier run has been cut (before the first append).
+        self._tail_checked = False
         if jax.process_index() == 0:
             _makedirs(cfg.dir)
 
@@ -435,8 +440,92 @@ class JsonlWriter(BaseWriter):
             converted = _json_value(value)
             if converted is not _SKIP:
                 record[path] = converted
-        with _open_for_append(self._path) as f:
-            f.write(json.dumps(record, allow_nan=False) + "\n")
+        line = json.dumps(record, allow_nan=False) + "\n"
+        if "://" in self._path:
+            with _open_for_append(self._path) as f:
+                f.write(line)
+            return
+        if not self._tail_checked:
+            cut_torn_tail(self._path)
+            self._tail_checked = True
+        append_whole_line(self._path, line, what=f"the step {step} record")
+
+
+def cut_torn_tail(path: str) -> int:
+    """Cuts a last line without its newline (a write cut short) from a local JSON-lines file.
+
+    Args:
+        path: The file; may not exist.
+
+    Returns:
+        The number of bytes cut (0 if the file ends with a whole line), logged as a warning.
+
+    Raises:
+        OSError: Naming `path`, if it cannot be read or truncated.
+    """
+    try:
+        with open(path, "r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return 0
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
+                return 0
+            start = max(0, size - (1 << 20))
+            f.seek(start)
+            tail = f.read()
+            keep = start + tail.rfind(b"\n") + 1 if b"\n" in tail else 0
+            f.truncate(keep)
+    except FileNotFoundError:
+        return 0
+    except OSError as e:
+        raise OSError(e.errno, f"{path}: cannot check its last line: {e.strerror}") from e
+    logging.warning(
+        "%s ended with a torn line (%d bytes without a newline, from a write cut short, e.g. by "
+        "a full disk): cut before appending.",
+        path,
+        size - keep,
+    )
+    return size - keep
+
+
+def append_whole_line(path: str, line: str, *, what: str = "a record") -> None:
+    """Appends `line` (ending with a newline) to a local file whole, or not at all.
+
+    One `write` on an O_APPEND descriptor; if it fails or writes part of the line (a full disk),
+    the file is truncated back to its size before the write and the error names the file.
+
+    Args:
+        path: The file.
+        line: The text to append.
+        what: What the line is, for the error message.
+
+    Raises:
+        OSError: Naming `path` and what could not be appended.
+    """
+    data = line.encode("utf-8")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise OSError(e.errno, f"{path}: cannot open to append {what}: {e.strerror}") from e
+    try:
+        before = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, f"wrote {written} of {len(data)} bytes")
+        except OSError as e:
+            try:
+                os.ftruncate(fd, before)
+            except OSError:
+                pass  # The next writer cuts the torn tail (`cut_torn_tail`).
+            raise OSError(
+                e.errno,
+                f"{path}: cannot append {what}: {e.strerror} (the file is left whole; free "
+                "space and rerun: the run resumes from its last checkpoint)",
+            ) from e
+    finally:
+        os.close(fd)
 
 
 # The file in a WandBWriter's `dir` holding its W&B run id, so that a restarted job resumes the run.

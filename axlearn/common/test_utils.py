@@ -9,7 +9,10 @@ and use `absl.testing.parameterized`; this module provides the same entry points
 - `assert_allclose(actual, desired, atol=1e-6, rtol=1e-3, err_msg="")`: compares as float32,
   reporting the max absolute difference.
 - `TestCase`: a `parameterized.TestCase` with `assertNestedAllClose`, `assertNestedEqual` and
-  `assertAllCloseWithOutliers` (tolerances per fraction of elements, see `Tolerance`).
+  `assertAllCloseWithOutliers` (tolerances per fraction of elements, see `Tolerance`). As in
+  AXLearn, each test runs with data dir `self.data_dir` ("FAKE") and JAX's "rbg" PRNG (what
+  AXLearn's `utils_spmd.setup` selects), so `jax.random` values match AXLearn's expectations;
+  both are restored after the test.
 - `prng_impl(name)`: a context manager switching `jax_default_prng_impl`.
 - `is_supported_platform`, `is_supported_mesh_shape`: whether a test's platform / mesh fits the
   current devices (tests skip themselves when not).
@@ -33,7 +36,17 @@ from absl.testing import parameterized
 from jax import numpy as jnp
 
 from axlearn.common.base_model import BaseModel
-from axlearn.common.utils import NestedTensor, Tensor, as_tensor, flatten_items
+from axlearn.common.utils import (
+    NestedTensor,
+    Tensor,
+    as_tensor,
+    flatten_items,
+    pop_data_dir,
+    push_data_dir,
+)
+
+# The PRNG implementation AXLearn's tests run with (its `utils_spmd.setup` selects it).
+_AXLEARN_TEST_PRNG_IMPL = "rbg"
 
 
 def assert_allclose(
@@ -137,7 +150,28 @@ class Tolerance:
 
 
 class TestCase(parameterized.TestCase):
-    """Base test class (a `parameterized.TestCase`) with nested-tree assertions."""
+    """Base test class (a `parameterized.TestCase`) with nested-tree assertions.
+
+    Each test runs with `get_data_dir() == self.data_dir` and `jax_default_prng_impl == "rbg"`,
+    as AXLearn's `TestCase` sets them up; both are restored in `tearDown`.
+    """
+
+    @property
+    def data_dir(self) -> str:
+        """The data dir tests run with ("FAKE": fake inputs)."""
+        return "FAKE"
+
+    def setUp(self):
+        super().setUp()
+        push_data_dir(self.data_dir)
+        self._saved_prng_impl = jax.config.jax_default_prng_impl
+        jax.config.update("jax_default_prng_impl", _AXLEARN_TEST_PRNG_IMPL)
+
+    def tearDown(self):
+        jax.config.update("jax_default_prng_impl", self._saved_prng_impl)
+        popped = pop_data_dir()
+        super().tearDown()
+        self.assertEqual(popped, self.data_dir)
 
     def assertNestedAllClose(self, a: Any, b: Any, atol: float = 1e-6, rtol: float = 1e-3):
         """Asserts that two trees have the same paths, and leaves that are all close.

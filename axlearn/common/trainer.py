@@ -55,6 +55,7 @@ from axlearn.common.step_timer import StepTimer
 from axlearn.common.summary_writer import BaseWriter, JsonlWriter, SummaryWriter
 from axlearn.common.trainer_checkpointing import (  # noqa: F401 (public names)
     NonFiniteStateError,
+    SnapshotMemoryError,
     TrainerCheckpointMixin,
     TrainerState,
 )
@@ -152,6 +153,13 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         # process exits with preemption.PREEMPTED_EXIT_CODE within this many seconds of the
         # signal; None: preemption.DEFAULT_PREEMPTION_TIMEOUT_SECONDS.
         preemption_timeout_seconds: Optional[float] = None
+
+    # If set, called as `on_run_start(restored_step)` (-1: started from scratch) once the run is
+    # known to train (restored or initialized, a step left to run), e.g. to write the run record.
+    on_run_start: Optional[Callable[[int], None]] = None
+    # If True, the step that reaches max_step is evaluated by every evaler and saved whatever the
+    # policies say (set by launch_trainer when --config_override shortened max_step).
+    save_and_eval_last_step: bool = False
 
     def __init__(self, cfg: Config, *, parent: Optional[Module] = None, devices=None):
         super().__init__(cfg, parent=parent)
@@ -510,6 +518,8 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             if self._step >= cfg.max_step:
                 self._step_log("Already reached max_step=%s; nothing to do.", cfg.max_step)
                 return None
+            if self.on_run_start is not None:
+                self.on_run_start(self._restored_step)
             try:
                 with self.checkpointer:
                     try:
@@ -579,14 +589,16 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         before anything is saved.
         """
         due = [name for name, evaler in self._evalers.items() if eval_due(evaler, current.step)]
+        last = self.save_and_eval_last_step and current.step == self._config.max_step
+        due = list(self._evalers) if last else due
         evaler_summaries: dict[str, Any] = {name: None for name in self._evalers}
         if due:
             self._drain(current)
             with self._timer.overhead("eval"):
                 evaler_summaries.update(self._run_eval(due))
-        if self._checkpoint_due(evaler_summaries):
+        if last or self._checkpoint_due(evaler_summaries):
             self._drain(current)
-            self._save_checkpoint_timed(evaler_summaries)
+            self._save_checkpoint_timed(evaler_summaries, force=last)
 
     def _drain(self, current: _PendingStep) -> None:
         """Waits for step `current` to finish; stops on a non-finite loss (unless skipped)."""
@@ -665,7 +677,9 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             limit=cfg.max_consecutive_skipped_steps, config_path=self.path()
         )
         self._records: list[dict[str, Any]] = []
-        if self.restore_checkpoint(self._restore_step_to_apply()) is None:
+        restored = self.restore_checkpoint(self._restore_step_to_apply())
+        self._restored_step = -1 if restored is None else restored
+        if restored is None:
             self.init(prng_key)
             # Policies with min_step=1 do nothing at step 0.
             due = [n for n, e in self._evalers.items() if eval_due(e, self._step)]

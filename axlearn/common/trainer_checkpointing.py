@@ -260,6 +260,16 @@ class TrainerCheckpointMixin:
         Returns:
             The checkpointer's `SaveStats`, or None if it did not save.
         """
+        streak = getattr(getattr(self, "_skip_streak", None), "streak", 0)
+        if streak and not force:
+            # The skipped steps left the parameters as they were before the streak; a streak
+            # that reaches its limit stops the run, and none of its steps is a checkpoint.
+            logging.info(
+                "Not saving step %d: it is step %d of a streak of skipped steps.",
+                self._step,
+                streak,
+            )
+            return
         self._resolve_pending_finite()
         alias = self._saves_alias_state()
         if alias:
@@ -297,13 +307,15 @@ class TrainerCheckpointMixin:
         self._last_saved_step = self._step
         return stats
 
-    def _save_checkpoint_timed(self, evaler_summaries: Optional[dict[str, Any]]) -> None:
+    def _save_checkpoint_timed(
+        self, evaler_summaries: Optional[dict[str, Any]], *, force: bool = False
+    ) -> None:
         """`_save_checkpoint` as the step's "checkpoint" overhead, split into its parts for the
         step record: the snapshot, waiting for the previous save, and the rest."""
         timer = self._timer
         before = timer.pending_overheads().get("checkpoint", 0.0)
         with timer.overhead("checkpoint"):
-            stats = self._save_checkpoint(evaler_summaries)
+            stats = self._save_checkpoint(evaler_summaries, force=force)
         total = timer.pending_overheads().get("checkpoint", 0.0) - before
         if stats is None:
             return

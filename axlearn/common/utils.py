@@ -69,6 +69,8 @@ __all__ = [
     "infer_mesh_shape",
     "numeric_checks",
     "per_param_dtype_by_path",
+    "pop_data_dir",
+    "push_data_dir",
     "set_data_dir",
 ]
 
@@ -409,6 +411,24 @@ class _DataDirStack(threading.local):
 _data_dir_stack = _DataDirStack()
 
 
+def push_data_dir(data_dir: Optional[str]) -> None:
+    """Makes `data_dir` the innermost data dir of this thread (pair with `pop_data_dir`).
+
+    Args:
+        data_dir: A data dir, "FAKE" or None.
+    """
+    _data_dir_stack.stack.append(data_dir)
+
+
+def pop_data_dir() -> Optional[str]:
+    """Removes and returns the innermost data dir pushed by `push_data_dir`/`set_data_dir`.
+
+    Returns:
+        The removed data dir.
+    """
+    return _data_dir_stack.stack.pop()
+
+
 @contextlib.contextmanager
 def set_data_dir(data_dir: Optional[str]):
     """Context in which `get_data_dir()` returns `data_dir` (AXLearn's semantics).
@@ -431,11 +451,11 @@ def set_data_dir(data_dir: Optional[str]):
                 f"set_data_dir conflict: data_dir={data_dir} but DATA_DIR={current} is already in "
                 "effect; use one data dir (or FAKE) per run"
             )
-    _data_dir_stack.stack.append(data_dir)
+    push_data_dir(data_dir)
     try:
         yield
     finally:
-        _data_dir_stack.stack.pop()
+        pop_data_dir()
 
 
 def get_data_dir() -> Optional[str]:

@@ -1,5 +1,7 @@
 """Tests axlearn/cli/config_commands.py: `config diff` and module-less `config list`."""
 
+import pathlib
+
 import pytest
 
 from axlearn.cli.main import main
@@ -63,3 +65,43 @@ def test_list_without_module_lists_every_experiment(capsys):
     out = capsys.readouterr().out
     assert "axlearn.experiments.text.gpt.tiny\n  gpt-tiny\n" in out
     assert "axlearn.experiments.text.gpt.honeycrisp\n  honeycrisp-3B\n" in out
+
+
+def test_dump_init_and_regularizer(tmp_path, capsys):
+    assert main(["config", "dump", *TINY, "--init"]) == 0
+    init = capsys.readouterr().out.splitlines()
+    assert init[0].startswith("decoder/emb/token_emb/weight: normal(0, 1.0 / fan_out)")
+    assert main(["config", "dump", *TINY, "--regularizer"]) == 0
+    reg = capsys.readouterr().out.splitlines()
+    assert reg[0] == "====================weight_decay_scale root.optimizer===================="
+    assert reg[1] == "decoder/emb/token_emb/weight: 1"
+    # The same texts as the checked-in goldens.
+    out = tmp_path / "reg.txt"
+    assert main(["config", "dump", *TINY, "--regularizer", f"--output={out}"]) == 0
+    golden = pathlib.Path(__file__).parents[2] / (
+        "experiments/testdata/axlearn.experiments.text.gpt.tiny/gpt-tiny_regularizer.txt"
+    )
+    with open(golden, encoding="utf-8") as f:
+        assert out.read_text() == f.read()
+    with pytest.raises(SystemExit):
+        main(["config", "dump", *TINY, "--init", "--regularizer"])
+
+
+def test_diff_of_trainer_dirs_and_of_a_file_that_is_not_a_dump(tmp_path, capsys):
+    """Issue 29 case 13: `config diff` on a file that is not a dump says what a dump is, in one
+    line; a trainer dir stands for its record's `trainer_config`."""
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    run_a.mkdir()
+    run_b.mkdir()
+    assert main(["config", "dump", *TINY, f"--output={run_a / 'trainer_config'}"]) == 0
+    text = (run_a / "trainer_config").read_text()
+    (run_b / "trainer_config").write_text(text.replace("\nmax_step: 300\n", "\nmax_step: 20\n"))
+    capsys.readouterr()
+    assert main(["config", "diff", str(run_a), str(run_b)]) == 1
+    assert "  ~ max_step: 300 -> 20" in capsys.readouterr().out
+    flags = run_a / "launch_trainer_flags"
+    flags.write_text('{\n  "module": "text.gpt.tiny"\n}\n')
+    assert main(["config", "diff", str(flags), str(run_b)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flags}:1: not a config dump line" in err[0]
+    assert "config diff compares two config dumps: a trainer dir" in err[0]

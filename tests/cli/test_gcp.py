@@ -282,3 +282,30 @@ def test_skip_preflight_still_builds_the_config(active_config, capsys, monkeypat
     assert calls == []
     assert err.startswith("axlearn gcp: error: ") and message in err, err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "config,instance_type,replicas,expected",
+    [
+        ("fuji-7B-v3", "tpu-v5p-128", 2, "matched mesh rule 'tpu-v5p-.*' (mesh_rules[5])"),
+        ("fuji-70B-v3", "tpu-v6e-256", 1, "matched mesh rule 'tpu-v6e-256' (mesh_rules[3])"),
+        # AXLearn's own fuji rules: GPU meshes from 256 GPUs, v5p's fsdp=64 from 64 chips.
+        ("fuji-7B-v3", "gpu-a3-highgpu-8g", 2, "error: --mesh_selector=gpu-a3-highgpu-8g-16 "),
+        ("fuji-7B-v3", "tpu-v5p-8", 1, "which does not fit the job's 4 chips (Cannot infer"),
+    ],
+)
+def test_fuji_dry_runs_use_axlearns_rules(
+    active_config, capsys, config, instance_type, replicas, expected
+):
+    argv = _launch(instance_type, "text.gpt.c4_trainer", config, "--dry_run", "--skip_preflight")
+    argv.insert(3, f"--num_replicas={replicas}")
+    code = cli_main.main(argv)
+    captured = capsys.readouterr()
+    if expected.startswith("error: "):
+        assert code == 1 and expected in captured.err and captured.err.count("\n") == 1
+    elif "does not fit" in expected:
+        assert code == 1 and expected in captured.err, captured.err
+    else:
+        assert code == 0, captured.err
+        assert f"# Mesh: --mesh_selector={instance_type}" in captured.out
+        assert expected in captured.out

@@ -132,3 +132,20 @@ def test_import_errors_name_the_problem(tmp_path):
         check=False,
     )
     assert proc.returncode == 1 and "config.json does not exist" in proc.stderr
+    # Issue 29 case 13: an import into a model with QK-norm speaks of importing, not exporting,
+    # and names the overrides that make the experiment's model a Llama.
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    proc = axlearn(
+        "hf",
+        "import",
+        str(tmp_path),
+        f"--module={MODULE}",
+        "--config=gpt-tiny-eval",
+        f"--trainer_dir={tmp_path / 'new'}",
+        check=False,
+    )
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "Llama weights cannot be imported" in last, proc.stderr
+    assert "export" not in last and "Traceback" not in proc.stderr
+    for override in LLAMA_OVERRIDES:
+        assert override in last, (override, last)

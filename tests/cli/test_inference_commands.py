@@ -63,7 +63,10 @@ def test_eval_errors_name_the_problem(trained_dir, tmp_path):
     proc = axlearn("eval", f"--trainer_dir={trained_dir}", "--evaler=valid", check=False)
     assert proc.returncode == 1 and "Unknown evaler(s) ['valid']" in proc.stderr
     proc = axlearn("eval", f"--trainer_dir={trained_dir}", "--step=3", check=False)
-    assert proc.returncode == 1 and "Cannot restore step 3" in proc.stderr
+    assert proc.returncode == 1 and "Cannot restore step 3: no such step" in proc.stderr
+    # Case 13 of issue 29: the message lists the committed steps, in one line, no traceback.
+    assert "committed steps: [6]. Pass one of them as --step" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def _generate(trained_dir: str, *extra: str) -> str:

@@ -12,6 +12,8 @@ from axlearn.common.attention_bias import (
     SlidingWindowAttentionBias,
     TensorAttentionBias,
     ZeroAttentionBias,
+    make_causal_biases,
+    make_sliding_window_causal_biases,
 )
 
 T = 5
@@ -52,3 +54,20 @@ def test_biases_are_pytrees():
     np.testing.assert_array_equal(out, bias.value())
     # Only tensors are leaves (the window size is static).
     assert len(jax.tree.leaves(bias)) == 3
+
+
+def test_make_causal_biases_hand_computed():
+    n = np.float32(NEG_INF)
+    np.testing.assert_array_equal(
+        make_causal_biases(4),
+        [[0, n, n, n], [0, 0, n, n], [0, 0, 0, n], [0, 0, 0, 0]],
+    )
+
+
+def test_make_sliding_window_causal_biases_hand_computed():
+    n = np.float32(NEG_INF)
+    # Each query sees itself and one earlier key.
+    np.testing.assert_array_equal(
+        make_sliding_window_causal_biases(4, sliding_window_size=1),
+        [[0, n, n, n], [0, 0, n, n], [n, 0, 0, n], [n, n, 0, 0]],
+    )

@@ -108,3 +108,12 @@ def test_max_data_shard_degree():
     TensorStoreStateStorage.default_config().set(max_data_shard_degree=1).instantiate()
     with pytest.raises(ValueError, match="max_data_shard_degree: only 1 is supported"):
         TensorStoreStateStorage.default_config().set(max_data_shard_degree=-1).instantiate()
+
+
+def test_shard_threshold_bytes_accepted_and_validated():
+    cfg = TensorStoreStateStorage.default_config()
+    assert cfg.shard_threshold_bytes is None
+    assert "shard_threshold_bytes" not in cfg.debug_string()  # None: not in dumps.
+    cfg.set(max_data_shard_degree=1, shard_threshold_bytes=1024**3).instantiate()
+    with pytest.raises(ValueError, match="shard_threshold_bytes must be None or >= 0, got -1"):
+        TensorStoreStateStorage.default_config().set(shard_threshold_bytes=-1).instantiate()

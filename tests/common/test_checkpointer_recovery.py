@@ -186,3 +186,16 @@ def test_trainer_refuses_corrupt_index_and_restore_step_chooses(tmp_path):
     # A restart with the same flag resumes from the newest step (8), not 4 again.
     assert run(10, restore_step=4)["step"] == 10
     assert ckpt_lib.set_aside_dirs(ckpt_dir) == aside
+
+
+def test_select_logs_no_error_for_the_steps_it_sets_aside(ckpt_dir, caplog):
+    """Issue 29 case 14: a successful `checkpoint select` logs its set-aside steps as info, not as
+    ERROR lines; a corrupt step set aside is still an error."""
+    with caplog.at_level("INFO"):
+        assert main(["checkpoint", "select", ckpt_dir, "--step", "1"]) == 0
+    aside = [r for r in caplog.records if "set aside as" in r.getMessage()]
+    assert len(aside) == 2 and all(r.levelname == "INFO" for r in aside)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        ckpt_lib.recovery.set_aside(ckpt_lib.step_dirs(ckpt_dir)[0][1], reason="corrupt")
+    assert [r.levelname for r in caplog.records if "set aside as" in r.getMessage()] == ["ERROR"]

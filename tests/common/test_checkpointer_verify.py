@@ -119,3 +119,17 @@ def test_read_state_spec_restores_a_trainer_checkpoint(tmp_path):
     weight = restored["model"]["emb"]["weight"]
     assert weight.shape == spec["model"]["emb"]["weight"].shape
     assert np.isfinite(np.asarray(weight)).all()
+
+
+def test_cli_on_a_trainer_dir_points_to_its_checkpoints(tmp_path, capsys):
+    """Issue 29 case 13: `axlearn checkpoint verify|list TRAINER_DIR` is an error that points to
+    TRAINER_DIR/checkpoints, not "No step directories" with exit 0."""
+    trainer_dir = tmp_path / "run"
+    (trainer_dir / "checkpoints").mkdir(parents=True)
+    for command in ("verify", "list"):
+        assert main(["checkpoint", command, str(trainer_dir)]) == 1
+        err = capsys.readouterr().err
+        assert f"its checkpoints are in {trainer_dir / 'checkpoints'}" in err, err
+    # A checkpoint dir without steps is still not an error.
+    assert main(["checkpoint", "verify", str(trainer_dir / "checkpoints")]) == 0
+    assert "No step directories" in capsys.readouterr().out

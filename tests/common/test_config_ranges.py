@@ -5,7 +5,7 @@ import math
 import jax
 import pytest
 
-from axlearn.common.config_ranges import validate_config_ranges
+from axlearn.common.config_ranges import ConfigRangeError, validate_config_ranges
 from tests.common import trainer_test_utils as tu
 
 
@@ -46,3 +46,22 @@ def test_token_ids_beyond_vocab_fail_at_the_first_batch(tmp_path):
     with pytest.raises(ValueError, match=r"token id \d+, but trainer\.model\.vocab_size is 20"):
         cfg.instantiate(parent=None).run(jax.random.PRNGKey(0))
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_fractional_step_counts_fail_and_a_zero_learning_rate_warns(tmp_path, caplog):
+    """Issue 29 case 6: max_step=20.5 (a float the int-or-inf field accepts) is refused, and a
+    learning rate of 0 (which trains nothing) is allowed with a warning naming the field."""
+    cfg = tu.bigram_trainer_config(str(tmp_path)).set(max_step=20.5)
+    with pytest.raises(ConfigRangeError, match=r"trainer\.max_step=20\.5: .* a whole number"):
+        validate_config_ranges(cfg, root="trainer")
+    validate_config_ranges(cfg.set(max_step=20.0), root="trainer")
+    cfg.learner.optimizer.learning_rate = 0.0
+    with caplog.at_level("WARNING"):
+        validate_config_ranges(cfg, root="trainer")
+    assert any(
+        "trainer.learner.optimizer.learning_rate=0.0: with a learning rate of 0" in r.getMessage()
+        for r in caplog.records
+    )
+    cfg.model.dim = 0
+    with pytest.raises(ConfigRangeError, match=r"trainer\.model\.dim=0: a size must be >= 1"):
+        validate_config_ranges(cfg, root="trainer")

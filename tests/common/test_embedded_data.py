@@ -50,3 +50,22 @@ def test_unigram_entropy_against_numpy():
     train = embedded_data.corpus_unigram_entropy("train")
     # Far below log(vocab size): the distribution is skewed, and a real LM must get below it.
     assert 5.0 < train < math.log(embedded_data.VOCAB_SIZE) - 1.5
+
+
+def test_garbage_dataset_info_names_the_file(embedded_cache, tmp_path):
+    """Issue 29 case 13: a garbage dataset_info.json in the built data set is a ValueError naming
+    the file's folder and the fix, not a bare protobuf ParseError."""
+    import os
+    import shutil
+
+    import pytest
+
+    src = os.path.join(embedded_data.tfds_data_dir(), embedded_data.BUILDER_NAME)
+    data_dir = tmp_path / "tfds"
+    shutil.copytree(src, data_dir / embedded_data.BUILDER_NAME)
+    (info,) = data_dir.glob(f"{embedded_data.BUILDER_NAME}/*/dataset_info.json")
+    info.write_text("garbage{")
+    folder = data_dir / embedded_data.BUILDER_NAME
+    with pytest.raises(ValueError, match=f"dataset_info.json under {folder} is not valid") as e:
+        embedded_data.prepare(str(data_dir))
+    assert f"delete {folder} and rerun" in str(e.value)

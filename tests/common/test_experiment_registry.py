@@ -93,7 +93,8 @@ def test_unknown_module_lists_what_was_tried():
         load_experiment_module("nope.gpt.tiny")
     assert str(e.value) == (
         "No experiment module found for --module='nope.gpt.tiny'; "
-        "tried: axlearn.experiments.nope.gpt.tiny, nope.gpt.tiny"
+        "tried: axlearn.experiments.nope.gpt.tiny, nope.gpt.tiny. Did you mean: text.gpt.tiny? "
+        "`axlearn config list` lists the experiment modules."
     )
     # It is an ImportError, so callers catching import failures still catch it.
     assert isinstance(e.value, ImportError)

@@ -214,3 +214,41 @@ def test_trainer_config_from_dir_rebuilds_the_run(trained_dir, tmp_path):
     assert diffs == ["max_step: run 7, now 6"]
     with pytest.raises(launch_trainer.TrainerDirError, match="launch_trainer_flags does not exist"):
         launch_trainer.trainer_config_from_dir(str(tmp_path))
+
+
+def test_shortened_max_step_names_derived_fields_and_saves_and_evaluates_the_last_step(
+    tmp_path, caplog
+):
+    """Issue 29 case 8: --config_override=max_step=N below the experiment's: the start says which
+    fields still hold the old number, and the run evaluates and saves step N although the
+    policies (every 1000 steps) would not."""
+    # pylint: disable=import-outside-toplevel
+    import jax
+
+    from axlearn.common import launch_trainer
+    from axlearn.common.checkpointer import latest_checkpoint_step
+    from axlearn.common.config.override import apply_overrides
+
+    trainer_dir = str(tmp_path / "run")
+    cfg = tu.bigram_trainer_config(trainer_dir, max_step=1000, checkpoint_every=1000)
+    cfg.evalers["val"].eval_policy.max_step = 1000
+    apply_overrides(cfg, ["max_step=3"])
+    with caplog.at_level("WARNING"):
+        found = launch_trainer.warn_derived_max_step(cfg, 1000)
+    assert sorted(found) == [
+        "checkpointer.save_policy.n",
+        "evalers['val'].eval_policy.max_step",
+        "evalers['val'].eval_policy.n",
+    ]
+    message = " ".join(r.getMessage() for r in caplog.records)
+    assert "max_step=3 (the experiment's max_step is 1000)" in message
+    assert "evalers['val'].eval_policy.max_step" in message and "saves step 3" in message
+    assert launch_trainer.max_step_overridden(["max_step=3"])
+    assert not launch_trainer.max_step_overridden(["max_steps=3", "a.max_step=3"])
+    trainer = cfg.instantiate(parent=None)
+    trainer.save_and_eval_last_step = True
+    trainer.run(jax.random.PRNGKey(0))
+    assert latest_checkpoint_step(os.path.join(trainer_dir, "checkpoints")) == 3
+    records = tu.read_metrics(trainer_dir)
+    assert [r["step"] for r in records if r.get("perf/overhead/eval", 0) > 0] == [3]
+    assert os.listdir(os.path.join(trainer_dir, "summaries", "val"))

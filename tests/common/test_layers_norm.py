@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from axlearn.common.layers import BatchNorm, GroupNorm, L2Norm
+from axlearn.common.layers import BatchNorm, GroupNorm, L2Norm, NormType
 from axlearn.common.module import functional as F
 
 
@@ -49,6 +49,43 @@ def test_group_norm_with_paddings_matches_numpy():
     assert "klass: 'axlearn.common.layers.GroupNorm'" in str(cfg)
     with pytest.raises(ValueError, match=r"num_groups \(3\) must be positive and divide"):
         cfg.clone(num_groups=3).instantiate(parent=None)
+
+
+def test_group_norm_rmsnorm_type_and_norm_axes_match_numpy():
+    """NormType.RMSNORM: x / rms over (time, group channels) with paddings; scale only."""
+    cfg = GroupNorm.default_config().set(
+        name="gn", input_dim=4, num_groups=2, eps=1e-6, norm_type=NormType.RMSNORM
+    )
+    assert cfg.norm_type is NormType.RMSNORM and "norm_type: <NormType.RMSNORM" in str(cfg)
+    assert GroupNorm.default_config().norm_type is NormType.LAYERNORM
+    layer = cfg.instantiate(parent=None)
+    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(1))
+    assert sorted(params) == ["scale"]  # No bias for RMS normalization.
+    params = {"scale": jnp.asarray([1.0, 2.0, 0.5, 1.0])}
+    x = jax.random.normal(jax.random.PRNGKey(2), (2, 5, 4))
+    paddings = jnp.asarray([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]])
+    out, _ = _run(layer, params, x, paddings=paddings)
+    xn = np.asarray(x, np.float64)
+    want = np.zeros_like(xn)
+    for b in range(2):
+        live = np.asarray(paddings[b]) == 0
+        for g in range(2):
+            block = xn[b][:, 2 * g : 2 * g + 2]
+            want[b][:, 2 * g : 2 * g + 2] = block / np.sqrt(np.mean(block[live] ** 2) + 1e-6)
+    np.testing.assert_allclose(out, want * np.asarray(params["scale"]), rtol=1e-4, atol=1e-5)
+
+    # norm_axes=-1: each time step's group alone (the group channels only).
+    layer = cfg.clone(norm_axes=-1).instantiate(parent=None)
+    out, _ = _run(layer, params, x)
+    grouped = xn.reshape(2, 5, 2, 2)
+    want = grouped / np.sqrt(np.mean(grouped**2, axis=-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(
+        out, want.reshape(2, 5, 4) * np.asarray(params["scale"]), rtol=1e-4, atol=1e-5
+    )
+    for bad in (0, 2, (1, -2)):
+        layer = cfg.clone(norm_axes=bad).instantiate(parent=None)
+        with pytest.raises(ValueError, match=r"gn.norm_axes=.*should not normalize along"):
+            _run(layer, params, x)
 
 
 def test_batch_norm_training_updates_moving_stats_and_eval_uses_them():

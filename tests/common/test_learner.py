@@ -254,15 +254,68 @@ def test_honeycrisp_learner_on_a_module_with_nested_functional():
         "gradient_scale",
         "learning_rate",
         "schedule_scale",
-        "weight/raw_grad_norm",
-        "bias/param_norm",
+        "weight_decay_rate",
     ):
         assert name in summaries, (name, sorted(summaries))
+    # Verbosity 0 (the reference config's): no per-parameter norms, as in AXLearn.
+    assert not [k for k in summaries if k.endswith("_norm") and "/" in k], sorted(summaries)
     assert int(summaries["nonvalid_count"]) == 0
     # The 4th update sees step 4 (steps count from 1): 2 steps past the 2-step warm-up.
     assert int(summaries["schedule_step"]) == 4
     want = (1 - 0.005) * 0.5 * (1 + math.cos(math.pi * 2 / 98)) + 0.005  # alpha=0.005.
     assert float(summaries["schedule_scale"]) == pytest.approx(want, rel=1e-5)
+    assert float(summaries["learning_rate"]) == pytest.approx(0.01 * want, rel=1e-5)
+    assert float(summaries["weight_decay_rate"]) == pytest.approx(0.000316 * want, rel=1e-5)
+
+
+@pytest.mark.parametrize("verbosity", [0, 1])
+def test_adastar_summaries_follow_verbosity_and_per_param_scale(verbosity):
+    """weight_decay_rate carries the last parameter's per-param scale; norms need verbosity."""
+    model = (
+        Linear.default_config()
+        .set(name="model", input_dim=4, output_dim=2)
+        .instantiate(parent=None)
+    )
+    params = model.initialize_parameters_recursively(KEY)
+    cfg = honeycrisp_learner_config().set(name="learner")
+    cfg.optimizer.inner.adam_update_transformation = None
+    # Parameters flatten as (bias, weight): the last one, weight, has scale 0.1.
+    cfg.optimizer.inner.set(
+        verbosity=verbosity,
+        update_schedule=0.5,
+        weight_decay_per_param_scale=config_for_function(optimizers.per_param_scale_by_path).set(
+            description="weight_decay_scale", scale_by_path=[("weight", 0.1)]
+        ),
+    )
+    learner = cfg.instantiate(parent=None)
+
+    def fn(*, model_params, inputs):
+        y, collection = F(
+            model,
+            prng_key=None,
+            state=model_params,
+            inputs=dict(x=inputs["input_batch"]["x"]),
+            is_training=True,
+        )
+        loss = jnp.mean(y**2)
+        return learner_lib.ForwardOutputs(loss=loss, aux={}, output_collection=collection)
+
+    batch = dict(x=np.ones((8, 4), np.float32))
+    _, collection = make_step(learner, fn)(params, learner.init(opt_params(params)), batch)
+    summaries = collection.summaries["optimizer"]
+    # 0.000316 * schedule 0.5 * 0.1 (weight's scale): ten times below the unscaled rate.
+    assert float(summaries["weight_decay_rate"]) == pytest.approx(0.000316 * 0.5 * 0.1)
+    assert float(summaries["learning_rate"]) == pytest.approx(0.01 * 0.5)
+    norms = sorted(k for k in summaries if "/" in k)
+    if verbosity:
+        for param in ("bias", "weight"):
+            for stat in ("raw_grad_norm", "param_norm", "raw_update_norm", "smoothed_update_norm"):
+                assert f"{param}/{stat}" in norms, norms
+        w = np.asarray(params["weight"])
+        want = np.sqrt(np.mean(w**2))
+        assert float(summaries["weight/param_norm"]) == pytest.approx(want, rel=1e-5)
+    else:
+        assert norms == []
 
 
 def test_per_param_settings_text():

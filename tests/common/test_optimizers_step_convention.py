@@ -231,3 +231,31 @@ def test_offload_optimizer_matches_wrapped_and_places_states_on_host():
     assert re.fullmatch(".*/mu/.*", "0/mu/w")
     with pytest.raises(ValueError, match="cannot be None"):
         optimizers.offload_optimizer(base, offload_dst=None)
+
+
+def test_weight_decay_learning_rate_exponent_sees_step_1():
+    """add_decayed_weights scales the decay by learning_rate(k) ** exponent at the k-th update."""
+    params = {"w": np.asarray([1.0, -2.0], np.float32)}
+    zero = {"w": np.zeros((2,), np.float32)}
+    tx = optimizers.add_decayed_weights(0.1, learning_rate_exponent=2.0, learning_rate=WARMUP_100)
+    outs, state = _run(tx, params, [zero, zero, zero])
+    # Update k is 0.1 * (k / 100) ** 2 * w: 1e-5, 4e-5 and 9e-5 times w (not 0 at the first).
+    for k, u in enumerate(outs, start=1):
+        np.testing.assert_allclose(
+            u["w"], 0.1 * (k / 100) ** 2 * np.asarray([1.0, -2.0]), rtol=1e-6
+        )
+    assert int(state.count) == 3
+    # In adafactor (exponent 1; the decay is added after the learning-rate scaling, which it does
+    # not go through), the first update with zero gradients is -1e-3 * lr(1) * w, where
+    # lr(0) = 0 would have given no decay at all.
+    adafactor = optimizers.adafactor_optimizer(
+        WARMUP_100,
+        b1=None,
+        b2=0.99,
+        multiply_by_parameter_scale=False,
+        clipping_threshold=None,
+        weight_decay=1e-3,
+        weight_decay_scale_by_learning_rate_exponent=1.0,
+    )
+    (u,), _ = _run(adafactor, params, [zero])
+    np.testing.assert_allclose(u["w"], -1e-3 * 0.01 * np.asarray([1.0, -2.0]), rtol=1e-5)

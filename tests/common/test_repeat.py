@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from axlearn.common.base_layer import BaseLayer
+from axlearn.common.base_layer import BaseLayer, ParameterSpec
 from axlearn.common.config import config_class
 from axlearn.common.layers import Linear
 from axlearn.common.module import Module, functional
-from axlearn.common.param_init import FanAxes
+from axlearn.common.param_init import FanAxes, constant_initializer
 from axlearn.common.repeat import Repeat, _drop_by_regex
 
 DIM, LAYERS = 4, 3
@@ -86,9 +86,10 @@ def test_scan_equals_loop_and_outputs():
         expected = expected + np.tanh(expected @ p["weight"][i] + p["bias"][i])
         means.append(expected.mean())
     np.testing.assert_allclose(out, expected, atol=1e-5)
-    layer_summaries = collection.summaries["layer"]
+    # AXLearn's layout: the summaries of layer i under "layer{i}", "layer" itself empty.
+    assert collection.summaries["layer"] == {}
     for i in range(LAYERS):
-        np.testing.assert_allclose(layer_summaries[f"iter{i}"]["mean"], means[i], atol=1e-5)
+        np.testing.assert_allclose(collection.summaries[f"layer{i}"]["mean"], means[i], atol=1e-5)
     # Module outputs are dropped by default ...
     _, collection = functional(
         stack, None, params, [x], is_training=False, drop_output_collections=()
@@ -99,4 +100,38 @@ def test_scan_equals_loop_and_outputs():
     _, collection = functional(
         keep, None, params, [x], is_training=False, drop_output_collections=()
     )
-    assert collection.module_outputs["layer"]["iter"]["out"].shape == (LAYERS, 2, DIM)
+    assert collection.module_outputs["layer"]["out"].shape == (LAYERS, 2, DIM)
+    assert all(collection.module_outputs[f"layer{i}"] == {} for i in range(LAYERS))
+
+
+class _Counter(BaseLayer):
+    """Adds carry to a per-layer state ("inc") and updates the state to inc + 1."""
+
+    def _create_layer_parameter_specs(self):
+        return dict(inc=ParameterSpec(shape=[], mesh_axes=[], initializer=constant_initializer(1)))
+
+    def forward(self, carry):
+        inc = self.parameters["inc"]
+        self.add_state_update("inc", inc + 1)
+        self.add_summary("carry_mean", jnp.mean(carry))
+        return carry + inc
+
+
+def test_per_layer_state_updates_land_at_the_stacked_parameter_paths():
+    """AXLearn's repeat_test layout: state updates stacked at .../layer/inc (the param path)."""
+    cfg = _Stack.default_config().set(name="stack", layer=_Counter.default_config(), num_layers=4)
+    stack = cfg.instantiate(parent=None)
+    params = stack.initialize_parameters_recursively(jax.random.PRNGKey(1))
+    np.testing.assert_array_equal(params["layer"]["inc"], [1, 1, 1, 1])
+    carry = jnp.arange(14, dtype=jnp.float32)
+    out, collection = functional(
+        stack, jax.random.PRNGKey(2), params, [carry], is_training=True, drop_output_collections=()
+    )
+    np.testing.assert_allclose(out, np.arange(14) + 4)  # + 1 per layer.
+    assert jax.tree.structure(collection.state_updates) == jax.tree.structure(
+        {"layer": {"inc": 0}, **{f"layer{i}": {} for i in range(4)}}
+    )
+    np.testing.assert_allclose(collection.state_updates["layer"]["inc"], [2, 2, 2, 2])
+    # Layer i sees carry + i: mean 6.5 + i.
+    means = [float(collection.summaries[f"layer{i}"]["carry_mean"]) for i in range(4)]
+    np.testing.assert_allclose(means, 6.5 + np.arange(4))

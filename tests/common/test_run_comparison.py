@@ -151,3 +151,28 @@ def test_bad_arguments():
         rc.compare_runs(runs)
     with pytest.raises(ValueError, match="Baseline index 5"):
         rc.compare_runs(runs * 2, baseline=5)
+
+
+def test_a_timing_from_too_few_samples_is_never_regressed(tmp_path):
+    """Issue 29 case 14: identical code whose eval time (2 evals per run) differs by +23% is
+    within noise (too few samples), not REGRESSED; with 3 evals per run the verdict stands."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(run_path("same_a"), a)
+    shutil.copytree(run_path("same_a"), b)
+    for run in (b,):
+        summary = json.loads((run / "run_summary.json").read_text())
+        summary["overhead_totals_s"]["eval"] *= 1.23
+        (run / "run_summary.json").write_text(json.dumps(summary))
+    comparison = rc.compare_runs([rc.load_run(str(a)), rc.load_run(str(b))])
+    diff = comparison.row("overhead_eval_s").diffs[1]
+    assert diff.percent == pytest.approx(23.0)
+    assert diff.verdict == rc.NOISE and "2 sample(s): too few" in diff.note
+    assert not [t for _, t in comparison.regressions if "Eval" in t]
+    # The same difference measured at 3 evals in each run is a regression.
+    for run in (a, b):
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        records[9]["perf/overhead/eval"] = 1.0
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    comparison = rc.compare_runs([rc.load_run(str(a)), rc.load_run(str(b))])
+    assert comparison.row("overhead_eval_s").diffs[1].verdict == rc.REGRESSED

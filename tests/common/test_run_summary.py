@@ -187,3 +187,30 @@ def test_checkpoint_summary_by_hand():
     assert full["checkpoint"] == summary
     assert "Checkpoints" in run_summary.format_run_summary(full)
     assert run_summary.format_checkpoint_summary(run_summary.checkpoint_summary([])) == "no saves"
+
+
+def test_one_config_hash_spelling_for_runs_in_other_dirs(tmp_path):
+    """Issue 29 case 14: two runs of one config (different trainer dirs) print the same config
+    hash, in the spelling `axlearn compare` shows (sha256: and 10 hex digits)."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common import run_comparison
+    from tests.common import trainer_test_utils as tu
+
+    a = tu.bigram_trainer_config(str(tmp_path / "a"))
+    b = tu.bigram_trainer_config(str(tmp_path / "b"))
+    digest = run_summary.config_hash(a)
+    assert digest == run_summary.config_hash(b)
+    assert digest.startswith("sha256:") and len(digest) == len("sha256:") + 10
+    assert int(digest[len("sha256:") :], 16) >= 0
+    assert run_summary.config_hash(a.set(max_step=11)) != digest
+    a.max_step = b.max_step
+    # compare reads the run's dump file (with its trailing newline) and gets the same text.
+    run = run_comparison.RunData(
+        label="a",
+        path=str(tmp_path / "a"),
+        summary=None,
+        records=[],
+        config_dump=a.debug_string() + "\n",
+        notes=[],
+    )
+    assert run_comparison._config_hash(run) == digest  # pylint: disable=protected-access

@@ -69,6 +69,26 @@ def test_all_nan_run_stops_without_checkpointing_the_streak(tmp_path):
     cfg.max_consecutive_skipped_steps = 4
     with pytest.raises(TooManySkippedStepsError, match=r"Steps 2-5: 4 consecutive steps"):
         cfg.instantiate(parent=None).run(jax.random.PRNGKey(0))
-    # Steps 1-4 were saved (each before the streak reached its limit); 5 ended it: not saved.
+    # Step 1 was saved; no step of the streak 2-5 was (issue 29 case 11).
     steps = [s for s, _ in checkpointer.step_dirs(os.path.join(tmp_path, "checkpoints"))]
-    assert max(steps) == 4
+    assert max(steps) == 1
+
+
+def test_drop_norm_streak_names_drop_norm_not_non_finite_values(tmp_path):
+    """Issue 29 case 11: every step dropped by drop_norm=1e-9 with finite loss and gradient norm:
+    the error says so and names drop_norm; no step of the streak is committed."""
+    from axlearn.common import checkpointer  # pylint: disable=import-outside-toplevel
+    from tests.common import trainer_test_utils as tu  # pylint: disable=import-outside-toplevel
+
+    cfg = tu.bigram_trainer_config(str(tmp_path), max_step=12, skip_nonfinite=True)
+    cfg.learner.optimizer.drop_norm = 1e-9
+    cfg.checkpointer.save_policy.n = 1
+    cfg.max_consecutive_skipped_steps = 3
+    with pytest.raises(TooManySkippedStepsError) as e:
+        cfg.instantiate(parent=None).run(jax.random.PRNGKey(0))
+    message = str(e.value)
+    assert message.startswith("Steps 1-3: 3 consecutive steps were skipped (loss ")
+    assert "gradient norm" in message and "were finite" in message
+    assert "a drop_norm below the run's gradient norms" in message
+    assert "non-finite" not in message
+    assert checkpointer.step_dirs(os.path.join(tmp_path, "checkpoints")) == []

@@ -354,3 +354,47 @@ def test_wandb_writer_rejects_bad_mode(tmp_path):
     cfg = WandBWriter.default_config().set(name="wandb", dir=str(tmp_path), mode="sometimes")
     with pytest.raises(ValueError, match="wandb.mode must be online, offline or disabled"):
         cfg.instantiate(parent=None)
+
+
+def test_jsonl_full_disk_leaves_whole_lines_and_a_torn_tail_is_cut(tmp_path, monkeypatch, caplog):
+    """Case 2: a full disk mid-append leaves no half line and the error names the file; a torn
+    tail left by an earlier process is cut with a warning before the next append, so every line
+    of the resumed file is valid JSON (and `axlearn compare` reads it)."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common import run_comparison, summary_writer
+
+    d = str(tmp_path)
+    path = os.path.join(d, "metrics.jsonl")
+    writer = _writer(JsonlWriter.default_config().set(dir=d))
+    writer(1, dict(loss=jnp.float32(1.0)))
+    real_write = os.write
+
+    def full_disk(fd, data):
+        real_write(fd, data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(summary_writer.os, "write", full_disk)
+    with pytest.raises(OSError, match=f"{path}: cannot append the step 2 record"):
+        writer(2, dict(loss=jnp.float32(0.5)))
+    monkeypatch.setattr(summary_writer.os, "write", real_write)
+    with open(path, encoding="utf-8") as f:
+        assert [json.loads(line)["step"] for line in f] == [1]
+
+    # A torn tail from a process killed mid-write: the next writer cuts it, with a warning.
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"step": 2, "loss": 0.')
+    resumed = _writer(JsonlWriter.default_config().set(dir=d))
+    with caplog.at_level("WARNING"):
+        resumed(2, dict(loss=jnp.float32(0.5)))
+        resumed(3, dict(loss=jnp.float32(0.25)))
+    assert any("torn line" in r.getMessage() and path in r.getMessage() for r in caplog.records)
+    with open(path, encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    assert [(r["step"], r["loss"]) for r in records] == [(1, 1.0), (2, 0.5), (3, 0.25)]
+
+    # A file damaged before this fix (a torn line appended onto) is read, the line skipped.
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"step": 4, "lo{"step": 4, "loss": 0.125}\n{"step": 5, "loss": 0.0625}\n')
+    run = run_comparison.load_run(d)
+    assert [r["step"] for r in run.records] == [1, 2, 3, 5]
+    assert any("metrics.jsonl:4: not valid JSON" in n and "skipped" in n for n in run.notes)

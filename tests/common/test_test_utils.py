@@ -74,3 +74,22 @@ def test_platform_and_mesh_helpers(tmp_path):
 def test_clean_hlo_drops_metadata():
     hlo = 'x = f32[] add(a, b), metadata={op_name="jit(f)/add" source_line=12}'
     assert test_utils.clean_hlo(hlo) == "x = f32[] add(a, b), "
+
+
+def test_test_case_runs_with_fake_data_dir_and_rbg_prng(monkeypatch):
+    from axlearn.common.utils import get_data_dir  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.delenv("DATA_DIR", raising=False)
+    seen = {}
+
+    class _Probe(TestCase):
+        def runTest(self):  # pylint: disable=invalid-name
+            seen["data_dir"] = get_data_dir()
+            seen["prng"] = jax.config.jax_default_prng_impl
+
+    before = jax.config.jax_default_prng_impl
+    result = _Probe().run()
+    assert result.wasSuccessful(), result.errors + result.failures
+    assert seen == {"data_dir": "FAKE", "prng": "rbg"}
+    # Both restored after the test.
+    assert get_data_dir() is None and jax.config.jax_default_prng_impl == before

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
+import math
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -30,6 +31,7 @@ from axlearn.cloud.gcp.system_characteristics import (
     SystemCharacteristics,
     instance_type_to_system_characteristics,
     mesh_selector_for,
+    total_chips,
 )
 
 
@@ -197,11 +199,15 @@ class TrainerCheck:
         config_name: "module:config".
         trainer_config: The `SpmdTrainer.Config` after overrides and the mesh rule.
         mesh_resolution: Which rule chose the mesh (`axlearn.common.mesh_resolution`).
+        num_chips: The job's chips (devices).
+        mesh: {axis: size} of the mesh the pods build on those chips.
     """
 
     config_name: str
     trainer_config: Any
     mesh_resolution: Any
+    num_chips: int
+    mesh: dict
 
 
 def check_trainer_command(prepared: PreparedLaunch) -> Optional[TrainerCheck]:
@@ -220,7 +226,8 @@ def check_trainer_command(prepared: PreparedLaunch) -> Optional[TrainerCheck]:
     Raises:
         ValueError: The command names no experiment; an unknown module or config (naming the
             close names); a bad override; a `--mesh_selector` that matches none of the
-            experiment's mesh rules (listing them and the closest names).
+            experiment's mesh rules (listing them and the closest names); a mesh that does not
+            fit the job's chips.
     """
     # pylint: disable=import-outside-toplevel
     if not runs_trainer(prepared.command):
@@ -244,7 +251,40 @@ def check_trainer_command(prepared: PreparedLaunch) -> Optional[TrainerCheck]:
         )
     except (ImportError, TypeError) as e:  # An unknown module, or not an experiment module.
         raise ValueError(str(e)) from e
-    return TrainerCheck(f"{modules[-1]}:{configs[-1]}", trainer_config, resolution)
+    name = f"{modules[-1]}:{configs[-1]}"
+    chips = total_chips(prepared.system, prepared.options.num_replicas)
+    mesh = _mesh_on_chips(trainer_config, chips, name=name, resolution=resolution)
+    return TrainerCheck(name, trainer_config, resolution, chips, mesh)
+
+
+def _mesh_on_chips(trainer_config: Any, chips: int, *, name: str, resolution: Any) -> dict:
+    """The mesh the pods will build on `chips` devices ({axis: size}), as the trainer infers it.
+
+    Raises:
+        ValueError: The mesh shape does not fit the job's chips (the pods would fail at start).
+    """
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.utils_spmd import HybridMeshShape, infer_mesh_shape
+
+    shape = trainer_config.mesh_shape
+    names = list(trainer_config.mesh_axis_names or ())
+    if isinstance(shape, HybridMeshShape):
+        sizes = [i * d for i, d in zip(shape.ici_mesh_shape, shape.dcn_mesh_shape)]
+        if any(d < 0 for d in sizes):  # -1s in ICI and DCN parts: inferred per slice on the pods.
+            return dict(zip(names, sizes))
+    else:
+        sizes = list(shape or (-1,))
+    try:
+        inferred = infer_mesh_shape(sizes, num_devices=chips)
+        if math.prod(inferred) != chips:
+            raise ValueError(f"it uses {math.prod(inferred)} devices")
+    except ValueError as e:
+        raise ValueError(
+            f"{name}: {resolution.describe()}, which does not fit the job's {chips} chips ({e}) "
+            "Fix: launch on a size the rule is meant for, add a rule for this selector, or pass "
+            "--config_override=mesh_shape=(...)."
+        ) from e
+    return dict(zip(names, (int(d) for d in inferred))) if names else {"": int(inferred[0])}
 
 
 def describe_launch(
@@ -287,6 +327,7 @@ def describe_launch(
     if trainer_check is not None:
         lines.append(f"# Experiment {trainer_check.config_name}: built as the pods will build it.")
         lines.append(f"# Mesh: {trainer_check.mesh_resolution.describe()}")
+        lines.append(f"# Mesh on the {trainer_check.num_chips} chips: {trainer_check.mesh}")
     if prepared.trainer_dir:
         lines.append(f"# Trainer dir: {prepared.trainer_dir}")
     if prepared.plan is None:
@@ -354,20 +395,31 @@ def launch_preflight(
     )
 
 
-def describe_preflight(report: Optional[Any], *, skipped: bool = False) -> str:
+def describe_preflight(
+    report: Optional[Any],
+    *,
+    skipped: bool = False,
+    trainer_check: Optional[TrainerCheck] = None,
+) -> str:
     """Returns the pre-flight part of `--dry_run`'s output, as comment lines.
 
     Args:
         report: From `launch_preflight` (None: nothing was checked).
         skipped: Whether --skip_preflight skipped it.
+        trainer_check: From `check_trainer_command` (None: not a trainer command).
 
     Returns:
         Comment lines ending with a newline.
     """
     if skipped:
         return "# Pre-flight: skipped: --skip_preflight\n"
+    if report is None and trainer_check is not None:
+        return (
+            "# Pre-flight: not compiled (AOT compiles for TPU topologies only; the trainer "
+            "config above was built).\n"
+        )
     if report is None:
-        return "# Pre-flight: nothing to compile (not a TPU trainer command).\n"
+        return "# Pre-flight: nothing to compile (not a trainer command).\n"
     verdict = "fits" if report.fits else "REFUSED: " + report.refusal_message()
     lines = [f"Pre-flight: {verdict}"] + report.describe().splitlines()
     return "".join(f"# {line}\n" for line in lines)

@@ -12,9 +12,12 @@ Parameter paths follow child names, e.g. for a decoder layer:
 """
 
 from axlearn.common.attention.bias_layers import (
+    ALiBiAttentionLogitBiasLayer,
     AttentionLogitBiasLayer,
     CausalAttentionLogitBiasLayer,
+    ForwardMode,
     FullAttentionLogitBiasLayer,
+    alibi_get_slopes,
 )
 from axlearn.common.attention.multihead import (
     FlashAttention,
@@ -78,9 +81,14 @@ from axlearn.common.attention.transformer import (
 from axlearn.common.attention_bias import (
     NEG_INF,
     causal_mask,
+    make_causal_biases,
     make_segment_mask,
     sliding_window_causal_mask,
 )
+
+# AXLearn defines LearnedPositionalEmbedding in `attention`; ours lives in `embedding` (its dumped
+# name stays `axlearn.common.embedding.LearnedPositionalEmbedding`) and is importable from here.
+from axlearn.common.embedding import LearnedPositionalEmbedding
 from axlearn.common.kv_cache.kv_cache import KVCache
 
 
@@ -98,6 +106,10 @@ def _claim_public_names():
 _claim_public_names()
 
 __all__ = [
+    "LearnedPositionalEmbedding",
+    "ALiBiAttentionLogitBiasLayer",
+    "ForwardMode",
+    "alibi_get_slopes",
     "_TransformerPipeline",
     "_TransformerRepeat",
     "_save_and_offload_only_these_names_regex",
@@ -141,6 +153,7 @@ __all__ = [
     "build_remat_spec",
     "causal_mask",
     "constant_scale_fn",
+    "make_causal_biases",
     "make_segment_mask",
     "pipelined_stack_config",
     "pow_scale_fn",

@@ -29,6 +29,7 @@ from axlearn.common.checkpointer.layout import (
     step_dir_name,
     step_dirs,
 )
+from axlearn.common.checkpointer.metadata import check_metadata, chunks_complete
 from axlearn.common.checkpointer.multihost import BarrierTimeoutError
 from axlearn.common.checkpointer.policies import (
     BestMetricPolicy,
@@ -70,6 +71,8 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointPolicy",
     "CheckpointValidationType",
+    "check_metadata",
+    "chunks_complete",
     "Checkpointer",
     "CorruptCheckpointError",
     "FAULT_ACTION_ENV",

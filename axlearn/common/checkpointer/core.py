@@ -10,7 +10,14 @@ from typing import Any, Callable, Optional
 import jax
 from absl import logging
 
-from axlearn.common.checkpointer import layout, multihost, recovery, tensorstore_save
+from axlearn.common.checkpointer import (
+    layout,
+    metadata,
+    multihost,
+    recovery,
+    tensorstore_save,
+    verify,
+)
 from axlearn.common.checkpointer.policies import CheckpointPolicy, every_n_steps_policy
 from axlearn.common.checkpointer.storage import (
     SaveResult,
@@ -94,6 +101,10 @@ class Checkpointer(Module):
         self._gc_lock = threading.Lock()
         self._gc_stopping: Optional[threading.Event] = None
         self._gc_thread: Optional[threading.Thread] = None
+        # Set by a commit while the GC thread runs: GC (which verifies what it removes) runs in
+        # that thread, not in the writer's, so the next save does not wait for it.
+        self._gc_wakeup = threading.Event()
+        self._gc_requested = False
         self._within_context = False
         self._restore_count = 0
 
@@ -125,21 +136,31 @@ class Checkpointer(Module):
 
     @nowrap
     def start_gc_thread(self) -> None:
-        """Starts the GC thread on process 0 (it runs every `gc_loop_interval_seconds`)."""
+        """Starts the GC thread on process 0: it runs every `gc_loop_interval_seconds` and after
+        each commit (requested by the writer, which does not wait for it)."""
         if self._gc_thread is not None or jax.process_index() != 0:
             return
         self._gc_stopping = threading.Event()
+        self._gc_wakeup.clear()
         self._gc_thread = threading.Thread(
             name=f"{self.path()}.gc_loop", target=self._gc_loop, daemon=True
         )
         self._gc_thread.start()
 
     def _gc_loop(self) -> None:
-        while not self._gc_stopping.wait(timeout=self._config.gc_loop_interval_seconds):
-            try:
-                self.run_garbage_collection()
-            except Exception as e:  # pylint: disable=broad-except
-                logging.warning("Checkpoint garbage collection failed: %s", e)
+        while True:
+            self._gc_wakeup.wait(timeout=self._config.gc_loop_interval_seconds)
+            if self._gc_stopping.is_set():
+                return  # `stop` runs a requested GC itself.
+            self._gc_wakeup.clear()
+            self._gc_requested = False
+            self._run_gc_logged()
+
+    def _run_gc_logged(self) -> None:
+        try:
+            self.run_garbage_collection()
+        except Exception as e:  # pylint: disable=broad-except
+            logging.warning("Checkpoint garbage collection failed: %s", e)
 
     @nowrap
     def stop(self) -> Optional[SaveResult]:
@@ -153,8 +174,12 @@ class Checkpointer(Module):
         finally:
             if self._gc_thread is not None:
                 self._gc_stopping.set()
+                self._gc_wakeup.set()
                 self._gc_thread.join()
                 self._gc_thread = None
+                if self._gc_requested:
+                    self._gc_requested = False
+                    self._run_gc_logged()  # The GC of the last commit(s), not yet run.
 
     @nowrap
     def wait_until_finished(self) -> Optional[SaveResult]:
@@ -246,10 +271,11 @@ class Checkpointer(Module):
 
     def _on_commit(self, step: int, ckpt_dir: str) -> None:
         del step, ckpt_dir
-        try:
-            self.run_garbage_collection()
-        except Exception as e:  # pylint: disable=broad-except
-            logging.warning("Checkpoint garbage collection failed: %s", e)
+        if self._gc_thread is not None:
+            self._gc_requested = True
+            self._gc_wakeup.set()
+            return
+        self._run_gc_logged()
 
     @nowrap
     def run_garbage_collection(self) -> list[str]:
@@ -257,8 +283,11 @@ class Checkpointer(Module):
 
         Keeps the newest `keep_last_n` committed checkpoints and those whose step is a multiple
         of `keep_every_n_steps`; never removes the newest committed checkpoint or the directory
-        being written. Uncommitted directories older than the newest committed one are abandoned
-        saves and are removed.
+        being written. A committed checkpoint is removed only after it verifies (every chunk's
+        checksum and its metadata); one that fails is set aside as step_%08d.corrupt-<time>.
+        Uncommitted directories older than the newest committed one are abandoned saves and are
+        removed, except those whose chunks are complete (an index lost after the save), which
+        are set aside as step_%08d.unindexed-<time>.
 
         Returns:
             The directories removed.
@@ -293,10 +322,21 @@ class Checkpointer(Module):
                 if step in committed_set:
                     if step in keep:
                         continue
-                    if not _index_readable(path):
-                        logging.error("Not removing %s: its index is unreadable (corrupt).", path)
+                    # Only a step that verifies is removed: a corrupt one is kept for inspection.
+                    result = verify.verify_checkpoint(path)
+                    if not result.ok:
+                        logging.error(
+                            "Garbage collection does not remove %s: it fails verification (%s); "
+                            "setting it aside instead.",
+                            path,
+                            "; ".join(result.errors[:3]),
+                        )
+                        recovery.set_aside(path, reason=recovery.REASON_CORRUPT)
                         continue
                 elif step > newest:
+                    continue
+                elif metadata.chunks_complete(path):
+                    recovery.set_aside(path, reason=recovery.REASON_UNINDEXED)
                     continue
                 logging.info("Removing checkpoint directory %s", path)
                 try:
@@ -373,7 +413,7 @@ class Checkpointer(Module):
                 if cfg.restore_fallback != recovery.FALLBACK_PREVIOUS or jax.process_count() > 1:
                     raise
                 logging.error("Checkpoint of step %d is corrupt; falling back.", step)
-                recovery.set_aside(self.ckpt_dir(step), reason="corrupt")
+                recovery.set_aside(self.ckpt_dir(step), reason=recovery.REASON_CORRUPT)
 
     def _choose_restore_step(self) -> Optional[int]:
         """Process 0 picks the step (applying `restore_fallback`); every process gets it."""
@@ -403,6 +443,12 @@ class Checkpointer(Module):
             if layout.is_committed(ckpt_dir):
                 raise recovery.CorruptCheckpointError(recovery.corrupt_message(ckpt_dir, e)) from e
             raise ValueError(f"Cannot restore step {step} from {ckpt_dir}: {e}") from e
+        problems = metadata.check_metadata(ckpt_dir, index)
+        if problems:
+            # Checked before the target: a damaged index must not read as a model mismatch.
+            raise recovery.CorruptCheckpointError(
+                recovery.corrupt_message(ckpt_dir, "; ".join(problems))
+            )
         start = time.perf_counter()
         try:
             restored = self._storage.restore_from_dir(step, state, ckpt_dir=ckpt_dir, index=index)

@@ -2,7 +2,9 @@
 
 The policy (docs/checkpoints.md, "Damaged checkpoints"):
 - A step directory without an `index` is *uncommitted* (its save did not finish): it is skipped
-  and later removed by garbage collection, as always.
+  and later removed by garbage collection, as always; except when every chunk its `.zarray`
+  files describe is present at full size (the save finished and the index was lost): then it is
+  set aside as `step_%08d.unindexed-<UTC time>`, never deleted.
 - A step directory whose `index` exists but cannot be read, or whose chunks fail their
   checksums, is *corrupt*. A corrupt checkpoint is never deleted. By default the trainer refuses
   to start, naming the file and the flags that choose what to do: `--restore_fallback=previous`
@@ -10,6 +12,10 @@ The policy (docs/checkpoints.md, "Damaged checkpoints"):
   `step_%08d.corrupt-<UTC time>` and restores the newest older step that restores intact;
   `--restore_step=N` restores step N and sets every newer step directory aside as
   `step_%08d.superseded-<UTC time>`.
+- A corrupt step is also one whose metadata disagrees with its index (`metadata.py`: a leaf
+  missing from the index, a `.zarray` missing, unreadable or of another shape or dtype).
+- When `--restore_fallback=previous` has set every step aside, restore is an error naming them:
+  starting over from step 0 is a choice the user makes by moving them out of the directory.
 - Set-aside directories no longer match `step_%08d`, so neither restore nor garbage collection
   ever touches them; `axlearn checkpoint list` shows them. Delete them by hand once inspected.
 """
@@ -23,7 +29,7 @@ from typing import Optional
 
 from absl import logging
 
-from axlearn.common.checkpointer import layout
+from axlearn.common.checkpointer import layout, metadata
 from axlearn.common.checkpointer.tensorstore_restore import CheckpointCorruptionError
 
 # Values of `Checkpointer.Config.restore_fallback` / `--restore_fallback`.
@@ -31,7 +37,12 @@ FALLBACK_REFUSE = "none"
 FALLBACK_PREVIOUS = "previous"
 RESTORE_FALLBACKS = (FALLBACK_REFUSE, FALLBACK_PREVIOUS)
 
-_SET_ASIDE_RE = re.compile(r"^step_(\d{8})\.(corrupt|superseded)-[0-9TZ]+(\.\d+)?$")
+# Reasons a step directory is set aside (the suffix of its new name).
+REASON_CORRUPT = "corrupt"
+REASON_SUPERSEDED = "superseded"
+REASON_UNINDEXED = "unindexed"
+
+_SET_ASIDE_RE = re.compile(r"^step_(\d{8})\.(corrupt|superseded|unindexed)-[0-9TZ]+(\.\d+)?$")
 
 _WHAT_TO_DO = (
     "Nothing was deleted. To restore the newest older step that is intact (setting this one "
@@ -67,7 +78,7 @@ def set_aside(step_dir: str, *, reason: str) -> str:
 
     Args:
         step_dir: A `step_%08d` directory.
-        reason: "corrupt" or "superseded".
+        reason: "corrupt", "superseded" (logged as info: the user chose it) or "unindexed".
 
     Returns:
         The new path.
@@ -87,7 +98,13 @@ def set_aside(step_dir: str, *, reason: str) -> str:
             os.close(fd)
     except OSError:  # Some filesystems cannot fsync a directory; the rename still happened.
         pass
-    logging.error("Checkpoint directory %s set aside as %s (%s).", step_dir, new_path, reason)
+    # A supersede is the user's choice (info); a lost index is recovered from (warning).
+    log = {REASON_SUPERSEDED: logging.info, REASON_UNINDEXED: logging.warning}.get(
+        reason, logging.error
+    )
+    log(
+        "Checkpoint directory %s set aside as %s (%s; nothing deleted).", step_dir, new_path, reason
+    )
     return new_path
 
 
@@ -110,22 +127,33 @@ def set_aside_dirs(base_dir: str) -> list[str]:
 def choose_restore_step(base_dir: str, *, fallback: Optional[str]) -> Optional[int]:
     """Returns the newest step to restore under `base_dir`, applying the corruption policy.
 
-    Uncommitted directories are skipped with a warning. A committed directory whose index is
-    unreadable raises `CorruptCheckpointError` (fallback "none"/None), or is set aside and the
-    next older one considered (fallback "previous").
+    Uncommitted directories are skipped with a warning (set aside if their chunks are complete).
+    A committed directory whose index is unreadable raises `CorruptCheckpointError` (fallback
+    "none"/None), or is set aside and the next older one considered (fallback "previous").
 
     Args:
         base_dir: The checkpointer directory.
         fallback: `restore_fallback`.
 
     Returns:
-        The step, or None if no committed checkpoint remains.
+        The step, or None if there is no committed checkpoint and none was set aside as corrupt.
 
     Raises:
-        CorruptCheckpointError: On a corrupt index, unless falling back.
+        CorruptCheckpointError: On a corrupt index, unless falling back; if no committed step is
+            left and some were set aside as corrupt (naming them).
     """
     for step, path in reversed(layout.step_dirs(base_dir)):
         if not layout.is_committed(path):
+            if metadata.chunks_complete(path):
+                logging.warning(
+                    "Checkpoint %s has no %s file but every chunk of its arrays is present: its "
+                    "index was lost after the save. It cannot be restored without the index; "
+                    "setting it aside (nothing deleted).",
+                    path,
+                    layout.INDEX_FILE,
+                )
+                set_aside(path, reason=REASON_UNINDEXED)
+                continue
             logging.warning(
                 "Skipping uncommitted checkpoint %s (no %s file: its save did not finish).",
                 path,
@@ -138,9 +166,17 @@ def choose_restore_step(base_dir: str, *, fallback: Optional[str]) -> Optional[i
             if fallback != FALLBACK_PREVIOUS:
                 raise CorruptCheckpointError(corrupt_message(path, e)) from e
             logging.error("Checkpoint %s is corrupt (%s); falling back to an older step.", path, e)
-            set_aside(path, reason="corrupt")
+            set_aside(path, reason=REASON_CORRUPT)
             continue
         return step
+    corrupt = [p for p in set_aside_dirs(base_dir) if f".{REASON_CORRUPT}-" in os.path.basename(p)]
+    if corrupt:
+        raise CorruptCheckpointError(
+            f"No intact checkpoint is left under {base_dir}: set aside as corrupt: "
+            f"{[os.path.basename(p) for p in corrupt]} (nothing deleted). Starting over is your "
+            "choice: move those directories out of it (or pass another --trainer_dir) to train "
+            "from step 0; `axlearn checkpoint verify` on one shows what is wrong with it."
+        )
     return None
 
 
@@ -157,4 +193,6 @@ def supersede_newer(base_dir: str, step: int) -> list[str]:
     Returns:
         The new paths of the directories set aside.
     """
-    return [set_aside(p, reason="superseded") for s, p in layout.step_dirs(base_dir) if s > step]
+    return [
+        set_aside(p, reason=REASON_SUPERSEDED) for s, p in layout.step_dirs(base_dir) if s > step
+    ]

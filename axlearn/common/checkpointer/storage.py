@@ -202,6 +202,10 @@ class TensorStoreStateStorage(StateStorage):
         # replicas. Only None/1 is supported: each replicated shard is written once, by one
         # process. (None, not 1, by default so the reference config dump is unchanged.)
         max_data_shard_degree: Optional[int] = None
+        # AXLearn's threshold below which a replicated shard is not split over replicas when
+        # max_data_shard_degree > 1; accepted (None or >= 0) and without effect here, since
+        # shards are not split (max_data_shard_degree is 1).
+        shard_threshold_bytes: Optional[int] = None
 
     def __init__(self, cfg: Config):
         super().__init__(cfg)
@@ -221,6 +225,11 @@ class TensorStoreStateStorage(StateStorage):
                 "TensorStoreStateStorage.max_data_shard_degree: only 1 is supported (each "
                 "replicated shard is written once, by one process), got "
                 f"{cfg.max_data_shard_degree!r}"
+            )
+        if cfg.shard_threshold_bytes is not None and cfg.shard_threshold_bytes < 0:
+            raise ValueError(
+                "TensorStoreStateStorage.shard_threshold_bytes must be None or >= 0, got "
+                f"{cfg.shard_threshold_bytes!r}"
             )
         if cfg.max_concurrent_gb is not None and cfg.max_concurrent_gb <= 0:
             raise ValueError(

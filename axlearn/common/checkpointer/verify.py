@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import tensorstore as ts
 
-from axlearn.common.checkpointer import layout, state_tree
+from axlearn.common.checkpointer import layout, metadata, state_tree
 
 
 @dataclasses.dataclass
@@ -97,7 +97,9 @@ def list_checkpoints(base_dir: str) -> list[CheckpointInfo]:
 
 
 def verify_checkpoint(step_dir: str) -> VerifyResult:
-    """Reads every chunk and bytes file of a step directory and checks it against the index.
+    """Checks a step directory: its metadata (`metadata.check_metadata`: the index against the
+    tree, every `.zarray` against the index) and every chunk and bytes file against the index's
+    checksums.
 
     Args:
         step_dir: The step directory.
@@ -117,6 +119,7 @@ def verify_checkpoint(step_dir: str) -> VerifyResult:
     result.committed = True
     if index["step"] != step:
         result.errors.append(f"index is for step {index['step']}, directory for step {step}")
+    result.errors.extend(metadata.check_metadata(step_dir, index))
     context = ts.Context({"file_io_concurrency": {"limit": 32}})
     for entry in index["leaves"]:
         result.num_leaves += 1
@@ -137,6 +140,8 @@ def verify_checkpoint(step_dir: str) -> VerifyResult:
             continue
         if entry["kind"] != layout.KIND_ARRAY:
             continue
+        if metadata.check_zarray(step_dir, entry) is not None:
+            continue  # Reported by check_metadata; its chunks cannot be read through it.
         _verify_array(step_dir, entry, context, result)
     return result
 

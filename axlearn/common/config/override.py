@@ -47,11 +47,18 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not path:
         raise ConfigOverrideError(f"Config override {text!r} must have the form PATH=VALUE.")
     raw = raw.strip()
+    if raw.lower() in _FLOAT_WORDS:
+        # Not Python literals, but what a user means by them: floats (then range-checked).
+        return path, float(raw)
     try:
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         value = raw
     return path, value
+
+
+# Values that `float()` reads and a user writes for a float: nan, inf, -inf, +inf, infinity.
+_FLOAT_WORDS = ("nan", "inf", "-inf", "+inf", "infinity", "-infinity", "+infinity")
 
 
 def _children(node: Any) -> list[tuple[str, Any]]:

@@ -81,11 +81,14 @@ def adastar_optimizer(
         u = adam_update_transformation(u)                          (if set)
         update = -update_schedule(t) * (learning_rate * u + weight_decay * wd_scale * param)
     where ema(x; d, debias) keeps m = d * m + (1 - d) * x and returns m / (1 - d**t) if debias.
-    `wd_scale` is ParameterSpec.weight_decay_scale, else `weight_decay_per_param_scale`, else 1.
+    With `weight_decay_per_param_scale`, `wd_scale` is ParameterSpec.weight_decay_scale, else the
+    rule's scale; without it, 1 for every parameter (AXLearn's adastar does not consult
+    ParameterSpec.weight_decay_scale then).
 
-    Summaries: schedule_step, schedule_scale, learning_rate, weight_decay_rate and per parameter
-    raw_grad_norm, param_norm, raw_update_norm (plus smoothed-update and correlation statistics
-    when verbosity > 0).
+    Summaries (AXLearn's): schedule_step, schedule_scale, learning_rate and weight_decay_rate
+    (weight_decay * schedule, times the last parameter's `weight_decay_per_param_scale` when one
+    is set); with verbosity > 0 also per parameter raw_grad_norm, param_norm, raw_update_norm,
+    smoothed_update_norm and the param-update correlations.
 
     Args:
         learning_rate: The base learning rate (scaled by update_schedule).
@@ -104,7 +107,8 @@ def adastar_optimizer(
             update_schedule).
         weight_decay_per_param_scale: Optional per-parameter weight-decay scales.
         update_schedule: Multiplier schedule of the whole update.
-        verbosity: > 0 adds more per-parameter statistics to summaries.
+        verbosity: > 0 adds per-parameter norms and correlations to summaries (they cost step
+            time).
 
     Returns:
         The optimizer; its state is a dict with keys compute_updates, [transform_updates,]
@@ -157,7 +161,8 @@ def adastar_optimizer(
         raw = jax.tree.map(lambda r: r[0], results, is_leaf=is_pair)
         pps = jax.tree.map(lambda r: r[1], results, is_leaf=is_pair)
         raw, _ = clip_by_block_rms(
-            raw_update_clipping_threshold, summary_suffix="raw_update_norm"
+            raw_update_clipping_threshold,
+            summary_suffix="raw_update_norm" if verbosity > 0 else None,
         ).update(raw, optax.EmptyState(), params)
 
         def smooth(u, s):
@@ -168,10 +173,11 @@ def adastar_optimizer(
         smoothed = jax.tree.map(lambda r: r[0], results, is_leaf=is_pair)
         pps = jax.tree.map(lambda r: r[1], results, is_leaf=is_pair)
 
-        _rms_norms(grads, suffix="raw_grad_norm")
-        values = opt_param_values(params)
-        param_norm = _rms_norms(values, suffix="param_norm")
+        # Per-parameter statistics cost step time: only in verbose mode (as in AXLearn).
         if verbosity > 0:
+            _rms_norms(grads, suffix="raw_grad_norm")
+            values = opt_param_values(params)
+            param_norm = _rms_norms(values, suffix="param_norm")
             raw_norm = _rms_norms(raw)
             smoothed_norm = _rms_norms(smoothed, suffix="smoothed_update_norm")
             for name, upd, norm in (
@@ -196,12 +202,22 @@ def adastar_optimizer(
 
     def update2_fn(updates, step, params):
         step_inc = optax.safe_increment(step)
-        scales = _weight_decay_scales(params, per_param_scale=weight_decay_per_param_scale)
+        if weight_decay_per_param_scale is not None:
+            scales = _weight_decay_scales(params, per_param_scale=weight_decay_per_param_scale)
+        else:
+            # As in AXLearn: without a per-param rule every parameter decays at scale 1
+            # (ParameterSpec.weight_decay_scale is not consulted) and nothing is registered.
+            scales = jax.tree.map(lambda _: 1, params)
         schedule_scale = schedule_fn(step_inc)
         _add_summary("schedule_step", step_inc)
         _add_summary("schedule_scale", schedule_scale)
         _add_summary("learning_rate", learning_rate * schedule_scale)
-        _add_summary("weight_decay_rate", weight_decay * schedule_scale)
+        # AXLearn writes this summary once per parameter, each time with that parameter's
+        # `weight_decay_per_param_scale` (1 without one); the last parameter's value remains.
+        last_scale = 1.0
+        if weight_decay_per_param_scale is not None and jax.tree.leaves(scales):
+            last_scale = jax.tree.leaves(scales)[-1]
+        _add_summary("weight_decay_rate", weight_decay * schedule_scale * last_scale)
 
         def one(u, p, s):
             out = learning_rate * u

@@ -14,6 +14,7 @@ from jax import numpy as jnp
 
 from axlearn.common import schedule
 from axlearn.common.config import ConfigOr, maybe_instantiate
+from axlearn.common.module import current_context
 from axlearn.common.optimizer_base import (
     NestedOptParam,
     OptParam,
@@ -143,10 +144,12 @@ def _weight_decay_scales(
 ) -> Any:
     """Per-parameter weight-decay scales: OptParam.weight_decay_scale, else the rule, else 1.
 
-    The result is registered as per-parameter settings under `description`.
+    The result is registered as per-parameter settings under `description`, with the current
+    invocation context's path (e.g. "root.optimizer") as AXLearn registers it. Without a rule the
+    default scale is the int 1, which `_regularizer.txt` dumps print as `1` (as AXLearn's do).
     """
     if per_param_scale is None:
-        scales = jax.tree.map(lambda _: 1.0, params)
+        scales = jax.tree.map(lambda _: 1, params)
     else:
         scales = maybe_instantiate(per_param_scale)(params)
 
@@ -156,7 +159,10 @@ def _weight_decay_scales(
         return current
 
     scales = jax.tree.map(override, params, scales)
-    return register_per_param_settings(scales, description=description)
+    context = current_context()
+    return register_per_param_settings(
+        scales, description=description, path=context.path() if context is not None else None
+    )
 
 
 class AddDecayedWeightsState(NamedTuple):
@@ -177,7 +183,8 @@ def add_decayed_weights(
 
     Args:
         weight_decay: The base rate.
-        learning_rate_exponent: If set, the rate is multiplied by learning_rate(step) ** exponent.
+        learning_rate_exponent: If set, the rate of the k-th update (k = 1, 2, ...) is multiplied
+            by learning_rate(k) ** exponent (AXLearn's convention).
         learning_rate: The learning-rate schedule (needed with `learning_rate_exponent`).
         per_param_scale: Optional per-parameter scales (e.g. `per_param_scale_by_path`); a
             parameter's `weight_decay_scale` (from its ParameterSpec) takes precedence.
@@ -201,7 +208,10 @@ def add_decayed_weights(
         if params is None:
             raise ValueError("add_decayed_weights needs params.")
         rate = weight_decay
-        if learning_rate_exponent:
+        if learning_rate_exponent is not None:
+            # As in AXLearn: the k-th update (k = 1, 2, ...) uses learning_rate(k), the schedule
+            # at the incremented count, like `scale_by_schedule` after its own increment.
+            state = AddDecayedWeightsState(count=optax.safe_increment(state.count))
             rate = weight_decay * lr_fn(state.count) ** learning_rate_exponent
         scales = _weight_decay_scales(params, per_param_scale=per_param_scale)
         if weight_decay:
@@ -211,8 +221,6 @@ def add_decayed_weights(
                 params,
                 scales,
             )
-        if learning_rate_exponent is not None:
-            state = AddDecayedWeightsState(count=optax.safe_increment(state.count))
         return updates, state
 
     def partition_fn(specs):
@@ -315,7 +323,10 @@ def per_param_settings_of_optimizer(
 def regularizer_text(
     optimizer: ConfigOr[PartitionedGradientTransformation], param_specs: Any
 ) -> str:
-    """The `_regularizer.txt` text: one `param/path: weight-decay scale` line per parameter.
+    """One `param/path: weight-decay scale` line per parameter of one optimizer.
+
+    (`golden_config.regularizer_text` gives a trainer config's AXLearn-format `_regularizer.txt`,
+    with its `====` header.)
 
     Args:
         optimizer: The optimizer or its config.

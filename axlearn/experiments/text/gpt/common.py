@@ -3,7 +3,8 @@
 - Inputs: `tfds_input`, `mixture_train_input_source`, `tfds_read_config`.
 - Model: `model_config` (a causal LM from layer-level choices), `scaled_hidden_dim`,
   `flash_attention_config`.
-- Learner: `adamw_decoupled_learner_config`, `mup_simple_adam_update_transformation`.
+- Learner: `adamw_decoupled_learner_config`, `adastar_learner_config`,
+  `mup_simple_adam_update_transformation`.
 - Trainer: `get_trainer_config_fn` (per-feed batching through an `InputDispatcher`, inputs
   partitioned by `input_base.partition_by_path_rank`), `evaler_config_dict`,
   `mesh_shape_from_axes`, `make_config_name`, `update_model_remat_config`, `MESH_AXIS_NAMES`,
@@ -484,6 +485,66 @@ def adamw_decoupled_learner_config(
                 adam_update_transformation=adam_update_transformation,
             ),
         ]
+    )
+    return learner.Learner.default_config().set(optimizer=optimizer)
+
+
+def adastar_learner_config(
+    *,
+    peak_lr: float,
+    max_step: int,
+    lr_warmup_steps: int = 2000,
+    alpha: float = 0.005,
+    weight_decay: float = 3.16e-4,
+    b1: float = 0.95,
+    b2: float = 0.95,
+    adam_update_transformation: Optional[ConfigOr[Any]] = None,
+) -> learner.Learner.Config:
+    """A learner: AdaStar in its Adafactor-like setting, skipping steps with a global norm >= 100
+    and clipping it to 1, with a warmup-cosine schedule (AXLearn's `adastar_learner_config`).
+
+    AdaStar here: no gradient momentum; debiased second moment (decay b2) of g**2 + 1e-30 (no
+    eps on its root); raw updates clipped to block RMS 1, then smoothed (decay b1, not debiased);
+    decoupled weight decay.
+
+    Args:
+        peak_lr: The learning rate (the schedule multiplies it, peaking at 1).
+        max_step: Schedule length.
+        lr_warmup_steps: Linear warmup steps.
+        alpha: Final fraction of the peak.
+        weight_decay: Decoupled weight decay.
+        b1: Decay of the update EMA.
+        b2: Decay of the second moment.
+        adam_update_transformation: Optional transformation of the smoothed updates.
+
+    Returns:
+        The learner config.
+    """
+    update_schedule = config_for_function(schedule.cosine_with_linear_warmup).set(
+        peak_lr=1.0,
+        max_step=max_step,
+        warmup_steps=lr_warmup_steps,
+        begin_value=0.0,
+        alpha=alpha,
+    )
+    optimizer = config_for_function(optimizers.skip_and_clip_by_global_norm).set(
+        inner=config_for_function(optimizers.adastar_optimizer).set(
+            learning_rate=peak_lr,
+            gradient_ema_decay=None,
+            gradient_ema_debias=None,
+            gradient_square_ema_decay=b2,
+            gradient_square_ema_debias=True,
+            eps=0,
+            eps_square=1e-30,
+            raw_update_clipping_threshold=1.0,
+            update_ema_decay=b1,
+            update_ema_debias=False,
+            weight_decay=weight_decay,
+            update_schedule=update_schedule,
+            adam_update_transformation=adam_update_transformation,
+        ),
+        drop_norm=100,
+        max_norm=1,
     )
     return learner.Learner.default_config().set(optimizer=optimizer)
 

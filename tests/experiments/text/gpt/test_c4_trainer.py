@@ -7,6 +7,7 @@ same config names and its `_init.txt` parameter dumps of fuji-7B-v3 and fuji-70B
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import re
 
@@ -34,6 +35,7 @@ MATCHED = [
 ]
 
 
+@functools.cache
 def _configs():
     return c4_trainer.named_trainer_configs()
 
@@ -131,44 +133,66 @@ _70B = (
     [("fuji-7B-v3", 32, 4096, _7B), ("fuji-70B-v3", 80, 8192, _70B)],
 )
 def test_parameter_count_equals_axlearn_init_dump(name, num_layers, dim, expected):
+    from axlearn.common import golden_config
+
     assert (_7B, _70B) == (6_207_836_160, 70_599_843_840)
     cfg = _configs()[name]()
     model = cfg.model.clone(name="model").instantiate(parent=None)
     params = jax.eval_shape(model.initialize_parameters_recursively, jax.random.PRNGKey(0))
     ours = sum(int(np.prod(x.shape)) for _, x in flatten_items(params))
     assert ours == _init_dump_count(name, num_layers=num_layers, dim=dim) == expected
+    # `axlearn config dump --init` of the config is AXLearn's published _init.txt, line for line.
+    with open(os.path.join(_DUMPS, f"{name}_init.txt"), encoding="utf-8") as f:
+        assert golden_config.init_text(cfg).splitlines() == f.read().splitlines()
 
 
 def _tiny_equivalent(name: str, trainer_dir: str, *, max_step: int = 3):
-    """The config `name` with fuji-tiny-v3's model shapes and embedded-corpus inputs."""
+    """The config `name` with fuji-tiny-v3's model shapes and embedded-corpus inputs (keeping
+    the config's attention kind, LM-head tying and repeated stack)."""
+    from axlearn.common.attention import RepeatedTransformerLayer
+
     cfg = _configs()[name]()
-    flash = "flash" in name
-    cfg.model = fuji.model_config(**tiny_model_kwargs(), flash_attention=flash).set(name="model")
+    kwargs = dict(
+        tiny_model_kwargs(),
+        flash_attention="flash" in name,
+        shared_lm_head=cfg.model.decoder.lm_head is None,
+        stack_cfg=RepeatedTransformerLayer.default_config(),
+    )
+    cfg.model = fuji.model_config(**kwargs).set(name="model")
     train, evals = tiny_sources(max_sequence_length=32)
     batch = min(cfg.input.input_dispatcher.global_logical_batch_size, 16)
     cfg.input.source = train
     cfg.input.input_dispatcher.global_logical_batch_size = batch
-    cfg.evalers = {}
+    # The "validation" evaler (per-feed batching like training), on 8 documents, at the end.
+    evaler = cfg.evalers["validation"]
+    evaler.input.source = evals["validation"].set(split="validation[:8]")
+    evaler.input.input_dispatcher.global_logical_batch_size = batch
+    evaler.eval_policy.set(n=max_step, max_step=max_step)
+    cfg.evalers = {"validation": evaler}
     cfg.set(name="trainer", dir=trainer_dir, max_step=max_step, mesh_shape=(1, -1, 1, 1, 1, 1))
     cfg.learner.optimizer.args[1].update_schedule.max_step = max_step
     cfg.learner.optimizer.args[1].update_schedule.warmup_steps = 1
     cfg.checkpointer.save_policy.max_step = max_step
-    del evals
     return cfg
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["fuji-7B-v3", "fuji-7B-v3-flash", "fuji-7B-v3-single-host"])
+# One run per structural variant (compiles dominate): FlashAttention + single-host batch, and
+# grouped-query attention with an untied LM head; every matched config builds (test below).
+@pytest.mark.parametrize("name", ["fuji-7B-v3-flash-single-host", "fuji-70B-v3"])
 def test_tiny_equivalent_trains(name, tmp_path):
     cfg = _tiny_equivalent(name, str(tmp_path))
     trainer = cfg.instantiate(parent=None)
     output = trainer.run(jax.random.PRNGKey(0))
     assert output is not None and np.isfinite(float(output["loss"]))
+    # The evaluation at the last step wrote its summaries.
+    assert os.listdir(os.path.join(str(tmp_path), "summaries", "validation"))
 
 
 def test_every_matched_config_builds_its_tiny_equivalent(tmp_path):
     for name in MATCHED:
         cfg = _tiny_equivalent(name, str(tmp_path / name))
+
         # Mesh rules are AXLearn's and resolve on the tiny config too.
         def rules(c):
             return [x for x in c.debug_string().splitlines() if x.startswith("mesh_rules")]
@@ -186,3 +210,39 @@ def test_fake_data_keeps_the_dispatched_batch():
     cfg = replace_inputs_with_fake(_configs()["fuji-7B-v3-single-host"]())
     assert (cfg.input.global_batch_size, cfg.input.source_length) == (16, 8192)
     assert cfg.evalers["validation"].input.global_batch_size == 16
+
+
+def test_launcher_selectors_pick_axlearns_fuji_rules():
+    """The launcher's mesh selectors (mesh_resolution) select AXLearn's rules and apply them."""
+    from axlearn.common.mesh_resolution import resolve_mesh
+
+    cfg, res = resolve_mesh(_configs()["fuji-7B-v3"](), mesh_selector="tpu-v5litepod-256")
+    assert (res.rule, cfg.mesh_shape) == ("tpu-v5litepod-256", (1, -1, 1, 256, 1, 1))
+    assert cfg.learner.forward_fn_transformation.steps == 4  # GradientAccumulationModifier.
+    layer = cfg.model.decoder.transformer.layer
+    assert layer.remat_spec.policy is fuji.offload_dots_saveable_policy
+    cfg, res = resolve_mesh(_configs()["fuji-7B-v3-flash"](), mesh_selector="gpu-a4-highgpu-8g-256")
+    attention = cfg.model.decoder.transformer.layer.self_attention.attention
+    assert (res.rule_index, attention.gpu_block_size, cfg.mesh_shape[3]) == (8, 64, 8)
+    cfg, res = resolve_mesh(_configs()["fuji-70B-v3"](), mesh_selector="tpu-v6e-256-4")
+    attention = cfg.model.decoder.transformer.layer.self_attention.attention
+    assert res.rule == "tpu-v6e-256-(4|8)" and cfg.mesh_shape == (1, -1, 1, 256, 1, 1)
+    assert "tpu_block_size" not in attention  # V6eFlashConfigModifier: no flash layer, no change.
+
+
+def test_modifier_naming_a_missing_path_fails_naming_it():
+    from axlearn.common.attention import GroupedQKVLinear
+    from axlearn.common.trainer_config_modifier import ModuleConfigModifier, RematSpecModifier
+
+    cfg = _configs()["fuji-7B-v3"]()
+    typo = "model.decoder.transformer.layer.self_attention.attention.input_linear.input_linaer"
+    modifier = ModuleConfigModifier.default_config().set(
+        target_config=typo, modification=GroupedQKVLinear.default_config()
+    )
+    with pytest.raises(ValueError, match=re.escape(typo) + ".*no field 'input_linaer'"):
+        modifier.instantiate()(cfg)
+    remat = RematSpecModifier.default_config().set(remat_policies={"model.decoder.layers": None})
+    with pytest.raises(
+        ValueError, match=r"model\.decoder\.layers: .*Decoder.*has no field 'layers'"
+    ):
+        remat.instantiate()(cfg)

@@ -91,3 +91,31 @@ def test_mixture_train_input_source_samples_by_weight(monkeypatch):
             data_mixture_components=components,
             max_sequence_length=4,
         )
+
+
+def test_adastar_learner_config_updates_like_adafactor_by_hand():
+    """One step of adastar_learner_config on a 2-vector vs the update computed by hand."""
+    import jax
+    import jax.numpy as jnp
+
+    from axlearn.common.learner import Learner
+    from axlearn.common.optimizer_base import OptParam
+    from axlearn.experiments.text.gpt.common import adastar_learner_config
+
+    cfg = adastar_learner_config(peak_lr=0.1, max_step=10, lr_warmup_steps=0, weight_decay=0.0)
+    optimizer = cfg.optimizer.instantiate()
+    params = {
+        "w": OptParam(value=jnp.array([1.0, -2.0]), factorization_spec=None, weight_decay_scale=1.0)
+    }
+    state = optimizer.init(params)
+    grads = {"w": jnp.array([0.5, -0.25])}
+    updates, _ = optimizer.update(grads, state, params)
+    # Step 1: v = g**2 + 1e-30 (debiased: (1-b2) v / (1-b2)); raw = g / sqrt(v) = sign(g);
+    # block RMS of raw is 1 (no clipping); u = (1 - b1) * raw, not debiased; schedule at step 1
+    # of a 10-step cosine to alpha=0.005 is alpha + (1 - alpha) * (1 + cos(pi / 10)) / 2
+    # (schedule steps count from 1) -> update = -0.1 * 0.05 * schedule * sign(g).
+    scale = 0.005 + 0.995 * (1 + np.cos(np.pi / 10)) / 2
+    expected = -0.1 * 0.05 * scale * np.sign([0.5, -0.25])
+    np.testing.assert_allclose(updates["w"], expected, rtol=1e-5)
+    assert isinstance(cfg, Learner.Config)
+    del jax

@@ -1,0 +1,159 @@
+"""Tests axlearn/common/launch_trainer_main.py: `--help` and the first errors a user meets.
+
+Each mistake below exits 1 with one line naming the bad thing and the fix, and no traceback
+(issue 29 cases 6, 7 and 13). The commands fail before training, so they run in parallel.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_LR = "learner.optimizer.inner.learning_rate.peak_lr"
+
+
+def _start(*args: str) -> subprocess.Popen:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("JAX_PLATFORMS", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "axlearn.common.launch_trainer_main", *args],
+        env=env,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out, err
+
+
+def test_help_prints_the_training_flags_and_exits_0():
+    """`python -m axlearn.common.launch_trainer_main --help` (the README's promise)."""
+    code, out, err = _finish(_start("--help"))
+    assert code == 0, err[-3000:]
+    for flag in (
+        "--module",
+        "--config",
+        "--trainer_dir",
+        "--config_override",
+        "--restore_fallback",
+        "--jax_backend",
+        "--data_dir",
+    ):
+        assert f"  {flag}:" in out, flag
+    assert out.startswith("Trains a named experiment.")
+
+
+def _tiny(trainer_dir: str, *extra: str) -> list[str]:
+    return [
+        "--module=text.gpt.tiny",
+        "--config=gpt-tiny",
+        f"--trainer_dir={trainer_dir}",
+        "--jax_backend=cpu",
+        *extra,
+    ]
+
+
+def test_user_errors_are_one_line_without_a_traceback(tmp_path):
+    """Cases 6, 7 and 13: each mistake names itself and the fix in the last line of stderr."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    runs = iter(str(tmp_path / f"run{i}") for i in range(100))
+    cases = {
+        "unknown flag": (
+            _tiny(next(runs), "--max_step=20"),
+            "unknown flag --max_step. Fields of the trainer config are set with "
+            "--config_override=PATH=VALUE (e.g. --config_override=max_step=...)",
+        ),
+        "unknown module": (
+            ["--module=text.gpt.tinyy", "--config=gpt-tiny", f"--trainer_dir={next(runs)}"],
+            "No experiment module found for --module='text.gpt.tinyy'",
+        ),
+        "unknown config": (
+            ["--module=text.gpt.tiny", "--config=gpt-tinyy", f"--trainer_dir={next(runs)}"],
+            "Did you mean: gpt-tiny",
+        ),
+        "no trainer dir": (
+            ["--module=text.gpt.tiny", "--config=gpt-tiny", "--jax_backend=cpu"],
+            "--trainer_dir is required",
+        ),
+        "missing data dir": (
+            _tiny(next(runs), f"--data_dir={tmp_path}/nowhere"),
+            f"--data_dir={tmp_path}/nowhere does not exist",
+        ),
+        "empty data dir": (
+            _tiny(next(runs), f"--data_dir={empty}"),
+            f"--data_dir={empty} is an empty directory",
+        ),
+        "no TPU": (
+            ["--module=text.gpt.tiny", "--config=gpt-tiny", f"--trainer_dir={next(runs)}"]
+            + ["--jax_backend=tpu"],
+            "--jax_backend=tpu but this machine has no TPU",
+        ),
+        "fractional max_step": (
+            _tiny(next(runs), "--config_override=max_step=20.5"),
+            "max_step=20.5: a step count must be a whole number",
+        ),
+        "NaN learning rate": (
+            _tiny(next(runs), f"--config_override={_LR}=nan"),
+            f"{_LR}=nan is NaN",
+        ),
+        "schedule shorter than its warm-up": (
+            _tiny(
+                next(runs), "--config_override=learner.optimizer.inner.learning_rate.max_step=30"
+            ),
+            "must be > the step its decay starts at (warmup_steps=30): raise max_step or lower "
+            "warmup_steps",
+        ),
+        "zero model dim": (
+            _tiny(next(runs), "--config_override=model.decoder.dim=0"),
+            "model.decoder.dim=0: a size must be >= 1",
+        ),
+    }
+    procs = {name: _start(*args) for name, (args, _) in cases.items()}
+    for name, proc in procs.items():
+        code, _, err = _finish(proc)
+        expected = cases[name][1]
+        last = err.strip().splitlines()[-1] if err.strip() else ""
+        assert code == 1, (name, err[-3000:])
+        assert last.startswith("launch_trainer_main: error: "), (name, err[-3000:])
+        assert expected in last, (name, last)
+        assert "Traceback" not in err, (name, err[-3000:])
+    # None of them started a run: nothing was recorded in a trainer dir.
+    assert not list(tmp_path.glob("run*/trainer_config"))
+
+
+@pytest.mark.slow
+def test_cpu_run_prints_no_error_looking_lines(tmp_path):
+    """Case 14: a normal CPU run prints no `E0000 ... cuInit` (or any `E0000`) line."""
+    code, out, err = _finish(
+        _start(*_tiny(str(tmp_path / "run"), "--config_override=max_step=2", "--data_dir=FAKE"))
+    )
+    assert code == 0, err[-3000:]
+    assert "cuInit" not in err and "\nE0000" not in "\n" + err
+
+
+def test_out_of_memory_is_one_line_naming_the_size_and_the_knobs():
+    """Case 13: a too-long sequence's raw `RESOURCE_EXHAUSTED: Out of memory allocating ...`
+    becomes one line with the size in GB and what to lower."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.launch_trainer_main import out_of_memory_message
+
+    message = out_of_memory_message(
+        "RESOURCE_EXHAUSTED: Out of memory allocating 123456789012 bytes."
+    )
+    assert "\n" not in message
+    assert message.startswith("the train step does not fit in device memory (it asked for 123.5 GB")
+    assert "input.source.max_sequence_length" in message and "global_batch_size" in message
