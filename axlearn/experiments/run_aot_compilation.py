@@ -69,6 +69,10 @@ def run_aot(
     from axlearn.common.launch_trainer import build_trainer_config
 
     sc = aot_compilation.topology_system_characteristics(topology)
+    if remat not in (None, "all"):
+        from axlearn.common.attention import remat_spec_by_name
+
+        remat_spec_by_name(remat, config_path="--remat")  # Unknown: lists the choices.
     aot_compilation.require_libtpu()
     if compiler_options == "none":
         options = None
@@ -94,10 +98,8 @@ def run_aot(
     if remat is None:
         choices = [None]
     else:
-        from axlearn.common.attention import REMAT_CHOICES, remat_choices_of, remat_spec_by_name
+        from axlearn.common.attention import REMAT_CHOICES, remat_choices_of
 
-        if remat != "all":
-            remat_spec_by_name(remat, config_path="--remat")  # Unknown: lists the choices.
         choices = list(REMAT_CHOICES) if remat == "all" else [remat]
         if not remat_choices_of(trainer_config.model, "model"):
             raise ValueError(f"--remat={remat}: {config_name} has no transformer layers to remat.")

@@ -157,3 +157,38 @@ def test_a_topology_no_mesh_rule_names_is_one_error_line(capsys):
         "mesh_rules ["
     )
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_unknown_remat_lists_the_choices(capsys):
+    assert main(["aot", *TINY, "--topology=v5p-8", "--remat=most"]) == 1
+    assert (
+        "axlearn aot: error: --remat='most' is not a remat choice; choose one of none, "
+        "save_matmuls, save_context, full." in capsys.readouterr().err
+    )
+
+
+@pytest.mark.slow
+def test_remat_all_reports_every_choice(tmp_path, capsys):
+    code = run_aot_compilation.main(
+        [
+            "run_aot_compilation",
+            *TINY,
+            "--topology=v5p-8",
+            "--remat=all",
+            f"--report={tmp_path}/r.json",
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    table = out[out.index("Compiled memory per chip by remat choice:") :].splitlines()
+    assert table[1].split() == ["remat", "temporaries", "total", "fits"]
+    rows = {line.split()[0]: line.split() for line in table[2:6]}
+    assert list(rows) == ["none", "save_matmuls", "save_context", "full"]
+    temps = {}
+    for name, row in rows.items():
+        report = json.loads((tmp_path / f"r-remat_{name}.json").read_text())
+        assert report["config"] == f"text.gpt.tiny:gpt-tiny (remat {name})" and report["fits"]
+        temps[name] = report["memory"]["temp_bytes"]
+        assert row[-1] == "yes"
+    # Saving less keeps fewer activations for the backward pass.
+    assert temps["full"] < temps["none"] and temps["save_context"] < temps["save_matmuls"]
