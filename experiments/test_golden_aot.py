@@ -1,8 +1,9 @@
 """Golden AOT memory: each named experiment compiled for the TPU topologies its mesh rules name.
 
 For every experiment config and every mesh rule whose regex is a single TPU instance type of the
-instance-type table (honeycrisp-3B: `tpu-v4-256`, `tpu-v5litepod-256`), the train step is
-compiled here for that topology (libtpu, no TPU; `axlearn.common.aot_compilation`) and the per-chip
+instance-type table (honeycrisp-3B: `tpu-v4-256`, `tpu-v5litepod-256`, `tpu-v5p-8`,
+`tpu-v6e-256`), the train step is compiled here for that topology (libtpu, no TPU;
+`axlearn.common.aot_compilation`) and the per-chip
 memory of the report is compared with experiments/testdata/aot/<module>/<config>@<topology>.json:
 the mesh, the mesh rule and whether it fits must be equal, and every byte count within 5%.
 (Rules that are regexes over several types, e.g. `tpu-v5p-(1024|2048|4096)`, name slices of 512+

@@ -189,10 +189,10 @@ def test_every_command_works_or_names_its_extra(base_env, trained_dir, tmp_path)
     # checkout may have uncommitted changes); its pre-flight compile needs libtpu.
     _check(base_env, ["gcp", "config", "activate", "--label=v5p"], "works", **root)
     assert "my-project" in _check(base_env, ["gcp", "config", "list"], "works", **root).stdout
-    launch = ["gcp", "launch", "--instance_type=tpu-v5p-128", "--num_replicas=2"]
+    launch = ["gcp", "launch", "--dry_run", "--bundler_spec=allow_dirty=true"]
     job = ["--", "python", "-m", "axlearn.common.launch_trainer_main"]
-    job += ["--module=text.gpt.honeycrisp", "--config=honeycrisp-3B"]
-    dry_run = [*launch, "--dry_run", "--bundler_spec=allow_dirty=true", "--name=x", *job]
+    job += ["--module=text.gpt.tiny", "--config=gpt-tiny"]
+    dry_run = [*launch, "--instance_type=tpu-v5p-8", "--name=x", *job]
     _check(base_env, dry_run, "tpu", **repo)
     _check(base_env, ["gcp", "launch", "list"], "gcp", **root)
     _check(base_env, ["gcp", "launch", "stop", "--name=honeycrisp-3b"], "gcp", **root)

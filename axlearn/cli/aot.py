@@ -52,6 +52,12 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
         default=[],
         help="PATH=VALUE change to the config (repeatable), as launch_trainer_main's.",
     )
+    parser.add_argument(
+        "--remat",
+        default=None,
+        help="Remat of every transformer layer: none, save_matmuls, save_context, full, or all "
+        "(each compiled in turn, then a table of their memory). Default: the experiment's.",
+    )
     parser.set_defaults(func=aot_command)
 
 
@@ -81,6 +87,7 @@ def aot_command(args: argparse.Namespace) -> int:
             dump_hlo=args.dump_hlo,
             report_json=args.report,
             config_overrides=args.config_override,
+            remat=args.remat,
         )
     except (ValueError, ImportError) as e:
         raise CommandError(str(e)) from e

@@ -153,6 +153,18 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--service_account", default=None, help="The pods' service account.")
     parser.add_argument(
+        "--xla_flag_set",
+        default="llm_recipe",
+        help="GPU instance types: the XLA_FLAGS set of axlearn.common.compiler_options."
+        "GPU_XLA_FLAG_SETS given to the pods: llm_recipe (default), latency_hiding or none.",
+    )
+    parser.add_argument(
+        "--xla_flags",
+        default="",
+        help="GPU instance types: extra XLA flags ('--name=value ...'); a flag of the set is "
+        "replaced, others are added.",
+    )
+    parser.add_argument(
         "--dry_run",
         action="store_true",
         help="Print the build plan, the pre-flight report and the JobSet YAML; build and submit "
@@ -238,6 +250,8 @@ def launch_start(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
         namespace=args.namespace,
         service_account=args.service_account,
+        xla_flag_set=args.xla_flag_set,
+        xla_flags=args.xla_flags,
     )
     if not args.skip_preflight:
         # Before TensorFlow or libtpu load: it quiets their misleading start-up errors.

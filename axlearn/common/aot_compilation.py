@@ -8,8 +8,10 @@ experiment compiles for it, whether it fits in HBM, and how long XLA expects a s
 
 - `get_devices_for_topology("v5p-128", topology_num_slices=2)`: the devices of the slices.
 - `compile_trainer_programs(trainer_config, topology=...)`: builds the real trainer on those
-  devices, with the experiment's `mesh_rules` applied for the slice's instance type
-  (`tpu-v5p-128`), and compiles its train step: `{"train_step": Compiled}`.
+  devices, with the experiment's mesh rule for the launch's selector (`tpu-v5p-128`, or
+  `tpu-v5p-128-2` for two slices; `axlearn.common.mesh_resolution`, which refuses a selector no
+  rule matches), and compiles its train step: `{"train_step": Compiled}`. Progress lines go to
+  stderr; the trainer's temporary directory is removed.
 - `aot_report(...)` / `run_preflight(...)`: the same, plus a report (`AotReport`) of per-chip
   memory vs the chip's HBM, FLOPs, XLA's step-time estimate and the mesh rule that chose the mesh.
   A program that does not fit is a report with `fits=False` (XLA's out-of-memory error is

@@ -30,6 +30,10 @@ from axlearn.common.attention import (
 )
 from axlearn.common.base_layer import RematSpec
 from axlearn.common.base_model import BaseModel
+from axlearn.common.chunked_lm_loss import (  # noqa: F401 (first_max_index: public here too)
+    chunked_lm_head_loss,
+    first_max_index,
+)
 from axlearn.common.config import (
     REQUIRED,
     ConfigOr,
@@ -70,31 +74,6 @@ _BATCH_SEQ_KEYS = (
 )
 
 
-def first_max_index(logits: Tensor) -> Tensor:
-    """`jnp.argmax(logits, axis=-1)` (the first index of the maximum) for non-NaN logits, faster.
-
-    XLA's CPU backend lowers argmax to a variadic (value, index) reduction that runs several times
-    slower than a plain reduction; on P1's [4, 128, 32768] logits it took ~73 ms of CPU time per
-    step. Here the maximum is a plain max-reduce (shared with the loss's logsumexp) and the first
-    index reaching it a float32 min-reduce (indices below 2**24 are exact in float32): ~39 ms.
-    Ties resolve to the first index, as argmax does. Rows containing NaN give
-    logits.shape[-1] (argmax would point at the NaN).
-
-    Args:
-        logits: Float tensor [..., num_classes] with num_classes <= 2**24.
-
-    Returns:
-        Int32 tensor [...].
-    """
-    num_classes = logits.shape[-1]
-    if num_classes > 2**24:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    top = jnp.max(logits, axis=-1, keepdims=True)
-    index = jnp.arange(num_classes, dtype=jnp.float32)
-    first = jnp.min(jnp.where(logits == top, index, float(num_classes)), axis=-1)
-    return first.astype(jnp.int32)
-
-
 def lm_loss_and_summaries(
     logits: Tensor,
     *,
@@ -119,18 +98,40 @@ def lm_loss_and_summaries(
     """
     live = (target_labels >= 0) & (target_labels != pad_token_id)
     loss, parts = cross_entropy(logits, target_labels, mask=live, z_loss_scale=z_loss_scale)
-    num_targets = parts["num_targets"]
-    denom = jnp.maximum(1.0, num_targets)
+    denom = jnp.maximum(1.0, parts["num_targets"])
     correct = (first_max_index(logits) == target_labels) & live
     per_token_loss = parts["pre_mask_loss"] * live
-    batch_size = target_labels.shape[0]
+    summaries = _lm_summaries(
+        loss,
+        parts=dict(parts, accuracy=correct.sum() / denom),
+        per_token_loss=per_token_loss,
+        input_ids=input_ids,
+        target_num_bytes=target_num_bytes,
+        pad_token_id=pad_token_id,
+    )
+    return loss, per_token_loss, summaries
+
+
+def _lm_summaries(
+    loss: Tensor,
+    *,
+    parts: dict[str, Tensor],
+    per_token_loss: Tensor,
+    input_ids: Tensor,
+    target_num_bytes: Optional[Tensor],
+    pad_token_id: int,
+) -> dict[str, WeightedScalar]:
+    """The LM summaries (module docstring) from the loss's parts (cross_entropy, z_loss,
+    accuracy, num_targets) and the per-token loss [batch, seq_len] (0 where no target)."""
+    num_targets = parts["num_targets"]
+    batch_size = per_token_loss.shape[0]
     num_tokens = (input_ids != pad_token_id).sum().astype(jnp.float32)
     summaries = {
         "loss": WeightedScalar(loss, num_targets),
         "cross_entropy_loss": WeightedScalar(parts["cross_entropy"], num_targets),
         "z_loss": WeightedScalar(parts["z_loss"], num_targets),
         "perplexity": WeightedScalar(jnp.exp(parts["cross_entropy"]), num_targets),
-        "accuracy": WeightedScalar(correct.sum() / denom, num_targets),
+        "accuracy": WeightedScalar(parts["accuracy"], num_targets),
         "num_targets": WeightedScalar(num_targets, 1.0),
         "num_tokens": WeightedScalar(num_tokens, 1.0),
         "train_live_targets": WeightedScalar(num_targets / batch_size, float(batch_size)),
@@ -139,7 +140,7 @@ def lm_loss_and_summaries(
         total_bytes = target_num_bytes.sum()
         bits_per_byte = per_token_loss.sum() / jnp.maximum(1, total_bytes) / jnp.log(2.0)
         summaries["bits_per_byte"] = WeightedScalar(bits_per_byte, total_bytes)
-    return loss, per_token_loss, summaries
+    return summaries
 
 
 class CrossEntropyLossMetrics(BaseLossMetrics):
@@ -184,6 +185,8 @@ class AuxLossMetrics(BaseLossMetrics):
         # Full-match regex of module output paths (e.g. "decoder/transformer/layer0/.../aux_loss")
         # to sum; None: the model's aux_loss_regex.
         aux_loss_regex: Optional[str] = None
+        # Padding id of target labels (not counted in the summary weight); None: the model's.
+        pad_token_id: Optional[int] = None
 
     def forward(self, input_batch, *, predict_outputs, module_outputs):
         """See `BaseLossMetrics.forward`."""
@@ -194,7 +197,8 @@ class AuxLossMetrics(BaseLossMetrics):
         values = [v.sum() for k, v in module_outputs.items() if re.fullmatch(regex, k)]
         aux_loss = sum(values, jnp.zeros([], jnp.float32))
         labels = input_batch["target_labels"]
-        weight = (labels >= 0).sum().astype(jnp.float32)
+        pad_token_id = 0 if self.config.pad_token_id is None else self.config.pad_token_id
+        weight = ((labels >= 0) & (labels != pad_token_id)).sum().astype(jnp.float32)
         return aux_loss, dict(summaries={"aux_loss": WeightedScalar(aux_loss, weight)})
 
 
@@ -314,6 +318,11 @@ class Model(BaseModel):
         # compute the same loss and summaries; unset pad_token_id / z_loss_scale /
         # aux_loss_regex fields of the children take the model's.
         metrics: Optional[InstantiableConfig] = None
+        # If set, the training loss computes the LM head and the cross-entropy (with z-loss and
+        # accuracy) in chunks of this many positions along the sequence, with a custom gradient,
+        # so that neither pass holds [batch, seq_len, vocab] logits; None: all at once. Needs
+        # the built-in loss (`metrics` None).
+        logits_chunk_size: Optional[int] = None
 
     @classmethod
     def default_config(cls) -> Config:
@@ -332,6 +341,12 @@ class Model(BaseModel):
         cfg = self.config
         self._add_child("decoder", cfg.decoder)
         if cfg.metrics is not None:
+            if cfg.logits_chunk_size is not None:
+                raise ValueError(
+                    f"{self.path()}.logits_chunk_size={cfg.logits_chunk_size} needs the built-in "
+                    f"loss, but {self.path()}.metrics is set (its metrics read the full logits): "
+                    "unset one of them."
+                )
             self._add_child("metrics", _propagate_metrics_defaults(cfg.metrics, cfg))
         self._z_loss_scale = cfg.z_loss_scale or 0.0
         self._batch_axis_names = cfg.batch_axis_names
@@ -354,6 +369,10 @@ class Model(BaseModel):
 
     def predict(self, input_batch: NestedTensor) -> dict[str, Tensor]:
         """Returns the decoder outputs {"logits", "hidden_states"} for `input_batch`."""
+        return self.decoder(input_batch=self._decoder_batch(input_batch))
+
+    def _decoder_batch(self, input_batch: NestedTensor) -> NestedTensor:
+        """The decoder's input batch (sharding-constrained) of a model input batch."""
         batch = self._constrain(input_batch)
         if "input_ids" not in batch:
             raise KeyError(f"input_batch needs 'input_ids'; got keys {sorted(batch)}")
@@ -363,7 +382,7 @@ class Model(BaseModel):
             if k in ("input_ids", "input_segment_ids", "token_type_ids")
         }
         decoder_batch["positions"] = batch.get("input_positions")
-        return self.decoder(input_batch=decoder_batch)
+        return decoder_batch
 
     def forward(
         self, input_batch: NestedTensor, return_aux: bool = False
@@ -372,16 +391,22 @@ class Model(BaseModel):
 
         Args:
             input_batch: See the module docstring. Without `target_labels`, no loss is computed.
-            return_aux: Whether to return logits, hidden states and per-token losses.
+            return_aux: Whether to return logits, hidden states and per-token losses. With
+                `logits_chunk_size` set, the loss is chunked only without return_aux (the
+                caller asks for the full logits otherwise).
 
         Returns:
             (loss or None, aux_outputs): aux_outputs is {} unless return_aux, then it has
             "logits", "hidden_states" and (with targets) "per_label_loss" [B, T].
         """
+        target_labels = input_batch.get("target_labels")
+        if target_labels is not None and self.config.logits_chunk_size is not None:
+            if not return_aux:
+                return self._chunked_loss(input_batch), {}
+        # Full logits: no chunk size, no targets, or the caller wants the logits.
         predictions = self.predict(input_batch)
         aux = dict(predictions)
         loss = None
-        target_labels = input_batch.get("target_labels")
         if target_labels is not None and "metrics" in self.children:
             outputs = self.get_invocation_context().output_collection.module_outputs
             loss, metrics = self.metrics(
@@ -402,6 +427,45 @@ class Model(BaseModel):
             )
             aux["per_label_loss"] = per_token_loss
         return loss, (aux if return_aux else {})
+
+    def _chunked_loss(self, input_batch: NestedTensor) -> Tensor:
+        """The loss of `forward` with the head and loss in chunks (`logits_chunk_size`)."""
+        head = self.decoder.head_inputs(input_batch=self._decoder_batch(input_batch))
+        target_labels = input_batch["target_labels"]
+        live = (target_labels >= 0) & (target_labels != self._pad_token_id)
+        loss, parts = chunked_lm_head_loss(
+            head["hidden_states"],
+            head["lm_head_weight"],
+            target_labels,
+            live_targets=live,
+            chunk_size=self.config.logits_chunk_size,
+            z_loss_scale=self._z_loss_scale,
+            soft_cap=self.decoder.lm_head_soft_cap(),
+            logits_partition_spec=self.config.decoder.logits_partition_spec,
+            config_path=f"{self.path()}.logits_chunk_size",
+        )
+        summaries = _lm_summaries(
+            loss,
+            parts=parts,
+            per_token_loss=parts["per_target_loss"] * live,
+            input_ids=input_batch["input_ids"],
+            target_num_bytes=input_batch.get("target_num_bytes"),
+            pad_token_id=self._pad_token_id,
+        )
+        return self._add_aux_loss_and_summaries(loss, summaries)
+
+    def _add_aux_loss_and_summaries(
+        self, loss: Tensor, summaries: dict[str, WeightedScalar]
+    ) -> Tensor:
+        """Adds the aux loss (`aux_loss_regex`) to `loss`, and `summaries`; returns the loss."""
+        if self.config.aux_loss_regex is not None:
+            aux_loss = self._aux_loss(self.config.aux_loss_regex)
+            loss = loss + aux_loss
+            summaries["aux_loss"] = WeightedScalar(aux_loss, summaries["num_targets"].mean)
+            summaries["loss"] = WeightedScalar(loss, summaries["num_targets"].mean)
+        for name, value in summaries.items():
+            self.add_summary(name, value)
+        return loss
 
     def _aux_loss(self, regex: str) -> Tensor:
         """Sum of the module outputs whose paths fully match `regex` (0 if none)."""
@@ -425,14 +489,7 @@ class Model(BaseModel):
             pad_token_id=self._pad_token_id,
             z_loss_scale=self._z_loss_scale,
         )
-        if self.config.aux_loss_regex is not None:
-            aux_loss = self._aux_loss(self.config.aux_loss_regex)
-            loss = loss + aux_loss
-            summaries["aux_loss"] = WeightedScalar(aux_loss, summaries["num_targets"].mean)
-            summaries["loss"] = WeightedScalar(loss, summaries["num_targets"].mean)
-        for name, value in summaries.items():
-            self.add_summary(name, value)
-        return loss, per_token_loss
+        return self._add_aux_loss_and_summaries(loss, summaries), per_token_loss
 
     def score(self, input_batch: NestedTensor) -> dict[str, Tensor]:
         """Per-token losses of `input_batch` (no summaries).

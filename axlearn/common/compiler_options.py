@@ -1,4 +1,4 @@
-"""XLA compiler options per TPU generation, for real hardware and for AOT compilation.
+"""XLA compiler options per TPU generation (real hardware and AOT), and GPU XLA flag sets.
 
 On a TPU slice these options are usually passed to libtpu as flags in the `LIBTPU_INIT_ARGS`
 environment variable (`xla_flags_from_options` formats them); for an ahead-of-time compile they go
@@ -53,6 +53,90 @@ _LITE_OPTIONS: dict[str, OptionValue] = {
 _MULTI_SLICE_OPTIONS: dict[str, OptionValue] = {
     "xla_latency_hiding_scheduler_rerun": 2,
 }
+
+
+# XLA flag sets for GPU training, applied by `axlearn gcp launch` to GPU instance types through the
+# pods' XLA_FLAGS (`gpu_xla_flags`). None of them was measured on a GPU by this project: each flag
+# is taken from a public JAX GPU recipe (cited beside it); `benchmarks/gpu_sweep.py --flag_sets`
+# measures them against "none" on a GPU, which is how a flag earns (or loses) its place.
+GPU_XLA_FLAG_SETS: dict[str, dict[str, OptionValue]] = {
+    # XLA's own defaults.
+    "none": {},
+    # The latency-hiding scheduler only: JAX's "GPU performance tips"
+    # (https://docs.jax.dev/en/latest/gpu_performance_tips.html) and the flag NVIDIA bakes into
+    # its JAX images (https://docs.nvidia.com/jax-toolbox/environment-variables).
+    "latency_hiding": {
+        "xla_gpu_enable_latency_hiding_scheduler": True,
+    },
+    # The LLM recipe of NVIDIA's JAX-Toolbox "Tips for High-Performance LLMs with JAX and XLA"
+    # (https://docs.nvidia.com/jax-toolbox/performance-profiling/gpu-performance, also
+    # rosetta/docs/GPU_performance.md in github.com/NVIDIA/JAX-Toolbox): overlap collectives with
+    # compute (latency-hiding scheduler, a high-priority stream for async collectives), FSDP
+    # optimizations of scanned layers (while-loop double buffering, pipelined all-gather /
+    # reduce-scatter / all-reduce), and combining small collectives (thresholds as in its
+    # examples: 1 GiB all-reduce, 128 MiB all-gather, 64 MiB reduce-scatter for 8 GPUs a node).
+    "llm_recipe": {
+        "xla_gpu_enable_latency_hiding_scheduler": True,
+        "xla_gpu_enable_highest_priority_async_stream": True,
+        "xla_gpu_enable_while_loop_double_buffering": True,
+        "xla_gpu_enable_pipelined_all_gather": True,
+        "xla_gpu_enable_pipelined_reduce_scatter": True,
+        "xla_gpu_enable_pipelined_all_reduce": True,
+        "xla_gpu_all_reduce_combine_threshold_bytes": 1073741824,
+        "xla_gpu_all_gather_combine_threshold_bytes": 134217728,
+        "xla_gpu_reduce_scatter_combine_threshold_bytes": 67108864,
+    },
+}
+# The set `axlearn gcp launch` applies to GPU instance types unless told otherwise.
+DEFAULT_GPU_XLA_FLAG_SET = "llm_recipe"
+
+
+def parse_xla_flags(flags: str) -> dict[str, str]:
+    """Parses "--name=value --other=1" (XLA_FLAGS syntax) into {name: value} (order kept).
+
+    Args:
+        flags: Space-separated flags; a flag without "=" means "true".
+
+    Returns:
+        {name without "--": value as written}.
+
+    Raises:
+        ValueError: If an item does not start with "--".
+    """
+    parsed: dict[str, str] = {}
+    for item in flags.split():
+        if not item.startswith("--"):
+            raise ValueError(
+                f"XLA flag {item!r} must look like --name=value (in {flags!r}); fix or drop it."
+            )
+        name, _, value = item[2:].partition("=")
+        parsed[name] = value if "=" in item else "true"
+    return parsed
+
+
+def gpu_xla_flags(flag_set: str = DEFAULT_GPU_XLA_FLAG_SET, *, overrides: str = "") -> str:
+    """The XLA_FLAGS value of a GPU flag set, with `overrides` taking precedence per flag.
+
+    Args:
+        flag_set: A key of `GPU_XLA_FLAG_SETS`.
+        overrides: Extra flags in XLA_FLAGS syntax ("--name=value ..."); a flag also in the set
+            replaces the set's value, others are added.
+
+    Returns:
+        Space-separated flags: the set's in sorted order, then the added ones in given order.
+
+    Raises:
+        ValueError: Unknown flag set (the message lists the sets) or a malformed override.
+    """
+    if flag_set not in GPU_XLA_FLAG_SETS:
+        raise ValueError(
+            f"XLA flag set {flag_set!r} is unknown; choose one of {', '.join(GPU_XLA_FLAG_SETS)}."
+        )
+    formatted = {
+        name: _format_value(value) for name, value in sorted(GPU_XLA_FLAG_SETS[flag_set].items())
+    }
+    formatted.update(parse_xla_flags(overrides))
+    return " ".join(f"--{name}={value}" for name, value in formatted.items())
 
 
 def infer_tpu_version(instance_type: str) -> str:
@@ -113,10 +197,11 @@ def xla_flags_from_options(options: dict[str, OptionValue]) -> str:
     Returns:
         The flags, space-separated, in sorted order.
     """
+    return " ".join(f"--{name}={_format_value(value)}" for name, value in sorted(options.items()))
 
-    def fmt(value: OptionValue) -> str:
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        return str(value)
 
-    return " ".join(f"--{name}={fmt(value)}" for name, value in sorted(options.items()))
+def _format_value(value: OptionValue) -> str:
+    """An option value as XLA flags write it (booleans as true/false)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -49,13 +49,14 @@ from axlearn.common.decoding import (
     sample_decode,
 )
 from axlearn.common.embedding import TransformerTextEmbeddings
-from axlearn.common.layers import Dropout, LayerNorm, set_dropout_rate_recursively
+from axlearn.common.layers import Dropout, Embedding, LayerNorm, set_dropout_rate_recursively
 from axlearn.common.logit_modifiers import LogitsToLogitsFn
 from axlearn.common.module import (
     Module,
     child_context,
     current_context,
     new_output_collection,
+    nowrap,
 )
 from axlearn.common.utils import (
     Nested,
@@ -319,10 +320,46 @@ class Decoder(BaseLayer):
         self._eos_token_id = cfg.eos_token_id
         self._logits_partition_spec = cfg.logits_partition_spec
 
-    def _logits(self, x: Tensor) -> dict[str, Tensor]:
+    def _head_input(self, x: Tensor) -> Tensor:
+        """The transformer output after the output norm and dropout: what the LM head reads."""
         if "output_norm" in self.children:
             x = self.output_norm(x)
-        x = self.output_dropout(x)
+        return self.output_dropout(x)
+
+    def lm_head_weight(self) -> Tensor:
+        """The LM head's weight [vocab_size, dim] (the tied token embedding table by default).
+
+        Returns:
+            `lm_head.weight` if the head is untied, else `emb.token_emb.weight`.
+
+        Raises:
+            NotImplementedError: If the head or the tied embedding is not the plain
+                `LmHead` / `layers.Embedding` (whose logits are hidden @ weight.T).
+        """
+        if "lm_head" in self.children:
+            if type(self.lm_head) is not LmHead:
+                raise NotImplementedError(
+                    f"{self.path()}.lm_head is a {type(self.lm_head).__name__}; the chunked loss "
+                    "supports LmHead only (unset the model's logits_chunk_size)."
+                )
+            return self.parameters["lm_head"]["weight"]
+        token_emb = self.emb.token_emb
+        if type(token_emb) is not Embedding:
+            raise NotImplementedError(
+                f"{self.path()}.emb.token_emb is a {type(token_emb).__name__}; the chunked loss "
+                "supports layers.Embedding only (unset the model's logits_chunk_size)."
+            )
+        return self.parameters["emb"]["token_emb"]["weight"]
+
+    @nowrap
+    def lm_head_soft_cap(self) -> Optional[float]:
+        """The soft cap of the logits (`emb.soft_cap_logits` of a tied head), or None."""
+        if "lm_head" in self.children:
+            return None
+        return getattr(self.emb.config, "soft_cap_logits", None)
+
+    def _logits(self, x: Tensor) -> dict[str, Tensor]:
+        x = self._head_input(x)
         if "lm_head" in self.children:
             logits = self.lm_head(x)
         else:
@@ -358,6 +395,46 @@ class Decoder(BaseLayer):
         Raises:
             KeyError: If input_batch has no "input_ids".
         """
+        out = self._transformer_output(
+            input_batch,
+            cross_attention_data=cross_attention_data,
+            cross_attention_logit_biases=cross_attention_logit_biases,
+        )
+        return self._logits(out)
+
+    def head_inputs(
+        self,
+        input_batch: Nested[Tensor],
+        *,
+        cross_attention_data: Optional[Tensor] = None,
+        cross_attention_logit_biases: Optional[Tensor] = None,
+    ) -> dict[str, Tensor]:
+        """What `forward` computes before the LM head, for a loss that applies the head itself.
+
+        Args:
+            input_batch: As in `forward`.
+            cross_attention_data: As in `forward`.
+            cross_attention_logit_biases: As in `forward`.
+
+        Returns:
+            {"hidden_states": [batch, seq_len, dim] (after output norm and dropout),
+             "lm_head_weight": [vocab, dim]} (logits would be hidden_states @ lm_head_weight.T).
+        """
+        out = self._transformer_output(
+            input_batch,
+            cross_attention_data=cross_attention_data,
+            cross_attention_logit_biases=cross_attention_logit_biases,
+        )
+        return dict(hidden_states=self._head_input(out), lm_head_weight=self.lm_head_weight())
+
+    def _transformer_output(
+        self,
+        input_batch: Nested[Tensor],
+        *,
+        cross_attention_data: Optional[Tensor],
+        cross_attention_logit_biases: Optional[Tensor],
+    ) -> Tensor:
+        """The transformer stack's output [batch, seq_len, dim] (before the output norm)."""
         validate_contains_paths(input_batch, paths=["input_ids"])
         input_ids = input_batch["input_ids"]
         segment_ids = input_batch.get("input_segment_ids")
@@ -376,7 +453,7 @@ class Decoder(BaseLayer):
             cross_attention_data=cross_attention_data,
             cross_attention_logit_biases=cross_attention_logit_biases,
         )
-        return self._logits(out.data)
+        return out.data
 
     def compute_attention_logit_biases(
         self,

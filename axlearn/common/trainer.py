@@ -55,6 +55,7 @@ from axlearn.common.step_timer import StepTimer
 from axlearn.common.summary_writer import BaseWriter, JsonlWriter, SummaryWriter
 from axlearn.common.trainer_checkpointing import (  # noqa: F401 (public names)
     NonFiniteStateError,
+    SnapshotMemoryError,
     TrainerCheckpointMixin,
     TrainerState,
 )

@@ -165,13 +165,19 @@ class MeshShapeModifier(ConfigModifier):
 
 
 class RematSpecModifier(ConfigModifier):
-    """Sets the `remat_spec` of the layers at the given paths."""
+    """Sets the `remat_spec` of the layers at the given paths.
+
+    A value is a RematSpec, None (no remat), or the name of a remat choice for the layers of a
+    transformer stack (`attention.REMAT_CHOICES`: "none", "save_matmuls", "save_context",
+    "full"), e.g. `remat_policies={"model.decoder.transformer.layer": "save_context"}`.
+    """
 
     @config_class
     class Config(ConfigModifier.Config):
         """Configures RematSpecModifier."""
 
-        # Module path (e.g. "model.decoder.transformer.layer") -> RematSpec (None: no remat).
+        # Module path (e.g. "model.decoder.transformer.layer") -> RematSpec, None (no remat) or
+        # a remat choice name (attention.REMAT_CHOICES).
         remat_policies: Required[dict[str, Any]] = REQUIRED
 
     def __call__(self, cfg: ConfigBase) -> ConfigBase:
@@ -184,12 +190,24 @@ class RematSpecModifier(ConfigModifier):
             The modified config.
 
         Raises:
-            ValueError: If a path does not exist or its config has no `remat_spec` field.
+            ValueError: If a path does not exist, its config has no `remat_spec` field, or a
+                remat name is unknown (the message lists the choices).
         """
         for path, remat_spec in self.config.remat_policies.items():
             target = find_config(cfg, path)
             if not _has_field(target, "remat_spec"):
                 raise ValueError(f"RematSpecModifier: {path} has no remat_spec field")
+            if isinstance(remat_spec, str):
+                # pylint: disable-next=import-outside-toplevel
+                from axlearn.common.attention import remat_spec_by_name
+
+                parent_path = ".".join(_split(path)[:-1])
+                stack = find_config(cfg, parent_path) if parent_path else None
+                remat_spec = remat_spec_by_name(
+                    remat_spec,
+                    stack_cfg=stack if _has_field(stack, "klass") else None,
+                    config_path=f"RematSpecModifier.remat_policies[{path!r}]",
+                )
             target.remat_spec = remat_spec
         return cfg
 

@@ -17,6 +17,7 @@ import numpy as np
 from absl import logging
 
 from axlearn.common import utils
+from axlearn.common.attention import remat_choices_of
 from axlearn.common.config import ConfigBase
 from axlearn.common.device_memory import compiled_memory_stats, live_memory_per_device
 from axlearn.common.device_peak import device_peak_flops
@@ -131,7 +132,11 @@ class TrainerMetricsMixin:
             self._step_log("%s", self._step_flops.describe())
         self._compiled_memory = compiled_memory_stats(compiled)
         if self._compiled_memory is not None:
-            self._step_log("%s", self._compiled_memory.describe())
+            remats = remat_choices_of(cfg.model, "model")
+            remat = ", ".join(f"{path}={name}" for path, name in sorted(remats.items()))
+            self._step_log(
+                "%s%s", self._compiled_memory.describe(), f" [remat: {remat}]" if remat else ""
+            )
 
     def _step_record(
         self, pending: Any, *, loss: float, scalars: dict[str, Any], timing: StepTiming

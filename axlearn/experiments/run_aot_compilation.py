@@ -3,7 +3,7 @@
     python -m axlearn.experiments.run_aot_compilation \
         --module=text.gpt.honeycrisp --config=honeycrisp-3B --topology=v5litepod-256 \
         [--topology_num_slices=2] [--compiler_options=default] [--dump_hlo=DIR] \
-        [--report=PATH] [--config_override=PATH=VALUE ...]
+        [--report=PATH] [--config_override=PATH=VALUE ...] [--remat=NAME|all]
 
 `axlearn aot` takes the same flags. Needs libtpu (`pip install 'axlearn[tpu]'`), not a TPU. The
 report (printed, and written as JSON to --report, default
@@ -34,6 +34,7 @@ def run_aot(
     dump_hlo: Optional[str] = None,
     report_json: Optional[str] = None,
     config_overrides: Sequence[str] = (),
+    remat: Optional[str] = None,
 ) -> int:
     """Compiles a named experiment for a topology, prints the report and writes its JSON.
 
@@ -49,9 +50,13 @@ def run_aot(
             `aot_compilation.default_report_path`).
         config_overrides: `PATH=VALUE` changes to the config, as launch_trainer_main's
             `--config_override` (e.g. "input.batcher.global_batch_size=256").
+        remat: None: the experiment's remat. A name of `attention.REMAT_CHOICES` ("none",
+            "save_matmuls", "save_context", "full"): every transformer layer of the model uses
+            it. "all": each choice is compiled in turn (one report each, the JSON path gaining
+            "-remat_<name>"), then a table of their memory is printed.
 
     Returns:
-        0 when the train step fits in HBM, 1 when it does not.
+        0 when the train step fits in HBM (with "all": for at least one choice), 1 when not.
 
     Raises:
         ValueError: Unknown topology (listing close names) or bad `compiler_options`.
@@ -83,22 +88,74 @@ def run_aot(
         config_overrides=config_overrides,
         mesh_selector=mesh_selector_for(sc.instance_type, topology_num_slices),
     )
-    report = aot_compilation.aot_report(
-        trainer_config,
-        topology=sc.device_type,
-        topology_num_slices=topology_num_slices,
-        compiler_options=options,
-        config_name=config_name,
-        dump_hlo_dir=dump_hlo,
-        mesh_resolution=resolution,
-    )
-    print(report.describe())
     path = report_json or aot_compilation.default_report_path(
         config_name, sc.device_type, topology_num_slices
     )
-    aot_compilation.write_report(report, path)
-    print(f"Report written to {path}")
-    return 0 if report.fits else 1
+    if remat is None:
+        choices = [None]
+    else:
+        from axlearn.common.attention import REMAT_CHOICES, remat_choices_of, remat_spec_by_name
+
+        if remat != "all":
+            remat_spec_by_name(remat, config_path="--remat")  # Unknown: lists the choices.
+        choices = list(REMAT_CHOICES) if remat == "all" else [remat]
+        if not remat_choices_of(trainer_config.model, "model"):
+            raise ValueError(f"--remat={remat}: {config_name} has no transformer layers to remat.")
+    reports = []
+    for choice in choices:
+        cfg = trainer_config if choice is None else _with_remat(trainer_config, choice)
+        report = aot_compilation.aot_report(
+            cfg,
+            topology=sc.device_type,
+            topology_num_slices=topology_num_slices,
+            compiler_options=options,
+            config_name=config_name if choice is None else f"{config_name} (remat {choice})",
+            dump_hlo_dir=dump_hlo,
+            mesh_resolution=resolution,
+        )
+        print(report.describe())
+        choice_path = path
+        if remat == "all":
+            root, ext = os.path.splitext(path)
+            choice_path = f"{root}-remat_{choice}{ext}"
+        aot_compilation.write_report(report, choice_path)
+        print(f"Report written to {choice_path}")
+        reports.append((choice, report))
+    if remat is not None:
+        print(_remat_table(reports))
+    return 0 if any(report.fits for _, report in reports) else 1
+
+
+def _with_remat(trainer_config, name: str):
+    """A copy of `trainer_config` whose transformer layers all use the remat choice `name`."""
+    # pylint: disable=import-outside-toplevel
+    from axlearn.common.attention import remat_choices_of
+    from axlearn.common.trainer_config_modifier import RematSpecModifier
+
+    cfg = trainer_config.clone()
+    paths = remat_choices_of(cfg.model, "model")
+    modifier = RematSpecModifier.default_config().set(remat_policies={path: name for path in paths})
+    return modifier.instantiate()(cfg)
+
+
+def _remat_table(reports) -> str:
+    """Per remat choice: compiled temporaries and total per chip, and whether it fits."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.device_memory import format_bytes
+
+    lines = [
+        "Compiled memory per chip by remat choice:",
+        "  remat          temporaries      total  fits",
+    ]
+    for choice, report in reports:
+        memory = report.memory or {}
+        temp = memory.get("temp_bytes")
+        total = memory.get("total_bytes", report.bytes_needed)
+        temp_text = format_bytes(temp) if temp is not None else "?"
+        total_text = format_bytes(total) if total is not None else "?"
+        fits = "yes" if report.fits else "NO"
+        lines.append(f"  {choice:<13} {temp_text:>12} {total_text:>10}  {fits}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -135,6 +192,13 @@ def main(argv=None) -> int:
     flags.DEFINE_multi_string(
         "config_override", [], "PATH=VALUE change to the config (repeatable).", flag_values=fv
     )
+    flags.DEFINE_string(
+        "remat",
+        None,
+        "Remat of every transformer layer: none, save_matmuls, save_context, full, or all "
+        "(each in turn, with a table of their memory). Default: the experiment's.",
+        flag_values=fv,
+    )
     try:
         fv(list(sys.argv if argv is None else argv))
     except flags.Error as e:
@@ -149,6 +213,7 @@ def main(argv=None) -> int:
         dump_hlo=fv.dump_hlo,
         report_json=fv.report,
         config_overrides=fv.config_override,
+        remat=fv.remat,
     )
 
 

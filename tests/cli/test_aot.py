@@ -146,3 +146,14 @@ def test_progress_prints_elapsed_time_every_interval():
     assert 2 <= sum(line.startswith("  ... Compiling x for v5p-8 x1: ") for line in lines) <= 4
     assert lines[-1] == f"Compiling x for v5p-8 x1: done in {p.seconds:.1f} s"
     assert 0.7 <= p.seconds < 5
+
+
+def test_a_topology_no_mesh_rule_names_is_one_error_line(capsys):
+    """gpt-tiny names no rule for one v5p-16 slice: refused before building, in one line."""
+    assert main(["aot", *TINY, "--topology=v5p-16"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "axlearn aot: error: --mesh_selector=tpu-v5p-16 matches none of text.gpt.tiny:gpt-tiny's "
+        "mesh_rules ["
+    )
+    assert err.count("\n") == 1 and "Traceback" not in err

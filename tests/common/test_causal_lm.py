@@ -302,8 +302,14 @@ def test_metrics_config_gives_the_same_loss_and_summaries():
     loss_m, aux_m, summaries_m = _loss_fn(with_metrics)(params, batch)
     np.testing.assert_allclose(loss_m, loss, rtol=1e-6)
     np.testing.assert_allclose(aux_m["per_label_loss"], aux["per_label_loss"], rtol=1e-6)
+    # The metrics child adds no summaries of its own (the model adds what it returns).
+    assert jax.tree.leaves(summaries_m.pop("metrics", {})) == []
     assert set(summaries_m) == set(summaries)
     for name, value in summaries.items():
+        if isinstance(value, dict):  # Child modules' summaries (e.g. the decoder's).
+            for a, b in zip(jax.tree.leaves(summaries_m[name]), jax.tree.leaves(value)):
+                np.testing.assert_allclose(a, b, rtol=1e-6, err_msg=name)
+            continue
         np.testing.assert_allclose(summaries_m[name].mean, value.mean, rtol=1e-6, err_msg=name)
         np.testing.assert_allclose(summaries_m[name].weight, value.weight, rtol=1e-6, err_msg=name)
 

@@ -48,3 +48,35 @@ def test_infer_tpu_version_and_flags():
         compiler_options.default_xla_options(instance_type="tpu-v5p-8", backend="gpu")
     flags = compiler_options.xla_flags_from_options({"b_opt": False, "a_opt": 98304})
     assert flags == "--a_opt=98304 --b_opt=false"
+
+
+def test_gpu_flag_sets_are_known_to_this_xla():
+    """Every flag of every GPU set parses in this jaxlib's XLA (an unknown flag is fatal)."""
+    import os  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    all_flags = " ".join(
+        compiler_options.gpu_xla_flags(name) for name in compiler_options.GPU_XLA_FLAG_SETS
+    )
+    code = "import jax; print(float(jax.numpy.ones(3).sum()))"
+    for flags, ok in ((all_flags, True), ("--xla_gpu_no_such_flag=true", False)):
+        env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert (run.returncode == 0 and run.stdout.strip() == "3.0") == ok, run.stderr[-2000:]
+
+
+def test_gpu_xla_flags_merge_and_errors():
+    assert compiler_options.gpu_xla_flags("none") == ""
+    assert compiler_options.gpu_xla_flags("none", overrides="--a=1 --b") == "--a=1 --b=true"
+    merged = compiler_options.gpu_xla_flags(
+        "latency_hiding", overrides="--xla_gpu_enable_latency_hiding_scheduler=false --c=2"
+    )
+    assert merged == "--xla_gpu_enable_latency_hiding_scheduler=false --c=2"
+    assert compiler_options.DEFAULT_GPU_XLA_FLAG_SET in compiler_options.GPU_XLA_FLAG_SETS
+    with pytest.raises(ValueError, match="choose one of none, latency_hiding, llm_recipe"):
+        compiler_options.gpu_xla_flags("turbo")
+    with pytest.raises(ValueError, match=r"XLA flag 'xla_foo=1' must look like --name=value"):
+        compiler_options.gpu_xla_flags("none", overrides="xla_foo=1")

@@ -177,6 +177,27 @@ def test_pipeline_modifier_through_a_mesh_rule():
         ).instantiate()(_trainer_config())
 
 
+def test_remat_spec_modifier_by_name():
+    """A remat choice name (attention.REMAT_CHOICES) resolves against the layer's stack."""
+    remat_name_of, remat_spec_by_name = attention.remat_name_of, attention.remat_spec_by_name
+    cfg = _trainer_config()
+    modifier = RematSpecModifier.default_config().set(remat_policies={LAYER: "save_context"})
+    modifier.instantiate()(cfg)
+    spec = find_config(cfg, LAYER).remat_spec
+    assert remat_name_of(spec) == "save_context"
+    stack = find_config(cfg, LAYER.rsplit(".", 1)[0])
+    assert spec == remat_spec_by_name("save_context", stack_cfg=stack)
+    modifier = RematSpecModifier.default_config().set(remat_policies={LAYER: "none"})
+    assert find_config(modifier.instantiate()(cfg), LAYER).remat_spec is None
+    bad = RematSpecModifier.default_config().set(remat_policies={LAYER: "most"})
+    with pytest.raises(ValueError) as e:
+        bad.instantiate()(cfg)
+    assert str(e.value) == (
+        f"RematSpecModifier.remat_policies[{LAYER!r}]='most' is not a remat choice; choose one "
+        "of none, save_matmuls, save_context, full."
+    )
+
+
 def test_chain_dumps_under_trainer_config_modifier():
     chain = ChainConfigModifier.default_config().set(
         config_modifiers=[MeshShapeModifier.default_config().set(mesh_shape=(-1, 2, 1))]

@@ -3,7 +3,9 @@
 When the command runs `axlearn.common.launch_trainer_main`, the launch adds the flags the target
 decides, unless the command already sets them:
 
-- `--mesh_selector=<instance type>`: the experiment's `mesh_rules` (regexes) pick the mesh;
+- `--mesh_selector=<selector>`: the experiment's `mesh_rules` (regexes) pick the mesh; the
+  selector follows AXLearn's convention (`system_characteristics.mesh_selector_for`: the
+  instance type, `-<slices>` for several TPU slices, `-<GPUs>` for GPU nodes);
 - `--jax_backend=tpu|gpu`;
 - `--trainer_dir=<dir>`: the job's directory on the configured bucket.
 

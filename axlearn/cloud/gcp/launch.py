@@ -54,6 +54,9 @@ class LaunchOptions:
         namespace: Kubernetes namespace.
         service_account: Kubernetes service account of the pods.
         user: The submitting user.
+        xla_flag_set: GPU instance types: the pods' XLA_FLAGS set
+            (`compiler_options.GPU_XLA_FLAG_SETS`).
+        xla_flags: GPU instance types: extra XLA flags overriding or extending the set.
     """
 
     name: str
@@ -70,6 +73,8 @@ class LaunchOptions:
     namespace: str = "default"
     service_account: Optional[str] = None
     user: str = dataclasses.field(default_factory=getpass.getuser)
+    xla_flag_set: str = "llm_recipe"
+    xla_flags: str = ""
 
 
 @dataclasses.dataclass
@@ -159,6 +164,14 @@ def prepare_launch(options: LaunchOptions, config: dict) -> PreparedLaunch:
             default_target=sc.platform,
         )
         image = plan.image
+    env = {}
+    if not tpu:
+        # pylint: disable-next=import-outside-toplevel
+        from axlearn.common.compiler_options import gpu_xla_flags
+
+        xla_flags = gpu_xla_flags(options.xla_flag_set, overrides=options.xla_flags)
+        if xla_flags:
+            env["XLA_FLAGS"] = xla_flags
     jobset = build_jobset(
         JobSpec(
             name=options.name,
@@ -172,6 +185,7 @@ def prepare_launch(options: LaunchOptions, config: dict) -> PreparedLaunch:
             max_restarts=options.max_restarts,
             priority_class=options.priority,
             service_account=options.service_account,
+            env=env,
         )
     )
     return PreparedLaunch(options, sc, runner, command, trainer_dir, plan, jobset)

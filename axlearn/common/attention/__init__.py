@@ -60,12 +60,16 @@ from axlearn.common.attention.sharding import (
 )
 from axlearn.common.attention.sigmoid import SigmoidAttention
 from axlearn.common.attention.stack import (
+    REMAT_CHOICES,
     BaseStackedTransformerLayer,
     RepeatedTransformerLayer,
     StackedTransformerLayer,
     _save_and_offload_only_these_names_regex,
     _TransformerRepeat,
     build_remat_spec,
+    remat_choices_of,
+    remat_name_of,
+    remat_spec_by_name,
 )
 from axlearn.common.attention.transformer import (
     BaseTransformerLayer,
@@ -132,6 +136,7 @@ __all__ = [
     "PipelinedTransformerLayer",
     "QKVLinear",
     "QLinear",
+    "REMAT_CHOICES",
     "RematRegexSavePatterns",
     "RepeatedTransformerLayer",
     "RoFormerQKVLinear",
@@ -152,6 +157,9 @@ __all__ = [
     "make_segment_mask",
     "pipelined_stack_config",
     "pow_scale_fn",
+    "remat_choices_of",
+    "remat_name_of",
+    "remat_spec_by_name",
     "scaled_hidden_dim",
     "set_attention_partition_specs",
     "set_double_shard_weights_config",

@@ -262,3 +262,102 @@ def build_remat_spec(
         offload_dst=offload_dst,
     )
     return RematSpec(prevent_cse=stack_cfg.klass is StackedTransformerLayer, policy=policy)
+
+
+# Remat choices for the layers of a transformer stack, by name: name -> (regex of the remat names
+# saved for the backward pass, or None; whether the layer is rematerialized at all).
+REMAT_CHOICES: dict[str, tuple[Optional[str], bool]] = {
+    # No remat: every activation the backward pass needs is kept (fastest, most memory).
+    "none": (None, False),
+    # Keep the outputs of the layer's matmuls (q/k/v/o projections, attention context, both
+    # feed-forward projections); recompute norms, activations and attention probabilities.
+    "save_matmuls": (r".*([qkvo]_proj|context|linear1_[01]|linear2)", True),
+    # Keep only the attention context; recompute everything else (projections included).
+    "save_context": (r".*context", True),
+    # Keep nothing but the layer's input: the whole layer is recomputed (least memory).
+    "full": (None, True),
+}
+
+
+def remat_spec_by_name(
+    name: str, *, stack_cfg: Optional[InstantiableConfig] = None, config_path: str = "remat"
+) -> Optional[RematSpec]:
+    """The RematSpec of a named remat choice for the layers of a transformer stack.
+
+    Args:
+        name: A key of `REMAT_CHOICES`: "none", "save_matmuls", "save_context" or "full".
+        stack_cfg: The stack's config (prevent_cse is True only for StackedTransformerLayer,
+            since inside a scan CSE cannot undo remat); None: a RepeatedTransformerLayer.
+        config_path: The setting named by errors.
+
+    Returns:
+        None for "none" (no remat), else the RematSpec to set on `stack_cfg.layer.remat_spec`.
+
+    Raises:
+        ValueError: If `name` is unknown; the message lists the choices.
+    """
+    if name not in REMAT_CHOICES:
+        raise ValueError(
+            f"{config_path}={name!r} is not a remat choice; choose one of "
+            f"{', '.join(REMAT_CHOICES)}."
+        )
+    save_pattern, remat = REMAT_CHOICES[name]
+    if not remat:
+        return None
+    stacked = stack_cfg is not None and stack_cfg.klass is StackedTransformerLayer
+    if save_pattern is None:
+        return RematSpec(prevent_cse=stacked, policy=None)
+    spec = build_remat_spec(stack_cfg or RepeatedTransformerLayer.default_config(), save_pattern)
+    return RematSpec(prevent_cse=stacked, policy=spec.policy)
+
+
+def remat_name_of(remat_spec: Optional[RematSpec]) -> str:
+    """The `REMAT_CHOICES` name a RematSpec was made from, or "custom" (None: "none").
+
+    Args:
+        remat_spec: A layer's `remat_spec`.
+
+    Returns:
+        "none", "save_matmuls", "save_context", "full" or "custom".
+    """
+    if remat_spec is None:
+        return "none"
+    policy = remat_spec.policy
+    if policy is None:
+        return "full"
+    saved = getattr(policy, "names_which_can_be_saved", None)
+    offloaded = getattr(policy, "names_which_can_be_offloaded", None)
+    if offloaded is None:
+        for name, (pattern, remat) in REMAT_CHOICES.items():
+            if remat and pattern is not None and pattern == saved:
+                return name
+    return "custom"
+
+
+def remat_choices_of(cfg: Any, prefix: str = "") -> dict[str, str]:
+    """The remat choice name (`remat_name_of`) of every transformer layer config under `cfg`.
+
+    Args:
+        cfg: A config tree (e.g. a model config).
+        prefix: The dotted path of `cfg`.
+
+    Returns:
+        {dotted path of a TransformerLayer config: "none" | "save_matmuls" | ... | "custom"}.
+    """
+    found: dict[str, str] = {}
+    if isinstance(cfg, dict):
+        items = cfg.items()
+    elif hasattr(cfg, "klass") and hasattr(cfg, "items"):
+        if isinstance(cfg.klass, type) and issubclass(cfg.klass, BaseTransformerLayer):
+            if "remat_spec" in cfg and "layer" not in cfg:  # A layer, not a stack of them.
+                found[prefix] = remat_name_of(cfg.remat_spec)
+        items = cfg.items()
+    elif isinstance(cfg, (list, tuple)):
+        items = ((str(i), v) for i, v in enumerate(cfg))
+    else:
+        return found
+    for key, value in items:
+        if key == "klass":
+            continue
+        found.update(remat_choices_of(value, f"{prefix}.{key}" if prefix else str(key)))
+    return found

@@ -96,3 +96,45 @@ def test_trainer_dir_needs_a_bucket(repo):
     config = {k: v for k, v in CONFIG.items() if k != "permanent_bucket"}
     with pytest.raises(ConfigError, match="has no 'permanent_bucket'"):
         launch.prepare_launch(_options(), config)
+
+
+def _pod_env(prepared) -> dict:
+    pod = prepared.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    return {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+
+
+def test_gpu_pods_get_the_xla_flag_set(tmp_path, monkeypatch):
+    """GPU instance types: XLA_FLAGS from compiler_options.GPU_XLA_FLAG_SETS, overridable."""
+    from axlearn.common.compiler_options import GPU_XLA_FLAG_SETS
+
+    monkeypatch.chdir(tmp_path)
+    gpu = dict(
+        instance_type="gpu-a3-highgpu-8g", image="img:1", command=COMMAND + ["--trainer_dir=/d"]
+    )
+    flags = _pod_env(launch.prepare_launch(_options(**gpu), {"_name": "p:z"}))["XLA_FLAGS"]
+    recipe = GPU_XLA_FLAG_SETS["llm_recipe"]
+    assert flags.split() == [
+        f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(recipe.items())
+    ]
+    assert "--xla_gpu_enable_latency_hiding_scheduler=true" in flags.split()
+    env = _pod_env(
+        launch.prepare_launch(
+            _options(
+                **gpu,
+                xla_flag_set="latency_hiding",
+                xla_flags="--xla_gpu_enable_latency_hiding_scheduler=false --xla_dump_to=/tmp/h",
+            ),
+            {"_name": "p:z"},
+        )
+    )
+    assert env["XLA_FLAGS"] == (
+        "--xla_gpu_enable_latency_hiding_scheduler=false --xla_dump_to=/tmp/h"
+    )
+    env = _pod_env(launch.prepare_launch(_options(**gpu, xla_flag_set="none"), {"_name": "p:z"}))
+    assert "XLA_FLAGS" not in env
+    with pytest.raises(ValueError, match="XLA flag set 'fast' is unknown; choose one of none, "):
+        launch.prepare_launch(_options(**gpu, xla_flag_set="fast"), {"_name": "p:z"})
+
+
+def test_tpu_pods_get_no_xla_flags(repo):
+    assert "XLA_FLAGS" not in _pod_env(launch.prepare_launch(_options(), CONFIG))

@@ -228,3 +228,21 @@ def test_launcher_selectors_pick_axlearns_fuji_rules():
     attention = cfg.model.decoder.transformer.layer.self_attention.attention
     assert res.rule == "tpu-v6e-256-(4|8)" and cfg.mesh_shape == (1, -1, 1, 256, 1, 1)
     assert "tpu_block_size" not in attention  # V6eFlashConfigModifier: no flash layer, no change.
+
+
+def test_modifier_naming_a_missing_path_fails_naming_it():
+    from axlearn.common.attention import GroupedQKVLinear
+    from axlearn.common.trainer_config_modifier import ModuleConfigModifier, RematSpecModifier
+
+    cfg = _configs()["fuji-7B-v3"]()
+    typo = "model.decoder.transformer.layer.self_attention.attention.input_linear.input_linaer"
+    modifier = ModuleConfigModifier.default_config().set(
+        target_config=typo, modification=GroupedQKVLinear.default_config()
+    )
+    with pytest.raises(ValueError, match=re.escape(typo) + ".*no field 'input_linaer'"):
+        modifier.instantiate()(cfg)
+    remat = RematSpecModifier.default_config().set(remat_policies={"model.decoder.layers": None})
+    with pytest.raises(
+        ValueError, match=r"model\.decoder\.layers: .*Decoder.*has no field 'layers'"
+    ):
+        remat.instantiate()(cfg)

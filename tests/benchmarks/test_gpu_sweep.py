@@ -1,0 +1,67 @@
+"""benchmarks/gpu_sweep.py --tiny on CPU, in Pythons (the sweep and its cells) without TensorFlow.
+
+A `sitecustomize` on PYTHONPATH makes tensorflow (and seqio, tensorflow_datasets, tensorboard)
+unimportable in every process the sweep starts, as on a bare accelerator machine.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_SITECUSTOMIZE = """
+import importlib.abc, sys
+
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "seqio", "tensorflow_datasets", "tensorboard"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return None
+
+sys.meta_path.insert(0, _Block())
+"""
+
+
+@pytest.mark.slow
+def test_tiny_sweep_without_tensorflow(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO_ROOT}", JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)  # One CPU device, as on a one-GPU machine.
+    script = os.path.join(REPO_ROOT, "benchmarks", "gpu_sweep.py")
+    args = ["--tiny", "--batches", "2", "--remats", "none,bogus"]
+    bad = subprocess.run(
+        [sys.executable, script, *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert bad.returncode != 0
+    assert "--remats='bogus' is not a remat choice; choose one of none, save_matmuls" in bad.stderr
+    args = ["--tiny", "--batches", "2", "--remats", "full", "--chunks", "none,16", "--steps", "6"]
+    proc = subprocess.run(
+        [sys.executable, script, *args], env=env, capture_output=True, text=True, timeout=1500
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    result = json.loads(proc.stdout)
+    assert result["device"] == "cpu" and result["seq_len"] == 64
+    assert [(r["batch"], r["remat"], r["chunk"], r["flag_set"]) for r in result["grid"]] == [
+        (2, "full", None, "none"),
+        (2, "full", 16, "none"),
+    ]
+    for row in result["grid"]:
+        assert row["fits"] is True, row
+        assert row["s_per_step"] > 0 and row["peak_memory_bytes"] > 0
+        assert row["tokens_per_s"] == pytest.approx(2 * 64 / row["s_per_step"])
+        assert 0 < row["mfu"] and row["compiled_temp_bytes"] > 0
+        # The trainer printed the compiled memory and the layers' remat choice at start.
+        assert row["trainer_log"].startswith("Compiled memory per device: total ")
+        assert row["trainer_log"].endswith("[remat: model.decoder.transformer.layer=full]")
+    comparison = result["fastest_vs_plain_jax"]
+    fastest = max(result["grid"], key=lambda r: r["tokens_per_s"])
+    assert comparison["config"] == {k: fastest[k] for k in ("batch", "remat", "chunk", "flag_set")}
+    assert comparison["ratio_trainer_over_plain"] == pytest.approx(
+        comparison["trainer_s_per_step"] / comparison["plain_jax_s_per_step"]
+    )
+    (only,) = comparison["rounds"]
+    # Same model, same batches, same first losses up to bf16 noise; different initial weights.
+    assert abs(only["trainer"]["loss_last"] - only["plain_jax"]["loss_last"]) < 0.5
