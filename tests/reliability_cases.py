@@ -400,6 +400,30 @@ CASES = [
         f"{_MAIN}::test_user_errors_are_one_line_without_a_traceback",
     ),
     Case(
+        "a train step larger than device memory (e.g. a far too long sequence)",
+        "one line with the size asked for and the knobs to lower, not XLA's raw allocation error",
+        "nothing",
+        f"{_MAIN}::test_out_of_memory_is_one_line_naming_the_size_and_the_knobs",
+    ),
+    Case(
+        "disk full outside a checkpoint save",
+        "one line naming the path and that a rerun resumes",
+        "nothing (the run resumes from its last committed checkpoint)",
+        f"{_MAIN}::test_disk_full_outside_a_save_names_the_path",
+    ),
+    Case(
+        "a garbage dataset_info.json in the embedded data set",
+        "ValueError naming the folder and how to rebuild it (not a bare protobuf ParseError)",
+        "nothing",
+        "tests/common/test_embedded_data.py::test_garbage_dataset_info_names_the_file",
+    ),
+    Case(
+        "`axlearn hf import` into a model with QK-norm",
+        "one line about importing that names the --config_override values to pass",
+        "nothing",
+        "tests/cli/test_hf.py::test_import_errors_name_the_problem",
+    ),
+    Case(
         "`launch_trainer_main --help`",
         "the usage and every training flag, exit 0",
         "nothing",

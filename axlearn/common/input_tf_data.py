@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from absl import logging
 
 from axlearn.common.config import (
     REQUIRED,
     ConfigBase,
-    ConfigOr,
     InstantiableConfig,
     Required,
     config_class,
@@ -42,6 +41,13 @@ from axlearn.common.input_batch_processors import (
     trim_and_pad_tensor,
     trim_to_batch,
     unpack,
+)
+from axlearn.common.input_batching import (  # noqa: F401 (public re-exports)
+    PadExampleFn,
+    batch,
+    count_examples,
+    default_pad_example_fn,
+    per_feed_batch,
 )
 from axlearn.common.input_feed import (
     DEFAULT_SEED,
@@ -345,183 +351,6 @@ def chain(*args, is_training: Optional[bool] = None) -> DatasetToDatasetFn:
         return ds
 
     return fn
-
-
-# ------------------------------------------------------------------------------------------------
-# Batching.
-# ------------------------------------------------------------------------------------------------
-
-
-# A function from a (nested) element spec to a (nested) padding example.
-PadExampleFn = Callable[[Any], Any]
-
-
-def default_pad_example_fn(element_spec: Any) -> Any:
-    """Returns a padding example: zeros (empty strings) shaped like `element_spec`.
-
-    For language-model examples this gives input_ids 0 and target_labels 0 (the pad id: no
-    target), so padded rows contribute nothing to losses.
-
-    Args:
-        element_spec: A (nested) tf.TensorSpec.
-
-    Returns:
-        The (nested) padding tensors.
-    """
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    return tf.nest.map_structure(lambda s: tf.zeros(s.shape, dtype=s.dtype), element_spec)
-
-
-def count_examples(ds: tf.data.Dataset) -> int:
-    """Returns the number of elements of a finite dataset (counting them when unknown).
-
-    Args:
-        ds: The dataset.
-
-    Returns:
-        The count.
-
-    Raises:
-        ValueError: If the dataset is infinite.
-    """
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    n = int(ds.cardinality())
-    if n == tf.data.INFINITE_CARDINALITY:
-        raise ValueError(f"An evaluation input must be finite; got an infinite dataset {ds}")
-    if n == tf.data.UNKNOWN_CARDINALITY:
-        n = int(
-            ds.reduce(
-                tf.constant(0, tf.int64),
-                tf.autograph.experimental.do_not_convert(lambda c, _: c + 1),
-            )
-        )
-    return n
-
-
-def batch(
-    global_batch_size: int,
-    *,
-    is_training: bool,
-    pad_example_fn: PadExampleFn,
-    prefetch_buffer_size: Optional[int] = -1,
-    post_batch_processor: Optional[ConfigOr[DatasetToDatasetFn]] = None,
-    repeat: Optional[int] = None,
-) -> DatasetToDatasetFn:
-    """Returns a batcher producing this feed's `global_batch_size // num_feeds` examples per batch.
-
-    Training batches drop the incomplete last batch and repeat forever (unless `repeat` is set).
-    Evaluation inputs are padded with `pad_example_fn` examples to whole batches (to the same
-    number of batches on every feed), so every example is evaluated exactly once.
-
-    Args:
-        global_batch_size: Examples per global batch; divisible by the number of feeds.
-        is_training: Whether the input is for training (set by Input).
-        pad_example_fn: Creates a padding example from the element spec.
-        prefetch_buffer_size: Batches prefetched; -1 (tf.data.AUTOTUNE) or None autotune, 0
-            disables prefetching.
-        post_batch_processor: Optional processor applied to batches.
-        repeat: Times to repeat the batches; None: forever when training, once otherwise.
-
-    Returns:
-        A DatasetToDatasetFn.
-
-    Raises:
-        ValueError: If `repeat` is not a positive integer.
-    """
-    if repeat is not None and (not isinstance(repeat, int) or repeat <= 0):
-        raise ValueError(f"batch: repeat must be a positive integer or None, got {repeat!r}")
-    if global_batch_size <= 0:
-        raise ValueError(f"batch: global_batch_size must be positive, got {global_batch_size}")
-
-    def fn(ds: tf.data.Dataset) -> tf.data.Dataset:
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-        ctx = current_feed()
-        if global_batch_size % ctx.num_feeds != 0:
-            raise ValueError(
-                f"batch: global_batch_size ({global_batch_size}) must be divisible by the number "
-                f"of input feeds ({ctx.num_feeds}: input.num_feeds, default the process count)"
-            )
-        per_feed = global_batch_size // ctx.num_feeds
-        if not is_training:
-            num_batches = ctx.eval_num_batches
-            n = ctx.eval_num_examples
-            if n is None:
-                n = count_examples(ds)
-            if num_batches is None:
-                num_batches = -(-n // per_feed)
-            num_pad = num_batches * per_feed - n
-            if num_pad < 0:
-                raise ValueError(f"batch: {n} examples do not fit in {num_batches} batches")
-            if num_pad > 0:
-                pad = tf.data.Dataset.from_tensors(pad_example_fn(ds.element_spec))
-                ds = ds.concatenate(pad.repeat(num_pad))
-        ds = ds.batch(per_feed, drop_remainder=True)
-        if post_batch_processor is not None:
-            ds = maybe_instantiate(post_batch_processor)(ds)
-        if repeat is not None:
-            ds = ds.repeat(repeat)
-        elif is_training:
-            ds = ds.repeat()
-        if prefetch_buffer_size is None or prefetch_buffer_size < 0:
-            ds = ds.prefetch(tf.data.AUTOTUNE)
-        elif prefetch_buffer_size > 0:
-            ds = ds.prefetch(prefetch_buffer_size)
-        return ds
-
-    return fn
-
-
-def per_feed_batch(
-    feed_batch_size: int,
-    *,
-    is_training: bool,
-    pad_example_fn: PadExampleFn,
-    prefetch_buffer_size: Optional[int] = -1,
-    post_batch_processor: Optional[ConfigOr[DatasetToDatasetFn]] = None,
-    repeat: Optional[int] = None,
-) -> DatasetToDatasetFn:
-    """Like `batch`, but sized per feed: each feed batches `feed_batch_size` examples.
-
-    AXLearn's per-feed batcher, used with `Input.input_dispatcher`: the Input sets
-    `feed_batch_size` to the dispatcher's `global_logical_batch_size // num_feeds`.
-
-    Args:
-        feed_batch_size: Examples per batch of this feed.
-        is_training: Whether the input is for training (set by Input).
-        pad_example_fn: Creates a padding example from the element spec.
-        prefetch_buffer_size: See `batch`.
-        post_batch_processor: See `batch`.
-        repeat: See `batch`.
-
-    Returns:
-        A DatasetToDatasetFn.
-
-    Raises:
-        ValueError: If feed_batch_size is not positive.
-    """
-    if feed_batch_size <= 0:
-        raise ValueError(f"per_feed_batch: feed_batch_size must be positive, got {feed_batch_size}")
-
-    def fn(ds: tf.data.Dataset) -> tf.data.Dataset:
-        global_batch_size = feed_batch_size * current_feed().num_feeds
-        return batch(
-            global_batch_size,
-            is_training=is_training,
-            pad_example_fn=pad_example_fn,
-            prefetch_buffer_size=prefetch_buffer_size,
-            post_batch_processor=post_batch_processor,
-            repeat=repeat,
-        )(ds)
-
-    return fn
-
-
-# ------------------------------------------------------------------------------------------------
-# Config helpers.
-# ------------------------------------------------------------------------------------------------
 
 
 # ------------------------------------------------------------------------------------------------

@@ -80,7 +80,8 @@ def test_unknown_module_error(capsys):
     assert main(["config", "dump", "--module=nope.tiny", "--config=x"]) == 1
     assert capsys.readouterr().err == (
         "axlearn config: error: No experiment module found for --module='nope.tiny'; "
-        "tried: axlearn.experiments.nope.tiny, nope.tiny\n"
+        "tried: axlearn.experiments.nope.tiny, nope.tiny. `axlearn config list` lists the "
+        "experiment modules.\n"
     )
 
 

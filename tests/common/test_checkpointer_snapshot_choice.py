@@ -387,3 +387,18 @@ def test_sigkill_during_transfer_or_write_keeps_previous_step(tmp_path, point, l
     np.testing.assert_array_equal(np.asarray(restored["w"]), np.arange(4096.0).reshape(64, 64) + 1)
     np.testing.assert_array_equal(np.asarray(restored["b"]), np.arange(512.0))
     ckpt.stop()
+
+
+def test_a_new_choice_keeps_the_step_peak(tmp_path):
+    """A save of a state with other shardings chooses again, against the same step's peak."""
+    state = _state()
+    ckpt = _checkpointer(tmp_path, limit=151_000)
+    assert ckpt.storage.choose_snapshot(state, step_peak_bytes=PEAK).mode == "partial"
+    mesh = jax.make_mesh((4, 2), ("x", "y"))
+    resharded = dict(state, w=jax.device_put(state["w"], NamedSharding(mesh, PartitionSpec("x"))))
+    stats = ckpt.save(step=1, state=resharded)
+    assert stats.choice.peak_bytes == PEAK and stats.choice.peak_from_step
+    # w is now 64 KB per device: only b, h and n fit beside the peak.
+    assert stats.snapshot == "partial"
+    assert set(stats.choice.device_paths) == {"b", "h", "n"}
+    ckpt.stop()

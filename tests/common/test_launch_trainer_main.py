@@ -157,3 +157,26 @@ def test_out_of_memory_is_one_line_naming_the_size_and_the_knobs():
     assert "\n" not in message
     assert message.startswith("the train step does not fit in device memory (it asked for 123.5 GB")
     assert "input.source.max_sequence_length" in message and "global_batch_size" in message
+
+
+def test_disk_full_outside_a_save_names_the_path(tmp_path):
+    """Case 13: an OSError(ENOSPC) reaching the launcher (outside a checkpoint save) exits with
+    one line naming the file (or the trainer dir when the error has none) and what to do."""
+    # pylint: disable-next=import-outside-toplevel
+    import errno
+    import types
+
+    from axlearn.common import launch_trainer_main as ltm  # pylint: disable=import-outside-toplevel
+
+    cfg = types.SimpleNamespace(dir=str(tmp_path))
+    path = str(tmp_path / "summaries" / "events.out")
+    with pytest.raises(SystemExit) as e:
+        ltm._exit_disk_full(  # pylint: disable=protected-access
+            OSError(errno.ENOSPC, "No space left on device", path), cfg
+        )
+    assert str(e.value) == (
+        f"launch_trainer_main: error: No space left on device (writing {path}). Free space and "
+        "rerun the same command: the run resumes from its last committed checkpoint."
+    )
+    with pytest.raises(SystemExit, match=f"writing {tmp_path}\\)"):
+        ltm._exit_disk_full(OSError(errno.ENOSPC, "No space"), cfg)  # pylint: disable=W0212

@@ -109,6 +109,7 @@ def test_overhead_split_in_metrics_step_log_and_run_summary(tmp_path, caplog):
     assert block and "Checkpoints" in block[-1] and "3 saves blocked" in block[-1]
 
 
+@pytest.mark.slow  # Four trainer runs.
 def test_injected_limits_choose_partial_and_host_and_restore_bit_identical(tmp_path):
     """The checkpoint of step 4 (taken while training went on to step 6, donating the state)
     equals the final state of a run that stopped at step 4, in every snapshot mode."""

@@ -101,10 +101,6 @@ class Checkpointer(Module):
         self._gc_lock = threading.Lock()
         self._gc_stopping: Optional[threading.Event] = None
         self._gc_thread: Optional[threading.Thread] = None
-        # Set by a commit while the GC thread runs: GC (which verifies what it removes) runs in
-        # that thread, not in the writer's, so the next save does not wait for it.
-        self._gc_wakeup = threading.Event()
-        self._gc_requested = False
         self._within_context = False
         self._restore_count = 0
 
@@ -136,31 +132,21 @@ class Checkpointer(Module):
 
     @nowrap
     def start_gc_thread(self) -> None:
-        """Starts the GC thread on process 0: it runs every `gc_loop_interval_seconds` and after
-        each commit (requested by the writer, which does not wait for it)."""
+        """Starts the GC thread on process 0 (it runs every `gc_loop_interval_seconds`)."""
         if self._gc_thread is not None or jax.process_index() != 0:
             return
         self._gc_stopping = threading.Event()
-        self._gc_wakeup.clear()
         self._gc_thread = threading.Thread(
             name=f"{self.path()}.gc_loop", target=self._gc_loop, daemon=True
         )
         self._gc_thread.start()
 
     def _gc_loop(self) -> None:
-        while True:
-            self._gc_wakeup.wait(timeout=self._config.gc_loop_interval_seconds)
-            if self._gc_stopping.is_set():
-                return  # `stop` runs a requested GC itself.
-            self._gc_wakeup.clear()
-            self._gc_requested = False
-            self._run_gc_logged()
-
-    def _run_gc_logged(self) -> None:
-        try:
-            self.run_garbage_collection()
-        except Exception as e:  # pylint: disable=broad-except
-            logging.warning("Checkpoint garbage collection failed: %s", e)
+        while not self._gc_stopping.wait(timeout=self._config.gc_loop_interval_seconds):
+            try:
+                self.run_garbage_collection()
+            except Exception as e:  # pylint: disable=broad-except
+                logging.warning("Checkpoint garbage collection failed: %s", e)
 
     @nowrap
     def stop(self) -> Optional[SaveResult]:
@@ -174,12 +160,8 @@ class Checkpointer(Module):
         finally:
             if self._gc_thread is not None:
                 self._gc_stopping.set()
-                self._gc_wakeup.set()
                 self._gc_thread.join()
                 self._gc_thread = None
-                if self._gc_requested:
-                    self._gc_requested = False
-                    self._run_gc_logged()  # The GC of the last commit(s), not yet run.
 
     @nowrap
     def wait_until_finished(self) -> Optional[SaveResult]:
@@ -271,11 +253,10 @@ class Checkpointer(Module):
 
     def _on_commit(self, step: int, ckpt_dir: str) -> None:
         del step, ckpt_dir
-        if self._gc_thread is not None:
-            self._gc_requested = True
-            self._gc_wakeup.set()
-            return
-        self._run_gc_logged()
+        try:
+            self.run_garbage_collection()
+        except Exception as e:  # pylint: disable=broad-except
+            logging.warning("Checkpoint garbage collection failed: %s", e)
 
     @nowrap
     def run_garbage_collection(self) -> list[str]:

@@ -254,6 +254,8 @@ class TensorStoreStateStorage(StateStorage):
             else snapshot_choice.device_memory_limit
         )
         self._choice: Optional[snapshot_choice.SnapshotChoice] = None
+        # The train step's peak memory per device, as last given to `choose_snapshot`.
+        self._step_peak_bytes: Optional[int] = None
         # (leaf paths, per-device bytes) the choice was made for.
         self._choice_key: Optional[tuple] = None
         self._plan: Optional[tensorstore_save.SavePlan] = None
@@ -280,7 +282,14 @@ class TensorStoreStateStorage(StateStorage):
     def choose_snapshot(
         self, state: Any, *, step_peak_bytes: Optional[int] = None
     ) -> snapshot_choice.SnapshotChoice:
-        """See `StateStorage.choose_snapshot`; logs the choice when it differs from the last."""
+        """See `StateStorage.choose_snapshot`; logs the choice when it differs from the last.
+
+        Without `step_peak_bytes`, the last one given is used (a save of a state whose shardings
+        changed chooses again against the same step).
+        """
+        if step_peak_bytes is None:
+            step_peak_bytes = self._step_peak_bytes
+        self._step_peak_bytes = step_peak_bytes
         leaf_bytes = snapshot_choice.leaf_bytes_per_device(state)
         devices = {d for per in leaf_bytes.values() for d in per}
         choice = snapshot_choice.choose_snapshot(

@@ -9,7 +9,7 @@ other tensor is left to the next policy (combine it with another via
 
 from typing import Any, Callable, Optional
 
-from axlearn.common.utils import _remat_decisions
+from axlearn.common.utils_remat import _remat_decisions
 
 # Regex (full match) of the checkpoint names the policy keeps: the fused attention's output.
 FLASH_ATTENTION_NAMES = ".*context"
