@@ -7,7 +7,11 @@ round runs both (their order alternating between rounds); a run's time is the tr
 `perf/step_time_s` after 2 warm-up steps; each side's time is the median over rounds, and the
 ratio is chunked / full (also the median of per-round ratios). Prints one JSON object.
 
+`--step_blocks N` measures instead the two compiled train steps alone, alternating in N blocks of
+5 steps in one process (finer interleaving: both arms see the same load).
+
 Usage: python benchmarks/p1_chunked_loss.py [--rounds 3] [--steps 30] [--chunk 32]
+    [--step_blocks 16]
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from typing import Optional
 
 import jax
@@ -51,14 +56,78 @@ def run(steps: int, peak: float, chunk: Optional[int]) -> dict:
     return dict(median_s=statistics.median(kept), loss_last=records[-1]["loss"])
 
 
+def interleaved_steps(blocks: int, chunk: int, steps_per_block: int = 5) -> dict:
+    """P1's compiled train step (as the trainer compiles it), full vs chunked, alternating.
+
+    Both trainers are built and initialized in this process; their train steps (not donating
+    the state) then run alternately in blocks of `steps_per_block` steps, the order flipping
+    every block, so that both see the same machine load. Returns per-block medians and ratios.
+    """
+    compiled = {}
+    for name, size in (("full", None), ("chunked", chunk)):
+        cfg = p1_trainer_config(tempfile.mkdtemp(), max_step=1, peak_flops_per_device=1.0)
+        cfg.model.logits_chunk_size = size
+        trainer = cfg.instantiate(
+            parent=None, devices=np.array(jax.devices()[:1]).reshape(MESH_SHAPE)
+        )
+        # pylint: disable=protected-access
+        with trainer._mesh_context():
+            trainer.init(jax.random.PRNGKey(0))
+            batch = trainer._host_to_global(next(trainer._new_input_iterator()))
+            step = trainer.compile_train_step(batch, donate_state=False)
+        compiled[name] = (step, trainer.trainer_state, batch)
+
+    def block(name: str, n: int) -> float:
+        step, state, batch = compiled[name]
+        start = time.perf_counter()
+        for _ in range(n):
+            _, outputs = step(state, batch)
+        jax.block_until_ready(outputs["loss"])
+        return (time.perf_counter() - start) / n
+
+    for name in compiled:
+        block(name, 2)  # Warm-up.
+    times: dict = {"full": [], "chunked": []}
+    for i in range(blocks):
+        for name in ("full", "chunked") if i % 2 == 0 else ("chunked", "full"):
+            times[name].append(block(name, steps_per_block))
+    full, chunked = statistics.median(times["full"]), statistics.median(times["chunked"])
+    return dict(
+        full_s_per_step=full,
+        chunked_s_per_step=chunked,
+        ratio_chunked_over_full=chunked / full,
+        median_block_ratio=statistics.median(
+            c / f for f, c in zip(times["full"], times["chunked"])
+        ),
+        full_min_s=min(times["full"]),
+        chunked_min_s=min(times["chunked"]),
+    )
+
+
 def main() -> None:
     """Runs the interleaved rounds and prints the JSON result."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--chunk", type=int, default=32)
+    parser.add_argument(
+        "--step_blocks",
+        type=int,
+        default=0,
+        help="If > 0: instead, alternate the two compiled train steps in this many blocks.",
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
+    if args.step_blocks > 0:
+        result = interleaved_steps(args.step_blocks, args.chunk)
+        result.update(
+            workload="P1 train step (compiled by the trainer), alternating blocks of 5 steps",
+            logits_chunk_size=args.chunk,
+            load_average_before=load_before,
+            load_average_after=os.getloadavg(),
+        )
+        print(json.dumps(result, indent=2))
+        return
     peak = device_peak_flops(jax.devices()[:1], dtype="float32").flops_per_s
     rounds = []
     for i in range(args.rounds):
