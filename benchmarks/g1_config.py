@@ -1,11 +1,12 @@
-"""The 1B yardstick (G1, `benchmarks/honeycrisp_1b.py`'s model) as an SpmdTrainer config.
+"""The 1B yardstick (G1) as an SpmdTrainer config: the one home of its model and trainer.
 
-Shared by the benchmarks that compile or train G1 with throughput options: batch size, remat by
-name (`attention.REMAT_CHOICES`), chunked loss (`causal_lm.Model.Config.logits_chunk_size`) and
-attention kind. The model is `honeycrisp_1b.py`'s (reference-dump structure, dim 2048, 20
-layers, 16 query / 8 KV heads, SwiGLU 5632, vocab 49152, z-loss 1e-6, tied head), bf16 compute
-with fp32 state, FakeLmInput, AdamW, on a one-device mesh; `tiny=True` gives the same structure at
-a few MB (`honeycrisp_1b.DIMS_TINY`) for CPU checks.
+Shared by the benchmarks that compile or train G1 (`honeycrisp_1b.py` with checkpoint saves, the
+sweep, the memory report) with throughput options: batch size, remat by name
+(`attention.REMAT_CHOICES`), chunked loss (`causal_lm.Model.Config.logits_chunk_size`) and
+attention kind. The model (reference-dump structure, dim 2048, 20 layers, 16 query / 8 KV heads,
+SwiGLU 5632, vocab 49152, z-loss 1e-6, tied head), bf16 compute with fp32 state, FakeLmInput,
+AdamW, on a one-device mesh; `tiny=True` gives the same structure at a few MB (`DIMS_TINY`) for
+CPU checks.
 """
 
 from __future__ import annotations
@@ -19,13 +20,26 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import config_variants  # noqa: E402  pylint: disable=wrong-import-position
-from honeycrisp_1b import DIMS_1B, DIMS_TINY  # noqa: E402  pylint: disable=wrong-import-position
 
 from axlearn.common import learner, optimizers  # noqa: E402
 from axlearn.common.attention import FlashAttention, remat_spec_by_name  # noqa: E402
 from axlearn.common.config import config_for_function  # noqa: E402
 from axlearn.common.input_fake import FakeLmInput  # noqa: E402
 from axlearn.common.trainer import SpmdTrainer  # noqa: E402
+
+# G1's sizes (`plain_jax_lm.LmConfig` field names), and the same structure at a few MB.
+DIMS_1B = dict(
+    vocab_size=49152,
+    dim=2048,
+    num_layers=20,
+    num_heads=16,
+    num_kv_heads=8,
+    hidden_dim=5632,
+    rope_theta=5e5,
+    qk_norm=True,
+)
+DIMS_TINY = dict(DIMS_1B, vocab_size=512, dim=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                 hidden_dim=128)  # fmt: skip
 
 
 def g1_dims(tiny: bool) -> dict:

@@ -28,7 +28,6 @@ Usage: python benchmarks/honeycrisp_1b.py [--steps 20] [--attention flash|plain]
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import json
 import os
@@ -44,33 +43,18 @@ from axlearn.common import gpu_memory  # noqa: E402
 
 gpu_memory.set_default_memory_fraction(None)
 
-import config_variants  # noqa: E402  pylint: disable=wrong-import-position
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from g1_config import DIMS_1B, DIMS_TINY, g1_trainer_config  # noqa: E402
 
-from axlearn.common import learner, optimizers  # noqa: E402
-from axlearn.common.attention import FlashAttention  # noqa: E402
 from axlearn.common.checkpointer import Checkpointer, every_n_steps_policy  # noqa: E402
 from axlearn.common.config import config_for_function  # noqa: E402
 from axlearn.common.device_peak import device_peak_flops  # noqa: E402
 from axlearn.common.flops import lm_training_flops, matmul_param_count  # noqa: E402
-from axlearn.common.input_fake import FakeLmInput  # noqa: E402
 from axlearn.common.summary_writer import NoOpWriter  # noqa: E402
 from axlearn.common.trainer import SpmdTrainer  # noqa: E402
 
-DIMS_1B = dict(
-    vocab_size=49152,
-    dim=2048,
-    num_layers=20,
-    num_heads=16,
-    num_kv_heads=8,
-    hidden_dim=5632,
-    rope_theta=5e5,
-    qk_norm=True,
-)
-DIMS_TINY = dict(DIMS_1B, vocab_size=512, dim=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                 hidden_dim=128)  # fmt: skip
 SKIP = 3
 
 
@@ -110,38 +94,18 @@ def _median_max(values: list) -> dict:
 def trainer_config(
     args, dims: dict, *, trainer_dir: str, save_every: int, peak
 ) -> SpmdTrainer.Config:
-    """The benchmark's trainer; a save every `save_every` steps (0: never)."""
+    """The benchmark's trainer (G1, `g1_config`); a save every `save_every` steps (0: never)."""
+    del dims  # The sizes are g1_config's (DIMS_TINY with --tiny, else DIMS_1B).
     seq, batch = (32, 2) if args.tiny else (args.seq, args.batch)
-    shape = dataclasses.replace(config_variants.Shape(), mesh="3axis", summary_every=100)
-    model = config_variants.dump_structured_model(shape, dims)
-    layer = model.decoder.transformer.layer
-    if args.attention == "flash":
-        attention = layer.self_attention.attention
-        layer.self_attention.attention = FlashAttention.default_config().set(
-            **{k: v for k, v in attention.items() if k != "klass"}
-        )
-    cfg = SpmdTrainer.default_config().set(
-        name="honeycrisp_1b",
-        dir=trainer_dir,
+    cfg = g1_trainer_config(
+        trainer_dir,
+        tiny=args.tiny,
+        batch=batch,
+        seq=seq,
         max_step=args.steps,
-        mesh_axis_names=config_variants.DUMP_AXES,
-        mesh_shape=(1, 1, 1),
-        batch_axis_names=config_variants.BATCH_AXES,
-        input=FakeLmInput.default_config().set(
-            is_training=True,
-            global_batch_size=batch,
-            source_length=seq,
-            max_token_id=dims["vocab_size"],
-        ),
-        model=model,
-        learner=learner.Learner.default_config().set(
-            optimizer=config_for_function(optimizers.adamw_optimizer).set(
-                learning_rate=3e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01
-            )
-        ),
-        train_dtype=jnp.bfloat16,
+        attention=args.attention,
         peak_flops_per_device=peak.flops_per_s,
-    )
+    ).set(name="honeycrisp_1b")
     if not has_tensorflow():
         cfg.summary_writer = NoOpWriter.default_config()
     else:
