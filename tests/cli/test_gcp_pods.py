@@ -15,8 +15,10 @@ What the machine a pod lands on gives, and this CPU does not, is supplied and st
 - the interpreter: the image's `python` is this test's `sys.executable`, with this checkout on
   PYTHONPATH (the image installs the package);
 - the accelerators: each pod's chips (8 GPUs per a3-highgpu node; 4 chips per v5p-8 host) are
-  that many CPU devices (`XLA_FLAGS=--xla_force_host_platform_device_count`, JAX_PLATFORMS=cpu),
-  and `--jax_backend=gpu|tpu` is run as `--jax_backend=cpu` (the only argument changed);
+  that many CPU devices (`--xla_force_host_platform_device_count`, JAX_PLATFORMS=cpu), and
+  `--jax_backend=gpu|tpu` is run as `--jax_backend=cpu` (the only argument changed). Where the
+  manifest sets XLA_FLAGS (the GPU flag set the launcher applies), the device-count flag is
+  appended to the manifest's flags, which stay as they are;
 - TPU only: a TPU pod learns its process id, the process count and the coordinator from the
   TPU runtime (which CPU lacks), so the test sets DISTRIBUTED_COORDINATOR=127.0.0.1:<free port>,
   NUM_PROCESSES = slices x hosts and PROCESS_ID = j x hosts + c, which is what JAX's TPU cluster
@@ -136,7 +138,10 @@ def _run_pods(pods: list[dict], *, jobset_name: str, devices: int, tpu: bool, lo
     port = free_port()
     for i, pod in enumerate(pods):
         env = _base_env(devices)
+        cpu_flags = env["XLA_FLAGS"]
         env.update({k: _localize(v, jobset_name) for k, v in pod["env"].items()})
+        if "XLA_FLAGS" in pod["env"]:  # The manifest's flags, plus this CPU's device count.
+            env["XLA_FLAGS"] = f"{pod['env']['XLA_FLAGS']} {cpu_flags}"
         if tpu:  # What the TPU runtime would give the pod (see the module doc).
             env["DISTRIBUTED_COORDINATOR"] = f"127.0.0.1:{port}"
             env["NUM_PROCESSES"] = str(len(pods))
