@@ -375,7 +375,11 @@ def test_sigkill_during_transfer_or_write_keeps_previous_step(tmp_path, point, l
         check=False,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
-    assert proc.stdout.split() == ["MODE", mode, "MODE", mode]
+    tokens = proc.stdout.split()
+    assert tokens[:2] == ["MODE", mode], proc.stdout
+    # Step 2's kill comes from the background writer, which races with the main thread's print
+    # of step 2's mode: that line may be whole, cut short or missing, never another mode.
+    assert tokens[2:] in ([], ["MODE"], ["MODE", mode]), proc.stdout
     assert ckpt_lib.latest_checkpoint_step(ckpt_dir) == 1
     ckpt = (
         Checkpointer.default_config()
