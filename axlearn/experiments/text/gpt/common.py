@@ -436,6 +436,19 @@ def mup_simple_adam_update_transformation(scale_factor: float) -> InstantiableCo
     )
 
 
+def _warmup_cosine_update_schedule(
+    *, max_step: int, lr_warmup_steps: int, alpha: float
+) -> ConfigOr[Any]:
+    """The learners' update schedule: linear warmup from 0 to 1, then cosine decay to `alpha`."""
+    return config_for_function(schedule.cosine_with_linear_warmup).set(
+        peak_lr=1.0,
+        max_step=max_step,
+        warmup_steps=lr_warmup_steps,
+        begin_value=0.0,
+        alpha=alpha,
+    )
+
+
 def adamw_decoupled_learner_config(
     *,
     peak_lr: float,
@@ -464,12 +477,8 @@ def adamw_decoupled_learner_config(
     Returns:
         The learner config.
     """
-    update_schedule = config_for_function(schedule.cosine_with_linear_warmup).set(
-        peak_lr=1.0,
-        max_step=max_step,
-        warmup_steps=lr_warmup_steps,
-        begin_value=0.0,
-        alpha=alpha,
+    update_schedule = _warmup_cosine_update_schedule(
+        max_step=max_step, lr_warmup_steps=lr_warmup_steps, alpha=alpha
     )
     optimizer = config_for_function(optimizers.chain).set(
         args=[
@@ -520,12 +529,8 @@ def adastar_learner_config(
     Returns:
         The learner config.
     """
-    update_schedule = config_for_function(schedule.cosine_with_linear_warmup).set(
-        peak_lr=1.0,
-        max_step=max_step,
-        warmup_steps=lr_warmup_steps,
-        begin_value=0.0,
-        alpha=alpha,
+    update_schedule = _warmup_cosine_update_schedule(
+        max_step=max_step, lr_warmup_steps=lr_warmup_steps, alpha=alpha
     )
     optimizer = config_for_function(optimizers.skip_and_clip_by_global_norm).set(
         inner=config_for_function(optimizers.adastar_optimizer).set(
