@@ -34,7 +34,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAVE_EVERY = 10
 
 
-def run_arm(*, save: bool, root: str, max_step: int) -> dict:
+def run_arm(*, save: bool, root: str, max_step: int, overrides: tuple = ()) -> dict:
     """One run of the main job; returns its step records and run summary."""
     trainer_dir = tempfile.mkdtemp(prefix="save_" if save else "nosave_", dir=root)
     env = dict(os.environ, PYTHONPATH=REPO_ROOT, JAX_PLATFORMS="cpu")
@@ -49,7 +49,7 @@ def run_arm(*, save: bool, root: str, max_step: int) -> dict:
         "--jax_backend=cpu",
         f"--config_override=max_step={max_step}",
         f"--config_override=checkpointer.save_policy.n={SAVE_EVERY if save else 1000000}",
-    ]
+    ] + [f"--config_override={o}" for o in overrides]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
@@ -65,10 +65,30 @@ def _median_step(records: list) -> float:
     return statistics.median(r["perf/step_time_s"] for r in records if not r.get("excluded_reason"))
 
 
+def _mean_step(records: list) -> float:
+    return statistics.mean(r["perf/step_time_s"] for r in records if not r.get("excluded_reason"))
+
+
+def _by_offset(records: list) -> dict:
+    """Median non-save step time by steps since the last multiple of SAVE_EVERY (1 = the step
+    right after a save in the save arm), to show where a slowdown sits."""
+    groups: dict = {}
+    for r in records:
+        if not r.get("excluded_reason"):
+            groups.setdefault(r["step"] % SAVE_EVERY, []).append(r["perf/step_time_s"])
+    return {k: round(statistics.median(v), 4) for k, v in sorted(groups.items())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max_step", type=int, default=300)
+    parser.add_argument(
+        "--config_override",
+        action="append",
+        default=[],
+        help="Applied to both arms, e.g. checkpointer.storage.writer_niceness=0.",
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
     root = tempfile.mkdtemp(prefix="checkpoint_main_job_")
@@ -79,7 +99,10 @@ def main() -> None:
             arms = {}
             for save in order:
                 arms["save" if save else "nosave"] = run_arm(
-                    save=save, root=root, max_step=args.max_step
+                    save=save,
+                    root=root,
+                    max_step=args.max_step,
+                    overrides=tuple(args.config_override),
                 )
             rounds.append(arms)
     finally:
@@ -97,6 +120,11 @@ def main() -> None:
                 save_non_save_step_s=_median_step(save["records"]),
                 nosave_non_save_step_s=_median_step(nosave["records"]),
                 non_save_step_ratio=_median_step(save["records"]) / _median_step(nosave["records"]),
+                non_save_step_mean_ratio=(
+                    _mean_step(save["records"]) / _mean_step(nosave["records"])
+                ),
+                save_step_s_by_offset=_by_offset(save["records"]),
+                nosave_step_s_by_offset=_by_offset(nosave["records"]),
                 saves=len(saves),
                 blocking_per_save_s=statistics.median(r["perf/overhead/checkpoint"] for r in saves),
                 snapshot_per_save_s=statistics.median(
@@ -120,6 +148,7 @@ def main() -> None:
             dict(
                 job="gpt-tiny (README main job), 8 CPU devices",
                 save_every=SAVE_EVERY,
+                config_overrides=args.config_override,
                 max_step=args.max_step,
                 rounds=args.rounds,
                 non_save_step_ratio=statistics.median(r["non_save_step_ratio"] for r in per_round),

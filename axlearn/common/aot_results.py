@@ -52,7 +52,6 @@ class AotCompileResult:
     hlo_text: Optional[str] = None
 
 
-
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 

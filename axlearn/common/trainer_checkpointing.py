@@ -365,7 +365,10 @@ class TrainerCheckpointMixin:
         memory = compiled_memory_stats(compiled)
         peak = None
         if memory is not None:
-            peak = memory.peak_bytes or memory.total_bytes
+            # XLA's peak estimate can be below argument + output + temp (on CPU it reports the
+            # arguments alone): take the larger, so a device copy is never planned into memory
+            # the step needs.
+            peak = max(memory.peak_bytes or 0, memory.total_bytes)
         self._snapshot_peak_bytes = peak
         with self._mesh_context():
             self._snapshot_choice = choose(

@@ -90,8 +90,7 @@ def test_every_choice_same_gradients_and_reports_its_memory():
     batch_ids = jax.random.randint(jax.random.PRNGKey(1), (8, 64), 1, 64)
     batch = dict(input_ids=batch_ids, target_labels=jax.numpy.roll(batch_ids, -1, axis=1))
     models = {
-        name: _model_cfg(name, num_layers=4).instantiate(parent=None)
-        for name in REMAT_CHOICES
+        name: _model_cfg(name, num_layers=4).instantiate(parent=None) for name in REMAT_CHOICES
     }
     params = jax.jit(models["none"].initialize_parameters_recursively)(jax.random.PRNGKey(0))
     grads, temp = {}, {}

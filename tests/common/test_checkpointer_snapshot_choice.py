@@ -136,9 +136,10 @@ def _state():
 STATE_BYTES = 32768 + 8192 + 4096 + 64 * 8 * 4  # Per device: 47104.
 
 
-def _checkpointer(tmp_path, *, limit, snapshot=None, max_concurrent_gb=None):
+def _checkpointer(tmp_path, *, limit, snapshot=None, max_concurrent_gb=None, host_transfer=None):
     storage = TensorStoreStateStorage.default_config().set(
         snapshot=snapshot,
+        host_transfer=host_transfer,
         memory_limit=config_for_function(fixed_memory_limit).set(limit_bytes=limit),
         max_concurrent_gb=max_concurrent_gb,
     )
@@ -192,9 +193,13 @@ PEAK = 100_000
         (106_316, "host", set()),
     ],
 )
-def test_choice_from_injected_limit_and_bit_identical_restore(tmp_path, limit, mode, on_device):
+# None: np.asarray on CPU; "pinned_host": the accelerators' route (XLA's copy into pinned memory).
+@pytest.mark.parametrize("host_transfer", [None, "pinned_host"])
+def test_choice_from_injected_limit_and_bit_identical_restore(
+    tmp_path, limit, mode, on_device, host_transfer
+):
     state = _state()
-    ckpt = _checkpointer(tmp_path, limit=limit)
+    ckpt = _checkpointer(tmp_path, limit=limit, host_transfer=host_transfer)
     choice = ckpt.storage.choose_snapshot(state, step_peak_bytes=PEAK)
     assert choice.state_bytes == STATE_BYTES
     assert (choice.mode, set(choice.device_paths)) == (mode, on_device)
@@ -223,11 +228,12 @@ def _live_device_bytes() -> int:
     return sum(buffers.values())
 
 
+@pytest.mark.parametrize("host_transfer", [None, "pinned_host"])
 @pytest.mark.parametrize("limit", [155_000, 151_000])
-def test_device_copies_released_once_on_host(tmp_path, monkeypatch, limit):
+def test_device_copies_released_once_on_host(tmp_path, monkeypatch, limit, host_transfer):
     """A device copy lives until its bytes are on the host, not until the write ends."""
     state = _state()
-    ckpt = _checkpointer(tmp_path, limit=limit)
+    ckpt = _checkpointer(tmp_path, limit=limit, host_transfer=host_transfer)
     choice = ckpt.storage.choose_snapshot(state, step_peak_bytes=PEAK)
     # Over all 8 devices: replicated leaves once per device.
     copy_bytes = sum(
@@ -300,6 +306,41 @@ def test_bad_snapshot_value(tmp_path):
     message = str(e.value)
     assert "checkpointer.storage.snapshot='fast'" in message
     assert "('device', 'partial', 'host')" in message
+
+
+def test_bad_host_transfer_value(tmp_path):
+    with pytest.raises(ValueError) as e:
+        _checkpointer(tmp_path, limit=None, host_transfer="dma")
+    assert "checkpointer.storage.host_transfer='dma' is not one of pinned_host, numpy" in str(
+        e.value
+    )
+
+
+class _DeviceWithMemories:
+    """Stands in for a jax.Device: only what `resolve_host_transfer` reads."""
+
+    def __init__(self, platform, kinds):
+        self.platform, self._kinds = platform, kinds
+
+    def addressable_memories(self):
+        return [type("Memory", (), {"kind": k})() for k in self._kinds]
+
+    def __str__(self):
+        return f"{self.platform}:0"
+
+
+def test_host_transfer_route_per_device():
+    resolve = tensorstore_save.resolve_host_transfer
+    gpu = _DeviceWithMemories("gpu", ["device", "pinned_host"])
+    assert resolve(None, gpu) == "pinned_host"
+    assert resolve("numpy", gpu) == "numpy"
+    # A CPU's "device" memory is host memory: np.asarray is a plain memcpy there.
+    assert resolve(None, jax.devices()[0]) == "numpy"
+    assert resolve("pinned_host", jax.devices()[0]) == "pinned_host"
+    bare = _DeviceWithMemories("gpu", ["device"])
+    assert resolve(None, bare) == "numpy"
+    with pytest.raises(ValueError, match="device gpu:0 has no pinned_host memory"):
+        resolve("pinned_host", bare)
 
 
 def test_host_budget_below_one_chunk(tmp_path):

@@ -194,6 +194,11 @@ class TensorStoreStateStorage(StateStorage):
         # A config instantiating to a function (device) -> memory limit in bytes or None, used
         # to choose the snapshot. None: memory_stats()["bytes_limit"] (CPU: available RAM).
         memory_limit: Optional[InstantiableConfig] = None
+        # How snapshot bytes reach host memory: "pinned_host" (XLA's asynchronous DMA into
+        # page-locked memory) or "numpy" (np.asarray, which holds Python's GIL during the copy
+        # on GPUs and stalls the training loop). None: "pinned_host" on accelerators that have
+        # it, else "numpy".
+        host_transfer: Optional[str] = None
         # Niceness (0..19) of the background write's threads (the writer and its chunk
         # writers), so a save takes idle CPU before training's. None: 19 on CPU backends, where
         # training uses every core, else 0 (unchanged).
@@ -236,6 +241,9 @@ class TensorStoreStateStorage(StateStorage):
                 f"TensorStoreStateStorage.max_concurrent_gb must be > 0, got "
                 f"{cfg.max_concurrent_gb}"
             )
+        if cfg.host_transfer is not None:
+            for device in jax.local_devices():  # Raises naming the value, or the device.
+                tensorstore_save.resolve_host_transfer(cfg.host_transfer, device)
         # The writer thread, started now so that the first save does not pay for it.
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="axlearn_checkpoint_writer"
@@ -395,6 +403,7 @@ class TensorStoreStateStorage(StateStorage):
             previous_barrier_prefix=self._previous_prefix,
             alias_arrays=alias_arrays,
             device_paths=choice.device_paths if choice is not None else None,
+            host_transfer=cfg.host_transfer,
         )
         self._plan = plan
         self._previous_prefix = prefix
@@ -405,6 +414,7 @@ class TensorStoreStateStorage(StateStorage):
             budget_bytes=self._budget_bytes,
             timeout_s=float(cfg.timeout_secs),
             on_commit=on_commit_callback,
+            host_transfer=cfg.host_transfer,
         )
         with self._lock:
             self._writing_dir = ckpt_dir

@@ -1,0 +1,32 @@
+#!/bin/bash
+# The accelerator checks of the checkpoint and throughput work, as one command for a lent GPU
+# machine (python3 with jax+CUDA, optax, tensorstore; no TensorFlow, no network). Each part has a
+# time limit so that the whole fits in about 9 minutes; results go to $OUT (default ./gpu_checks).
+#
+#   bash benchmarks/gpu_checks.sh            # run from the repository root
+#
+# 1. honeycrisp_1b --save_every 50: blocking per save, non-save steps (median and mean) with and
+#    without saves; 2. --save_every 5: the disk cannot keep up, the log says so; 3. gpu_sweep at
+#    batch 8 and 16 with remat save_context and the chunked loss, against plain JAX.
+set -u
+OUT=${OUT:-$PWD/gpu_checks}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# One compilation per program across the runs below.
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/axlearn_jax_cache}
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
+DEADLINE=${DEADLINE:-540}
+left() { local t=$((DEADLINE - SECONDS)); if [ "$t" -gt "$1" ]; then echo "$1"; else echo "$t"; fi; }
+run() {  # name limit_s command...
+  local name=$1 limit
+  limit=$(left "$2")
+  shift 2
+  if [ "$limit" -le 10 ]; then echo "$name: skipped (no time left)" >> "$OUT/summary.txt"; return; fi
+  timeout "$limit" "$@" > "$OUT/$name.json" 2> "$OUT/$name.err"
+  echo "$name: exit $? at ${SECONDS}s" >> "$OUT/summary.txt"
+}
+run save50 200 python3 benchmarks/honeycrisp_1b.py --steps 105 --save_every 50
+run save5 120 python3 benchmarks/honeycrisp_1b.py --steps 13 --save_every 5
+run sweep 300 python3 benchmarks/gpu_sweep.py --batches 8,16 --remats save_context \
+  --chunks 1024 --flag_sets none --steps 15 --rounds 1 --timeout_s 120
+cat "$OUT/summary.txt"
