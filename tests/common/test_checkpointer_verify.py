@@ -75,6 +75,15 @@ def test_verify_finds_corruption(ckpt_dir):
     assert any("(leaf 'it', process 0)" in e for e in result.errors)
 
 
+def test_verify_finds_a_truncated_chunk(ckpt_dir):
+    step_dir = os.path.join(ckpt_dir, "step_00000002")
+    chunk = os.path.join(step_dir, "gda", "w", "1.0")
+    size = os.path.getsize(chunk)
+    os.truncate(chunk, size - 4)
+    result = ckpt_lib.verify_checkpoint(step_dir)
+    assert result.errors == [f"{chunk} (leaf 'w'): unreadable: {size - 4} bytes, expected {size}"]
+
+
 def test_cli_list(ckpt_dir, capsys):
     assert main(["checkpoint", "list", ckpt_dir]) == 0
     lines = capsys.readouterr().out.splitlines()

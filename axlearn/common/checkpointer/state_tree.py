@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import threading
 import zlib
@@ -112,6 +113,15 @@ def zarr_metadata_json(*, shape, dtype, chunk_shape) -> bytes:
     Returns:
         The JSON bytes (sorted keys, no spaces).
     """
+    return _zarr_metadata_json(
+        tuple(int(d) for d in shape), np.dtype(dtype), tuple(int(c) for c in chunk_shape)
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _zarr_metadata_json(shape: tuple, dtype: np.dtype, chunk_shape: tuple) -> bytes:
+    # Cached: every save writes the same few dozen files, and this runs in the background
+    # writer, whose Python work competes with the training loop for the GIL.
     metadata = zarr_spec("", shape=shape, dtype=dtype, chunk_shape=chunk_shape)["metadata"]
     return json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
