@@ -308,6 +308,35 @@ def test_bad_snapshot_value(tmp_path):
     assert "('device', 'partial', 'host')" in message
 
 
+@pytest.mark.parametrize("fails_at", ["start", "wait"])
+def test_pinned_transfer_failure_falls_back_to_numpy(tmp_path, monkeypatch, caplog, fails_at):
+    """A pinned-host copy that cannot be made (e.g. no pinned memory left) falls back to
+    np.asarray for that shard, says so, and the checkpoint is still exact."""
+
+    class _Unready:
+        def block_until_ready(self):
+            raise RuntimeError("RESOURCE_EXHAUSTED: pinned host allocation failed")
+
+    def failing(data):
+        if fails_at == "start":
+            raise RuntimeError("RESOURCE_EXHAUSTED: pinned host allocation failed")
+        return _Unready()
+
+    monkeypatch.setattr(tensorstore_save, "_to_pinned_host", failing)
+    state = _state()
+    ckpt = _checkpointer(tmp_path, limit=151_000, host_transfer="pinned_host")  # partial
+    with caplog.at_level(logging.WARNING):
+        ckpt.save(step=4, state=state)
+        ckpt.wait_until_finished()
+    assert any(
+        "copying to pinned host memory of" in r.getMessage()
+        and "pinned host allocation failed" in r.getMessage()
+        for r in caplog.records
+    )
+    _assert_restores_bit_identical(ckpt, state, 4)
+    ckpt.stop()
+
+
 def test_bad_host_transfer_value(tmp_path):
     with pytest.raises(ValueError) as e:
         _checkpointer(tmp_path, limit=None, host_transfer="dma")

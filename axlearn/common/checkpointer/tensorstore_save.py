@@ -308,19 +308,40 @@ def _start_host_copy(shard: _Shard, host_transfer: Optional[str]) -> None:
     `resolve_host_transfer` gives; `_finish_host_copy` waits for it."""
     device = next(iter(shard.data.devices()))
     if resolve_host_transfer(host_transfer, device) == "pinned_host":
-        shard.host_array = jax.device_put(
-            shard.data, shard.data.sharding.with_memory_kind("pinned_host")
-        )
-    else:
-        shard.data.copy_to_host_async()
+        try:
+            shard.host_array = _to_pinned_host(shard.data)
+            return
+        except Exception as e:  # pylint: disable=broad-except
+            _warn_pinned_failed(device, e)
+    shard.data.copy_to_host_async()
+
+
+def _to_pinned_host(data: jax.Array) -> jax.Array:
+    """Starts XLA's asynchronous copy of a single-device array into pinned host memory."""
+    return jax.device_put(data, data.sharding.with_memory_kind("pinned_host"))
+
+
+def _warn_pinned_failed(device: jax.Device, error: Exception) -> None:
+    logging.warning(
+        "Checkpoint: copying to pinned host memory of %s failed (%s); this shard is copied with "
+        "np.asarray instead, which holds Python's GIL while it copies (training steps may stall). "
+        "Set checkpointer.storage.host_transfer='numpy' to use that route throughout.",
+        device,
+        error,
+    )
 
 
 def _finish_host_copy(shard: _Shard) -> None:
     """Waits for `_start_host_copy`; `shard.data` becomes a host array the caller owns."""
+    if shard.host_array is not None:
+        try:
+            shard.host_array.block_until_ready()  # Waits without holding the GIL.
+        except Exception as e:  # pylint: disable=broad-except  # E.g. pinned memory exhausted.
+            _warn_pinned_failed(next(iter(shard.data.devices())), e)
+            shard.host_array = None
     if shard.host_array is None:
         shard.data = _to_host(shard.data, copy=True)
         return
-    shard.host_array.block_until_ready()  # Waits without holding the GIL.
     # A view of the pinned buffer, which `host_array` keeps alive until the chunk is written. On
     # a CPU "pinned" memory is host memory that may share the source's buffer: copy it there.
     shard.data = _to_host(shard.host_array, copy=True)

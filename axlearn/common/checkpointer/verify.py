@@ -186,9 +186,7 @@ def _verify_array(step_dir: str, entry: dict, result: VerifyResult) -> None:
             )
             continue
         data = raw.view(dtype).reshape(chunk_shape)
-        clip = tuple(
-            slice(0, min(c, d - g * c)) for g, c, d in zip(grid_index, chunk_shape, shape)
-        )
+        clip = tuple(slice(0, min(c, d - g * c)) for g, c, d in zip(grid_index, chunk_shape, shape))
         data = data[clip]
         result.num_bytes += data.nbytes
         if state_tree.crc32_hex(data) != expected:
