@@ -23,6 +23,7 @@ from axlearn.common.checkpointer import (
     Checkpointer,
     TensorStoreStateStorage,
     every_n_steps_policy,
+    host_transfer,
     tensorstore_save,
 )
 from axlearn.common.checkpointer.snapshot_choice import (
@@ -322,7 +323,7 @@ def test_pinned_transfer_failure_falls_back_to_numpy(tmp_path, monkeypatch, capl
             raise RuntimeError("RESOURCE_EXHAUSTED: pinned host allocation failed")
         return _Unready()
 
-    monkeypatch.setattr(tensorstore_save, "_to_pinned_host", failing)
+    monkeypatch.setattr(host_transfer, "_to_pinned_host", failing)
     state = _state()
     ckpt = _checkpointer(tmp_path, limit=151_000, host_transfer="pinned_host")  # partial
     with caplog.at_level(logging.WARNING):
@@ -343,33 +344,6 @@ def test_bad_host_transfer_value(tmp_path):
     assert "checkpointer.storage.host_transfer='dma' is not one of pinned_host, numpy" in str(
         e.value
     )
-
-
-class _DeviceWithMemories:
-    """Stands in for a jax.Device: only what `resolve_host_transfer` reads."""
-
-    def __init__(self, platform, kinds):
-        self.platform, self._kinds = platform, kinds
-
-    def addressable_memories(self):
-        return [type("Memory", (), {"kind": k})() for k in self._kinds]
-
-    def __str__(self):
-        return f"{self.platform}:0"
-
-
-def test_host_transfer_route_per_device():
-    resolve = tensorstore_save.resolve_host_transfer
-    gpu = _DeviceWithMemories("gpu", ["device", "pinned_host"])
-    assert resolve(None, gpu) == "pinned_host"
-    assert resolve("numpy", gpu) == "numpy"
-    # A CPU's "device" memory is host memory: np.asarray is a plain memcpy there.
-    assert resolve(None, jax.devices()[0]) == "numpy"
-    assert resolve("pinned_host", jax.devices()[0]) == "pinned_host"
-    bare = _DeviceWithMemories("gpu", ["device"])
-    assert resolve(None, bare) == "numpy"
-    with pytest.raises(ValueError, match="device gpu:0 has no pinned_host memory"):
-        resolve("pinned_host", bare)
 
 
 def test_host_budget_below_one_chunk(tmp_path):

@@ -54,50 +54,14 @@ from axlearn.common.checkpointer import (
     state_tree,
     thread_priority,
 )
+from axlearn.common.checkpointer import host_transfer as host_transfer_lib
+from axlearn.common.checkpointer.host_transfer import (  # noqa: F401 (public names)
+    HOST_TRANSFERS,
+    resolve_host_transfer,
+)
 
 # Where the snapshot lives (see snapshot_choice): "partial" puts `device_paths` on the device.
 SNAPSHOT_MODES = snapshot_choice.SNAPSHOT_MODES
-# How a device snapshot reaches host memory (see the module docstring): "pinned_host" (an
-# asynchronous DMA by XLA into page-locked host memory) or "numpy" (`np.asarray`).
-HOST_TRANSFERS = ("pinned_host", "numpy")
-
-
-def _memory_kinds(device: jax.Device) -> set[str]:
-    try:
-        return {m.kind for m in device.addressable_memories()}
-    except Exception:  # pylint: disable=broad-except  # Backends without memory spaces.
-        return set()
-
-
-def resolve_host_transfer(requested: Optional[str], device: jax.Device) -> str:
-    """How device-snapshot shards on `device` are moved to host memory.
-
-    Args:
-        requested: One of `HOST_TRANSFERS`, or None: "pinned_host" where the device has that
-            memory space and is not a CPU (on a CPU both are host memory copies), else "numpy".
-
-    Returns:
-        One of `HOST_TRANSFERS`.
-
-    Raises:
-        ValueError: If `requested` is unknown, or "pinned_host" on a device without it.
-    """
-    if requested is not None and requested not in HOST_TRANSFERS:
-        raise ValueError(
-            f"checkpointer.storage.host_transfer={requested!r} is not one of "
-            f"{', '.join(HOST_TRANSFERS)} (or None: chosen per device)."
-        )
-    has_pinned = "pinned_host" in _memory_kinds(device)
-    if requested == "pinned_host" and not has_pinned:
-        raise ValueError(
-            f"checkpointer.storage.host_transfer='pinned_host', but device {device} has no "
-            f"pinned_host memory (it has: {', '.join(sorted(_memory_kinds(device))) or 'none'})."
-        )
-    if requested is not None:
-        return requested
-    return "pinned_host" if has_pinned and device.platform != "cpu" else "numpy"
-
-
 @dataclasses.dataclass
 class _Shard:
     """One chunk this process writes."""
@@ -254,10 +218,6 @@ def _owned_shards(arr: jax.Array, chunk_shape: tuple[int, ...]) -> list[_Shard]:
     return result
 
 
-def _is_cpu(arr: jax.Array) -> bool:
-    return next(iter(arr.sharding.device_set)).platform == "cpu"
-
-
 def write_chunk_file(
     path: str, data: np.ndarray, chunk_shape: tuple[int, ...], niceness: int = 0
 ) -> str:
@@ -293,60 +253,6 @@ def write_chunk_file(
     padded[tuple(slice(0, n) for n in data.shape)] = data
     chunk_file.write_file_durably(path, padded, fsync=False)  # write_snapshot syncs them all.
     return crc
-
-
-def _to_host(data: jax.Array, *, copy: bool) -> np.ndarray:
-    host = np.asarray(data)
-    # On CPU np.asarray aliases the device buffer: copy when the buffer may be donated later.
-    if copy and _is_cpu(data):
-        host = np.array(host, copy=True)
-    return host
-
-
-def _start_host_copy(shard: _Shard, host_transfer: Optional[str]) -> None:
-    """Starts moving `shard.data` (a single-device jax.Array) to host memory, by the route
-    `resolve_host_transfer` gives; `_finish_host_copy` waits for it."""
-    device = next(iter(shard.data.devices()))
-    if resolve_host_transfer(host_transfer, device) == "pinned_host":
-        try:
-            shard.host_array = _to_pinned_host(shard.data)
-            return
-        except Exception as e:  # pylint: disable=broad-except
-            _warn_pinned_failed(device, e)
-    shard.data.copy_to_host_async()
-
-
-def _to_pinned_host(data: jax.Array) -> jax.Array:
-    """Starts XLA's asynchronous copy of a single-device array into pinned host memory."""
-    return jax.device_put(data, data.sharding.with_memory_kind("pinned_host"))
-
-
-def _warn_pinned_failed(device: jax.Device, error: Exception) -> None:
-    logging.warning(
-        "Checkpoint: copying to pinned host memory of %s failed (%s); this shard is copied with "
-        "np.asarray instead, which holds Python's GIL while it copies (training steps may stall). "
-        "Set checkpointer.storage.host_transfer='numpy' to use that route throughout.",
-        device,
-        error,
-    )
-
-
-def _finish_host_copy(shard: _Shard) -> None:
-    """Waits for `_start_host_copy`; `shard.data` becomes a host array the caller owns."""
-    if shard.host_array is not None:
-        try:
-            shard.host_array.block_until_ready()  # Waits without holding the GIL.
-        except Exception as e:  # pylint: disable=broad-except  # E.g. pinned memory exhausted.
-            _warn_pinned_failed(next(iter(shard.data.devices())), e)
-            shard.host_array = None
-    if shard.host_array is None:
-        shard.data = _to_host(shard.data, copy=True)
-        return
-    # A view of the pinned buffer, which `host_array` keeps alive until the chunk is written. On
-    # a CPU "pinned" memory is host memory that may share the source's buffer: copy it there.
-    shard.data = _to_host(shard.host_array, copy=True)
-    if _is_cpu(shard.host_array):
-        shard.host_array = None
 
 
 def default_snapshot_mode() -> str:
@@ -431,7 +337,7 @@ def snapshot_state(
             else:
                 item.shards = _owned_shards(leaf, item.chunk_shape)
                 for shard in item.shards:
-                    _start_host_copy(shard, host_transfer)
+                    host_transfer_lib.start_host_copy(shard, host_transfer)
             leaves.append((path, layout.KIND_ARRAY))
             arrays.append(item)
         elif isinstance(leaf, (np.ndarray, np.generic)):
@@ -480,7 +386,7 @@ def snapshot_state(
         if item.shards is not None and item.snapshot is None:
             for shard in item.shards:
                 if isinstance(shard.data, jax.Array):
-                    _finish_host_copy(shard)
+                    host_transfer_lib.finish_host_copy(shard)
                     host_bytes += shard.nbytes
         if item.snapshot is not None:
             num_bytes += item.owned_bytes
@@ -591,10 +497,10 @@ class _Writer:
         copy as soon as all of its shards are on the host. Returns the bytes moved."""
         moving = [(item, shard) for item, shard in piece if isinstance(shard.data, jax.Array)]
         for _, shard in moving:  # All transfers in flight at once.
-            _start_host_copy(shard, self.host_transfer)
+            host_transfer_lib.start_host_copy(shard, self.host_transfer)
         moved = 0
         for item, shard in moving:
-            _finish_host_copy(shard)
+            host_transfer_lib.finish_host_copy(shard)
             moved += shard.nbytes
             self._moved_shards += 1
             if not self._mid_transfer_fired and 2 * self._moved_shards >= self._total_device_shards:
@@ -672,7 +578,7 @@ class _Writer:
                 data = shard.data
                 if isinstance(data, jax.Array):
                     # A reference the caller promised not to change: read it without a copy.
-                    data = _to_host(data, copy=False)
+                    data = host_transfer_lib.to_host(data, copy=False)
                     staged = shard.nbytes
                 else:
                     staged = 0
