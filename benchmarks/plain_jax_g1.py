@@ -139,8 +139,16 @@ def make_plain_g1(
         (step(state, batch) -> (state, loss), state, batch iterator).
     """
     cfg = plain_jax_lm.LmConfig(**dims, z_loss_scale=z_loss_scale)
-    params = plain_jax_lm.repeat_layers(plain_jax_lm.init_params(jax.random.PRNGKey(0), cfg))
     optimizer = optax.adamw(3e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.01)
+
+    # One compiled program builds the whole state, as the trainer's initialization does. Built op
+    # by op, the parameters and their temporaries interleave in device memory: on an H100 the
+    # chunked-loss step then failed to allocate its 40 GiB of temporaries although they and the
+    # 12.5 GB state fit in the pool (fragmentation is the likely cause; not yet rechecked).
+    @jax.jit
+    def init_state():
+        params = plain_jax_lm.repeat_layers(plain_jax_lm.init_params(jax.random.PRNGKey(0), cfg))
+        return params, optimizer.init(params)
 
     def step(state, batch):
         params, opt_state = state
@@ -161,4 +169,4 @@ def make_plain_g1(
         )
         .instantiate(parent=None)
     )
-    return jax.jit(step, donate_argnums=(0,)), (params, optimizer.init(params)), batches
+    return jax.jit(step, donate_argnums=(0,)), init_state(), batches
