@@ -116,3 +116,21 @@ def test_read_falls_back_to_page_cache_where_direct_is_refused(tmp_path, monkeyp
     assert not flags_seen[-1] & direct
     if direct:
         assert flags_seen[0] & direct
+
+
+def test_read_chunk_views_the_valid_region_of_an_edge_chunk(tmp_path):
+    chunk = np.arange(4 * 6, dtype=np.float32).reshape(4, 6)  # Full chunk, padding included.
+    path = str(tmp_path / "1.1")
+    chunk_file.write_file_durably(path, chunk)
+    data = chunk_file.read_chunk(
+        path, dtype=np.dtype(np.float32), chunk_shape=(4, 6), extent=(3, 2)
+    )
+    np.testing.assert_array_equal(data, chunk[:3, :2])
+    with pytest.raises(FileNotFoundError):
+        chunk_file.read_chunk(
+            str(tmp_path / "0.0"), dtype=np.dtype(np.float32), chunk_shape=(4, 6), extent=(4, 6)
+        )
+    os.truncate(path, 4 * 6 * 4 - 8)
+    with pytest.raises(chunk_file.ChunkSizeError, match="88 bytes, expected 96") as e:
+        chunk_file.read_chunk(path, dtype=np.dtype(np.float32), chunk_shape=(4, 6), extent=(3, 2))
+    assert (e.value.size, e.value.expected) == (88, 96)

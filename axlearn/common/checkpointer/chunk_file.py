@@ -19,6 +19,7 @@ out. Measured on the development VM for a 1 GiB state over 8 devices: restore 0.
 from __future__ import annotations
 
 import errno
+import math
 import mmap
 import os
 import threading
@@ -191,3 +192,40 @@ def read_file(path: str, nbytes: int) -> tuple[np.ndarray, int]:
     if filled != nbytes:  # The file changed size while being read.
         return np.empty(0, np.uint8), filled
     return raw[start : start + nbytes], size
+
+
+class ChunkSizeError(ValueError):
+    """A chunk file whose size is not its chunk's (truncated or altered)."""
+
+    def __init__(self, path: str, size: int, expected: int):
+        super().__init__(f"{path}: {size} bytes, expected {expected}")
+        self.size, self.expected = size, expected
+
+
+def read_chunk(
+    path: str, *, dtype: np.dtype, chunk_shape: tuple[int, ...], extent: tuple[int, ...]
+) -> np.ndarray:
+    """Reads one chunk file of an uncompressed, C-order zarr array (as checkpoints write them).
+
+    Such a file holds exactly the chunk's bytes (edge chunks padded to the full chunk shape), so
+    it is read whole into a page-aligned buffer (`read_file`) and viewed, with no decoding.
+
+    Args:
+        path: The chunk file.
+        dtype: The array's dtype.
+        chunk_shape: The array's chunk shape.
+        extent: The chunk's valid size per dimension (smaller than `chunk_shape` at the edges).
+
+    Returns:
+        The chunk's valid region, a view of the read buffer.
+
+    Raises:
+        FileNotFoundError: If the file is missing.
+        OSError: If it cannot be read.
+        ChunkSizeError: If its size is not the chunk's.
+    """
+    expected = math.prod(chunk_shape) * dtype.itemsize
+    raw, size = read_file(path, expected)
+    if size != expected:
+        raise ChunkSizeError(path, size, expected)
+    return raw.view(dtype).reshape(chunk_shape)[tuple(slice(0, e) for e in extent)]

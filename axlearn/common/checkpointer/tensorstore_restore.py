@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
-import math
 import os
 import time
 from typing import Any, Optional
@@ -249,24 +248,22 @@ def _read_chunk(file: str, read: _LeafRead, key: str, region: state_tree.Region)
     donates it.)
     """
     chunk_shape = tuple(max(1, c) for c in read.entry["chunk_shape"])
-    expected_bytes = math.prod(chunk_shape) * read.dtype.itemsize
+    extent = tuple(b - a for a, b in region) if region else chunk_shape
     try:
-        raw, size = chunk_file.read_file(file, expected_bytes)
+        data = chunk_file.read_chunk(file, dtype=read.dtype, chunk_shape=chunk_shape, extent=extent)
     except FileNotFoundError as e:
         raise CheckpointCorruptionError(
             f"Chunk file {file} of leaf {read.path!r} is missing"
+        ) from e
+    except chunk_file.ChunkSizeError as e:
+        raise CheckpointCorruptionError(
+            f"Chunk file {file} of leaf {read.path!r} has the wrong size ({e.size} bytes, "
+            f"expected {e.expected}): the file was truncated or altered"
         ) from e
     except OSError as e:
         raise CheckpointCorruptionError(
             f"Reading chunk file {file} of leaf {read.path!r} failed: {e}"
         ) from e
-    if size != expected_bytes:
-        raise CheckpointCorruptionError(
-            f"Chunk file {file} of leaf {read.path!r} has the wrong size ({size} bytes, "
-            f"expected {expected_bytes}): the file was truncated or altered"
-        )
-    buf = raw.view(read.dtype).reshape(chunk_shape)
-    data = buf[tuple(slice(0, b - a) for a, b in region)] if region else buf
     expected = read.entry["checksum"].get("crc32", {}).get(key)
     actual = state_tree.crc32_hex(data)
     if expected != actual:

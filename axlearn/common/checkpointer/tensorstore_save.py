@@ -62,6 +62,8 @@ from axlearn.common.checkpointer.host_transfer import (  # noqa: F401 (public na
 
 # Where the snapshot lives (see snapshot_choice): "partial" puts `device_paths` on the device.
 SNAPSHOT_MODES = snapshot_choice.SNAPSHOT_MODES
+
+
 @dataclasses.dataclass
 class _Shard:
     """One chunk this process writes."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from typing import Any, Optional
 
@@ -150,7 +149,7 @@ def _verify_array(step_dir: str, entry: dict, result: VerifyResult) -> None:
 
     The arrays are uncompressed, C-order zarr (see `state_tree.zarr_spec`), so a chunk file holds
     exactly the chunk's bytes (edge chunks padded to the full chunk shape): each is read whole
-    (`chunk_file.read_file`, as restore reads it) and its region's bytes checksummed. Checksums
+    (`chunk_file.read_chunk`, as restore reads it) and its region's bytes checksummed. Checksums
     and reads run without Python's GIL, so a verification in the background (garbage
     collection during training) costs the training loop little.
     """
@@ -162,7 +161,6 @@ def _verify_array(step_dir: str, entry: dict, result: VerifyResult) -> None:
     sums = entry["checksum"].get("crc32", {})
     if 0 in shape:
         return
-    chunk_bytes = math.prod(chunk_shape) * dtype.itemsize
     grid = [-(-d // c) for d, c in zip(shape, chunk_shape)]
     for grid_index in np.ndindex(*grid) if grid else [()]:
         key = layout.chunk_key(tuple(grid_index))
@@ -172,22 +170,20 @@ def _verify_array(step_dir: str, entry: dict, result: VerifyResult) -> None:
         if expected is None:
             result.errors.append(f"{file} (leaf {path!r}): no checksum in the index")
             continue
+        extent = tuple(min(c, d - g * c) for g, c, d in zip(grid_index, chunk_shape, shape))
         try:
-            raw, size = chunk_file.read_file(file, chunk_bytes)
+            data = chunk_file.read_chunk(file, dtype=dtype, chunk_shape=chunk_shape, extent=extent)
         except FileNotFoundError:
             result.errors.append(f"{file} (leaf {path!r}): missing")
+            continue
+        except chunk_file.ChunkSizeError as e:
+            result.errors.append(
+                f"{file} (leaf {path!r}): unreadable: {e.size} bytes, expected {e.expected}"
+            )
             continue
         except OSError as e:
             result.errors.append(f"{file} (leaf {path!r}): unreadable: {e}")
             continue
-        if size != chunk_bytes:
-            result.errors.append(
-                f"{file} (leaf {path!r}): unreadable: {size} bytes, expected {chunk_bytes}"
-            )
-            continue
-        data = raw.view(dtype).reshape(chunk_shape)
-        clip = tuple(slice(0, min(c, d - g * c)) for g, c, d in zip(grid_index, chunk_shape, shape))
-        data = data[clip]
         result.num_bytes += data.nbytes
         if state_tree.crc32_hex(data) != expected:
             result.errors.append(f"{file} (leaf {path!r}): checksum mismatch")
