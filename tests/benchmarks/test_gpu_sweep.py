@@ -11,25 +11,12 @@ import sys
 
 import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_SITECUSTOMIZE = """
-import importlib.abc, sys
-
-class _Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("tensorflow", "seqio", "tensorflow_datasets", "tensorboard"):
-            raise ModuleNotFoundError(f"No module named {name!r}")
-        return None
-
-sys.meta_path.insert(0, _Block())
-"""
+from tests.benchmarks.no_tensorflow import REPO_ROOT, env_without_tensorflow
 
 
 @pytest.mark.slow
 def test_tiny_sweep_without_tensorflow(tmp_path):
-    (tmp_path / "sitecustomize.py").write_text(_SITECUSTOMIZE)
-    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO_ROOT}", JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)  # One CPU device, as on a one-GPU machine.
+    env = env_without_tensorflow(str(tmp_path / "site"))
     script = os.path.join(REPO_ROOT, "benchmarks", "gpu_sweep.py")
     args = ["--tiny", "--batches", "2", "--remats", "none,bogus"]
     bad = subprocess.run(

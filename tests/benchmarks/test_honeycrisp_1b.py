@@ -12,31 +12,18 @@ import sys
 
 import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_NO_TENSORFLOW = """
-import importlib.abc, runpy, sys
-
-class _Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("tensorflow", "seqio", "tensorflow_datasets", "tensorboard"):
-            raise ModuleNotFoundError(f"No module named {name!r}")
-        return None
-
-sys.meta_path.insert(0, _Block())
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+from tests.benchmarks.no_tensorflow import REPO_ROOT, env_without_tensorflow
 
 
 @pytest.mark.slow
 def test_tiny_with_saves_without_tensorflow(tmp_path):
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)  # One CPU device, as on the one-GPU machine.
-    env.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
+    env = env_without_tensorflow(str(tmp_path / "site"))
+    runs = tmp_path / "runs"
+    runs.mkdir()
     script = os.path.join(REPO_ROOT, "benchmarks", "honeycrisp_1b.py")
-    args = ["--tiny", "--steps", "9", "--save_every", "3", "--dir", str(tmp_path)]
+    args = ["--tiny", "--steps", "9", "--save_every", "3", "--dir", str(runs)]
     proc = subprocess.run(
-        [sys.executable, "-c", _NO_TENSORFLOW, script, *args],
+        [sys.executable, script, *args],
         env=env,
         capture_output=True,
         text=True,
@@ -66,4 +53,4 @@ def test_tiny_with_saves_without_tensorflow(tmp_path):
     assert ckpt["end_of_run_wait_s"]["max"] >= 0
     assert ckpt["write_gb_per_s"]["median"] > 0
     # Only the trainer dirs' temporary parent remains, empty.
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(runs) == []
