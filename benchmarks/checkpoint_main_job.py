@@ -61,12 +61,16 @@ def run_arm(*, save: bool, root: str, max_step: int, overrides: tuple = ()) -> d
     return dict(records=records, summary=summary)
 
 
+def _non_save_steps(records: list) -> list:
+    return [r["perf/step_time_s"] for r in records if not r.get("excluded_reason")]
+
+
 def _median_step(records: list) -> float:
-    return statistics.median(r["perf/step_time_s"] for r in records if not r.get("excluded_reason"))
+    return statistics.median(_non_save_steps(records))
 
 
 def _mean_step(records: list) -> float:
-    return statistics.mean(r["perf/step_time_s"] for r in records if not r.get("excluded_reason"))
+    return statistics.mean(_non_save_steps(records))
 
 
 def _by_offset(records: list) -> dict:

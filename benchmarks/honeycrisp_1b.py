@@ -160,19 +160,18 @@ def checkpoint_report(save_arms: list, nosave_arms: list, *, save_every: int) ->
         for r in arm["records"]
         if r["step"] > SKIP and "checkpoint_snapshot" in r
     ]
-    non_save_with = statistics.median(
-        statistics.median(_step_times(arm["records"], exclude_saves=True)) for arm in save_arms
-    )
-    non_save_without = statistics.median(
-        statistics.median(_step_times(arm["records"], exclude_saves=True)) for arm in nosave_arms
-    )
+
+    def across_arms(arms: list, stat) -> float:
+        """The median over arms of `stat` of each arm's non-save step times."""
+        return statistics.median(
+            stat(_step_times(arm["records"], exclude_saves=True)) for arm in arms
+        )
+
+    non_save_with = across_arms(save_arms, statistics.median)
+    non_save_without = across_arms(nosave_arms, statistics.median)
     # The median hides a few very slow steps (e.g. while a save's transfer runs); the mean not.
-    mean_with = statistics.median(
-        statistics.mean(_step_times(arm["records"], exclude_saves=True)) for arm in save_arms
-    )
-    mean_without = statistics.median(
-        statistics.mean(_step_times(arm["records"], exclude_saves=True)) for arm in nosave_arms
-    )
+    mean_with = across_arms(save_arms, statistics.mean)
+    mean_without = across_arms(nosave_arms, statistics.mean)
     writes = [w for arm in save_arms for w in arm["write_results"]]
     choice = save_arms[0]["choice"]
     step_s = non_save_without
