@@ -17,6 +17,7 @@ a warning.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import jax
@@ -28,11 +29,13 @@ from absl import logging
 HOST_TRANSFERS = ("pinned_host", "numpy")
 
 
-def _memory_kinds(device: jax.Device) -> set[str]:
+@functools.cache
+def _memory_kinds(device: jax.Device) -> frozenset[str]:
+    # Cached: asked for every shard of every save, in the background writer.
     try:
-        return {m.kind for m in device.addressable_memories()}
+        return frozenset(m.kind for m in device.addressable_memories())
     except Exception:  # pylint: disable=broad-except  # Backends without memory spaces.
-        return set()
+        return frozenset()
 
 
 def resolve_host_transfer(requested: Optional[str], device: jax.Device) -> str:
