@@ -8,7 +8,7 @@ checkpoint writer does, while the main thread runs ~0.2 s matmul "steps". Three 
   writer's route before `checkpointer.storage.host_transfer`);
 - `np_serial`: `np.asarray` one by one;
 - `pinned`: `jax.device_put(x, x.sharding.with_memory_kind("pinned_host"))` for every array,
-  then `block_until_ready()` and a zero-copy `np.asarray` (the writer's route now).
+  then `block_until_ready()` and `np.asarray` of the pinned array (the writer's route now).
 
 For each: the transfer's duration and the mean/max step time while it ran (`base_step`: without
 a transfer). `gil_*` runs the route while the main thread spins in pure Python: its longest

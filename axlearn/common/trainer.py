@@ -710,6 +710,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             )
         self._compile_seconds = time.perf_counter() - start
         self._step_log("Compiled the train step in %.2f s.", self._compile_seconds)
+        self._prepare_checkpoint_transfer()
         self._on_compiled(self._compiled_train_step, global_batch)
 
     def _host_to_global(self, host_batch: NestedTensor) -> NestedTensor:

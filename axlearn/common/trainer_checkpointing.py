@@ -383,6 +383,13 @@ class TrainerCheckpointMixin:
                 "not donate) the saved state until its write ends."
             )
 
+    def _prepare_checkpoint_transfer(self) -> None:
+        """Before the first step, sets up the host memory the first save's transfer would
+        allocate while steps run (see `StateStorage.prepare_host_transfer`; logged there)."""
+        storage = getattr(self.checkpointer, "storage", None)
+        if self._snapshot_choice is not None and hasattr(storage, "prepare_host_transfer"):
+            storage.prepare_host_transfer(self._trainer_state._asdict())
+
     def _dispatch_train_step(self, global_batch: Any) -> dict[str, Any]:
         """Dispatches the next train step (updating the state); returns its outputs.
 

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common.checkpointer import host_transfer
 
@@ -56,3 +57,23 @@ def test_copy_to_host_by_either_route(route):
     # On a CPU the result is a copy the caller owns: the source may be donated and reused.
     assert shard.host_array is None
     assert not np.shares_memory(shard.data, np.asarray(source))
+
+
+def test_reserve_pinned_host_stays_within_budget_and_frees_its_copies():
+    mesh = jax.make_mesh((8,), ("x",))
+    # 1 KB per shard, and a replicated 512 B.
+    sharded = jax.device_put(jnp.ones((64, 32)), NamedSharding(mesh, PartitionSpec("x")))
+    replicated = jax.device_put(jnp.ones((128,)), NamedSharding(mesh, PartitionSpec()))
+    arrays = [sharded, replicated]
+    # Everything: 8 shards of 1 KB, and the replicated array's replica 0 only.
+    assert (
+        host_transfer.reserve_pinned_host(arrays, host_transfer="pinned_host", budget_bytes=1 << 20)
+        == 8 * 1024 + 512
+    )
+    assert (
+        host_transfer.reserve_pinned_host(arrays, host_transfer="pinned_host", budget_bytes=3000)
+        <= 3000
+    )
+    # CPU's default route is numpy: nothing to set up.
+    assert host_transfer.reserve_pinned_host(arrays, host_transfer=None, budget_bytes=1 << 20) == 0
+    assert not [a for a in jax.live_arrays() if a.sharding.memory_kind == "pinned_host"]

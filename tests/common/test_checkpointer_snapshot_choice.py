@@ -338,6 +338,67 @@ def test_pinned_transfer_failure_falls_back_to_numpy(tmp_path, monkeypatch, capl
     ckpt.stop()
 
 
+# Bytes this process moves per leaf from device copies (replicated leaves: replica 0 only).
+_OWNED = dict(w=256 * 256 * 4, b=2048 * 4, h=128 * 128 * 2, n=64 * 8 * 4)
+
+
+@pytest.mark.parametrize(
+    "limit,route,moved_leaves",
+    [
+        (155_000, "pinned_host", {"w", "b", "h", "n"}),  # device snapshot
+        (151_000, "pinned_host", {"w", "b", "n"}),  # partial: the device leaves only
+        (106_316, "pinned_host", set()),  # host snapshot: nothing moves from device copies
+        (155_000, None, set()),  # CPU's default route (numpy): nothing to set up
+    ],
+)
+def test_prepare_host_transfer_moves_device_leaves_once(
+    tmp_path, caplog, monkeypatch, limit, route, moved_leaves
+):
+    """Before training, the pinned route's first transfer is made once, by the writer's own
+    calls on the device-snapshot leaves' shards, and its copies are freed."""
+    calls = []
+    original = host_transfer._to_pinned_host
+
+    def recording(data):
+        calls.append(data.nbytes)
+        return original(data)
+
+    monkeypatch.setattr(host_transfer, "_to_pinned_host", recording)
+    state = _state()
+    ckpt = _checkpointer(tmp_path, limit=limit, host_transfer=route)
+    ckpt.storage.choose_snapshot(state, step_peak_bytes=PEAK)
+    gc.collect()
+    baseline = _live_device_bytes()
+    with caplog.at_level(logging.INFO):
+        moved = ckpt.storage.prepare_host_transfer(state)
+    assert moved == sum(calls) == sum(_OWNED[k] for k in moved_leaves)
+    gc.collect()
+    assert _live_device_bytes() == baseline  # The pinned copies were freed.
+    logged = [r.getMessage() for r in caplog.records if "set up at start" in r.getMessage()]
+    assert len(logged) == (1 if moved else 0)
+    if moved:
+        assert f"{moved / 1e9:.4g} GB" in logged[0]
+    ckpt.stop()
+
+
+def test_prepare_host_transfer_failure_is_a_warning(tmp_path, caplog, monkeypatch):
+    def failing(data):
+        raise RuntimeError("RESOURCE_EXHAUSTED: pinned host allocation failed")
+
+    monkeypatch.setattr(host_transfer, "_to_pinned_host", failing)
+    state = _state()
+    ckpt = _checkpointer(tmp_path, limit=155_000, host_transfer="pinned_host")
+    ckpt.storage.choose_snapshot(state, step_peak_bytes=PEAK)
+    with caplog.at_level(logging.WARNING):
+        assert ckpt.storage.prepare_host_transfer(state) == 0
+    assert any(
+        "setting up pinned host memory" in r.getMessage()
+        and "pinned host allocation failed" in r.getMessage()
+        for r in caplog.records
+    )
+    ckpt.stop()
+
+
 def test_bad_host_transfer_value(tmp_path):
     with pytest.raises(ValueError) as e:
         _checkpointer(tmp_path, limit=None, host_transfer="dma")

@@ -26,10 +26,11 @@ MAX_STEP = 6
 EVERY = 2
 
 
-def _config(trainer_dir, *, limit=None, max_step=MAX_STEP):
+def _config(trainer_dir, *, limit=None, max_step=MAX_STEP, host_transfer=None):
     cfg = bigram_trainer_config(str(trainer_dir), max_step=max_step, checkpoint_every=EVERY)
     cfg.evalers = {}
     cfg.checkpointer.keep_last_n = 10
+    cfg.checkpointer.storage.host_transfer = host_transfer
     if limit is not None:
         cfg.checkpointer.storage.memory_limit = config_for_function(fixed_memory_limit).set(
             limit_bytes=limit
@@ -107,6 +108,18 @@ def test_overhead_split_in_metrics_step_log_and_run_summary(tmp_path, caplog):
     assert summary["checkpoint_snapshot"]["mode"] == "device"
     block = [m for m in logged if "Run summary" in m]
     assert block and "Checkpoints" in block[-1] and "3 saves blocked" in block[-1]
+
+
+def test_pinned_host_route_is_set_up_before_the_first_step(tmp_path, caplog):
+    """With the accelerators' route (forced here on CPU devices), the first save's transfer
+    into pinned host memory is made once before the first step, and logged."""
+    with caplog.at_level(logging.INFO):
+        trainer = _run(tmp_path, host_transfer="pinned_host")
+    logged = [r.getMessage() for r in caplog.records]
+    setup = [i for i, m in enumerate(logged) if "set up at start" in m]
+    first_step = min(i for i, m in enumerate(logged) if m.startswith("step 1/"))
+    assert len(setup) == 1 and setup[0] < first_step
+    _assert_checkpoint_equals(tmp_path, MAX_STEP, trainer.trainer_state)
 
 
 @pytest.mark.slow  # Four trainer runs.

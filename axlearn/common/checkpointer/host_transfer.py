@@ -3,8 +3,9 @@
 Two routes, chosen per device by `resolve_host_transfer`:
 
 - "pinned_host": `jax.device_put(x, x.sharding.with_memory_kind("pinned_host"))`, an
-  asynchronous DMA that XLA runs without Python's GIL; the chunk files are then written from the
-  pinned buffer (a zero-copy numpy view) without another copy. The default on accelerators that
+  asynchronous DMA that XLA runs without Python's GIL; the chunk files are then written from
+  `np.asarray` of the pinned array (no copy of ours; whether the runtime makes a host-to-host
+  copy there has not been measured). The default on accelerators that
   have that memory space.
 - "numpy": `copy_to_host_async()` then `np.asarray`. On GPUs `np.asarray` holds the GIL for the
   whole copy into pageable memory: measured on an H100 for a 12.5 GB state, the training loop's
@@ -18,7 +19,7 @@ a warning.
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import jax
 import numpy as np
@@ -151,3 +152,41 @@ def finish_host_copy(shard: Any) -> None:
     shard.data = to_host(shard.host_array, copy=True)
     if is_cpu(shard.host_array):
         shard.host_array = None
+
+
+def reserve_pinned_host(
+    arrays: Iterable[jax.Array], *, host_transfer: Optional[str], budget_bytes: int
+) -> int:
+    """Moves the shards the writer will move to pinned host memory once, then frees them.
+
+    The first transfer into page-locked host memory has to allocate it. Measured on an H100 with
+    a 12.5 GB state, the steps after a run's first save took 0.33-1.2 s instead of 0.27 s while
+    its transfer ran, and those after the second save were unchanged: the runtime keeps freed
+    page-locked memory for reuse. Calling this once before training (with the same calls the
+    writer makes, on the same shards) moves that first-time cost into start-up.
+
+    Args:
+        arrays: The arrays the writer moves from device memory (the device-snapshot leaves).
+        host_transfer: The configured route, or None (per device); shards whose route is not
+            "pinned_host" are skipped.
+        budget_bytes: At most this many bytes are moved (the writer never holds more staged).
+
+    Returns:
+        The bytes moved (0 where no device uses the pinned route).
+    """
+    pending, moved = [], 0
+    for arr in arrays:
+        for shard in arr.addressable_shards:
+            if shard.replica_id != 0:
+                continue
+            if resolve_host_transfer(host_transfer, shard.device) != "pinned_host":
+                continue
+            if moved + shard.data.nbytes > budget_bytes:
+                break
+            pending.append(_to_pinned_host(shard.data))
+            moved += shard.data.nbytes
+    for copy in pending:
+        copy.block_until_ready()
+    for copy in pending:
+        copy.delete()
+    return moved
