@@ -30,4 +30,7 @@ run save50 200 python3 benchmarks/honeycrisp_1b.py --steps 105 --save_every 50
 run save5 120 python3 benchmarks/honeycrisp_1b.py --steps 13 --save_every 5
 run sweep 300 python3 benchmarks/gpu_sweep.py --batches 16,32 --remats save_matmuls \
   --chunks 1024 --flag_sets none --steps 15 --rounds 1 --timeout_s 120
+# The snapshot choice and the pinned-memory set-up at start, as the runs logged them.
+grep -h "checkpoint snapshot: \|set up at start\|pinned host memory" "$OUT"/save*.err 2>/dev/null \
+  | cut -c1-300 | sort | uniq -c >> "$OUT/summary.txt"
 cat "$OUT/summary.txt"
