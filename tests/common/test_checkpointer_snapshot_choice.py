@@ -342,20 +342,25 @@ def test_pinned_transfer_failure_falls_back_to_numpy(tmp_path, monkeypatch, capl
 _OWNED = dict(w=256 * 256 * 4, b=2048 * 4, h=128 * 128 * 2, n=64 * 8 * 4)
 
 
+ALL_LEAVES = {"w", "b", "h", "n"}
+
+
 @pytest.mark.parametrize(
     "limit,route,moved_leaves",
     [
-        (155_000, "pinned_host", {"w", "b", "h", "n"}),  # device snapshot
-        (151_000, "pinned_host", {"w", "b", "n"}),  # partial: the device leaves only
-        (106_316, "pinned_host", set()),  # host snapshot: nothing moves from device copies
+        # Every mode moves every leaf through host memory: device-snapshot leaves in the
+        # writer, host-snapshot leaves before save returns.
+        (155_000, "pinned_host", ALL_LEAVES),  # device snapshot
+        (151_000, "pinned_host", ALL_LEAVES),  # partial
+        (106_316, "pinned_host", ALL_LEAVES),  # host snapshot
         (155_000, None, set()),  # CPU's default route (numpy): nothing to set up
     ],
 )
-def test_prepare_host_transfer_moves_device_leaves_once(
+def test_prepare_host_transfer_moves_every_leaf_once(
     tmp_path, caplog, monkeypatch, limit, route, moved_leaves
 ):
-    """Before training, the pinned route's first transfer is made once, by the writer's own
-    calls on the device-snapshot leaves' shards, and its copies are freed."""
+    """Before training, the pinned route's first transfer is made once, by a save's own calls
+    on the state's shards, and its copies are freed."""
     calls = []
     original = host_transfer._to_pinned_host
 

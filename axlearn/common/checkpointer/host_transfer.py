@@ -161,12 +161,12 @@ def reserve_pinned_host(
 
     The first transfer into page-locked host memory has to allocate it. Measured on an H100 with
     a 12.5 GB state, the steps after a run's first save took 0.33-1.2 s instead of 0.27 s while
-    its transfer ran, and those after the second save were unchanged: the runtime keeps freed
-    page-locked memory for reuse. Calling this once before training (with the same calls the
-    writer makes, on the same shards) moves that first-time cost into start-up.
+    its transfer ran, and those after the second save were unchanged, which says that the
+    runtime keeps freed page-locked memory for reuse. Calling this once before training (with
+    the same calls a save makes, on the same shards) moves that first-time cost into start-up.
 
     Args:
-        arrays: The arrays the writer moves from device memory (the device-snapshot leaves).
+        arrays: The arrays a save moves to host memory (the state's array leaves).
         host_transfer: The configured route, or None (per device); shards whose route is not
             "pinned_host" are skipped.
         budget_bytes: At most this many bytes are moved (the writer never holds more staged).

@@ -332,18 +332,13 @@ class TensorStoreStateStorage(StateStorage):
 
     def prepare_host_transfer(self, state: Any) -> int:
         """See `StateStorage.prepare_host_transfer`: on accelerators whose snapshots reach the
-        host through pinned memory, moves the device-snapshot leaves there once and frees them
-        (`host_transfer.reserve_pinned_host`), logging the bytes and seconds; a failure is a
-        warning (the first save then allocates the memory itself)."""
-        choice = self._choice
-        if choice is None or not choice.device_paths:
-            return 0
+        host through pinned memory, moves the state's shards there once and frees them
+        (`host_transfer.reserve_pinned_host`, within the host budget), logging the bytes and
+        seconds; a failure is a warning (the first save then allocates the memory itself). Every
+        snapshot mode moves every leaf through host memory: device-snapshot leaves in the
+        writer, host-snapshot leaves before `save` returns."""
         pairs, _ = state_tree.flatten_state(state)
-        arrays = [
-            leaf
-            for path, leaf in pairs
-            if path in choice.device_paths and isinstance(leaf, jax.Array)
-        ]
+        arrays = [leaf for _, leaf in pairs if isinstance(leaf, jax.Array)]
         start = time.perf_counter()
         try:
             moved = host_transfer.reserve_pinned_host(
