@@ -6,9 +6,11 @@
 #   bash benchmarks/gpu_checks.sh            # run from the repository root
 #
 # 1. honeycrisp_1b --save_every 50: blocking per save, non-save steps (median and mean) with and
-#    without saves; 2. --save_every 5: the disk cannot keep up, the log says so; 3. gpu_sweep at
+#    without saves; 2. a 3-step profiler trace of the batch-8 cell (no remat, chunked loss),
+#    gzipped into $OUT, for `python benchmarks/trace_summary.py` on any machine; 3. gpu_sweep at
 #    batch 16 and 32 with remat save_matmuls and the chunked loss (batch 16 without remat does
-#    not fit an H100), the fastest against plain JAX.
+#    not fit an H100), the fastest against plain JAX; 4. --save_every 5: the disk cannot keep
+#    up, the log says so. Logs (*.err) come back as logs.tgz.
 set -u
 OUT=${OUT:-$PWD/gpu_checks}
 mkdir -p "$OUT"
@@ -27,10 +29,14 @@ run() {  # name limit_s command...
   echo "$name: exit $? at ${SECONDS}s" >> "$OUT/summary.txt"
 }
 run save50 200 python3 benchmarks/honeycrisp_1b.py --steps 105 --save_every 50
+run trace 110 python3 benchmarks/gpu_sweep.py --batches 8 --remats none --chunks 1024 \
+  --flag_sets none --steps 15 --rounds 0 --timeout_s 100 --trace_dir "$OUT"
+run sweep 230 python3 benchmarks/gpu_sweep.py --batches 16,32 --remats save_matmuls \
+  --chunks 1024 --flag_sets none --steps 15 --rounds 1 --timeout_s 90
 run save5 120 python3 benchmarks/honeycrisp_1b.py --steps 13 --save_every 5
-run sweep 300 python3 benchmarks/gpu_sweep.py --batches 16,32 --remats save_matmuls \
-  --chunks 1024 --flag_sets none --steps 15 --rounds 1 --timeout_s 120
 # The snapshot choice and the pinned-memory set-up at start, as the runs logged them.
 grep -h "checkpoint snapshot: \|set up at start\|pinned host memory" "$OUT"/save*.err 2>/dev/null \
   | cut -c1-300 | sort | uniq -c >> "$OUT/summary.txt"
+# At most 8 files come back from the machine: the logs travel as one archive.
+(cd "$OUT" && tar czf logs.tgz ./*.err && rm -f ./*.err)
 cat "$OUT/summary.txt"

@@ -17,13 +17,20 @@ and whether it fit. Prints one JSON object. TensorFlow is not needed (no summari
 `--tiny` runs the few-MB model on CPU (seq 64; grid batch 2,4 x remat none,full x chunks none,16
 x flag sets none) to check the script; its numbers say nothing about a GPU.
 
+With `--trace_dir DIR` every grid cell also records a 3-step `jax.profiler` trace of its last steps
+(left out of its step time) and copies it to DIR, gzipped; `trace_summary.py` says where the
+device's time went.
+
 Usage: python benchmarks/gpu_sweep.py [--batches 8,16,32] [--remats none,save_context,full]
     [--chunks none,512] [--flag_sets none,llm_recipe] [--steps 20] [--rounds 3] [--tiny]
+    [--trace_dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import gzip
 import itertools
 import json
 import os
@@ -85,22 +92,49 @@ def run_trainer_cell(cell: dict) -> dict:
             peak_flops_per_device=cell["peak_flops"],
         )
         cfg.summary_writer = NoOpWriter.default_config()
+        traced = ()
+        if cell.get("trace_dir"):
+            # The trainer's 3-step profiler trace over the last steps, left out of the median.
+            start = max(SKIP + 1, cell["steps"] - 3)
+            cfg.start_trace_steps = [start]
+            traced = range(start, start + 4)  # The step that stops the trace pays for it.
         device = jax.devices()[0]
         trainer = cfg.instantiate(parent=None, devices=np.array([device]).reshape(1, 1, 1))
         trainer.run(jax.random.PRNGKey(0))
         with open(os.path.join(trainer_dir, "metrics.jsonl"), encoding="utf-8") as f:
             records = [json.loads(line) for line in f if line.strip()]
         compiled = getattr(trainer, "_compiled_memory", None)
+        trace = _copy_trace(trainer_dir, cell) if traced else None
     finally:
         shutil.rmtree(trainer_dir, ignore_errors=True)
-    times = [r["perf/step_time_s"] for r in records if "perf/step_time_s" in r]
+    times = [
+        r["perf/step_time_s"]
+        for r in records
+        if "perf/step_time_s" in r and r.get("step") not in traced
+    ]
     return dict(
+        trace=trace,
         s_per_step=_median_step(times),
         loss_last=records[-1]["loss"],
         peak_memory_bytes=_peak_memory_bytes(),
         compiled_temp_bytes=compiled.temp_bytes if compiled is not None else None,
         device=device.device_kind,
     )
+
+
+def _copy_trace(trainer_dir: str, cell: dict) -> Optional[str]:
+    """Copies the trainer's profiler trace (`*.xplane.pb`) into `cell["trace_dir"]`, gzipped,
+    named after the cell; returns its path (None if the trace is missing)."""
+    found = glob.glob(os.path.join(trainer_dir, "**", "*.xplane.pb"), recursive=True)
+    if not found:
+        return None
+    chunk = cell["chunk"] or "none"
+    name = f"trace_b{cell['batch']}_{cell['remat']}_c{chunk}_{cell['flag_set']}.xplane.pb.gz"
+    os.makedirs(cell["trace_dir"], exist_ok=True)
+    path = os.path.join(cell["trace_dir"], name)
+    with open(found[0], "rb") as src, gzip.open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return path
 
 
 def run_plain_cell(cell: dict) -> dict:
@@ -197,8 +231,16 @@ def main() -> None:
     parser.add_argument("--flag_sets", default=None)
     parser.add_argument("--seq", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--rounds", type=int, default=None, help="Trainer vs plain JAX rounds.")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="Trainer vs plain JAX rounds (0: none)."
+    )
     parser.add_argument("--timeout_s", type=float, default=1800.0, help="Per process.")
+    parser.add_argument(
+        "--trace_dir",
+        default=None,
+        help="Where each grid cell's 3-step profiler trace goes (gzipped .xplane.pb; read it "
+        "with trace_summary.py). The traced steps are left out of the step time.",
+    )
     args = parser.parse_args()
     if args.cell is not None:
         cell = json.loads(args.cell)
@@ -213,7 +255,7 @@ def main() -> None:
     flag_sets = (args.flag_sets or ("none" if tiny else "none,llm_recipe")).split(",")
     seq = args.seq or (64 if tiny else 2048)
     steps = args.steps or (8 if tiny else 20)
-    rounds = args.rounds or (1 if tiny else 3)
+    rounds = args.rounds if args.rounds is not None else (1 if tiny else 3)
 
     # pylint: disable=import-outside-toplevel
     import jax
@@ -234,6 +276,8 @@ def main() -> None:
     model = g1_trainer_config("/tmp/unused", tiny=tiny).model.set(name="model")
     specs = model.instantiate(parent=None).create_parameter_specs_recursively()
     base = dict(tiny=tiny, seq=seq, steps=steps, peak_flops=peak.flops_per_s)
+    if args.trace_dir and steps < SKIP + 5:
+        raise SystemExit(f"--trace_dir needs --steps >= {SKIP + 5} (got {steps}).")
 
     def flops_of(batch):
         return lm_training_flops(
@@ -255,6 +299,8 @@ def main() -> None:
     grid = []
     for batch, remat, chunk, flag_set in itertools.product(batches, remats, chunks, flag_sets):
         cell = dict(base, kind="trainer", batch=batch, remat=remat, chunk=chunk, flag_set=flag_set)
+        if args.trace_dir:
+            cell["trace_dir"] = os.path.abspath(args.trace_dir)
         grid.append(dict(batch=batch, remat=remat, chunk=chunk, flag_set=flag_set, **run(cell)))
     fitting = [r for r in grid if r.get("fits") and r.get("s_per_step")]
     comparison = None

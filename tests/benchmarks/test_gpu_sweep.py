@@ -4,12 +4,14 @@ A `sitecustomize` on PYTHONPATH makes tensorflow (and seqio, tensorflow_datasets
 unimportable in every process the sweep starts, as on a bare accelerator machine.
 """
 
+import gzip
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from tests.benchmarks.no_tensorflow import REPO_ROOT, env_without_tensorflow
 
@@ -24,7 +26,9 @@ def test_tiny_sweep_without_tensorflow(tmp_path):
     )
     assert bad.returncode != 0
     assert "--remats='bogus' is not a remat choice; choose one of none, save_matmuls" in bad.stderr
-    args = ["--tiny", "--batches", "2", "--remats", "full", "--chunks", "none,16", "--steps", "6"]
+    trace_dir = tmp_path / "traces"
+    args = ["--tiny", "--batches", "2", "--remats", "full", "--chunks", "none,16", "--steps", "8"]
+    args += ["--trace_dir", str(trace_dir)]
     proc = subprocess.run(
         [sys.executable, script, *args], env=env, capture_output=True, text=True, timeout=1500
     )
@@ -43,6 +47,12 @@ def test_tiny_sweep_without_tensorflow(tmp_path):
         # The trainer printed the compiled memory and the layers' remat choice at start.
         assert row["trainer_log"].startswith("Compiled memory per device: total ")
         assert row["trainer_log"].endswith("[remat: model.decoder.transformer.layer=full]")
+        # Each grid cell's profiler trace, copied out gzipped and named after the cell.
+        chunk = row["chunk"] or "none"
+        assert row["trace"] == str(trace_dir / f"trace_b2_full_c{chunk}_none.xplane.pb.gz")
+        with gzip.open(row["trace"], "rb") as f:
+            space = xplane_pb2.XSpace.FromString(f.read())
+        assert "/host:CPU" in [p.name for p in space.planes]
     comparison = result["fastest_vs_plain_jax"]
     fastest = max(result["grid"], key=lambda r: r["tokens_per_s"])
     assert comparison["config"] == {k: fastest[k] for k in ("batch", "remat", "chunk", "flag_set")}
