@@ -59,21 +59,17 @@ def main() -> None:
             times.append(time.perf_counter() - t)
         return times
 
-    def np_async_all(snap):
-        for a in snap:
-            a.copy_to_host_async()
-        out = []
-        for a in snap:
-            out.append(np.asarray(a))
-            a.delete()
-        return out
-
     def np_serial(snap):
         out = []
         for a in snap:
             out.append(np.asarray(a))
             a.delete()
         return out
+
+    def np_async_all(snap):
+        for a in snap:
+            a.copy_to_host_async()
+        return np_serial(snap)
 
     def pinned(snap):
         kind = "pinned_host" if "pinned_host" in memories else "unpinned_host"
