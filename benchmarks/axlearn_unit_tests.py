@@ -67,12 +67,29 @@ if _SHADOW not in axlearn.common.__path__:
 _LENIENT_SUPPORT = '''\
 """Placeholders for names the package under test lacks (harness support, lenient mode)."""
 
+import functools
 import importlib
+import inspect
+import sys
 import types
 
 
 def _fail(name):
     raise NameError(f"missing: {name}")
+
+
+def _at_definition_time() -> bool:
+    """Whether the placeholder's caller is module or class-body code (not a function body)."""
+    frame = sys._getframe(2)
+    return not frame.f_code.co_flags & inspect.CO_OPTIMIZED
+
+
+def _failing_function(fn, name):
+    @functools.wraps(fn)
+    def failing(*args, **kwargs):
+        _fail(name)
+
+    return failing
 
 
 class Placeholder:
@@ -89,6 +106,16 @@ class Placeholder:
 
     def __setattr__(self, attr, value):
         _fail(self._axl_name)
+
+    def __call__(self, *args, **kwargs):
+        """Raises, except at definition time (decorators, parameter lists) where it defers."""
+        name = object.__getattribute__(self, "_axl_name")
+        if not _at_definition_time():
+            _fail(name)
+        if len(args) == 1 and not kwargs and inspect.isfunction(args[0]):
+            # A missing decorator: the decorated test fails when it runs.
+            return _failing_function(args[0], name)
+        return Placeholder(name)
 
     def __repr__(self):
         return f"<missing: {self._axl_name}>"
@@ -128,7 +155,7 @@ def _make_failing(method):
 
 
 for _method in (
-    "__call__", "__iter__", "__len__", "__bool__", "__getitem__", "__setitem__", "__contains__",
+    "__iter__", "__len__", "__bool__", "__getitem__", "__setitem__", "__contains__",
     "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
     "__rtruediv__", "__neg__", "__int__", "__float__", "__index__", "__enter__", "__exit__",
     "__lt__", "__le__", "__gt__", "__ge__", "__instancecheck__", "__subclasscheck__",
@@ -385,7 +412,8 @@ def run_file(*, ref_dir, scratch, site_dir, name, mode, devices, workers, timeou
         seconds=round(time.time() - start, 1),
     )
     if not result["imports"]:
-        tail = [line for line in output.splitlines() if "Error" in line]
+        tail = [line for line in output.splitlines() if line.startswith("E  ")]
+        tail = tail or [line for line in output.splitlines() if "Error" in line]
         result["import_error"] = tail[-1][:300] if tail else output[-300:]
     return result
 
