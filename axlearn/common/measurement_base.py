@@ -99,7 +99,7 @@ class Recorder(Configurable):
         name: Required[str] = REQUIRED
 
     @classmethod
-    def from_flags(cls, fv: Optional[flags.FlagValues]) -> "Recorder":
+    def from_flags(cls, fv: Optional[flags.FlagValues]) -> Recorder:
         """Builds the recorder from `--recorder_spec` (and other flags it documents).
 
         Args:
@@ -179,8 +179,7 @@ def register_recorder(name: str):
     def fn(cls: _T) -> _T:
         if name in _recorders:
             raise ValueError(
-                f"Recorder {name} is already registered (by {_recorders[name]}); pick another "
-                "name."
+                f"Recorder {name} is already registered (by {_recorders[name]}); pick another name."
             )
         _recorders[name] = cls
         return cls

@@ -102,7 +102,7 @@ class LocalRecorder(Recorder):
         file_label: Optional[str] = None
 
     @classmethod
-    def from_flags(cls, fv: Optional[flags.FlagValues]) -> "LocalRecorder":
+    def from_flags(cls, fv: Optional[flags.FlagValues]) -> LocalRecorder:
         """Builds the recorder from `--recorder_spec=dir=...` or `--trainer_dir`.
 
         Args:

@@ -24,24 +24,37 @@ def _process_events(attempt_offset=0.0):
         ev.append(dict(event="START_STEP", time=1010.0 + s - 1, step=s, input_s=0.1, attempt=1))
         if s == 5:
             ev.append(
-                dict(event="START_CUSTOM_BADPUT_EVENT", time=1014.2, attempt=1,
-                     custom_badput_event_type="checkpoint")
+                dict(
+                    event="START_CUSTOM_BADPUT_EVENT",
+                    time=1014.2,
+                    attempt=1,
+                    custom_badput_event_type="checkpoint",
+                )
             )
             ev.append(
-                dict(event="END_CUSTOM_BADPUT_EVENT", time=1014.7, attempt=1,
-                     custom_badput_event_type="checkpoint")
+                dict(
+                    event="END_CUSTOM_BADPUT_EVENT",
+                    time=1014.7,
+                    attempt=1,
+                    custom_badput_event_type="checkpoint",
+                )
             )
     # Attempt 2: resumes from step 8; steps 9-12 at 1030..1033; an eval after step 12.
     ev.append(dict(event="START_JOB", time=1026.0, process_start=1025.5, attempt=2))
     for i, s in enumerate(range(9, 13)):
         ev.append(dict(event="START_STEP", time=1030.0 + i, step=s, input_s=0.1, attempt=2))
     ev.append(
-        dict(event="START_CUSTOM_BADPUT_EVENT", time=1033.5, attempt=2,
-             custom_badput_event_type="eval")
+        dict(
+            event="START_CUSTOM_BADPUT_EVENT",
+            time=1033.5,
+            attempt=2,
+            custom_badput_event_type="eval",
+        )
     )
     ev.append(
-        dict(event="END_CUSTOM_BADPUT_EVENT", time=1034.0, attempt=2,
-             custom_badput_event_type="eval")
+        dict(
+            event="END_CUSTOM_BADPUT_EVENT", time=1034.0, attempt=2, custom_badput_event_type="eval"
+        )
     )
     ev.append(dict(event="END_JOB", time=1039.5, attempt=2))
     return ev
@@ -49,8 +62,13 @@ def _process_events(attempt_offset=0.0):
 
 _LAUNCHER = [
     dict(event="ATTEMPT_START", time=1000.0, attempt=1),
-    dict(event="ATTEMPT_END", time=1022.0, attempt=1, status="failed",
-         cause="process 1 was killed by SIGKILL (exit code 137)"),
+    dict(
+        event="ATTEMPT_END",
+        time=1022.0,
+        attempt=1,
+        status="failed",
+        cause="process 1 was killed by SIGKILL (exit code 137)",
+    ),
     dict(event="ATTEMPT_START", time=1025.0, attempt=2),
     dict(event="ATTEMPT_END", time=1040.0, attempt=2, status="ok"),
 ]
