@@ -38,9 +38,8 @@ from typing import Any, Optional
 
 from axlearn.common.measurement_base import Event
 from axlearn.common.measurement_local import EVENTS_DIR
+from axlearn.common.measurement_local import LAUNCHER_EVENTS_FILE as LAUNCHER_FILE
 
-# The launcher's file of attempts under the events dir.
-LAUNCHER_FILE = "launcher.jsonl"
 # The parts of the wall time, in report order, with their table labels.
 PARTS = {
     "productive": "productive steps",

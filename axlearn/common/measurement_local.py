@@ -32,6 +32,9 @@ from axlearn.common.measurement_base import Event, Recorder, register_recorder
 
 # The events directory under a trainer dir.
 EVENTS_DIR = "events"
+# The launcher's record of attempts in the events dir (`axlearn local launch`; read by
+# `axlearn goodput`): ATTEMPT_START and ATTEMPT_END lines with the cause of a failure.
+LAUNCHER_EVENTS_FILE = "launcher.jsonl"
 # The environment variable holding the launcher's attempt number (1, 2, ...).
 ATTEMPT_ENV = "AXLEARN_ATTEMPT"
 
