@@ -74,6 +74,12 @@ def enable(cache_dir: str) -> None:
     """
     if "://" not in cache_dir:
         os.makedirs(cache_dir, exist_ok=True)
+    if jax.config.jax_compilation_cache_dir not in (None, "", cache_dir):
+        # Another run of this process used another directory: JAX keeps its first cache
+        # object until reset.
+        from jax._src import compilation_cache as jax_cache  # pylint: disable=C0415
+
+        jax_cache.reset_cache()
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     _listen()
     logging.info(

@@ -399,6 +399,22 @@ def compute_goodput(trainer_dir: str, *, run: Optional[RunEvents] = None) -> Goo
     )
 
 
+def goodput_summary(trainer_dir: str) -> Optional[dict[str, Any]]:
+    """The goodput report for run_summary.json (the last attempt counted until now).
+
+    Args:
+        trainer_dir: The run's trainer dir.
+
+    Returns:
+        `GoodputReport.to_dict()`, or None if the run recorded no events (or they cannot be
+        read).
+    """
+    try:
+        return compute_goodput(trainer_dir).to_dict()
+    except (NoEventsError, OSError):
+        return None
+
+
 def _steps_text(a: Attempt) -> str:
     if a.first_step is None:
         return "none"

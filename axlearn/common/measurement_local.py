@@ -1,8 +1,8 @@
 """The built-in recorder: each process appends its events to a file in the trainer directory.
 
 `--recorder_type=local` (the default of `launch_trainer_main`) writes one JSON object per line to
-`<trainer_dir>/events/process_<i>.jsonl` (i: the process index from the launcher's PROCESS_ID, or
-TPU_WORKER_ID, else the host name). Each line is written with a single `write()` to a file opened
+`<trainer_dir>/events/process_<i>.jsonl` (i: `--process_id`, or the launcher's PROCESS_ID, or
+TPU_WORKER_ID; 0 for a single process; else the host name is used). Each line is written with a single `write()` to a file opened
 for appending, so a crash leaves whole lines, or at worst one torn last line, which the readers
 skip with a warning; the next attempt starts on a fresh line. Lines look like:
 
@@ -55,13 +55,15 @@ def process_label() -> str:
     """Returns this process's label in its event file's name.
 
     Returns:
-        `process_<i>` with i from PROCESS_ID (local launch, JobSet pods) or TPU_WORKER_ID, else
-        `host_<hostname>`.
+        `process_<i>` with i from PROCESS_ID (local launch, JobSet pods) or TPU_WORKER_ID;
+        `process_0` for a single-process run (no NUM_PROCESSES, or 1); else `host_<hostname>`.
     """
     for var in ("PROCESS_ID", "TPU_WORKER_ID"):
         value = os.environ.get(var, "")
         if value.isdigit():
             return f"process_{int(value)}"
+    if os.environ.get("NUM_PROCESSES", "1") == "1":
+        return "process_0"
     return f"host_{socket.gethostname()}"
 
 
@@ -133,6 +135,9 @@ class LocalRecorder(Recorder):
                 "the event files go)."
             )
         cfg = cls.default_config().set(name=spec.get("name", "local"), dir=directory)
+        process_id = getattr(fv, "process_id", None) if fv is not None else None
+        if isinstance(process_id, int):
+            cfg.file_label = f"process_{process_id}"  # --process_id of a multi-process run.
         return cfg.instantiate()
 
     def __init__(self, cfg: Config):

@@ -104,3 +104,14 @@ def test_spec_errors():
         measurement.initialize(_flags(recorder_type="local", recorder_spec=["bad"]))
     with pytest.raises(ValueError, match="needs --trainer_dir"):
         measurement.initialize(_flags(recorder_type="local"))
+
+
+def test_process_label(monkeypatch):
+    for var in ("PROCESS_ID", "TPU_WORKER_ID", "NUM_PROCESSES"):
+        monkeypatch.delenv(var, raising=False)
+    assert measurement_local.process_label() == "process_0"
+    monkeypatch.setenv("TPU_WORKER_ID", "5")
+    assert measurement_local.process_label() == "process_5"
+    monkeypatch.delenv("TPU_WORKER_ID")
+    monkeypatch.setenv("NUM_PROCESSES", "4")
+    assert measurement_local.process_label().startswith("host_")
