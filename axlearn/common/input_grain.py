@@ -708,8 +708,23 @@ class Input(input_base.Input):
         return self._physical(GrainInputIterator(self, dispatch_config=self.dispatch_config()))
 
     @nowrap
+    def batches(self, it: Iterator[Nested[Tensor]]) -> Iterator[Nested[Tensor]]:
+        """Yields per-feed physical batches of `it` (`iter(self)` already yields them).
+
+        Args:
+            it: An iterator from `iter(self)`/`restore_iterator`, or of logical batches.
+
+        Yields:
+            Per-feed physical batches.
+        """
+        if isinstance(it, _PhysicalIterator):
+            yield from it
+        else:
+            yield from super().batches(it)
+
+    @nowrap
     def _physical(self, it: GrainInputIterator) -> Iterator[Nested[Tensor]]:
-        return _PhysicalIterator(it, self.batches(it))
+        return _PhysicalIterator(it, super().batches(it))
 
     @nowrap
     def iterator_state(self, it: Iterator[Nested[Tensor]]) -> bytes:
