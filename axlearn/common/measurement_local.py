@@ -2,9 +2,10 @@
 
 `--recorder_type=local` (the default of `launch_trainer_main`) writes one JSON object per line to
 `<trainer_dir>/events/process_<i>.jsonl` (i: `--process_id`, or the launcher's PROCESS_ID, or
-TPU_WORKER_ID; 0 for a single process; else the host name is used). Each line is written with a single `write()` to a file opened
-for appending, so a crash leaves whole lines, or at worst one torn last line, which the readers
-skip with a warning; the next attempt starts on a fresh line. Lines look like:
+TPU_WORKER_ID; 0 for a single process; else the host name is used). Each line is written with
+a single `write()` to a file opened for appending, so a crash leaves whole lines, or at worst one
+torn last line, which the readers skip with a warning; the next attempt starts on a fresh line.
+Lines look like:
 
     {"event": "START_STEP", "time": 1764244000.123, "step": 12, "pid": 4242, "attempt": 1}
 
