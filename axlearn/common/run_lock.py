@@ -82,6 +82,11 @@ class RunLock:
             RunLockError: Naming the owner (host, pid, start time) and the lock file, or naming
                 the link when `run.lock` is a symbolic link.
         """
+        if os.path.exists(self._dir) and not os.path.isdir(self._dir):
+            raise RunLockError(
+                f"Trainer dir {self._dir} is a file, not a directory: pass a directory (a new "
+                "one is created)."
+            )
         os.makedirs(self._dir, exist_ok=True)
         try:
             fd = open_no_follow(self._path, os.O_RDWR | os.O_CREAT, 0o644, what="Run lock")
