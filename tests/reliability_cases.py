@@ -577,6 +577,25 @@ CASES = [
         "nothing (the file is untouched)",
         "tests/common/test_run_lock.py::test_a_trainer_dir_that_is_a_file_is_one_line",
     ),
+    Case(
+        "`axlearn checkpoint verify` while a run is saving (chunks written, index not yet)",
+        "`save in progress` for the newest uncommitted step (exit 0); failure only without a "
+        "live run",
+        "nothing",
+        f"{_VER}::test_cli_verify_during_a_live_run_reports_the_save_in_progress",
+    ),
+    Case(
+        "`checkpoint list` and `verify` sizes of one step differ",
+        "each says what it counts: `on disk` (every file) and `of array data`",
+        "nothing",
+        f"{_VER}::test_cli_list_and_verify_say_what_their_sizes_count",
+    ),
+    Case(
+        "--restore_step of a step that was set aside",
+        "one line naming the set-aside copy, why, and the `mv` that brings it back",
+        "nothing",
+        f"{_REC}::test_trainer_refuses_corrupt_index_and_restore_step_chooses",
+    ),
     # Inputs.
     Case(
         "resuming an input whose config changed",

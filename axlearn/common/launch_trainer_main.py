@@ -26,7 +26,11 @@ from absl import app, flags
 # `launch` defines the process flags and must come before anything that touches devices.
 from axlearn.common import launch  # isort: skip
 from axlearn.common import experiment_registry, launch_trainer
-from axlearn.common.checkpointer import CheckpointCorruptionError, StateMismatchError
+from axlearn.common.checkpointer import (
+    CheckpointCorruptionError,
+    RestoreStepError,
+    StateMismatchError,
+)
 from axlearn.common.config.override import ConfigOverrideError
 from axlearn.common.config_ranges import ConfigRangeError
 from axlearn.common.mesh_resolution import MeshSelectorError
@@ -107,6 +111,7 @@ def main(_):
         launch_trainer.InvalidTrainerConfigError,
         RunLockError,
         CheckpointCorruptionError,
+        RestoreStepError,
         StateMismatchError,
     ) as e:
         # Also a damaged checkpoint (the message names the file and --restore_fallback) and a

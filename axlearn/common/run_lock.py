@@ -134,6 +134,31 @@ class RunLock:
         self.release()
 
 
+def held_by_a_live_run(directory: str) -> bool:
+    """Whether a live process holds the run lock of `directory` (e.g. a run is training there).
+
+    Probes the lock with a shared, non-blocking `flock` (released at once); never creates the
+    file and never follows a link.
+
+    Args:
+        directory: The trainer directory.
+
+    Returns:
+        True if `<directory>/run.lock` exists and is locked.
+    """
+    try:
+        fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # Closing releases a shared lock taken above.
+    return False
+
+
 def _read_owner(fd: int) -> dict[str, Any]:
     try:
         data = os.pread(fd, 4096, 0)
