@@ -557,6 +557,45 @@ CASES = [
         "nothing (the run moved past it)",
         f"{_CONT}::test_interrupted_save_set_aside_is_removed_once_a_newer_step_commits",
     ),
+    # The rough edges a new user hits.
+    Case(
+        "`axlearn config diff` of a binary file, a non-UTF-8 file or /dev/zero",
+        "one line: not a config dump (binary, not UTF-8, or over 64 MiB, refused before "
+        "reading it whole); exit 2",
+        "nothing",
+        "tests/cli/test_config_commands.py::test_diff_refuses_binary_and_oversized_input",
+    ),
+    Case(
+        "--config_override of one item of a tuple field (`mesh_axis_names.1=x`)",
+        "error naming the tuple and the whole-tuple override to pass instead",
+        "nothing",
+        "tests/common/config/test_override.py::test_tuple_item_override_names_the_whole_tuple_to_set",
+    ),
+    Case(
+        "--trainer_dir pointing at a file",
+        "one line: a file, not a directory (no traceback)",
+        "nothing (the file is untouched)",
+        "tests/common/test_run_lock.py::test_a_trainer_dir_that_is_a_file_is_one_line",
+    ),
+    Case(
+        "`axlearn checkpoint verify` while a run is saving (chunks written, index not yet)",
+        "`save in progress` for the newest uncommitted step (exit 0); failure only without a "
+        "live run",
+        "nothing",
+        f"{_VER}::test_cli_verify_during_a_live_run_reports_the_save_in_progress",
+    ),
+    Case(
+        "`checkpoint list` and `verify` sizes of one step differ",
+        "each says what it counts: `on disk` (every file) and `of array data`",
+        "nothing",
+        f"{_VER}::test_cli_list_and_verify_say_what_their_sizes_count",
+    ),
+    Case(
+        "--restore_step of a step that was set aside",
+        "one line naming the set-aside copy, why, and the `mv` that brings it back",
+        "nothing",
+        f"{_REC}::test_trainer_refuses_corrupt_index_and_restore_step_chooses",
+    ),
     # Inputs.
     Case(
         "resuming an input whose config changed",
