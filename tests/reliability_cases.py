@@ -596,6 +596,12 @@ CASES = [
         "nothing",
         f"{_REC}::test_trainer_refuses_corrupt_index_and_restore_step_chooses",
     ),
+    Case(
+        "`axlearn generate --max_new_tokens=1000000000`",
+        "one line naming the model's context and how many new tokens fit (no native abort)",
+        "nothing",
+        "tests/common/test_inference.py::test_generation_is_bounded_by_the_context",
+    ),
     # Inputs.
     Case(
         "resuming an input whose config changed",

@@ -186,6 +186,15 @@ def generate_command(args: argparse.Namespace) -> int:
     stream = (
         not args.no_stream and args.num_beams is None and len(prompts) == 1 and sys.stdout.isatty()
     )
+    try:
+        _generate_all(args, generator, prompts, stream=stream)
+    except ValueError as e:  # A request the model cannot serve (e.g. beyond its context).
+        raise CommandError(f"--{e}" if str(e).startswith("max_new_tokens=") else str(e)) from e
+    return 0
+
+
+def _generate_all(args: argparse.Namespace, generator: Any, prompts: list, *, stream: bool):
+    """Generates and prints the continuation of each prompt (see `generate_command`)."""
     for i, prompt in enumerate(prompts):
         if len(prompts) > 1:
             print(f"--- prompt {i + 1}: {prompt!r}")
@@ -221,4 +230,3 @@ def generate_command(args: argparse.Namespace) -> int:
                 seed=args.seed,
             )[0]
         print(prompt + text, flush=True)
-    return 0
