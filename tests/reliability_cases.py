@@ -602,6 +602,13 @@ CASES = [
         "nothing",
         "tests/common/test_inference.py::test_generation_is_bounded_by_the_context",
     ),
+    Case(
+        "resuming a checkpoint with a changed model (the checkpoint holds `input_iter`)",
+        "StateMismatchError naming the model's parameters only (not `input_iter`)",
+        "nothing",
+        "tests/common/test_trainer_checkpointing.py::"
+        "test_model_mismatch_error_does_not_blame_the_input_iterator",
+    ),
     # Inputs.
     Case(
         "resuming an input whose config changed",
