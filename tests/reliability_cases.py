@@ -609,6 +609,13 @@ CASES = [
         "tests/common/test_trainer_checkpointing.py::"
         "test_model_mismatch_error_does_not_blame_the_input_iterator",
     ),
+    Case(
+        "`axlearn generate`/`eval`/`hf export` on a machine without a TPU or GPU",
+        "no libtpu `unexpected worker hostname` or `cuInit` E-lines (as `axlearn aot`)",
+        "nothing",
+        "tests/cli/test_inference_commands.py::"
+        "test_generate_starts_without_accelerator_probe_errors_and_bounds_the_context",
+    ),
     # Inputs.
     Case(
         "resuming an input whose config changed",

@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from axlearn.cli.config_commands import CommandError
+from axlearn.common.accelerator_probe import quiet_accelerator_probes
 
 # TensorFlow (imported by the input pipelines) logs at start-up unless told not to.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -126,6 +127,7 @@ def eval_command(args: argparse.Namespace) -> int:
     Raises:
         CommandError: If the run, the checkpoint or an evaler cannot be found.
     """
+    quiet_accelerator_probes()  # Before JAX or TensorFlow start (no E-lines on CPU).
     # pylint: disable-next=import-outside-toplevel
     from axlearn.common.utils import flatten_items
 
@@ -159,6 +161,7 @@ def generate_command(args: argparse.Namespace) -> int:
     Raises:
         CommandError: On a bad flag value, a missing run or checkpoint, or no prompt.
     """
+    quiet_accelerator_probes()  # Before JAX or TensorFlow start (no E-lines on CPU).
     prompts = list(args.prompt or [])
     if args.prompt_file:
         with open(args.prompt_file, encoding="utf-8") as f:
