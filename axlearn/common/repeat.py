@@ -191,8 +191,6 @@ class Repeat(BaseLayer):
         xs = {} if xs is None else xs
         prng_key = self.prng_key
         scan_xs = dict(xs=xs, state=None)
-        if prng_key is not None:
-            scan_xs["prng_key"] = jax.random.split(prng_key, self._num_layers())
         # The layer's context writes into this module's output collection, so that the scan's
         # outputs are added here as "layer" (stacked) and "layer{i}" (per-layer summaries).
         own_collection = self.get_invocation_context().output_collection
@@ -200,6 +198,11 @@ class Repeat(BaseLayer):
             "layer", module=self.layer, output_collection=own_collection
         ) as layer_context:
             scan_xs["state"] = layer_context.state
+            if prng_key is not None:
+                # As many iterations as the state holds layers (a caller may pass the first n).
+                leaves = jax.tree.leaves(layer_context.state)
+                num_iterations = leaves[0].shape[0] if leaves else self._num_layers()
+                scan_xs["prng_key"] = jax.random.split(prng_key, num_iterations)
             carry, ys = scan_in_context(
                 fn,
                 carry=carry,

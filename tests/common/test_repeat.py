@@ -159,3 +159,17 @@ def test_unroll_same_outputs(unroll):
 def test_unroll_bad_value():
     with pytest.raises(ValueError, match=r"stack: unroll=0 must be True, False, None or an int"):
         _stack(unroll=0)
+
+
+def test_runs_as_many_layers_as_the_state_holds():
+    """With a prng key and the first 2 layers' parameters, the scan runs 2 layers (NumPy loop)."""
+    stack = _stack()
+    params = stack.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    first2 = jax.tree.map(lambda a: a[:2], params)
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, DIM))
+    out, _ = functional(stack, jax.random.PRNGKey(5), first2, [x], is_training=True)
+    expected = np.asarray(x, np.float64)
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), first2["layer"]["linear"])
+    for i in range(2):
+        expected = expected + np.tanh(expected @ p["weight"][i] + p["bias"][i])
+    np.testing.assert_allclose(out, expected, atol=1e-5)
