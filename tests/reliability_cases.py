@@ -616,6 +616,14 @@ CASES = [
         "tests/cli/test_inference_commands.py::"
         "test_generate_starts_without_accelerator_probe_errors_and_bounds_the_context",
     ),
+    Case(
+        "`axlearn compare` of a 60-step and a 20-step run with the same overhead per step",
+        'eval, checkpoint and input wait compared per step (never "better" for being '
+        "shorter); the 3-sample rule of timing rows printed with each row it silenced",
+        "nothing",
+        "tests/common/test_run_comparison.py::"
+        "test_runs_of_different_lengths_compare_overheads_per_step",
+    ),
     # Inputs.
     Case(
         "resuming an input whose config changed",
