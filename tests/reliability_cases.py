@@ -33,6 +33,9 @@ _TFD = "tests/common/test_input_tf_data.py"
 _META = "tests/common/test_checkpointer_metadata.py"
 _MAIN = "tests/common/test_launch_trainer_main.py"
 _RR = "tests/common/test_run_record.py"
+_CONT = "tests/common/test_checkpointer_containment.py"
+_PATHS = "tests/common/test_path_containment.py"
+_HF = "tests/common/test_hf_checkpoint.py"
 
 CASES = [
     # Process death and preemption.
@@ -490,6 +493,108 @@ CASES = [
         "error naming the nearest valid path",
         "nothing",
         "tests/common/config/test_override.py::test_bad_path_names_the_nearest_valid_one",
+    ),
+    # Crafted files: nothing reaches outside its directory.
+    Case(
+        "an index leaf `file` that is absolute or climbs out with `../`",
+        "verify exits 1 and restore refuses, naming the index, the leaf and the containment rule",
+        "nothing (the outside file is not read)",
+        f"{_CONT}::test_index_array_file_outside_the_step_is_refused",
+    ),
+    Case(
+        "a bytes leaf pointed at a system file outside, with a matching CRC",
+        "same refusal; no error shows the file's content",
+        "nothing",
+        f"{_CONT}::test_index_bytes_file_at_a_system_file_with_matching_crc_is_refused",
+    ),
+    Case(
+        "a chunk file or an `index` that is a symbolic link out of its step",
+        "verify reports the chunk unreadable; restore refuses the linked index as corrupt",
+        "nothing",
+        f"{_CONT}::test_symlinked_chunk_or_index_is_never_read",
+    ),
+    Case(
+        "a step directory that is a symbolic link into another run",
+        "a warning: the link is ignored (a save of that step replaces the link); GC and restore "
+        "never go through it",
+        "nothing (the other run's committed step is intact)",
+        f"{_CONT}::test_gc_never_follows_a_symlinked_step_into_another_run",
+    ),
+    Case(
+        "`run.lock` planted as a symbolic link in a shared trainer dir",
+        "RunLockError naming the link; its target is not truncated",
+        "nothing",
+        f"{_PATHS}::test_run_lock_refuses_a_planted_link",
+    ),
+    Case(
+        "run record files or `run_records` planted as symbolic links",
+        "the record is written as files of the trainer dir, or refused naming the rule",
+        "nothing",
+        f"{_PATHS}::test_run_record_never_writes_through_links",
+    ),
+    Case(
+        "`hf import` of a `weight_map` entry outside the directory (`../`, absolute, a linked "
+        "directory)",
+        "HfConversionError naming the index, the weight key and the containment rule",
+        "nothing (no outside file read, no step 0 committed)",
+        f"{_HF}::test_weight_map_outside_the_directory_is_refused",
+    ),
+    Case(
+        "a truncated safetensors file, or a header that lies about its size or offsets",
+        "one-line HfConversionError naming the file; nothing allocated from the header",
+        "nothing",
+        f"{_HF}::test_malformed_safetensors_is_one_line_naming_the_file",
+    ),
+    Case(
+        "a `model.safetensors.index.json` without `weight_map` (or not JSON)",
+        "HfConversionError naming the file and the fix",
+        "nothing",
+        f"{_HF}::test_index_without_weight_map_names_the_file",
+    ),
+    Case(
+        "a save interrupted after its chunks, before its index",
+        "set aside as step_N.unindexed-<time>, removed by GC once a newer step commits",
+        "nothing (the run moved past it)",
+        f"{_CONT}::test_interrupted_save_set_aside_is_removed_once_a_newer_step_commits",
+    ),
+    # The rough edges a new user hits.
+    Case(
+        "`axlearn config diff` of a binary file, a non-UTF-8 file or /dev/zero",
+        "one line: not a config dump (binary, not UTF-8, or over 64 MiB, refused before "
+        "reading it whole); exit 2",
+        "nothing",
+        "tests/cli/test_config_commands.py::test_diff_refuses_binary_and_oversized_input",
+    ),
+    Case(
+        "--config_override of one item of a tuple field (`mesh_axis_names.1=x`)",
+        "error naming the tuple and the whole-tuple override to pass instead",
+        "nothing",
+        "tests/common/config/test_override.py::test_tuple_item_override_names_the_whole_tuple_to_set",
+    ),
+    Case(
+        "--trainer_dir pointing at a file",
+        "one line: a file, not a directory (no traceback)",
+        "nothing (the file is untouched)",
+        "tests/common/test_run_lock.py::test_a_trainer_dir_that_is_a_file_is_one_line",
+    ),
+    Case(
+        "`axlearn checkpoint verify` while a run is saving (chunks written, index not yet)",
+        "`save in progress` for the newest uncommitted step (exit 0); failure only without a "
+        "live run",
+        "nothing",
+        f"{_VER}::test_cli_verify_during_a_live_run_reports_the_save_in_progress",
+    ),
+    Case(
+        "`checkpoint list` and `verify` sizes of one step differ",
+        "each says what it counts: `on disk` (every file) and `of array data`",
+        "nothing",
+        f"{_VER}::test_cli_list_and_verify_say_what_their_sizes_count",
+    ),
+    Case(
+        "--restore_step of a step that was set aside",
+        "one line naming the set-aside copy, why, and the `mv` that brings it back",
+        "nothing",
+        f"{_REC}::test_trainer_refuses_corrupt_index_and_restore_step_chooses",
     ),
     # Inputs.
     Case(

@@ -3,7 +3,10 @@
 `get_trainer_config()` looks the experiment up (`--module`, `--config`), applies the launch-time
 settings (trainer dir, mesh rule selected by `--mesh_selector`, inferred mesh shape, profiler
 steps, watchdog, `--data_dir=FAKE`), and `run_trainer()` instantiates and runs the trainer,
-recording the config dump and the flags in the trainer dir once the run is known to start.
+recording the config dump and the flags in the trainer dir once the run is known to start. It
+turns on JAX's persistent compilation cache (`--compilation_cache_dir`, default
+`<trainer_dir>/compilation_cache`). `--recorder_type` (default `local`) picks the recorder of
+the run's events (`axlearn.common.measurement`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, Optional
 import jax
 from absl import flags, logging
 
-from axlearn.common import run_record
+from axlearn.common import compilation_cache, measurement, run_record
 from axlearn.common.config.override import apply_overrides
 from axlearn.common.config_ranges import ConfigRangeError
 from axlearn.common.mesh_resolution import MeshResolution, overrides_set_mesh, resolve_mesh
@@ -83,6 +86,18 @@ flags.DEFINE_bool(
     "Log the config dump and the parameter table at start-up (by default they are written to "
     "files in the trainer dir and one line says where).",
 )
+
+flags.DEFINE_string(
+    "compilation_cache_dir",
+    None,
+    "JAX's persistent compilation cache, shared by the run's processes, so that a restart "
+    "loads its train step instead of compiling it again (default: <trainer_dir>/"
+    "compilation_cache; 'none' turns it off).",
+)
+# --recorder_type, --recorder_spec: the run's events (axlearn.common.measurement). The local
+# recorder appends them to <trainer_dir>/events/ for `axlearn goodput`.
+measurement.define_flags()
+flags.FLAGS.set_default("recorder_type", "local")
 
 FLAGS = flags.FLAGS
 
@@ -239,12 +254,17 @@ def apply_launch_settings(
         The modified config.
 
     Raises:
-        ValueError: If the trainer dir is not set by the config or --trainer_dir.
+        ValueError: If the trainer dir is not set by the config or --trainer_dir, or is a file.
     """
     if not isinstance(cfg.dir, str):
         if not flag_values.trainer_dir:
             raise ValueError("--trainer_dir is required (the config does not set `dir`).")
         cfg.dir = flag_values.trainer_dir
+    if os.path.exists(cfg.dir) and not os.path.isdir(cfg.dir):
+        raise ValueError(
+            f"--trainer_dir={cfg.dir} is a file, not a directory: pass a directory (a new one "
+            "is created)."
+        )
     if flag_values.mesh_selector is not None:
         # The same resolution as the launch's dry run and pre-flight (mesh_resolution).
         cfg, resolution = resolve_mesh(
@@ -360,6 +380,12 @@ def run_trainer(
                 os.path.join(trainer_config.dir, PARAMETER_TABLE_FILE),
             )
 
+    if flag_values.is_parsed():
+        cache = compilation_cache.resolve_cache_dir(
+            flag_values.compilation_cache_dir, trainer_dir=trainer_config.dir
+        )
+        if cache is not None:
+            compilation_cache.enable(cache)
     lock = RunLock(trainer_config.dir)
     if jax.process_index() == 0:
         # Before anything is written: a second run on this dir fails here, naming the owner.

@@ -17,16 +17,21 @@ one line naming it and the fix, exit code 1, without a traceback.
 """
 
 import errno
+import os
 import re
 import sys
 from typing import Any
 
-from absl import app, flags
+from absl import app, flags, logging
 
 # `launch` defines the process flags and must come before anything that touches devices.
 from axlearn.common import launch  # isort: skip
-from axlearn.common import experiment_registry, launch_trainer
-from axlearn.common.checkpointer import CheckpointCorruptionError, StateMismatchError
+from axlearn.common import experiment_registry, launch_trainer, measurement
+from axlearn.common.checkpointer import (
+    CheckpointCorruptionError,
+    RestoreStepError,
+    StateMismatchError,
+)
 from axlearn.common.config.override import ConfigOverrideError
 from axlearn.common.config_ranges import ConfigRangeError
 from axlearn.common.mesh_resolution import MeshSelectorError
@@ -88,8 +93,25 @@ def main(_):
         )
     except (ValueError, *_USER_ERRORS) as e:
         sys.exit(f"{_PROG}: error: {e}")
+    fv = flags.FLAGS
+    if fv.trainer_dir and os.path.exists(fv.trainer_dir) and not os.path.isdir(fv.trainer_dir):
+        # Before anything writes under it (the event recorder, the run lock).
+        sys.exit(
+            f"{_PROG}: error: --trainer_dir={fv.trainer_dir} is a file, not a directory: pass a "
+            "directory (a new one is created)."
+        )
+    if fv.recorder_type == "local" and not fv.trainer_dir and not fv.recorder_spec:
+        # The config sets its own dir: the default recorder has nowhere to write.
+        logging.info("No --trainer_dir: the run's events are not recorded.")
+    else:
+        try:
+            measurement.initialize(fv)
+        except ValueError as e:
+            sys.exit(f"{_PROG}: error: {e}")
+    measurement.record_event(measurement.Event.START_JOB)
     try:
-        launch.setup()
+        with measurement.record_span(measurement.EventType.ACCELERATOR_INIT):
+            launch.setup()
     except launch.LaunchFlagError as e:
         sys.exit(f"{_PROG}: error: {e}")
     try:
@@ -102,11 +124,13 @@ def main(_):
         sys.exit(f"{_PROG}: error: {e}")
     try:
         launch_trainer.run_trainer(trainer_config)
+        measurement.record_event(measurement.Event.END_JOB)
     except (
         ConfigRangeError,
         launch_trainer.InvalidTrainerConfigError,
         RunLockError,
         CheckpointCorruptionError,
+        RestoreStepError,
         StateMismatchError,
     ) as e:
         # Also a damaged checkpoint (the message names the file and --restore_fallback) and a

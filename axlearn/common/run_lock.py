@@ -26,6 +26,8 @@ from typing import Any, Optional
 
 from absl import logging
 
+from axlearn.common.path_containment import PathContainmentError, open_no_follow
+
 LOCK_FILE = "run.lock"
 
 
@@ -73,11 +75,23 @@ class RunLock:
     def acquire(self) -> None:
         """Takes the lock, or raises at once if another live process holds it.
 
+        The lock file is opened without following symbolic links: a link planted as `run.lock`
+        (e.g. in a shared /tmp trainer dir) is refused and its target never truncated.
+
         Raises:
-            RunLockError: Naming the owner (host, pid, start time) and the lock file.
+            RunLockError: Naming the owner (host, pid, start time) and the lock file, or naming
+                the link when `run.lock` is a symbolic link.
         """
+        if os.path.exists(self._dir) and not os.path.isdir(self._dir):
+            raise RunLockError(
+                f"Trainer dir {self._dir} is a file, not a directory: pass a directory (a new "
+                "one is created)."
+            )
         os.makedirs(self._dir, exist_ok=True)
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = open_no_follow(self._path, os.O_RDWR | os.O_CREAT, 0o644, what="Run lock")
+        except PathContainmentError as e:
+            raise RunLockError(str(e)) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -118,6 +132,31 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def held_by_a_live_run(directory: str) -> bool:
+    """Whether a live process holds the run lock of `directory` (e.g. a run is training there).
+
+    Probes the lock with a shared, non-blocking `flock` (released at once); never creates the
+    file and never follows a link.
+
+    Args:
+        directory: The trainer directory.
+
+    Returns:
+        True if `<directory>/run.lock` exists and is locked.
+    """
+    try:
+        fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # Closing releases a shared lock taken above.
+    return False
 
 
 def _read_owner(fd: int) -> dict[str, Any]:

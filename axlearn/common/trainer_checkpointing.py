@@ -198,10 +198,8 @@ class TrainerCheckpointMixin:
             pass
         step_dir = self.checkpointer.ckpt_dir(step)
         if not layout.is_committed(step_dir):
-            raise ValueError(
-                f"{self.path()}.restore_step={step} (--restore_step): {step_dir} is not a "
-                f"committed checkpoint; committed steps: "
-                f"{[s for s, p in layout.step_dirs(ckpt_dir) if layout.is_committed(p)]}"
+            raise recovery.RestoreStepError(
+                recovery.restore_step_message(f"{self.path()}.restore_step", ckpt_dir, step)
             )
         if jax.process_index() == 0:
             # Read the chosen step's index before anything is renamed.

@@ -3,7 +3,8 @@
 - Profiling: `start_trace_steps` start a 3-step `jax.profiler` trace on the processes in
   `start_trace_process_indices`; its cost is charged to the step as the `profiler` overhead.
 - Watchdog: if the step does not advance for `watchdog_timeout_seconds`, every thread's stack is
-  logged; after `crash_on_hang_timeout_seconds` the process exits.
+  logged; after `crash_on_hang_timeout_seconds` the process exits with `HANG_EXIT_CODE` (75), which
+  `axlearn local launch --max_restarts` and the JobSet's restart policy treat as a failure.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Optional
 
 import jax
 from absl import logging
+
+from axlearn.common.exit_codes import HANG_EXIT_CODE
 
 
 class TrainerWatchdogMixin:
@@ -99,9 +102,14 @@ class TrainerWatchdogMixin:
                 reported = True
             if cfg.crash_on_hang_timeout_seconds and stalled >= cfg.crash_on_hang_timeout_seconds:
                 logging.error(
-                    "Watchdog: step %s has not advanced for %.0f s; exiting.", self._step, stalled
+                    "Watchdog: step %s has not advanced for %.0f s; exiting with code %d (a "
+                    "hang) so that the launcher restarts the job.",
+                    self._step,
+                    stalled,
+                    HANG_EXIT_CODE,
                 )
-                os._exit(1)  # pylint: disable=protected-access
+                logging.flush()
+                os._exit(HANG_EXIT_CODE)  # pylint: disable=protected-access
 
 
 def thread_stack_traces() -> str:

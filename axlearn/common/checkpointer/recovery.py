@@ -3,8 +3,9 @@
 The policy (docs/checkpoints.md, "Damaged checkpoints"):
 - A step directory without an `index` is *uncommitted* (its save did not finish): it is skipped
   and later removed by garbage collection, as always; except when every chunk its `.zarray`
-  files describe is present at full size (the save finished and the index was lost): then it is
-  set aside as `step_%08d.unindexed-<UTC time>`, never deleted.
+  files describe is present at full size (the save was interrupted just before its index, or
+  the index was lost): then it is set aside as `step_%08d.unindexed-<UTC time>`, and garbage
+  collection removes it once a newer step has committed.
 - A step directory whose `index` exists but cannot be read, or whose chunks fail their
   checksums, is *corrupt*. A corrupt checkpoint is never deleted. By default the trainer refuses
   to start, naming the file and the flags that choose what to do: `--restore_fallback=previous`
@@ -29,7 +30,7 @@ from typing import Optional
 
 from absl import logging
 
-from axlearn.common.checkpointer import layout, metadata
+from axlearn.common.checkpointer import layout, metadata, tensorstore_save
 from axlearn.common.checkpointer.tensorstore_restore import CheckpointCorruptionError
 
 # Values of `Checkpointer.Config.restore_fallback` / `--restore_fallback`.
@@ -50,6 +51,43 @@ _WHAT_TO_DO = (
     "restore_fallback='previous'); to restore a chosen step, pass --restore_step=N (or run "
     "`axlearn checkpoint select DIR --step N`); `axlearn checkpoint verify DIR` checks every step."
 )
+
+
+class RestoreStepError(ValueError):
+    """`--restore_step` names a step that is not a committed checkpoint of the directory."""
+
+
+def restore_step_message(field: str, base_dir: str, step: int) -> str:
+    """Why `--restore_step=step` cannot be restored, naming a set-aside copy of it if any.
+
+    Args:
+        field: The config path of `restore_step` (named in the message).
+        base_dir: The checkpointer directory.
+        step: The requested step.
+
+    Returns:
+        One line: the committed steps, and how to bring back a set-aside copy of `step`.
+    """
+    committed = [s for s, p in layout.step_dirs(base_dir) if layout.is_committed(p)]
+    step_dir = os.path.join(base_dir, layout.step_dir_name(step))
+    message = f"{field}={step} (--restore_step): {step_dir} is not a committed checkpoint"
+    copies = [p for p in set_aside_dirs(base_dir) if _SET_ASIDE_RE.match(os.path.basename(p))]
+    copies = [p for p in copies if int(_SET_ASIDE_RE.match(os.path.basename(p)).group(1)) == step]
+    if copies:
+        newest = copies[-1]
+        reason = _SET_ASIDE_RE.match(os.path.basename(newest)).group(2)
+        why = {
+            REASON_SUPERSEDED: "by an earlier --restore_step of an older step",
+            REASON_CORRUPT: "as corrupt (`axlearn checkpoint verify` on it says why)",
+            REASON_UNINDEXED: "without its index (it cannot be restored)",
+        }[reason]
+        message += f"; it was set aside {why} as {newest} (nothing deleted)"
+        if reason != REASON_UNINDEXED:
+            message += (
+                f": to restore it, move it back (mv {newest} {step_dir}) and rerun with "
+                f"--restore_step={step}"
+            )
+    return f"{message}. Committed steps: {committed}."
 
 
 class CorruptCheckpointError(CheckpointCorruptionError):
@@ -121,7 +159,40 @@ def set_aside_dirs(base_dir: str) -> list[str]:
         names = os.listdir(base_dir)
     except FileNotFoundError:
         return []
-    return sorted(os.path.join(base_dir, n) for n in names if _SET_ASIDE_RE.match(n))
+    return sorted(
+        os.path.join(base_dir, n)
+        for n in names
+        if _SET_ASIDE_RE.match(n) and not os.path.islink(os.path.join(base_dir, n))
+    )
+
+
+def remove_unindexed_older_than(base_dir: str, step: int) -> list[str]:
+    """Removes the `step_%08d.unindexed-<time>` directories of steps before committed `step`.
+
+    A save interrupted after its chunks but before its index looks like a step whose index was
+    lost: restore and garbage collection set it aside rather than delete it. Once a newer step
+    has committed, the run has moved past it and it is removed (never through a link: a linked
+    one is removed as a link).
+
+    Args:
+        base_dir: The checkpointer directory.
+        step: A committed step.
+
+    Returns:
+        The directories removed.
+    """
+    removed = []
+    for path in set_aside_dirs(base_dir):
+        match = _SET_ASIDE_RE.match(os.path.basename(path))
+        if match.group(2) != REASON_UNINDEXED or int(match.group(1)) >= step:
+            continue
+        logging.info("Removing %s: step %d has committed since it was set aside.", path, step)
+        try:
+            tensorstore_save.remove_step_dir(path)
+            removed.append(path)
+        except OSError as e:
+            logging.warning("Failed to remove %s: %s", path, e)
+    return removed
 
 
 def choose_restore_step(base_dir: str, *, fallback: Optional[str]) -> Optional[int]:
