@@ -329,6 +329,16 @@ def _prepare(*, ref_dir: str, scratch: str, name: str, mode: str, devices: int) 
     test_path = os.path.join(shadow, f"{name}_test.py")
     with open(test_path, "w", encoding="utf-8") as f:
         f.write(source)
+    # The other reference test files are importable too (e.g. repeat_test imports layers_test),
+    # as in AXLearn's repository; only `name` is collected.
+    for other in os.listdir(ref_dir):
+        if other.endswith("_test.py") and other != f"{name}_test.py":
+            with open(os.path.join(ref_dir, other), encoding="utf-8") as f:
+                other_source = f.read()
+            if mode == "lenient":
+                other_source = lenient_source(other_source)
+            with open(os.path.join(shadow, other), "w", encoding="utf-8") as f:
+                f.write(other_source)
     ref_conftest = os.path.join(ref_dir, "conftest.py")
     conftest = _CONFTEST_PRELUDE.format(devices=devices)
     if os.path.exists(ref_conftest):
