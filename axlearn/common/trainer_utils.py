@@ -7,12 +7,15 @@ from typing import Any, Optional
 
 import jax
 import numpy as np
-from jax import numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common.config import REQUIRED, ConfigBase
 from axlearn.common.metrics import WeightedScalar
-from axlearn.common.utils import Tensor, unknown_mesh_axes
+from axlearn.common.utils import (  # noqa: F401 (all_finite: public name here too)
+    Tensor,
+    all_finite,
+    unknown_mesh_axes,
+)
 
 
 def is_unset(value: Any) -> bool:
@@ -91,13 +94,6 @@ def _is_empty_dict(x: Any) -> bool:
 
 
 @jax.jit
-def all_finite(tree: Any) -> Tensor:
-    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
-    if not leaves:
-        return jnp.array(True)
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
-
-
 def eval_due(evaler: Any, step: int) -> bool:
     """Whether `evaler`'s policy fires at `step`."""
     for name in ("eval_policy", "_eval_policy"):
