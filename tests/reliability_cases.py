@@ -33,6 +33,9 @@ _TFD = "tests/common/test_input_tf_data.py"
 _META = "tests/common/test_checkpointer_metadata.py"
 _MAIN = "tests/common/test_launch_trainer_main.py"
 _RR = "tests/common/test_run_record.py"
+_CONT = "tests/common/test_checkpointer_containment.py"
+_PATHS = "tests/common/test_path_containment.py"
+_HF = "tests/common/test_hf_checkpoint.py"
 
 CASES = [
     # Process death and preemption.
@@ -490,6 +493,69 @@ CASES = [
         "error naming the nearest valid path",
         "nothing",
         "tests/common/config/test_override.py::test_bad_path_names_the_nearest_valid_one",
+    ),
+    # Crafted files: nothing reaches outside its directory.
+    Case(
+        "an index leaf `file` that is absolute or climbs out with `../`",
+        "verify exits 1 and restore refuses, naming the index, the leaf and the containment rule",
+        "nothing (the outside file is not read)",
+        f"{_CONT}::test_index_array_file_outside_the_step_is_refused",
+    ),
+    Case(
+        "a bytes leaf pointed at a system file outside, with a matching CRC",
+        "same refusal; no error shows the file's content",
+        "nothing",
+        f"{_CONT}::test_index_bytes_file_at_a_system_file_with_matching_crc_is_refused",
+    ),
+    Case(
+        "a chunk file or an `index` that is a symbolic link out of its step",
+        "verify reports the chunk unreadable; restore refuses the linked index as corrupt",
+        "nothing",
+        f"{_CONT}::test_symlinked_chunk_or_index_is_never_read",
+    ),
+    Case(
+        "a step directory that is a symbolic link into another run",
+        "a warning: the link is ignored (a save of that step replaces the link); GC and restore "
+        "never go through it",
+        "nothing (the other run's committed step is intact)",
+        f"{_CONT}::test_gc_never_follows_a_symlinked_step_into_another_run",
+    ),
+    Case(
+        "`run.lock` planted as a symbolic link in a shared trainer dir",
+        "RunLockError naming the link; its target is not truncated",
+        "nothing",
+        f"{_PATHS}::test_run_lock_refuses_a_planted_link",
+    ),
+    Case(
+        "run record files or `run_records` planted as symbolic links",
+        "the record is written as files of the trainer dir, or refused naming the rule",
+        "nothing",
+        f"{_PATHS}::test_run_record_never_writes_through_links",
+    ),
+    Case(
+        "`hf import` of a `weight_map` entry outside the directory (`../`, absolute, a linked "
+        "directory)",
+        "HfConversionError naming the index, the weight key and the containment rule",
+        "nothing (no outside file read, no step 0 committed)",
+        f"{_HF}::test_weight_map_outside_the_directory_is_refused",
+    ),
+    Case(
+        "a truncated safetensors file, or a header that lies about its size or offsets",
+        "one-line HfConversionError naming the file; nothing allocated from the header",
+        "nothing",
+        f"{_HF}::test_malformed_safetensors_is_one_line_naming_the_file",
+    ),
+    Case(
+        "a `model.safetensors.index.json` without `weight_map` (or not JSON)",
+        "HfConversionError naming the file and the fix",
+        "nothing",
+        f"{_HF}::test_index_without_weight_map_names_the_file",
+    ),
+    Case(
+        "a save interrupted after its chunks, before its index",
+        "set aside as step_N.unindexed-<time>, removed by GC once a newer step commits",
+        "nothing (the run moved past it)",
+        f"{_CONT}::test_interrupted_save_set_aside_is_removed_once_a_newer_step_commits",
     ),
     # Inputs.
     Case(

@@ -28,5 +28,17 @@ def test_readme_test_command_is_what_ci_runs():
     assert test_command.endswith("pip install -e '.[dev]' && pytest -n 2")
     ci = _read(".ci/run")
     assert "pip install --progress-bar off -e '.[dev]'" in ci
-    assert re.search(r"^pytest -n 2 ", ci, flags=re.M), "CI runs the README's pytest command"
+    assert re.search(r"^\s*pytest -n 2 \"\$@\"", ci, flags=re.M), (
+        "CI runs the README's pytest command"
+    )
+    phases = re.findall(r"^run_phase (\w+)(.*)$", ci, flags=re.M)
+    assert phases == [("quick", ""), ("slow", " -m slow")], (
+        "CI runs the quick suite, then the slow one"
+    )
     assert "ruff check ." in ci
+
+
+def test_default_run_leaves_out_slow_tests():
+    # The README's `pytest -n 2` is the quick loop: slow-marked tests only run with `-m slow`.
+    pyproject = _read("pyproject.toml")
+    assert re.search(r"""^addopts = ".*-m 'not slow'.*"$""", pyproject, flags=re.M), pyproject

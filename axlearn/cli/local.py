@@ -8,11 +8,17 @@ NUM_PROCESSES, PROCESS_ID; see `axlearn.cloud.common.process_env`), so
 
 trains one model with two `jax.distributed` processes. Output lines are prefixed `[i] `; when a
 process fails the others are stopped and its exit code is returned.
+
+--max_restarts=N restarts every process after any fails, up to N times (as the JobSet's
+failurePolicy.maxRestarts does on GKE); the trainer resumes from its last committed checkpoint.
+Each failed attempt is logged with its cause; when the command has --trainer_dir=DIR, the
+attempts are also recorded in DIR/events/launcher.jsonl for `axlearn goodput DIR`.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Optional
 
 from axlearn.cli.config_commands import CommandError
 
@@ -42,27 +48,59 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     launch.add_argument(
         "--port", type=int, default=None, help="Coordinator port on 127.0.0.1 (default: free)."
     )
+    launch.add_argument(
+        "--max_restarts",
+        type=int,
+        default=0,
+        help="Restart every process after any fails, up to this many times (default 0).",
+    )
     launch.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     launch.set_defaults(func=launch_command)
+
+
+def trainer_dir_of(command: list[str]) -> Optional[str]:
+    """Returns the value of `--trainer_dir` in a command, if it has one.
+
+    Args:
+        command: The command and its arguments.
+
+    Returns:
+        The trainer dir, or None.
+    """
+    for i, arg in enumerate(command):
+        if arg.startswith("--trainer_dir="):
+            return arg.split("=", 1)[1] or None
+        if arg == "--trainer_dir" and i + 1 < len(command):
+            return command[i + 1]
+    return None
 
 
 def launch_command(args: argparse.Namespace) -> int:
     """Runs `axlearn local launch`.
 
     Args:
-        args: Parsed arguments with `num_processes`, `port` and `cmd`.
+        args: Parsed arguments with `num_processes`, `port`, `max_restarts` and `cmd`.
 
     Returns:
-        0, or the exit code of the first process that failed.
+        0, or the exit code of the first process that failed (in the last attempt).
 
     Raises:
-        CommandError: No command, or --num_processes < 1.
+        CommandError: No command, --num_processes < 1 or --max_restarts < 0.
     """
     from axlearn.cloud.common.local_launch import launch_local  # pylint: disable=C0415
 
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.measurement_local import events_dir
+
+    command = strip_separator(args.cmd)
+    trainer_dir = trainer_dir_of(command)
     try:
         return launch_local(
-            strip_separator(args.cmd), num_processes=args.num_processes, port=args.port
+            command,
+            num_processes=args.num_processes,
+            port=args.port,
+            max_restarts=args.max_restarts,
+            events_dir=events_dir(trainer_dir) if trainer_dir else None,
         )
     except ValueError as e:
         raise CommandError(str(e)) from e

@@ -11,6 +11,7 @@ Usage:
     axlearn gcp launch --dry_run --name=x --instance_type=tpu-v5p-128 -- python -m ...
     axlearn local launch --num_processes=2 -- python -m axlearn.common.launch_trainer_main ...
     axlearn compare /tmp/run_main /tmp/run_branch --format=markdown
+    axlearn goodput /tmp/gpt-tiny [--json]
     axlearn eval --trainer_dir=/tmp/gpt-tiny [--step 300]
     axlearn generate --trainer_dir=/tmp/gpt-tiny --prompt="The Python" --seed=0
     axlearn hf export --trainer_dir=/tmp/gpt-tiny --output=/tmp/gpt-tiny-hf
@@ -35,6 +36,7 @@ from axlearn.cli import (
     compare,
     config_commands,
     gcp,
+    goodput,
     hf,
     inference_commands,
     local,
@@ -82,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     inference_commands.add_parser(groups)
     hf.add_parser(groups)
     compare.add_parser(groups)
+    goodput.add_parser(groups)
     return parser
 
 

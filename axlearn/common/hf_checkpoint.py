@@ -31,6 +31,7 @@ import numpy as np
 
 from axlearn.common.config import ConfigBase
 from axlearn.common.hf_llama import axlearn_to_hf_llama, hf_llama_to_axlearn
+from axlearn.common.path_containment import PathContainmentError, contained_path
 
 # The largest shard `save_hf_llama` writes by default (Hugging Face's own default is 5 GB).
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
@@ -259,6 +260,11 @@ def _write_sentencepiece_tokenizer(model_file: str, output_dir: str) -> list[str
 def load_hf_state_dict(hf_dir: str) -> dict[str, np.ndarray]:
     """Reads the weights of a Hugging Face directory (one safetensors file or an index).
 
+    Every file named by the index's `weight_map` must lie inside `hf_dir` (the rule of
+    `axlearn.common.path_containment`; the file itself may be a link, as in the Hugging Face
+    cache), and each safetensors header is checked against its file's size before any weight
+    is read.
+
     Args:
         hf_dir: The directory.
 
@@ -266,25 +272,117 @@ def load_hf_state_dict(hf_dir: str) -> dict[str, np.ndarray]:
         {key: NumPy array}.
 
     Raises:
-        HfConversionError: If the directory has neither `model.safetensors` nor an index.
+        HfConversionError: If the directory has neither `model.safetensors` nor an index, if the
+            index is malformed or names a file outside `hf_dir`, or if a weight file is not a
+            valid safetensors file (each naming the file).
     """
-    from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
-
     single = os.path.join(hf_dir, SAFETENSORS_FILE)
     index_path = os.path.join(hf_dir, SAFETENSORS_INDEX_FILE)
     if os.path.exists(single):
-        return load_file(single)
+        return _load_safetensors(single)
     if os.path.exists(index_path):
-        with open(index_path, encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
         state_dict: dict[str, np.ndarray] = {}
-        for name in sorted(set(weight_map.values())):
-            state_dict.update(load_file(os.path.join(hf_dir, name)))
+        for name in _weight_files(hf_dir, index_path):
+            state_dict.update(_load_safetensors(name))
         return state_dict
     raise HfConversionError(
         f"{hf_dir} has neither {SAFETENSORS_FILE} nor {SAFETENSORS_INDEX_FILE} (only safetensors "
         "weights are read; convert .bin files with transformers' save_pretrained first)."
     )
+
+
+# The largest safetensors header read (the safetensors library's own limit is 100 MB).
+_MAX_SAFETENSORS_HEADER_BYTES = 100 * 2**20
+# The largest weight index read.
+_MAX_INDEX_BYTES = 100 * 2**20
+
+
+def _weight_files(hf_dir: str, index_path: str) -> list[str]:
+    """The weight files of `index_path`'s `weight_map`, each checked to lie inside `hf_dir`."""
+    if os.path.getsize(index_path) > _MAX_INDEX_BYTES:
+        raise HfConversionError(
+            f"{index_path} is over {_MAX_INDEX_BYTES} bytes: not a weight index"
+        )
+    try:
+        with open(index_path, encoding="utf-8") as f:
+            index = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HfConversionError(f"{index_path} is not a JSON weight index: {e}") from e
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise HfConversionError(
+            f"{index_path} has no `weight_map` object ({{weight key: safetensors file}}); "
+            "rewrite it with transformers' save_pretrained, or keep a single model.safetensors."
+        )
+    files = {}
+    for key, name in sorted(weight_map.items()):
+        try:
+            path = contained_path(
+                hf_dir,
+                name,
+                source=index_path,
+                what=f"weight_map entry {key!r:.100}",
+                follow_final_link=True,
+            )
+        except PathContainmentError as e:
+            raise HfConversionError(str(e)) from e
+        files.setdefault(name, path)
+    return [files[name] for name in sorted(files)]
+
+
+def _check_safetensors_header(path: str) -> None:
+    """Checks a safetensors file's header against the file's size before anything is read."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise HfConversionError(
+                    f"{path} is not a safetensors file: {size} bytes, shorter than the 8-byte "
+                    "header length (truncated?)"
+                )
+            header_len = int.from_bytes(head, "little")
+            if header_len > _MAX_SAFETENSORS_HEADER_BYTES or 8 + header_len > size:
+                raise HfConversionError(
+                    f"{path}: its header claims {header_len} bytes but the file has {size} "
+                    "(truncated, or not a safetensors file)"
+                )
+            header = json.loads(f.read(header_len).decode("utf-8"))
+    except OSError as e:
+        raise HfConversionError(f"{path} cannot be read: {e}") from e
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HfConversionError(f"{path}: its safetensors header is not JSON ({e})") from e
+    if not isinstance(header, dict):
+        raise HfConversionError(f"{path}: its safetensors header is not a JSON object")
+    data_size = size - 8 - header_len
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        valid = (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= data_size
+        )
+        if not valid:
+            raise HfConversionError(
+                f"{path}: tensor {key!r:.100} claims the bytes {offsets!r:.60} of a "
+                f"{data_size}-byte data section (the file is truncated or its header is wrong)"
+            )
+
+
+def _load_safetensors(path: str) -> dict[str, np.ndarray]:
+    """Reads one safetensors file, any failure an `HfConversionError` naming it."""
+    from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+
+    _check_safetensors_header(path)
+    try:
+        return load_file(path)
+    except Exception as e:  # pylint: disable=broad-except
+        raise HfConversionError(
+            f"{path} is not a valid safetensors file ({type(e).__name__}: {str(e)[:200]})"
+        ) from e
 
 
 def check_hf_config(hf_dir: str, model_cfg: ConfigBase) -> None:
@@ -296,8 +394,13 @@ def check_hf_config(hf_dir: str, model_cfg: ConfigBase) -> None:
     path = os.path.join(hf_dir, "config.json")
     if not os.path.exists(path):
         raise HfConversionError(f"{path} does not exist")
-    with open(path, encoding="utf-8") as f:
-        theirs = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            theirs = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HfConversionError(f"{path} is not a JSON config: {e}") from e
+    if not isinstance(theirs, dict):
+        raise HfConversionError(f"{path} is not a JSON object")
     if theirs.get("model_type") != "llama":
         raise HfConversionError(f"{path}: model_type is {theirs.get('model_type')!r}, not 'llama'")
     ours = llama_config(

@@ -84,8 +84,8 @@ class FakeLmIterator:
             raise ValueError(
                 "The saved input iterator state belongs to another input, not FakeLmInput (e.g. "
                 "a checkpoint of a run on real data resumed with --data_dir=FAKE); resume with "
-                "the input that saved it, or start a new trainer dir. State begins "
-                f"{bytes(states)[:40]!r}"
+                f"the input that saved it, or start a new trainer dir (the state is "
+                f"{len(bytes(states))} bytes; its content is not shown)."
             )
         self._num_batches = int(state["num_batches"])
 

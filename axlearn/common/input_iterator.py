@@ -158,8 +158,8 @@ def decode_state(state: bytes) -> tuple[dict, bytes]:
     state = bytes(state)
     if not state.startswith(_MAGIC) or len(state) < len(_MAGIC) + 4:
         raise InputStateError(
-            f"Not an axlearn input iterator state (expected it to start with {_MAGIC!r}, "
-            f"got {state[:8]!r})"
+            f"Not an axlearn input iterator state (expected it to start with {_MAGIC!r}; the "
+            f"{len(state)} bytes given do not, and their content is not shown)"
         )
     (head_len,) = struct.unpack("<I", state[len(_MAGIC) : len(_MAGIC) + 4])
     start = len(_MAGIC) + 4

@@ -3,7 +3,10 @@
 `get_trainer_config()` looks the experiment up (`--module`, `--config`), applies the launch-time
 settings (trainer dir, mesh rule selected by `--mesh_selector`, inferred mesh shape, profiler
 steps, watchdog, `--data_dir=FAKE`), and `run_trainer()` instantiates and runs the trainer,
-recording the config dump and the flags in the trainer dir once the run is known to start.
+recording the config dump and the flags in the trainer dir once the run is known to start. It
+turns on JAX's persistent compilation cache (`--compilation_cache_dir`, default
+`<trainer_dir>/compilation_cache`). `--recorder_type` (default `local`) picks the recorder of
+the run's events (`axlearn.common.measurement`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, Optional
 import jax
 from absl import flags, logging
 
-from axlearn.common import run_record
+from axlearn.common import compilation_cache, measurement, run_record
 from axlearn.common.config.override import apply_overrides
 from axlearn.common.config_diff import parse_config_dump
 from axlearn.common.config_ranges import ConfigRangeError
@@ -89,6 +92,18 @@ flags.DEFINE_bool(
     "Log the config dump and the parameter table at start-up (by default they are written to "
     "files in the trainer dir and one line says where).",
 )
+
+flags.DEFINE_string(
+    "compilation_cache_dir",
+    None,
+    "JAX's persistent compilation cache, shared by the run's processes, so that a restart "
+    "loads its train step instead of compiling it again (default: <trainer_dir>/"
+    "compilation_cache; 'none' turns it off).",
+)
+# --recorder_type, --recorder_spec: the run's events (axlearn.common.measurement). The local
+# recorder appends them to <trainer_dir>/events/ for `axlearn goodput`.
+measurement.define_flags()
+flags.FLAGS.set_default("recorder_type", "local")
 
 FLAGS = flags.FLAGS
 
@@ -365,6 +380,12 @@ def run_trainer(
                 os.path.join(trainer_config.dir, PARAMETER_TABLE_FILE),
             )
 
+    if flag_values.is_parsed():
+        cache = compilation_cache.resolve_cache_dir(
+            flag_values.compilation_cache_dir, trainer_dir=trainer_config.dir
+        )
+        if cache is not None:
+            compilation_cache.enable(cache)
     overrides = flag_values.config_override if flag_values.is_parsed() else []
     # The launcher's fields (trainer.LAUNCH_FIELDS): on a copy, after the dump above.
     trainer_config = trainer_config.clone(

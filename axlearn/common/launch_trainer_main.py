@@ -21,11 +21,11 @@ import re
 import sys
 from typing import Any
 
-from absl import app, flags
+from absl import app, flags, logging
 
 # `launch` defines the process flags and must come before anything that touches devices.
 from axlearn.common import launch  # isort: skip
-from axlearn.common import experiment_registry, launch_trainer
+from axlearn.common import experiment_registry, launch_trainer, measurement
 from axlearn.common.checkpointer import CheckpointCorruptionError, StateMismatchError
 from axlearn.common.config.override import ConfigOverrideError
 from axlearn.common.config_ranges import ConfigRangeError
@@ -88,8 +88,19 @@ def main(_):
         )
     except (ValueError, *_USER_ERRORS) as e:
         sys.exit(f"{_PROG}: error: {e}")
+    fv = flags.FLAGS
+    if fv.recorder_type == "local" and not fv.trainer_dir and not fv.recorder_spec:
+        # The config sets its own dir: the default recorder has nowhere to write.
+        logging.info("No --trainer_dir: the run's events are not recorded.")
+    else:
+        try:
+            measurement.initialize(fv)
+        except ValueError as e:
+            sys.exit(f"{_PROG}: error: {e}")
+    measurement.record_event(measurement.Event.START_JOB)
     try:
-        launch.setup()
+        with measurement.record_span(measurement.EventType.ACCELERATOR_INIT):
+            launch.setup()
     except launch.LaunchFlagError as e:
         sys.exit(f"{_PROG}: error: {e}")
     try:
@@ -102,6 +113,7 @@ def main(_):
         sys.exit(f"{_PROG}: error: {e}")
     try:
         launch_trainer.run_trainer(trainer_config)
+        measurement.record_event(measurement.Event.END_JOB)
     except (
         ConfigRangeError,
         launch_trainer.InvalidTrainerConfigError,

@@ -465,6 +465,21 @@ def _config_hash(r: RunData) -> Any:
     return digest[: len("sha256:") + 10] if digest else None
 
 
+def _goodput(key: str, part: Optional[str] = None) -> Callable[[RunData], Any]:
+    """A figure of run_summary.json's `goodput` (see axlearn/common/goodput.py), or None."""
+
+    def get(r: RunData) -> Any:
+        report = (r.summary or {}).get("goodput")
+        if not isinstance(report, dict):
+            return None
+        value = (report.get("parts_s") or {}).get(part) if part else report.get(key)
+        if key == "goodput" and isinstance(value, (int, float)):
+            return 100 * value
+        return value
+
+    return get
+
+
 # The table's rows: the reference comparison's (Parameters, Final loss, TFLOP/s, Tok/s,
 # Avg s/step, Memory %, JAX version) and more. "Final loss" is filled per comparison (at the last
 # step all runs share), see `compare_runs`.
@@ -524,6 +539,19 @@ ROWS: list[RowSpec] = [
             ("eval", "Eval s"),
             ("checkpoint", "Checkpoint s"),
             ("input", "Input wait s"),
+        )
+    ),
+    RowSpec("goodput_pct", "Goodput %", "higher", _goodput("goodput"), _num(".1f")),
+    RowSpec(
+        "failed_attempts", "Failed attempts", "lower", _goodput("num_failed_attempts"), _num("d")
+    ),
+    *(
+        RowSpec(f"goodput_{part}_s", title, None, _goodput("parts_s", part), _num(".3g"))
+        for part, title in (
+            ("productive", "Productive s"),
+            ("redone", "Re-done steps s"),
+            ("startup", "Start-up s"),
+            ("idle", "Idle between attempts s"),
         )
     ),
     RowSpec("steps", "Steps", None, lambda r: r.last_step, _num("d")),

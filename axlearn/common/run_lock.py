@@ -26,6 +26,8 @@ from typing import Any, Optional
 
 from absl import logging
 
+from axlearn.common.path_containment import PathContainmentError, open_no_follow
+
 LOCK_FILE = "run.lock"
 
 
@@ -73,11 +75,18 @@ class RunLock:
     def acquire(self) -> None:
         """Takes the lock, or raises at once if another live process holds it.
 
+        The lock file is opened without following symbolic links: a link planted as `run.lock`
+        (e.g. in a shared /tmp trainer dir) is refused and its target never truncated.
+
         Raises:
-            RunLockError: Naming the owner (host, pid, start time) and the lock file.
+            RunLockError: Naming the owner (host, pid, start time) and the lock file, or naming
+                the link when `run.lock` is a symbolic link.
         """
         os.makedirs(self._dir, exist_ok=True)
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = open_no_follow(self._path, os.O_RDWR | os.O_CREAT, 0o644, what="Run lock")
+        except PathContainmentError as e:
+            raise RunLockError(str(e)) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:

@@ -30,6 +30,14 @@ import shutil
 import time
 from typing import Any, Optional
 
+from absl import logging
+
+from axlearn.common.path_containment import (
+    PathContainmentError,
+    contained_path,
+    write_text_no_follow,
+)
+
 # The newest record's files in the trainer dir.
 TRAINER_CONFIG_FILE = "trainer_config"
 LAUNCH_FLAGS_FILE = "launch_trainer_flags"
@@ -39,13 +47,9 @@ RECORD_FILE = "record.json"
 
 
 def _write_text(path: str, text: str) -> None:
-    """Writes `text` to `path` via a temporary file and a rename (never half-written)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Writes `text` to `path` via a temporary file and a rename (never half-written, never
+    through a symbolic link)."""
+    write_text_no_follow(path, text)
 
 
 def _read_text(path: str) -> Optional[str]:
@@ -82,6 +86,16 @@ def records(trainer_dir: str) -> list[dict[str, Any]]:
     for n in _record_numbers(trainer_dir):
         path = os.path.join(trainer_dir, RECORDS_DIR, str(n))
         try:
+            contained_path(
+                trainer_dir,
+                os.path.join(RECORDS_DIR, str(n), RECORD_FILE),
+                source=trainer_dir,
+                what=f"run record {n}",
+            )
+        except PathContainmentError as e:
+            logging.warning("Ignoring %s", e)
+            continue
+        try:
             with open(os.path.join(path, RECORD_FILE), encoding="utf-8") as f:
                 info = json.load(f)
         except (OSError, ValueError):
@@ -110,12 +124,14 @@ def write_run_record(
     root = os.path.join(trainer_dir, RECORDS_DIR)
     top_config = os.path.join(trainer_dir, TRAINER_CONFIG_FILE)
     top_flags = os.path.join(trainer_dir, LAUNCH_FLAGS_FILE)
-    if not numbers and os.path.exists(top_config):
+    # Never written through a link out of the trainer dir (a planted `run_records` link).
+    contained_path(trainer_dir, RECORDS_DIR, source=trainer_dir, what="run records directory")
+    if not numbers and os.path.isfile(top_config) and not os.path.islink(top_config):
         # A trainer dir from before records were versioned: keep its record as record 1.
         legacy = os.path.join(root, "1")
         os.makedirs(legacy, exist_ok=True)
         shutil.copyfile(top_config, os.path.join(legacy, TRAINER_CONFIG_FILE))
-        if os.path.exists(top_flags):
+        if os.path.isfile(top_flags) and not os.path.islink(top_flags):
             shutil.copyfile(top_flags, os.path.join(legacy, LAUNCH_FLAGS_FILE))
         _write_text(
             os.path.join(legacy, RECORD_FILE),
@@ -129,7 +145,12 @@ def write_run_record(
             and _read_text(os.path.join(newest, LAUNCH_FLAGS_FILE)) == flags_text
         ):
             return newest  # A plain resume: the same record goes on.
-    record_dir = os.path.join(root, str((numbers[-1] if numbers else 0) + 1))
+    number = (numbers[-1] if numbers else 0) + 1
+    record_dir = os.path.join(root, str(number))
+    # Never written through a link out of the trainer dir (a planted `run_records/<n>` link).
+    contained_path(
+        trainer_dir, os.path.join(RECORDS_DIR, str(number)), source=trainer_dir, what="run record"
+    )
     os.makedirs(record_dir, exist_ok=True)
     _write_text(os.path.join(record_dir, TRAINER_CONFIG_FILE), config_text)
     _write_text(os.path.join(record_dir, LAUNCH_FLAGS_FILE), flags_text)

@@ -467,6 +467,7 @@ def format_run_summary(summary: dict[str, Any]) -> str:
             or "none",
         ),
         ("Checkpoints", format_checkpoint_summary(summary.get("checkpoint") or {})),
+        *([("Goodput", _format_goodput(summary["goodput"]))] if summary.get("goodput") else []),
         (
             "JAX",
             f"{env.get('jax_version')} on {env.get('device_count')} x "
@@ -484,6 +485,19 @@ def format_run_summary(summary: dict[str, Any]) -> str:
     lines += [f"{k:<{width}}  {v}" for k, v in rows]
     lines.append("=" * 61)
     return "\n".join(lines)
+
+
+def _format_goodput(report: dict[str, Any]) -> str:
+    """One line of `goodput.GoodputReport.to_dict()` for the summary block."""
+    value = report.get("goodput")
+    parts = report.get("parts_s") or {}
+    return (
+        _fmt(None if value is None else 100 * value, ".1f", "%")
+        + f" of {report.get('wall_s', 0.0):.1f} s wall over {report.get('num_attempts')} "
+        f"attempt(s), {report.get('num_failed_attempts')} failed (re-done steps "
+        f"{parts.get('redone', 0.0):.1f} s, start-up {parts.get('startup', 0.0):.1f} s; "
+        "`axlearn goodput` splits it)"
+    )
 
 
 def write_run_summary(directory: str, summary: dict[str, Any]) -> str:

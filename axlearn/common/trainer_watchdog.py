@@ -1,8 +1,9 @@
 """The trainer's hang watchdog: a part that `SpmdTrainer` owns (see docs/trainer.md).
 
 If the step does not advance for `timeout_seconds`, every thread's stack is logged once; after
-`crash_timeout_seconds` the process exits. The watchdog reads the step through the callable the
-trainer hands it and nothing else of the trainer.
+`crash_timeout_seconds` the process exits with `HANG_EXIT_CODE` (75), which
+`axlearn local launch --max_restarts` and the JobSet's restart policy treat as a failure. The
+watchdog reads the step through the callable the trainer hands it and nothing else of the trainer.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import traceback
 from typing import Callable, Iterator, Optional
 
 from absl import logging
+
+from axlearn.common.exit_codes import HANG_EXIT_CODE
 
 
 class Watchdog:
@@ -89,9 +92,14 @@ class Watchdog:
                 reported = True
             if crash_after and stalled >= crash_after:
                 logging.error(
-                    "Watchdog: step %s has not advanced for %.0f s; exiting.", step, stalled
+                    "Watchdog: step %s has not advanced for %.0f s; exiting with code %d (a "
+                    "hang) so that the launcher restarts the job.",
+                    step,
+                    stalled,
+                    HANG_EXIT_CODE,
                 )
-                os._exit(1)  # pylint: disable=protected-access
+                logging.flush()
+                os._exit(HANG_EXIT_CODE)  # pylint: disable=protected-access
 
 
 def thread_stack_traces() -> str:

@@ -33,6 +33,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common.config import is_named_tuple
 
+# Mask helpers live in utils_masks (kept apart for length) and are re-exported here.
+from axlearn.common.utils_masks import safe_not, sequence_mask  # noqa: F401
+
 # AXLearn keeps its remat policies in `utils`; ours live in utils_remat and are re-exported here.
 from axlearn.common.utils_remat import (  # noqa: F401
     SavePattern,
@@ -73,6 +76,8 @@ __all__ = [
     "VDict",
     "check_numerics",
     "create_device_mesh",
+    "safe_not",
+    "sequence_mask",
     "get_data_dir",
     "infer_mesh_shape",
     "numeric_checks",

@@ -108,3 +108,11 @@ def test_gcp_launch_run_runs_the_command_here():
     )
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == ["[0] rank 0 of 2", "[1] rank 1 of 2"]
+
+
+def test_trainer_dir_of_the_command():
+    from axlearn.cli.local import trainer_dir_of
+
+    assert trainer_dir_of(["python", "-m", "x", "--trainer_dir=/tmp/a", "--b=1"]) == "/tmp/a"
+    assert trainer_dir_of(["python", "--trainer_dir", "/tmp/b"]) == "/tmp/b"
+    assert trainer_dir_of(["python", "-m", "x"]) is None

@@ -144,11 +144,12 @@ def _open_for_read(path: str) -> tuple[int, bool]:
     direct = getattr(os, "O_DIRECT", 0)
     if direct:
         try:
-            return os.open(path, os.O_RDONLY | direct), True
+            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | direct), True
         except OSError as e:
             if e.errno != errno.EINVAL:  # EINVAL: no O_DIRECT on this filesystem.
                 raise
-    return os.open(path, os.O_RDONLY), False
+    # A chunk file is never read through a symbolic link (it could point out of the checkpoint).
+    return os.open(path, os.O_RDONLY | os.O_NOFOLLOW), False
 
 
 def read_file(path: str, nbytes: int) -> tuple[np.ndarray, int]:
@@ -184,7 +185,7 @@ def read_file(path: str, nbytes: int) -> tuple[np.ndarray, int]:
     finally:
         os.close(fd)
     if filled is None:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             filled = _read_into(fd, view[:nbytes], nbytes)
         finally:

@@ -272,8 +272,9 @@ class Checkpointer(Module):
         being written. A committed checkpoint is removed only after it verifies (every chunk's
         checksum and its metadata); one that fails is set aside as step_%08d.corrupt-<time>.
         Uncommitted directories older than the newest committed one are abandoned saves and are
-        removed, except those whose chunks are complete (an index lost after the save), which
-        are set aside as step_%08d.unindexed-<time>.
+        removed, except those whose chunks are complete (an interrupted save after its chunks,
+        or an index lost after the save), which are set aside as step_%08d.unindexed-<time>;
+        such a set-aside directory is removed once a newer step has committed.
 
         Returns:
             The directories removed.
@@ -330,6 +331,7 @@ class Checkpointer(Module):
                     removed.append(path)
                 except OSError as e:
                     logging.warning("Failed to remove %s: %s", path, e)
+            removed.extend(recovery.remove_unindexed_older_than(cfg.dir, newest))
             return removed
 
     @staticmethod

@@ -15,6 +15,7 @@ A step directory without a readable `index` is uncommitted: it is never restored
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import json
 import os
@@ -22,6 +23,8 @@ import re
 from typing import Any, Optional
 
 from absl import logging
+
+from axlearn.common.path_containment import PathContainmentError, contained_path
 
 # Directory name of a step: `step_` followed by exactly 8 digits.
 STEP_DIR_PREFIX = "step_"
@@ -105,14 +108,37 @@ def step_dirs(base_dir: str) -> list[tuple[int, str]]:
     for name in names:
         match = _STEP_DIR_RE.match(name)
         path = os.path.join(base_dir, name)
+        if match and os.path.islink(path):
+            _warn_linked_step_dir(path)
+            continue
         if match and os.path.isdir(path):
             result.append((int(match.group(1)), path))
     return sorted(result)
 
 
+# Linked step directories already warned about (garbage collection lists steps every interval).
+_warned_links: set[str] = set()
+
+
+def _warn_linked_step_dir(path: str) -> None:
+    if path not in _warned_links:
+        _warned_links.add(path)
+        logging.warning(
+            "Ignoring %s: it is a symbolic link (to %r). Checkpoints never follow a link out of "
+            "their directory: restore, garbage collection and set-aside leave it and its target "
+            "alone. Replace it with a copy of the step to use it.",
+            path,
+            os.readlink(path),
+        )
+
+
 def is_committed(step_dir: str) -> bool:
-    """Whether `step_dir` has an `index` file (cheap check; the index is not parsed)."""
-    return os.path.isfile(os.path.join(step_dir, INDEX_FILE))
+    """Whether `step_dir` has an `index` file (cheap check; the index is not parsed).
+
+    A step directory that is a symbolic link is never committed: it is not a step of this
+    directory (see `step_dirs`).
+    """
+    return not os.path.islink(step_dir) and os.path.isfile(os.path.join(step_dir, INDEX_FILE))
 
 
 def checkpoint_paths(base_dir: str) -> list[str]:
@@ -287,11 +313,19 @@ def read_index_file(step_dir: str) -> dict:
     """
     path = os.path.join(step_dir, INDEX_FILE)
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
             index = json.loads(f.read().decode("utf-8"))
     except FileNotFoundError as e:
         raise CheckpointIndexError(f"{path} does not exist (uncommitted checkpoint)") from e
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CheckpointIndexError(
+                f"{path} is a symbolic link; an index is never read through a link (its target "
+                "is outside what this step directory holds)"
+            ) from e
+        raise CheckpointIndexError(f"{path} is not a readable JSON index: {e}") from e
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointIndexError(f"{path} is not a readable JSON index: {e}") from e
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
         raise CheckpointIndexError(f"{path} is not an {INDEX_FORMAT} index")
@@ -308,7 +342,30 @@ def read_index_file(step_dir: str) -> dict:
         missing = [k for k in _REQUIRED_LEAF_FIELDS[kind] if k not in leaf]
         if missing:
             raise CheckpointIndexError(f"{path}: leaf {leaf['path']!r} lacks fields {missing}")
+        _check_leaf_files(step_dir, path, leaf)
     return index
+
+
+def _check_leaf_files(step_dir: str, index_path: str, leaf: dict) -> None:
+    """Refuses a leaf whose `file` (or a process's bytes `file`) reaches outside `step_dir`."""
+    what = f"leaf {leaf['path']!r:.200}"
+    try:
+        if leaf["kind"] == KIND_ARRAY:
+            contained_path(step_dir, leaf["file"], source=index_path, what=what)
+        elif leaf["kind"] == KIND_BYTES:
+            per_process = leaf["per_process"]
+            if not isinstance(per_process, dict):
+                raise CheckpointIndexError(f"{index_path}: {what} has a malformed per_process")
+            for proc, info in per_process.items():
+                if not isinstance(info, dict):
+                    raise CheckpointIndexError(
+                        f"{index_path}: {what}, process {proc!r:.20} has a malformed entry"
+                    )
+                contained_path(
+                    step_dir, info.get("file"), source=index_path, what=f"{what}, process {proc}"
+                )
+    except PathContainmentError as e:
+        raise CheckpointIndexError(str(e)) from e
 
 
 def validate_leaf_path(path: str) -> str:

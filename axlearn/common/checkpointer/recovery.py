@@ -3,8 +3,9 @@
 The policy (docs/checkpoints.md, "Damaged checkpoints"):
 - A step directory without an `index` is *uncommitted* (its save did not finish): it is skipped
   and later removed by garbage collection, as always; except when every chunk its `.zarray`
-  files describe is present at full size (the save finished and the index was lost): then it is
-  set aside as `step_%08d.unindexed-<UTC time>`, never deleted.
+  files describe is present at full size (the save was interrupted just before its index, or
+  the index was lost): then it is set aside as `step_%08d.unindexed-<UTC time>`, and garbage
+  collection removes it once a newer step has committed.
 - A step directory whose `index` exists but cannot be read, or whose chunks fail their
   checksums, is *corrupt*. A corrupt checkpoint is never deleted. By default the trainer refuses
   to start, naming the file and the flags that choose what to do: `--restore_fallback=previous`
@@ -29,7 +30,7 @@ from typing import Optional
 
 from absl import logging
 
-from axlearn.common.checkpointer import layout, metadata
+from axlearn.common.checkpointer import layout, metadata, tensorstore_save
 from axlearn.common.checkpointer.tensorstore_restore import CheckpointCorruptionError
 
 # Values of `Checkpointer.Config.restore_fallback` / `--restore_fallback`.
@@ -121,7 +122,40 @@ def set_aside_dirs(base_dir: str) -> list[str]:
         names = os.listdir(base_dir)
     except FileNotFoundError:
         return []
-    return sorted(os.path.join(base_dir, n) for n in names if _SET_ASIDE_RE.match(n))
+    return sorted(
+        os.path.join(base_dir, n)
+        for n in names
+        if _SET_ASIDE_RE.match(n) and not os.path.islink(os.path.join(base_dir, n))
+    )
+
+
+def remove_unindexed_older_than(base_dir: str, step: int) -> list[str]:
+    """Removes the `step_%08d.unindexed-<time>` directories of steps before committed `step`.
+
+    A save interrupted after its chunks but before its index looks like a step whose index was
+    lost: restore and garbage collection set it aside rather than delete it. Once a newer step
+    has committed, the run has moved past it and it is removed (never through a link: a linked
+    one is removed as a link).
+
+    Args:
+        base_dir: The checkpointer directory.
+        step: A committed step.
+
+    Returns:
+        The directories removed.
+    """
+    removed = []
+    for path in set_aside_dirs(base_dir):
+        match = _SET_ASIDE_RE.match(os.path.basename(path))
+        if match.group(2) != REASON_UNINDEXED or int(match.group(1)) >= step:
+            continue
+        logging.info("Removing %s: step %d has committed since it was set aside.", path, step)
+        try:
+            tensorstore_save.remove_step_dir(path)
+            removed.append(path)
+        except OSError as e:
+            logging.warning("Failed to remove %s: %s", path, e)
+    return removed
 
 
 def choose_restore_step(base_dir: str, *, fallback: Optional[str]) -> Optional[int]:

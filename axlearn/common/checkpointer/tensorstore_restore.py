@@ -324,7 +324,7 @@ class _Reader:
             )
         file = os.path.join(self.ckpt_dir, info["file"])
         try:
-            with open(file, "rb") as f:
+            with os.fdopen(os.open(file, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
                 value = f.read()
         except OSError as e:
             raise CheckpointCorruptionError(f"File {file} of leaf {path!r}: {e}") from e

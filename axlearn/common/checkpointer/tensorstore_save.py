@@ -59,6 +59,7 @@ from axlearn.common.checkpointer.host_transfer import (  # noqa: F401 (public na
     HOST_TRANSFERS,
     resolve_host_transfer,
 )
+from axlearn.common.path_containment import contained_path
 
 # Where the snapshot lives (see snapshot_choice): "partial" puts `device_paths` on the device.
 SNAPSHOT_MODES = snapshot_choice.SNAPSHOT_MODES
@@ -413,9 +414,16 @@ def snapshot_state(
 def remove_step_dir(step_dir: str) -> None:
     """Removes a step directory, its commit marker first (so a half-removed one is uncommitted).
 
+    A step "directory" that is a symbolic link is removed as a link: nothing is removed through
+    it (its target may be another run's step).
+
     Args:
         step_dir: The directory.
     """
+    if os.path.islink(step_dir):
+        logging.warning("Removing the symbolic link %s only (its target is not touched).", step_dir)
+        os.unlink(step_dir)
+        return
     index_path = os.path.join(step_dir, layout.INDEX_FILE)
     try:
         os.remove(index_path)
@@ -462,7 +470,7 @@ class _Writer:
         the training steps. It becomes durable with the chunks (one filesystem sync per save).
         """
         ckpt_dir = self.plan.ckpt_dir
-        if os.path.exists(ckpt_dir):
+        if os.path.lexists(ckpt_dir):  # lexists: a dangling link is removed, not written through.
             logging.warning("Removing existing directory %s before saving into it.", ckpt_dir)
             remove_step_dir(ckpt_dir)
         os.makedirs(os.path.join(ckpt_dir, layout.ARRAYS_DIR), exist_ok=True)
@@ -736,8 +744,15 @@ def write_snapshot(
         manifests = {0: manifest}
         for p in range(1, count):
             path = os.path.join(manifests_dir, f"process_{p}.json")
-            with open(path, "rb") as f:
+            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
                 manifests[p] = json.loads(f.read().decode("utf-8"))
+            for leaf, entry in manifests[p]["bytes"].items():
+                contained_path(
+                    plan.ckpt_dir,
+                    entry.get("file") if isinstance(entry, dict) else None,
+                    source=path,
+                    what=f"bytes leaf {leaf!r:.200}",
+                )
         index = writer.build_index(manifests)
         layout.write_index_file(plan.ckpt_dir, index)
         if count > 1:

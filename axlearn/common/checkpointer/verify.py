@@ -126,7 +126,7 @@ def verify_checkpoint(step_dir: str) -> VerifyResult:
             for proc, info in sorted(entry["per_process"].items()):
                 file = os.path.join(step_dir, info["file"])
                 try:
-                    with open(file, "rb") as f:
+                    with os.fdopen(os.open(file, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
                         value = f.read()
                 except OSError as e:
                     result.errors.append(f"{file} (leaf {path!r}, process {proc}): {e}")

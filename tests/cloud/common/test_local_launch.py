@@ -130,3 +130,75 @@ def test_children_die_with_the_launcher(tmp_path, sig):
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+# Attempt 1: process 1 kills itself with SIGKILL; attempt 2: process 0 exits with the hang code;
+# attempt 3: all succeed.
+FLAKY = (
+    "import os, signal, sys\n"
+    "attempt, pid = os.environ['AXLEARN_ATTEMPT'], os.environ['PROCESS_ID']\n"
+    "print('attempt', attempt)\n"
+    "if attempt == '1' and pid == '1':\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    "if attempt == '2' and pid == '0':\n"
+    "    sys.exit(75)\n"
+    "if int(attempt) < 3:\n"
+    "    import time; time.sleep(60)\n"
+)
+
+
+def test_restarts_after_failures(tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    events = str(tmp_path / "events")
+    start = time.monotonic()
+    rc = local_launch.launch_local(
+        [sys.executable, "-c", FLAKY],
+        num_processes=2,
+        out=out,
+        err=err,
+        grace_s=5,
+        max_restarts=3,
+        events_dir=events,
+    )
+    assert rc == 0
+    assert time.monotonic() - start < 40  # The sleepers were stopped, not waited for.
+    assert "[0] attempt 3" in out.getvalue() and "[1] attempt 3" in out.getvalue()
+    lines = err.getvalue().splitlines()
+    assert lines[0] == (
+        "axlearn local launch: process 1 of 2 was killed by SIGKILL (exit code 137); stopped "
+        "the other 1 running process(es)."
+    )
+    assert "restarting every process (restart 1 of --max_restarts=3)" in lines[1]
+    assert lines[2] == "axlearn local launch: attempt 2: starting the 2 process(es) again."
+    assert lines[3].startswith("axlearn local launch: process 0 of 2 exited with code 75 (a hang")
+    with open(os.path.join(events, "launcher.jsonl"), encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    assert [(r["event"], r["attempt"], r.get("status")) for r in records] == [
+        ("ATTEMPT_START", 1, None),
+        ("ATTEMPT_END", 1, "failed"),
+        ("ATTEMPT_START", 2, None),
+        ("ATTEMPT_END", 2, "failed"),
+        ("ATTEMPT_START", 3, None),
+        ("ATTEMPT_END", 3, "ok"),
+    ]
+    assert records[1]["cause"] == "process 1 of 2 was killed by SIGKILL (exit code 137)"
+    assert records[3]["exit_code"] == 75 and records[3]["process"] == 0
+
+
+def test_too_many_restarts_lists_the_causes():
+    out, err = io.StringIO(), io.StringIO()
+    rc = local_launch.launch_local(
+        [sys.executable, "-c", "import sys; sys.exit(4)"],
+        num_processes=1,
+        out=out,
+        err=err,
+        max_restarts=2,
+    )
+    assert rc == 4
+    assert err.getvalue().splitlines()[-1] == (
+        "axlearn local launch: giving up after 3 attempts (--max_restarts=2). Causes: "
+        "attempt 1: process 0 of 1 exited with code 4; attempt 2: process 0 of 1 exited with "
+        "code 4; attempt 3: process 0 of 1 exited with code 4."
+    )
+    with pytest.raises(ValueError, match="--max_restarts must be >= 0, got -1"):
+        local_launch.launch_local(["true"], num_processes=1, max_restarts=-1)

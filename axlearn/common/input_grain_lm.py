@@ -1,0 +1,338 @@
+"""Language-model processing on Grain (AXLearn's `input_grain_lm`), in NumPy.
+
+Emits the batch keys of docs/inputs.md (int32): `input_ids` [T], `target_labels` [T] (pad id 0
+where there is no target), `target_num_bytes` [], and with streaming packing also
+`input_segment_ids` [T] (1, 2, ... per document chunk, 0 on padding) and `input_positions` [T].
+A document `t1 .. tn` becomes inputs `EOS t1 .. tn` and targets `t1 .. tn EOS`, as in
+`axlearn.common.input_lm` (the tf.data version), whose semantics these functions follow:
+
+- `packing="windowed"` (default): windows of `window_size` documents are concatenated (EOS after
+  each) and cut into `max_len` rows (`input_lm.concatenate_and_split`);
+- `packing="streaming"`: documents are cut into `max_len` chunks packed next-fit into rows with
+  segment ids and positions (`input_lm.pack`); every token appears exactly once.
+
+Every stage is a checkpointable Grain IterDataset: a restored iterator continues exactly, also
+mid-window and mid-row.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import grain
+import numpy as np
+
+from axlearn.common.input_grain import Dataset, maybe_to_iter_dataset, unbatch
+
+PACKING_WINDOWED = "windowed"
+PACKING_STREAMING = "streaming"
+
+
+def _byte_table(vocab: Any, replace_newlines_with: str) -> np.ndarray:
+    from axlearn.common import input_lm  # pylint: disable=import-outside-toplevel
+
+    piece = None if replace_newlines_with == "\n" else replace_newlines_with
+    return input_lm.vocab_byte_lengths(vocab, newline_piece=piece)
+
+
+class _Tokenize:
+    """{"text": str} -> {"tokens": int32 [n]} (picklable for prefetch workers)."""
+
+    def __init__(self, vocab: Any, replace_newlines_with: str, text_key: str):
+        self._vocab = vocab
+        self._replace = replace_newlines_with
+        self._key = text_key
+
+    def __call__(self, example: Any) -> dict:
+        text = example[self._key] if isinstance(example, dict) else example
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        if self._replace != "\n":
+            text = text.replace("\n", self._replace)
+        return {"tokens": np.asarray(self._vocab.encode(text), dtype=np.int32)}
+
+
+def tokenize(
+    ds: Dataset, *, vocab: Any, replace_newlines_with: str = "\n", text_key: str = "text"
+) -> Dataset:
+    """Tokenizes documents: {text_key: str or bytes} (or a bare str) -> {"tokens": int32 [n]}.
+
+    Args:
+        ds: A dataset of documents.
+        vocab: A vocabulary with `encode(str) -> list[int]` (e.g. a seqio vocabulary).
+        replace_newlines_with: Newlines are replaced with this string first.
+        text_key: The text field.
+
+    Returns:
+        The tokenized dataset.
+    """
+    return ds.map(_Tokenize(vocab, replace_newlines_with, text_key))
+
+
+class _SplitWindow:
+    """A window of tokenized documents -> rows of concatenate-and-split."""
+
+    def __init__(self, *, max_len: int, pad_id: int, eos_id: int, min_tail: int, table):
+        self._max_len, self._pad_id, self._eos_id = max_len, pad_id, eos_id
+        self._min_tail, self._table = min_tail, table
+
+    def __call__(self, docs: list) -> dict:
+        max_len = self._max_len
+        eos = np.array([self._eos_id], np.int32)
+        stream = np.concatenate([part for d in docs for part in (d["tokens"], eos)])
+        inputs = np.roll(stream, 1)
+        n, rem = len(stream), len(stream) % max_len
+        length = n + (max_len - rem) % max_len if rem > self._min_tail else n - rem
+
+        def fit(x):
+            x = np.concatenate([x, np.full([max_len], self._pad_id, np.int32)])[:length]
+            return x.reshape([-1, max_len])
+
+        targets = fit(stream)
+        return {
+            "input_ids": fit(inputs),
+            "target_labels": targets,
+            "target_num_bytes": self._table[targets].sum(axis=-1).astype(np.int32),
+        }
+
+
+class _Chunks:
+    """A tokenized document -> its `max_len` chunks (inputs, targets, length)."""
+
+    def __init__(self, *, max_len: int, pad_id: int, eos_id: int):
+        self._max_len, self._pad_id, self._eos_id = max_len, pad_id, eos_id
+
+    def __call__(self, doc: dict) -> dict:
+        max_len = self._max_len
+        eos = np.array([self._eos_id], np.int32)
+        tokens = np.asarray(doc["tokens"], np.int32)
+        inputs, targets = np.concatenate([eos, tokens]), np.concatenate([tokens, eos])
+        n = len(inputs)
+        num_chunks = -(-n // max_len)
+        pad = np.full([num_chunks * max_len - n], self._pad_id, np.int32)
+        return {
+            "inputs": np.concatenate([inputs, pad]).reshape([-1, max_len]),
+            "targets": np.concatenate([targets, pad]).reshape([-1, max_len]),
+            "length": np.minimum(max_len, n - np.arange(num_chunks) * max_len).astype(np.int32),
+        }
+
+
+class _PackIterator(grain.DatasetIterator):
+    """Next-fit packing of a chunk stream; state: the stream's state before the row's chunks."""
+
+    def __init__(self, parent: grain.DatasetIterator, *, max_len: int, pad_id: int, table):
+        super().__init__(parent)
+        self._max_len, self._pad_id, self._table = max_len, pad_id, table
+        # A chunk read but not yet placed (it did not fit the previous row), and the stream's
+        # state before it was read.
+        self._pending: Optional[dict] = None
+        self._pending_state: Optional[dict] = None
+
+    def _read(self) -> Optional[dict]:
+        if self._pending is not None:
+            chunk, self._pending = self._pending, None
+            return chunk
+        try:
+            return next(self._parent)
+        except StopIteration:
+            return None
+
+    def __next__(self) -> dict:
+        max_len = self._max_len
+        inputs = np.full([max_len], self._pad_id, np.int32)
+        targets = np.full([max_len], self._pad_id, np.int32)
+        segments = np.zeros([max_len], np.int32)
+        positions = np.zeros([max_len], np.int32)
+        used, segment = 0, 0
+        while True:
+            state_before = self._pending_state if self._pending is not None else None
+            if state_before is None:
+                state_before = self._parent.get_state()
+            chunk = self._read()
+            if chunk is None:
+                break
+            length = int(chunk["length"])
+            if used + length > max_len:
+                self._pending, self._pending_state = chunk, state_before
+                break
+            segment += 1
+            inputs[used : used + length] = chunk["inputs"][:length]
+            targets[used : used + length] = chunk["targets"][:length]
+            segments[used : used + length] = segment
+            positions[used : used + length] = np.arange(length)
+            used += length
+        if used == 0:
+            raise StopIteration
+        return {
+            "input_ids": inputs,
+            "target_labels": targets,
+            "target_num_bytes": np.int32(self._table[targets].sum()),
+            "input_segment_ids": segments,
+            "input_positions": positions,
+        }
+
+    def get_state(self) -> dict:
+        if self._pending is not None:
+            return {"parent": self._pending_state}
+        return {"parent": self._parent.get_state()}
+
+    def set_state(self, state: dict):
+        self._parent.set_state(state["parent"])
+        self._pending, self._pending_state = None, None
+
+
+class _PackIterDataset(grain.IterDataset):
+    def __init__(self, parent: grain.IterDataset, *, max_len: int, pad_id: int, table):
+        super().__init__(parent)
+        self._max_len, self._pad_id, self._table = max_len, pad_id, table
+
+    def __iter__(self) -> grain.DatasetIterator:
+        return _PackIterator(
+            self._parent.__iter__(), max_len=self._max_len, pad_id=self._pad_id, table=self._table
+        )
+
+
+def text_to_lm_training_input(
+    ds: Dataset,
+    *,
+    vocab: Any,
+    max_len: int,
+    replace_newlines_with: str = "\n",
+    window_size: int = 128,
+    max_padding_fraction: float = 1.0,
+    packing: str = PACKING_WINDOWED,
+    shuffle_window: int = 0,
+    seed: int = 0,
+    tokenized: bool = False,
+) -> grain.IterDataset:
+    """Turns documents into language-model training examples of `max_len` tokens.
+
+    Args:
+        ds: Documents ({"text"}), or tokenized documents ({"tokens"}) with `tokenized=True`;
+            shuffle, repeat and shard them before (as MapDatasets).
+        vocab: The vocabulary (pad_id, eos_id, encode; byte lengths for `target_num_bytes`).
+        max_len: Tokens per example.
+        replace_newlines_with: Newlines become this string before tokenizing.
+        window_size: "windowed": documents concatenated per window.
+        max_padding_fraction: "windowed": a window's tail row is kept (padded) when it has more
+            than max_len * (1 - max_padding_fraction) tokens, else dropped.
+        packing: "windowed" (concatenate-and-split) or "streaming" (next-fit packing with
+            `input_segment_ids`/`input_positions`).
+        shuffle_window: If > 0, examples are shuffled in windows of this many (Grain's
+            checkpointable window shuffle).
+        seed: The window shuffle's seed.
+        tokenized: Whether `ds` already holds {"tokens"}.
+
+    Returns:
+        An IterDataset of examples.
+
+    Raises:
+        ValueError: If `packing` or `max_padding_fraction` is invalid.
+    """
+    if packing not in (PACKING_WINDOWED, PACKING_STREAMING):
+        raise ValueError(
+            f"text_to_lm_training_input: packing={packing!r}; use {PACKING_WINDOWED!r} or "
+            f"{PACKING_STREAMING!r}"
+        )
+    if not 0 <= max_padding_fraction <= 1:
+        raise ValueError(
+            f"text_to_lm_training_input: max_padding_fraction={max_padding_fraction} must be in "
+            f"[0, 1]"
+        )
+    table = _byte_table(vocab, replace_newlines_with)
+    if not tokenized:
+        ds = tokenize(ds, vocab=vocab, replace_newlines_with=replace_newlines_with)
+    ds = maybe_to_iter_dataset(ds)
+    pad_id, eos_id = int(vocab.pad_id), int(vocab.eos_id)
+    if packing == PACKING_WINDOWED:
+        split = _SplitWindow(
+            max_len=max_len,
+            pad_id=pad_id,
+            eos_id=eos_id,
+            min_tail=int(max_len * (1 - max_padding_fraction)),
+            table=table,
+        )
+        ds = unbatch(ds.batch(window_size, batch_fn=list).map(split))
+    else:
+        chunks = unbatch(ds.map(_Chunks(max_len=max_len, pad_id=pad_id, eos_id=eos_id)))
+        ds = _PackIterDataset(chunks, max_len=max_len, pad_id=pad_id, table=table)
+    if shuffle_window > 0:
+        ds = grain.experimental.WindowShuffleIterDataset(ds, window_size=shuffle_window, seed=seed)
+    return ds
+
+
+class _EvalWindows:
+    """A tokenized document -> its strided eval windows (each target scored once)."""
+
+    def __init__(self, *, max_len: int, stride: int, pad_id: int, eos_id: int, table):
+        self._max_len, self._stride = max_len, stride
+        self._pad_id, self._eos_id, self._table = pad_id, eos_id, table
+
+    def __call__(self, doc: dict) -> dict:
+        max_len, stride, pad_id = self._max_len, self._stride, self._pad_id
+        eos = np.array([self._eos_id], np.int32)
+        tokens = np.asarray(doc["tokens"], np.int32)
+        inputs, targets = np.concatenate([eos, tokens]), np.concatenate([tokens, eos])
+        n = len(inputs)
+        total = -(-n // max_len) * max_len
+        pad = np.full([total - n], pad_id, np.int32)
+        inputs, targets = np.concatenate([inputs, pad]), np.concatenate([targets, pad])
+        starts = np.arange(0, total - max_len + 1, stride)
+        if starts[-1] < total - max_len:
+            starts = np.append(starts, total - max_len)
+        prev_end = np.concatenate([[0], starts[:-1] + max_len])
+        pos = starts[:, None] + np.arange(max_len)[None, :]
+        window_targets = np.where(pos >= prev_end[:, None], targets[pos], pad_id).astype(np.int32)
+        nbytes = self._table[window_targets].sum(axis=-1).astype(np.int32)
+        keep = nbytes > 0
+        return {
+            "input_ids": inputs[pos][keep],
+            "target_labels": window_targets[keep],
+            "target_num_bytes": nbytes[keep],
+        }
+
+
+def text_to_lm_eval_input(
+    ds: Dataset,
+    *,
+    vocab: Any,
+    max_len: int,
+    replace_newlines_with: str = "\n",
+    stride: Optional[int] = None,
+    tokenized: bool = False,
+) -> grain.IterDataset:
+    """Turns each document into strided `max_len` eval windows; every token is scored once.
+
+    Same windows as `input_lm.text_to_lm_eval_input`: starts 0, stride, 2 * stride, ... (and a
+    last one ending at the padded end); a target is scored by the first window covering it.
+
+    Args:
+        ds: Documents ({"text"}) or tokenized documents with `tokenized=True` (read once).
+        vocab: The vocabulary.
+        max_len: Tokens per window.
+        replace_newlines_with: Newlines become this string before tokenizing.
+        stride: Window stride in (0, max_len]; None: max_len.
+        tokenized: Whether `ds` already holds {"tokens"}.
+
+    Returns:
+        An IterDataset of windows.
+
+    Raises:
+        ValueError: If `stride` is out of range.
+    """
+    stride = max_len if stride is None else stride
+    if not 0 < stride <= max_len:
+        raise ValueError(
+            f"text_to_lm_eval_input: stride={stride} must be in (0, max_len={max_len}]"
+        )
+    table = _byte_table(vocab, replace_newlines_with)
+    if not tokenized:
+        ds = tokenize(ds, vocab=vocab, replace_newlines_with=replace_newlines_with)
+    windows = _EvalWindows(
+        max_len=max_len,
+        stride=stride,
+        pad_id=int(vocab.pad_id),
+        eos_id=int(vocab.eos_id),
+        table=table,
+    )
+    return unbatch(maybe_to_iter_dataset(ds).map(windows))

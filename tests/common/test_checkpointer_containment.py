@@ -1,0 +1,186 @@
+"""Tests that checkpoints never reach outside their directory (axlearn/common/checkpointer/
+layout.py, verify.py, tensorstore_save.py, recovery.py, core.py): crafted index entries,
+symlinked step directories and chunk files are refused, and nothing outside is read, written or
+deleted (an outside sentinel file's bytes and mtime are checked)."""
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from axlearn.cli.main import main
+from axlearn.common import checkpointer as ckpt_lib
+from axlearn.common.checkpointer import (
+    Checkpointer,
+    CorruptCheckpointError,
+    every_n_steps_policy,
+    layout,
+    state_tree,
+)
+from axlearn.common.config import config_for_function
+from tests.common.test_path_containment import Sentinel
+
+
+def _checkpointer(ckpt_dir: str, **kwargs) -> Checkpointer:
+    return (
+        Checkpointer.default_config()
+        .set(
+            name="ckpt",
+            dir=ckpt_dir,
+            keep_last_n=1,
+            save_policy=config_for_function(every_n_steps_policy).set(n=1),
+            **kwargs,
+        )
+        .instantiate(parent=None)
+    )
+
+
+def _state(step: int) -> dict:
+    return dict(w=jnp.full((8, 4), float(step)), it=f"pos{step}".encode())
+
+
+def _target() -> dict:
+    return dict(w=jax.ShapeDtypeStruct((8, 4), jnp.float32), it=b"")
+
+
+def _save(ckpt_dir: str, steps) -> None:
+    ckpt = _checkpointer(ckpt_dir)
+    ckpt._config.keep_last_n = 10  # pylint: disable=protected-access
+    for step in steps:
+        ckpt.save(step=step, state=_state(step))
+    ckpt.stop()
+
+
+def _edit_index(step_dir: str, edit) -> None:
+    path = os.path.join(step_dir, "index")
+    with open(path, encoding="utf-8") as f:
+        index = json.load(f)
+    for leaf in index["leaves"]:
+        edit(leaf)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(index, f)
+
+
+def _assert_refused(ckpt_dir: str, capsys, *, expect: str, secret: bytes = b"") -> None:
+    """verify exits 1 and restore refuses, both naming the index, the leaf and the rule."""
+    assert main(["checkpoint", "verify", ckpt_dir]) == 1
+    out = capsys.readouterr().out
+    assert expect in out and "step_00000002/index" in out, out
+    with pytest.raises(CorruptCheckpointError) as e:
+        _checkpointer(ckpt_dir).restore(state=_target())
+    message = str(e.value)
+    assert expect in message and "stay inside it" in message and "--restore_fallback" in message
+    if secret:
+        assert secret.decode()[:6] not in out + message
+
+
+@pytest.mark.parametrize("where", ["absolute", "dotdot"])
+def test_index_array_file_outside_the_step_is_refused(tmp_path, capsys, where):
+    """Case: an index leaf `file` that is absolute or climbs out with `../`."""
+    ckpt_dir = str(tmp_path / "ckpt")
+    _save(ckpt_dir, [1, 2])
+    # The outside copy is a complete, valid array (what a crafted index would point at).
+    outside = tmp_path / "outside_w"
+    shutil.copytree(os.path.join(ckpt_dir, "step_00000001", "gda", "w"), outside)
+    chunk = Sentinel(str(outside / "0.0"), (outside / "0.0").read_bytes())
+    entry = str(outside) if where == "absolute" else "../../outside_w"
+
+    def edit(leaf):
+        if leaf["path"] == "w":
+            leaf["file"] = entry
+
+    _edit_index(os.path.join(ckpt_dir, "step_00000002"), edit)
+    expect = "is absolute" if where == "absolute" else "leaves the directory"
+    _assert_refused(ckpt_dir, capsys, expect=expect)
+    chunk.assert_untouched()
+
+
+def test_index_bytes_file_at_a_system_file_with_matching_crc_is_refused(tmp_path, capsys):
+    """Case: a bytes leaf pointed at a file outside with a matching CRC and size: refused, and no
+    error shows the file's content."""
+    ckpt_dir = str(tmp_path / "ckpt")
+    _save(ckpt_dir, [1, 2])
+    secret = Sentinel(str(tmp_path / "system_file"), b"root:x:0:0:SECRET-LINE\n")
+
+    def edit(leaf):
+        if leaf["kind"] == layout.KIND_BYTES:
+            leaf["per_process"]["0"] = dict(
+                file="../../system_file",
+                size=len(secret.data),
+                checksum=state_tree.crc32_hex(secret.data),
+            )
+
+    _edit_index(os.path.join(ckpt_dir, "step_00000002"), edit)
+    _assert_refused(ckpt_dir, capsys, expect="leaf 'it', process 0", secret=secret.data)
+    secret.assert_untouched()
+
+
+def test_symlinked_chunk_or_index_is_never_read(tmp_path, capsys):
+    """Case: a chunk file or an `index` that is a link out of the step: not read through."""
+    ckpt_dir = str(tmp_path / "ckpt")
+    _save(ckpt_dir, [1, 2])
+    step2 = os.path.join(ckpt_dir, "step_00000002")
+    outside = Sentinel(str(tmp_path / "chunk"), open(f"{step2}/gda/w/0.0", "rb").read())
+    os.unlink(f"{step2}/gda/w/0.0")
+    os.symlink(outside.path, f"{step2}/gda/w/0.0")
+    assert main(["checkpoint", "verify", step2]) == 1
+    assert "Too many levels of symbolic links" in capsys.readouterr().out
+    # An index that is a link (here to step 1's valid index) is refused as corrupt.
+    step1 = os.path.join(ckpt_dir, "step_00000001")
+    os.replace(f"{step2}/gda/w/0.0", f"{step2}/gda/w/0.0.link")  # Keep only the index case.
+    shutil.copy(outside.path, f"{step2}/gda/w/0.0")
+    os.replace(f"{step2}/index", str(tmp_path / "index2"))
+    os.symlink(f"{step1}/index", f"{step2}/index")
+    with pytest.raises(CorruptCheckpointError, match="index is a symbolic link"):
+        _checkpointer(ckpt_dir).restore(state=_target())
+    outside.assert_untouched()
+
+
+def test_gc_never_follows_a_symlinked_step_into_another_run(tmp_path):
+    """Case: a step directory that is a link into another run: GC, restore and the next save of
+    that step leave the other run's committed step intact (its index bytes and mtime)."""
+    other = str(tmp_path / "other_run")
+    _save(other, [5])
+    other_index = Sentinel(
+        os.path.join(other, "step_00000005", "index"),
+        open(os.path.join(other, "step_00000005", "index"), "rb").read(),
+    )
+    ckpt_dir = str(tmp_path / "ckpt")
+    _save(ckpt_dir, [1, 2])
+    os.symlink(os.path.join(other, "step_00000005"), os.path.join(ckpt_dir, "step_00000003"))
+    os.symlink(os.path.join(other, "step_00000005"), os.path.join(ckpt_dir, "step_00000000"))
+    ckpt = _checkpointer(ckpt_dir)
+    assert ckpt.restore(state=_target())[0] == 2  # The link is not a step of this run.
+    for step in (3, 4, 5):  # Step 3 is saved over the link: the link goes, not its target.
+        ckpt.save(step=step, state=_state(step))
+    ckpt.stop()
+    ckpt.run_garbage_collection()
+    other_index.assert_untouched()
+    assert ckpt_lib.latest_checkpoint_step(other) == 5
+    assert not os.path.islink(os.path.join(ckpt_dir, "step_00000003"))
+    assert os.path.islink(os.path.join(ckpt_dir, "step_00000000"))  # Ignored, never followed.
+    step, restored = _checkpointer(other).restore(state=_target())
+    assert step == 5 and restored["it"] == b"pos5"
+
+
+def test_interrupted_save_set_aside_is_removed_once_a_newer_step_commits(tmp_path):
+    """Case: a save interrupted after its chunks, before its index: set aside as unindexed, then
+    removed by garbage collection once a newer step has committed."""
+    ckpt_dir = str(tmp_path / "ckpt")
+    _save(ckpt_dir, [1, 2])
+    os.remove(os.path.join(ckpt_dir, "step_00000002", "index"))  # As a kill before the index.
+    ckpt = _checkpointer(ckpt_dir)
+    assert ckpt.restore(state=_target())[0] == 1
+    aside = ckpt_lib.set_aside_dirs(ckpt_dir)
+    assert [os.path.basename(p)[:24] for p in aside] == ["step_00000002.unindexed-"]
+    ckpt.save(step=2, state=_state(2))
+    ckpt.wait_until_finished()
+    assert os.path.isdir(aside[0])  # Step 2 itself is not newer than the set-aside step.
+    ckpt.save(step=3, state=_state(3))
+    ckpt.stop()
+    ckpt.run_garbage_collection()
+    assert ckpt_lib.set_aside_dirs(ckpt_dir) == []
+    assert [os.path.basename(p) for p in ckpt_lib.checkpoint_paths(ckpt_dir)] == ["step_00000003"]
