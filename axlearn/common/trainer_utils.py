@@ -11,11 +11,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common.config import REQUIRED, ConfigBase
 from axlearn.common.metrics import WeightedScalar
-from axlearn.common.utils import (  # noqa: F401 (all_finite: public name here too)
-    Tensor,
-    all_finite,
-    unknown_mesh_axes,
-)
+from axlearn.common.utils import all_finite as utils_all_finite
+from axlearn.common.utils import unknown_mesh_axes
 
 
 def is_unset(value: Any) -> bool:
@@ -93,7 +90,10 @@ def _is_empty_dict(x: Any) -> bool:
     return isinstance(x, dict) and not x
 
 
-@jax.jit
+# `utils.all_finite` (the one definition), jitted: the trainer calls it outside jit (before saves).
+all_finite = jax.jit(utils_all_finite)
+
+
 def eval_due(evaler: Any, step: int) -> bool:
     """Whether `evaler`'s policy fires at `step`."""
     for name in ("eval_policy", "_eval_policy"):
