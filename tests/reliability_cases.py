@@ -557,6 +557,73 @@ CASES = [
         "nothing (the run moved past it)",
         f"{_CONT}::test_interrupted_save_set_aside_is_removed_once_a_newer_step_commits",
     ),
+    # The rough edges a new user hits.
+    Case(
+        "`axlearn config diff` of a binary file, a non-UTF-8 file or /dev/zero",
+        "one line: not a config dump (binary, not UTF-8, or over 64 MiB, refused before "
+        "reading it whole); exit 2",
+        "nothing",
+        "tests/cli/test_config_commands.py::test_diff_refuses_binary_and_oversized_input",
+    ),
+    Case(
+        "--config_override of one item of a tuple field (`mesh_axis_names.1=x`)",
+        "error naming the tuple and the whole-tuple override to pass instead",
+        "nothing",
+        "tests/common/config/test_override.py::test_tuple_item_override_names_the_whole_tuple_to_set",
+    ),
+    Case(
+        "--trainer_dir pointing at a file",
+        "one line: a file, not a directory (no traceback)",
+        "nothing (the file is untouched)",
+        "tests/common/test_run_lock.py::test_a_trainer_dir_that_is_a_file_is_one_line",
+    ),
+    Case(
+        "`axlearn checkpoint verify` while a run is saving (chunks written, index not yet)",
+        "`save in progress` for the newest uncommitted step (exit 0); failure only without a "
+        "live run",
+        "nothing",
+        f"{_VER}::test_cli_verify_during_a_live_run_reports_the_save_in_progress",
+    ),
+    Case(
+        "`checkpoint list` and `verify` sizes of one step differ",
+        "each says what it counts: `on disk` (every file) and `of array data`",
+        "nothing",
+        f"{_VER}::test_cli_list_and_verify_say_what_their_sizes_count",
+    ),
+    Case(
+        "--restore_step of a step that was set aside",
+        "one line naming the set-aside copy, why, and the `mv` that brings it back",
+        "nothing",
+        f"{_REC}::test_trainer_refuses_corrupt_index_and_restore_step_chooses",
+    ),
+    Case(
+        "`axlearn generate --max_new_tokens=1000000000`",
+        "one line naming the model's context and how many new tokens fit (no native abort)",
+        "nothing",
+        "tests/common/test_inference.py::test_generation_is_bounded_by_the_context",
+    ),
+    Case(
+        "resuming a checkpoint with a changed model (the checkpoint holds `input_iter`)",
+        "StateMismatchError naming the model's parameters only (not `input_iter`)",
+        "nothing",
+        "tests/common/test_trainer_checkpointing.py::"
+        "test_model_mismatch_error_does_not_blame_the_input_iterator",
+    ),
+    Case(
+        "`axlearn generate`/`eval`/`hf export` on a machine without a TPU or GPU",
+        "no libtpu `unexpected worker hostname` or `cuInit` E-lines (as `axlearn aot`)",
+        "nothing",
+        "tests/cli/test_inference_commands.py::"
+        "test_generate_starts_without_accelerator_probe_errors_and_bounds_the_context",
+    ),
+    Case(
+        "`axlearn compare` of a 60-step and a 20-step run with the same overhead per step",
+        'eval, checkpoint and input wait compared per step (never "better" for being '
+        "shorter); the 3-sample rule of timing rows printed with each row it silenced",
+        "nothing",
+        "tests/common/test_run_comparison.py::"
+        "test_runs_of_different_lengths_compare_overheads_per_step",
+    ),
     # Inputs.
     Case(
         "resuming an input whose config changed",

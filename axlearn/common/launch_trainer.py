@@ -260,12 +260,17 @@ def apply_launch_settings(
         The modified config.
 
     Raises:
-        ValueError: If the trainer dir is not set by the config or --trainer_dir.
+        ValueError: If the trainer dir is not set by the config or --trainer_dir, or is a file.
     """
     if not isinstance(cfg.dir, str):
         if not flag_values.trainer_dir:
             raise ValueError("--trainer_dir is required (the config does not set `dir`).")
         cfg.dir = flag_values.trainer_dir
+    if os.path.exists(cfg.dir) and not os.path.isdir(cfg.dir):
+        raise ValueError(
+            f"--trainer_dir={cfg.dir} is a file, not a directory: pass a directory (a new one "
+            "is created)."
+        )
     if flag_values.mesh_selector is not None:
         # The same resolution as the launch's dry run and pre-flight (mesh_resolution).
         cfg, resolution = resolve_mesh(

@@ -245,6 +245,8 @@ class CheckpointDriver:
                     step=restore_step, state=self.state_spec(with_input=with_input)
                 )
             except StateMismatchError as e:
+                if e.paths - {"input_iter"}:
+                    raise  # The model differs: the input iterator is not the cause.
                 logging.warning(
                     "Restoring with input iterator=%s failed (%s); retrying with %s.",
                     with_input,
@@ -302,10 +304,8 @@ class CheckpointDriver:
             pass
         step_dir = self._checkpointer.ckpt_dir(step)
         if not layout.is_committed(step_dir):
-            raise ValueError(
-                f"{self._path}.restore_step={step} (--restore_step): {step_dir} is not a "
-                f"committed checkpoint; committed steps: "
-                f"{[s for s, p in layout.step_dirs(ckpt_dir) if layout.is_committed(p)]}"
+            raise recovery.RestoreStepError(
+                recovery.restore_step_message(f"{self._path}.restore_step", ckpt_dir, step)
             )
         if jax.process_index() == 0:
             # Read the chosen step's index before anything is renamed.

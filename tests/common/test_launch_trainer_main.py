@@ -70,6 +70,7 @@ def test_user_errors_are_one_line_without_a_traceback(tmp_path):
     """Cases 6, 7 and 13: each mistake names itself and the fix in the last line of stderr."""
     empty = tmp_path / "empty"
     empty.mkdir()
+    (tmp_path / "a_file").write_text("not a directory")
     runs = iter(str(tmp_path / f"run{i}") for i in range(100))
     cases = {
         "unknown flag": (
@@ -116,6 +117,10 @@ def test_user_errors_are_one_line_without_a_traceback(tmp_path):
             ),
             "must be > the step its decay starts at (warmup_steps=30): raise max_step or lower "
             "warmup_steps",
+        ),
+        "trainer dir is a file (issue 38)": (
+            _tiny(str(tmp_path / "a_file")),
+            f"--trainer_dir={tmp_path / 'a_file'} is a file, not a directory",
         ),
         "zero model dim": (
             _tiny(next(runs), "--config_override=model.decoder.dim=0"),

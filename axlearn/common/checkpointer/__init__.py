@@ -40,6 +40,7 @@ from axlearn.common.checkpointer.policies import (
 from axlearn.common.checkpointer.recovery import (
     RESTORE_FALLBACKS,
     CorruptCheckpointError,
+    RestoreStepError,
     set_aside_dirs,
     supersede_newer,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "chunks_complete",
     "Checkpointer",
     "CorruptCheckpointError",
+    "RestoreStepError",
     "FAULT_ACTION_ENV",
     "FAULT_ENV",
     "FAULT_POINTS",

@@ -188,6 +188,15 @@ def apply_override(cfg: ConfigBase, path: str, value: Any) -> None:
         node[name] = value
     elif isinstance(node, list):
         node[int(name)] = value
+    elif isinstance(node, tuple):
+        whole = list(node)
+        whole[int(name)] = value
+        parent = ".".join(keys[:-1])
+        raise ConfigOverrideError(
+            f"Config override {path}={value!r}: {parent} is a tuple, whose items cannot be set "
+            f"one by one; set the whole tuple instead: --config_override='{parent}="
+            f"{tuple(whole)!r}'"
+        )
     else:
         raise ConfigOverrideError(
             f"Config override {path}={value!r}: cannot set an item of a {type(node).__name__}"
