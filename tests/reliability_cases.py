@@ -624,6 +624,13 @@ CASES = [
         "tests/common/test_run_comparison.py::"
         "test_runs_of_different_lengths_compare_overheads_per_step",
     ),
+    Case(
+        "the first run builds the embedded data set",
+        "one line saying it builds from the shipped corpus with no download (no TFDS "
+        '"Downloading and preparing dataset" line)',
+        "nothing",
+        "tests/common/test_embedded_data.py::test_first_build_says_no_download",
+    ),
     # Inputs.
     Case(
         "resuming an input whose config changed",
