@@ -631,6 +631,13 @@ CASES = [
         "nothing",
         "tests/common/test_embedded_data.py::test_first_build_says_no_download",
     ),
+    Case(
+        "a 2-process run whose coordinator port is held by another program",
+        "process 0: one line naming the port and the fix; process 1: says where it connects and "
+        "that it stops at --initialization_timeout (no silent hang)",
+        "nothing (no run started)",
+        f"{_MAIN}::test_busy_coordinator_port_is_one_line_and_the_peer_says_what_it_waits_for",
+    ),
     # Inputs.
     Case(
         "resuming an input whose config changed",
