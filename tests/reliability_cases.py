@@ -638,6 +638,22 @@ CASES = [
         "nothing (no run started)",
         f"{_MAIN}::test_busy_coordinator_port_is_one_line_and_the_peer_says_what_it_waits_for",
     ),
+    Case(
+        "a 1-process run resumed with 2 processes",
+        "ProcessCountError naming both counts and the fix (resume with 1 process); the "
+        "checkpoint is not called corrupt",
+        "nothing",
+        "tests/common/test_checkpointer_multiprocess.py::"
+        "test_resuming_a_one_process_checkpoint_with_two_processes_names_the_cause",
+    ),
+    Case(
+        "chunk damage found by a 2-process run that already passed --restore_fallback=previous",
+        "the refusal says the fallback covers an unreadable index only here and names "
+        "--restore_step / `checkpoint select`",
+        "nothing (nothing moved)",
+        "tests/common/test_checkpointer_multiprocess.py::"
+        "test_two_process_run_with_fallback_previous_is_not_told_to_pass_it",
+    ),
     # Inputs.
     Case(
         "resuming an input whose config changed",
