@@ -502,6 +502,12 @@ CASES = [
         f"{_CONT}::test_index_array_file_outside_the_step_is_refused",
     ),
     Case(
+        "`axlearn generate`/`eval` on a checkpoint whose index leaf `file` is absolute",
+        "ValueError naming the leaf and the containment rule",
+        "nothing (the outside copy is not read)",
+        "tests/common/test_inference.py::test_restore_refuses_an_index_leaf_outside_the_checkpoint",
+    ),
+    Case(
         "a bytes leaf pointed at a system file outside, with a matching CRC",
         "same refusal; no error shows the file's content",
         "nothing",
