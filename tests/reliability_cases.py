@@ -596,6 +596,34 @@ CASES = [
         "nothing",
         f"{_REC}::test_trainer_refuses_corrupt_index_and_restore_step_chooses",
     ),
+    Case(
+        "`axlearn generate --max_new_tokens=1000000000`",
+        "one line naming the model's context and how many new tokens fit (no native abort)",
+        "nothing",
+        "tests/common/test_inference.py::test_generation_is_bounded_by_the_context",
+    ),
+    Case(
+        "resuming a checkpoint with a changed model (the checkpoint holds `input_iter`)",
+        "StateMismatchError naming the model's parameters only (not `input_iter`)",
+        "nothing",
+        "tests/common/test_trainer_checkpointing.py::"
+        "test_model_mismatch_error_does_not_blame_the_input_iterator",
+    ),
+    Case(
+        "`axlearn generate`/`eval`/`hf export` on a machine without a TPU or GPU",
+        "no libtpu `unexpected worker hostname` or `cuInit` E-lines (as `axlearn aot`)",
+        "nothing",
+        "tests/cli/test_inference_commands.py::"
+        "test_generate_starts_without_accelerator_probe_errors_and_bounds_the_context",
+    ),
+    Case(
+        "`axlearn compare` of a 60-step and a 20-step run with the same overhead per step",
+        'eval, checkpoint and input wait compared per step (never "better" for being '
+        "shorter); the 3-sample rule of timing rows printed with each row it silenced",
+        "nothing",
+        "tests/common/test_run_comparison.py::"
+        "test_runs_of_different_lengths_compare_overheads_per_step",
+    ),
     # Inputs.
     Case(
         "resuming an input whose config changed",

@@ -36,6 +36,8 @@ from typing import Callable, Optional, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
+from axlearn.common.config import FunctionConfigBase, config_for_function
+
 Tensor = jnp.ndarray
 
 # The bias that disconnects a (query, key) pair.
@@ -90,6 +92,11 @@ def sliding_window_causal_mask(sliding_window_size: int) -> MaskFn:
     # Lets fused attention kernels recognize the window.
     mask.sliding_window_size = sliding_window_size
     return mask
+
+
+def causal_mask_fn() -> MaskFn:
+    """Returns `causal_mask` (the function `CausalAttentionBias.default_config()` configures)."""
+    return causal_mask
 
 
 def bool_to_bias(mask: Tensor, dtype=jnp.float32) -> Tensor:
@@ -274,9 +281,18 @@ class MaskFnAttentionBias(BaseAttentionBias):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class CausalAttentionBias(MaskFnAttentionBias):
-    """Causal attention over positions."""
+    """Causal attention over positions.
+
+    `CausalAttentionBias.default_config()` is the config of its mask function, for an attention
+    layer's `mask` field (`MultiheadAttention.default_config().set(mask=...)`).
+    """
 
     mask: Callable = dataclasses.field(default=causal_mask, metadata=dict(static=True))
+
+    @classmethod
+    def default_config(cls, **kwargs) -> FunctionConfigBase:
+        """Returns a config that instantiates to `causal_mask` (kwargs: none accepted)."""
+        return config_for_function(causal_mask_fn).set(**kwargs)
 
 
 @jax.tree_util.register_dataclass
@@ -285,6 +301,11 @@ class SlidingWindowAttentionBias(MaskFnAttentionBias):
     """Causal attention to the `sliding_window_size` previous positions and itself."""
 
     sliding_window_size: int = dataclasses.field(default=0, metadata=dict(static=True))
+
+    @classmethod
+    def default_config(cls, **kwargs) -> FunctionConfigBase:
+        """Returns a config of `sliding_window_causal_mask`; kwargs: `sliding_window_size`."""
+        return config_for_function(sliding_window_causal_mask).set(**kwargs)
 
     def value(self) -> Optional[Tensor]:
         return mask_fn_bias(
@@ -323,6 +344,7 @@ __all__ = [
     "as_4d_bias",
     "bool_to_bias",
     "causal_mask",
+    "causal_mask_fn",
     "make_causal_biases",
     "make_segment_mask",
     "make_sliding_window_causal_biases",

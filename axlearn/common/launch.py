@@ -32,6 +32,7 @@ import jax  # noqa: E402  (imported after the environment above is set)
 
 from axlearn.cloud.common.process_env import distributed_flag_defaults  # noqa: E402
 from axlearn.common import gpu_memory  # noqa: E402
+from axlearn.common.accelerator_probe import quiet_accelerator_probes  # noqa: E402
 from axlearn.common.utils_spmd import setup as setup_spmd  # noqa: E402
 
 flags.DEFINE_string(
@@ -114,6 +115,9 @@ def setup(flag_values: flags.FlagValues = FLAGS) -> None:
     """
     backend = flag_values.jax_backend
     check_data_dir(flag_values.data_dir)
+    if backend != "tpu":
+        # No libtpu or cuInit E-lines on a CPU/GPU run (a TPU machine keeps its environment).
+        quiet_accelerator_probes()
     if backend == "cpu" and not _TF_LOG_LEVEL_FROM_USER and "tensorflow" not in sys.modules:
         # TensorFlow (the input pipeline) logs "E... failed call to cuInit" at its first use on
         # every machine without a GPU driver: an error-looking line about a GPU the run never

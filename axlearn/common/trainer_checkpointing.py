@@ -147,6 +147,8 @@ class TrainerCheckpointMixin:
                     step=restore_step, state=self._checkpoint_state_spec(with_input=with_input)
                 )
             except StateMismatchError as e:
+                if e.paths - {"input_iter"}:
+                    raise  # The model differs: the input iterator is not the cause.
                 logging.warning(
                     "Restoring with input iterator=%s failed (%s); retrying with %s.",
                     with_input,

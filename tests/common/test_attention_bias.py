@@ -71,3 +71,35 @@ def test_make_sliding_window_causal_biases_hand_computed():
         make_sliding_window_causal_biases(4, sliding_window_size=1),
         [[0, n, n, n], [0, 0, n, n], [n, 0, 0, n], [n, n, 0, 0]],
     )
+
+
+def test_bias_default_configs_configure_attention_masks():
+    """`*AttentionBias.default_config()` configures an attention layer's mask function."""
+    from axlearn.common.attention import MultiheadAttention
+    from axlearn.common.attention_bias import causal_mask
+    from axlearn.common.module import functional
+
+    assert CausalAttentionBias.default_config().instantiate() is causal_mask
+    window_fn = SlidingWindowAttentionBias.default_config(sliding_window_size=2).instantiate()
+    q, k = np.arange(6)[:, None], np.arange(6)[None, :]
+    np.testing.assert_array_equal(window_fn(q, k), (q >= k) & (q - k <= 2))
+
+    base = MultiheadAttention.default_config().set(
+        name="attn", query_dim=8, key_dim=8, value_dim=8, num_heads=2
+    )
+    layer = base.clone(mask=SlidingWindowAttentionBias.default_config(sliding_window_size=1))
+    layer = layer.instantiate(parent=None)
+    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 8))
+    ref_layer = base.instantiate(parent=None)
+    outs = []
+    for lyr, biases in ((layer, None), (ref_layer, make_sliding_window_causal_biases(5, 1))):
+        out, _ = functional(
+            lyr,
+            jax.random.PRNGKey(2),
+            params,
+            dict(query=x, attention_logit_biases=biases),
+            is_training=False,
+        )
+        outs.append(out.data)
+    np.testing.assert_allclose(outs[0], outs[1], atol=1e-6)

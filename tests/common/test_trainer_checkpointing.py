@@ -197,3 +197,22 @@ def test_step_failing_to_allocate_beside_a_held_snapshot_raises_snapshot_memory_
     _Storage.device_snapshot_bytes = lambda self: 0
     with pytest.raises(RuntimeError, match="^RESOURCE_EXHAUSTED"):
         trainer._dispatch_train_step({})  # pylint: disable=protected-access
+
+
+def test_model_mismatch_error_does_not_blame_the_input_iterator(tmp_path):
+    """Issue 38: resuming a checkpoint (which holds `input_iter`) with a changed model names the
+    model's parameters, not `input_iter` as missing or unexpected."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.checkpointer import StateMismatchError
+
+    trainer_dir = str(tmp_path)
+    cfg = bigram_trainer_config(trainer_dir, max_step=2, checkpoint_every=2)
+    cfg.instantiate(parent=None).run(jax.random.PRNGKey(0))
+    cfg = bigram_trainer_config(trainer_dir, max_step=4, checkpoint_every=2)
+    cfg.model.dim = 16
+    with pytest.raises(StateMismatchError) as e:
+        cfg.instantiate(parent=None).run(jax.random.PRNGKey(0))
+    message = str(e.value)
+    assert "'model/emb/weight'" in message and "float32[64, 32]" in message, message
+    assert "input_iter" not in message, message
+    assert "input_iter" not in e.value.paths and "model/emb/weight" in e.value.paths

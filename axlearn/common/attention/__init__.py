@@ -73,6 +73,7 @@ from axlearn.common.attention.stack import (
 )
 from axlearn.common.attention.transformer import (
     BaseTransformerLayer,
+    NormPosition,
     TransformerAttentionLayer,
     TransformerFeedForwardLayer,
     TransformerLayer,
@@ -129,6 +130,7 @@ __all__ = [
     "GroupedQueryAttention",
     "KVState",
     "MultiheadAttention",
+    "NormPosition",
     "MultiheadInputLinear",
     "MultiheadOutputLinear",
     "NEG_INF",

@@ -32,7 +32,15 @@ class CheckpointCorruptionError(ValueError):
 
 
 class StateMismatchError(ValueError):
-    """The target state does not match the checkpoint's structure, shapes or dtypes."""
+    """The target state does not match the checkpoint's structure, shapes or dtypes.
+
+    Attributes:
+        paths: The leaf paths that differ (missing, unexpected or mismatched).
+    """
+
+    def __init__(self, message: str, *, paths: frozenset = frozenset()):
+        super().__init__(message)
+        self.paths = frozenset(paths)
 
 
 @dataclasses.dataclass
@@ -115,6 +123,7 @@ def check_target(
         structure.append(f"not in the checkpoint: {missing}")
     if extra and not allow_extra:
         structure.append(f"in the checkpoint but not in the target state: {extra}")
+    differing = set(missing) | (set(extra) if not allow_extra else set())
     for path, leaf in pairs:
         entry = entries.get(path)
         if entry is None:
@@ -122,6 +131,7 @@ def check_target(
         kind = _target_kind(leaf)
         if kind != entry["kind"]:
             problems.append(f"{path!r}: the checkpoint holds a {entry['kind']}, target a {kind}")
+            differing.add(path)
             continue
         if kind != layout.KIND_ARRAY:
             continue
@@ -135,6 +145,7 @@ def check_target(
                 f"{path!r}: the checkpoint holds {_describe(saved_dtype, saved_shape)}, "
                 f"the target expects {_describe(dtype, shape)}"
             )
+            differing.add(path)
     problems += structure
     if problems:
         layout_version = index.get("state_layout", 1)
@@ -146,7 +157,8 @@ def check_target(
                 "the axlearn version that wrote it, or restore only the model parameters"
             )
         raise StateMismatchError(
-            f"Cannot restore {ckpt_dir} into the target state:\n  " + "\n  ".join(problems)
+            f"Cannot restore {ckpt_dir} into the target state:\n  " + "\n  ".join(problems),
+            paths=frozenset(differing),
         )
     return entries
 
