@@ -117,6 +117,13 @@ class Placeholder:
             return _failing_function(args[0], name)
         return Placeholder(name)
 
+    def __getitem__(self, item):
+        """Raises, except at definition time (annotations like `Missing[int]`)."""
+        name = object.__getattribute__(self, "_axl_name")
+        if not _at_definition_time():
+            _fail(name)
+        return Placeholder(name)
+
     def __repr__(self):
         return f"<missing: {self._axl_name}>"
 
@@ -155,7 +162,7 @@ def _make_failing(method):
 
 
 for _method in (
-    "__iter__", "__len__", "__bool__", "__getitem__", "__setitem__", "__contains__",
+    "__iter__", "__len__", "__bool__", "__setitem__", "__contains__",
     "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
     "__rtruediv__", "__neg__", "__int__", "__float__", "__index__", "__enter__", "__exit__",
     "__lt__", "__le__", "__gt__", "__ge__", "__instancecheck__", "__subclasscheck__",
@@ -338,7 +345,7 @@ def _prepare(*, ref_dir: str, scratch: str, name: str, mode: str, devices: int) 
 
 def _cause(text: str) -> str:
     """A failure's cause: the missing name, or its exception's last line, shortened."""
-    match = re.search(r"missing: ([\w.]+)", text or "")
+    match = re.search(r"NameError: missing: ([\w.]+)", text or "")
     if match:
         return f"missing: {match.group(1)}"
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
