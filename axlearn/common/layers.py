@@ -31,6 +31,8 @@ from axlearn.common.layers_norm import (  # noqa: F401
     GroupNorm,
     L2Norm,
     NormType,
+    _compute_moments_with_segment_ids,
+    compute_mean_square_with_segment_ids,
 )
 from axlearn.common.module import Module
 from axlearn.common.param_init import PARAM_REGEXP_WEIGHT, DefaultInitializer, WeightInitializer

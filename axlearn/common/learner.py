@@ -195,6 +195,9 @@ class Learner(BaseLearner):
         forward_fn_transformation: Optional[ConfigOr[ForwardFnTransformation]] = None
         # Optional dynamic loss scaling for float16 training (loss_scale.DynamicLossScaler).
         loss_scaler: Optional[InstantiableConfig] = None
+        # True: a step whose loss is not finite (NaN/inf) leaves the parameters and the learner
+        # state unchanged (the step is skipped); False: such a step is applied like any other.
+        ignore_undefined_loss: bool = False
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
@@ -451,6 +454,13 @@ class Learner(BaseLearner):
             self.add_summary("loss_scale/scale", new_scale_state.scale)
             self.add_summary("loss_scale/num_skipped_steps", new_scale_state.num_skipped_steps)
             self.add_summary("loss_scale/num_nan_steps", new_scale_state.num_nan_steps)
+        if self.config.ignore_undefined_loss:
+            loss_finite = jnp.isfinite(outputs.loss)
+            is_valid_step = (
+                loss_finite
+                if is_valid_step is None
+                else jnp.logical_and(is_valid_step, loss_finite)
+            )
         updated = self.update(
             _updates_from_forward(
                 fn, opt_params=opt_params, inputs=inputs, outputs=outputs, grads=grads
