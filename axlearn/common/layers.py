@@ -23,6 +23,17 @@ from axlearn.common.layers_metrics import (  # noqa: F401
     ClassificationMetric,
 )
 
+# More layers defined in layers_misc.py, exported here as in AXLearn.
+from axlearn.common.layers_misc import (  # noqa: F401
+    DropToken,
+    MaxPool2D,
+    MovingAverage,
+    MultiLinear,
+    SeparableSpaceTimePositionalEmbedding,
+    UnitNormLinear,
+    VariationalNoise,
+)
+
 # Normalization layers defined in layers_norm.py (kept apart for length), exported here as in
 # AXLearn (their `__module__` is this module's name).
 from axlearn.common.layers_norm import (  # noqa: F401
