@@ -109,6 +109,11 @@ class Checkpointer(Module):
         """The state storage."""
         return self._storage
 
+    @property
+    def save_policy(self) -> CheckpointPolicy:
+        """The save policy: `policy(step=..., evaler_summaries=...)` -> whether to save."""
+        return self._save_policy
+
     @nowrap
     def ckpt_dir(self, step: int) -> str:
         """Returns the directory of `step`: `dir/step_%08d`."""
