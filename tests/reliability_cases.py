@@ -502,6 +502,12 @@ CASES = [
         f"{_CONT}::test_index_array_file_outside_the_step_is_refused",
     ),
     Case(
+        "`axlearn generate`/`eval` on a checkpoint whose index leaf `file` is absolute",
+        "ValueError naming the leaf and the containment rule",
+        "nothing (the outside copy is not read)",
+        "tests/common/test_inference.py::test_restore_refuses_an_index_leaf_outside_the_checkpoint",
+    ),
+    Case(
         "a bytes leaf pointed at a system file outside, with a matching CRC",
         "same refusal; no error shows the file's content",
         "nothing",
@@ -623,6 +629,36 @@ CASES = [
         "nothing",
         "tests/common/test_run_comparison.py::"
         "test_runs_of_different_lengths_compare_overheads_per_step",
+    ),
+    Case(
+        "the first run builds the embedded data set",
+        "one line saying it builds from the shipped corpus with no download (no TFDS "
+        '"Downloading and preparing dataset" line)',
+        "nothing",
+        "tests/common/test_embedded_data.py::test_first_build_says_no_download",
+    ),
+    Case(
+        "a 2-process run whose coordinator port is held by another program",
+        "process 0: one line naming the port and the fix; process 1: says where it connects and "
+        "that it stops at --initialization_timeout (no silent hang)",
+        "nothing (no run started)",
+        f"{_MAIN}::test_busy_coordinator_port_is_one_line_and_the_peer_says_what_it_waits_for",
+    ),
+    Case(
+        "a 1-process run resumed with 2 processes",
+        "ProcessCountError naming both counts and the fix (resume with 1 process); the "
+        "checkpoint is not called corrupt",
+        "nothing",
+        "tests/common/test_checkpointer_multiprocess.py::"
+        "test_resuming_a_one_process_checkpoint_with_two_processes_names_the_cause",
+    ),
+    Case(
+        "chunk damage found by a 2-process run that already passed --restore_fallback=previous",
+        "the refusal says the fallback covers an unreadable index only here and names "
+        "--restore_step / `checkpoint select`",
+        "nothing (nothing moved)",
+        "tests/common/test_checkpointer_multiprocess.py::"
+        "test_two_process_run_with_fallback_previous_is_not_told_to_pass_it",
     ),
     # Inputs.
     Case(

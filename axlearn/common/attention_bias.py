@@ -178,6 +178,43 @@ def mask_fn_bias(
     return bool_to_bias(allowed, dtype)
 
 
+def apply_attention_logit_biases(
+    logits: Tensor, attention_logit_biases: Optional[Tensor] = None
+) -> Tensor:
+    """Returns `logits + attention_logit_biases` (biases cast to the logits' dtype), or logits.
+
+    Args:
+        logits: Attention logits (or another bias) [..., target_length, source_length].
+        attention_logit_biases: Optional bias broadcastable to `logits`.
+
+    Returns:
+        The biased logits.
+    """
+    if attention_logit_biases is None:
+        return logits
+    return logits + attention_logit_biases.astype(logits.dtype)
+
+
+def compute_padding_biases(input_ids: Tensor, *, pad_token_id: Optional[int]) -> Tensor:
+    """Biases [batch, 1, seq_len, seq_len] that disconnect padding tokens, to and from.
+
+    Entry (b, 0, i, j) is NEG_INF if token i or token j of sequence b is `pad_token_id` (2 *
+    NEG_INF if both), else 0; all zeros when `pad_token_id` is None.
+
+    Args:
+        input_ids: Int [batch, seq_len].
+        pad_token_id: The padding id, or None for no padding.
+
+    Returns:
+        The float32 biases.
+    """
+    batch, seq_len = input_ids.shape
+    if pad_token_id is None:
+        return jnp.zeros((batch, 1, seq_len, seq_len), jnp.float32)
+    padding = (input_ids == pad_token_id).astype(jnp.float32) * NEG_INF
+    return padding[:, None, :, None] + padding[:, None, None, :]
+
+
 def add_biases(*biases: Optional[Tensor]) -> Optional[Tensor]:
     """Sums attention-logit biases, skipping None; returns None if all are None.
 
@@ -341,10 +378,12 @@ __all__ = [
     "TensorAttentionBias",
     "ZeroAttentionBias",
     "add_biases",
+    "apply_attention_logit_biases",
     "as_4d_bias",
     "bool_to_bias",
     "causal_mask",
     "causal_mask_fn",
+    "compute_padding_biases",
     "make_causal_biases",
     "make_segment_mask",
     "make_sliding_window_causal_biases",

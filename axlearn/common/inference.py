@@ -37,6 +37,7 @@ from axlearn.common.config import (
     config_class,
 )
 from axlearn.common.evaler import SpmdEvaler
+from axlearn.common.mesh_resolution import build_mesh
 from axlearn.common.module import Module
 from axlearn.common.module import functional as F
 
@@ -52,8 +53,6 @@ from axlearn.common.utils import NestedTensor, Tensor
 from axlearn.common.utils_spmd import (
     HybridMeshShape,
     MeshShape,
-    create_device_mesh,
-    infer_mesh_shape,
 )
 
 # The prefix of the model parameters' leaves in a trainer checkpoint.
@@ -175,10 +174,9 @@ class InferenceRunner(Module):
     def __init__(self, cfg: Config, *, parent: Optional[Module] = None, devices=None):
         super().__init__(cfg, parent=parent)
         cfg = self.config
-        mesh_devices = devices if devices is not None else create_device_mesh(cfg.mesh_shape)
-        if not isinstance(cfg.mesh_shape, HybridMeshShape):
-            cfg.mesh_shape = infer_mesh_shape(cfg.mesh_shape, num_devices=mesh_devices.size)
-        self._mesh = jax.sharding.Mesh(mesh_devices, tuple(cfg.mesh_axis_names))
+        self._mesh, cfg.mesh_shape = build_mesh(
+            cfg.mesh_shape, cfg.mesh_axis_names, devices=devices, config_path=self.path()
+        )
         self._params: Optional[NestedTensor] = None
         self._jit_cache: dict[tuple, Callable] = {}
         # The trainer config the runner was built from, if known (see `from_trainer_dir`).

@@ -217,6 +217,7 @@ def text_to_lm_training_input(
     shuffle_window: int = 0,
     seed: int = 0,
     tokenized: bool = False,
+    read_options: Optional[grain.ReadOptions] = None,
 ) -> grain.IterDataset:
     """Turns documents into language-model training examples of `max_len` tokens.
 
@@ -235,6 +236,7 @@ def text_to_lm_training_input(
             checkpointable window shuffle).
         seed: The window shuffle's seed.
         tokenized: Whether `ds` already holds {"tokens"}.
+        read_options: Threads and buffer reading (and tokenizing) a MapDataset `ds` ahead.
 
     Returns:
         An IterDataset of examples.
@@ -255,7 +257,7 @@ def text_to_lm_training_input(
     table = _byte_table(vocab, replace_newlines_with)
     if not tokenized:
         ds = tokenize(ds, vocab=vocab, replace_newlines_with=replace_newlines_with)
-    ds = maybe_to_iter_dataset(ds)
+    ds = maybe_to_iter_dataset(ds, read_options=read_options)
     pad_id, eos_id = int(vocab.pad_id), int(vocab.eos_id)
     if packing == PACKING_WINDOWED:
         split = _SplitWindow(
@@ -313,6 +315,7 @@ def text_to_lm_eval_input(
     replace_newlines_with: str = "\n",
     stride: Optional[int] = None,
     tokenized: bool = False,
+    read_options: Optional[grain.ReadOptions] = None,
 ) -> grain.IterDataset:
     """Turns each document into strided `max_len` eval windows; every token is scored once.
 
@@ -326,6 +329,7 @@ def text_to_lm_eval_input(
         replace_newlines_with: Newlines become this string before tokenizing.
         stride: Window stride in (0, max_len]; None: max_len.
         tokenized: Whether `ds` already holds {"tokens"}.
+        read_options: Threads and buffer reading (and tokenizing) a MapDataset `ds` ahead.
 
     Returns:
         An IterDataset of windows.
@@ -348,7 +352,7 @@ def text_to_lm_eval_input(
         eos_id=int(vocab.eos_id),
         table=table,
     )
-    return unbatch(maybe_to_iter_dataset(ds).map(windows))
+    return unbatch(maybe_to_iter_dataset(ds, read_options=read_options).map(windows))
 
 
 def array_record_lm_source(
@@ -366,6 +370,8 @@ def array_record_lm_source(
     eval_stride: Optional[int] = None,
     seed: int = 1,
     num_workers: int = 0,
+    read_num_threads: int = 1,
+    read_prefetch_buffer_size: int = 16,
 ) -> BuildDatasetFn:
     """Returns a BuildDatasetFn of language-model batches from ArrayRecord files of documents.
 
@@ -389,6 +395,10 @@ def array_record_lm_source(
         eval_stride: Evaluation window stride; None: max_sequence_length // 4.
         seed: Seed of the document shuffle and the window shuffle.
         num_workers: Prefetch worker processes (`prefetch_dataset`; 0: none).
+        read_num_threads: Threads reading and tokenizing documents ahead (per process or
+            worker); Grain's default of 16 is slower here (tokenizing holds the GIL).
+        read_prefetch_buffer_size: Documents read ahead (Grain's default of 500 costs a scan of
+            500 futures per document).
 
     Returns:
         A BuildDatasetFn for `input_grain.Input.source`.
@@ -398,6 +408,9 @@ def array_record_lm_source(
 
     def build(dispatch_config: DispatchConfig) -> Dataset:
         vocab = maybe_instantiate(vocab_cfg)
+        read_options = grain.ReadOptions(
+            num_threads=read_num_threads, prefetch_buffer_size=read_prefetch_buffer_size
+        )
         files = list(paths) if paths else [prepare_array_record(split)]
         ds = array_record_dataset(files, seed=seed)
         if is_training:
@@ -411,6 +424,7 @@ def array_record_lm_source(
                 packing=packing,
                 shuffle_window=shuffle_window,
                 seed=seed,
+                read_options=read_options,
             )
             ds = per_feed_batch(
                 ds, global_batch_size=global_batch_size, dispatch_config=dispatch_config
@@ -422,6 +436,7 @@ def array_record_lm_source(
                 max_len=max_sequence_length,
                 replace_newlines_with=replace_newlines_with,
                 stride=eval_stride or max(1, max_sequence_length // 4),
+                read_options=read_options,
             )
             per_feed = global_batch_size // dispatch_config.num_shards
             ds = pad_for_evaluation(ds, per_feed_batch_size=per_feed)

@@ -29,6 +29,7 @@ from axlearn.common import launch  # isort: skip
 from axlearn.common import experiment_registry, launch_trainer, measurement
 from axlearn.common.checkpointer import (
     CheckpointCorruptionError,
+    ProcessCountError,
     RestoreStepError,
     StateMismatchError,
 )
@@ -130,6 +131,7 @@ def main(_):
         launch_trainer.InvalidTrainerConfigError,
         RunLockError,
         CheckpointCorruptionError,
+        ProcessCountError,
         RestoreStepError,
         StateMismatchError,
     ) as e:

@@ -63,7 +63,14 @@ from axlearn.common.update_transformation import (
     UpdateTransformation,
     mask_tree,
 )
-from axlearn.common.utils import Nested, Tensor, flatten_items, get_recursively, tree_paths
+from axlearn.common.utils import (
+    Nested,
+    Tensor,
+    all_finite,
+    flatten_items,
+    get_recursively,
+    tree_paths,
+)
 
 
 class UpdateType(enum.Enum):
@@ -100,11 +107,6 @@ def _mask_tree(tree: Any, keep: Any) -> Any:
 
 def _tree_where(pred: Tensor, new: Any, old: Any) -> Any:
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
-
-
-def _all_finite(tree: Any) -> Tensor:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
-    return jnp.all(jnp.array(leaves, dtype=bool)) if leaves else jnp.array(True)
 
 
 class BaseLearner(Module):
@@ -444,7 +446,7 @@ class Learner(BaseLearner):
             aux, loss = outputs.aux
             outputs = outputs._replace(loss=loss, aux=aux)
             grads = scaler.unscale(grads, scale_state)
-            is_valid_step = _all_finite(grads)
+            is_valid_step = all_finite(grads)
             new_scale_state = scaler.update(
                 scale_state, grads_finite=is_valid_step, loss_finite=jnp.isfinite(loss)
             )

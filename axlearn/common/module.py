@@ -48,6 +48,7 @@ from axlearn.common.invocation_context import (  # noqa: F401  (re-exported publ
     _copy_tree,
     _Functional,
     _generate_seed_from_name,
+    _global_context_stack,
     _validate_name,
     child_context,
     clone_context_stack,

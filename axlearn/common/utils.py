@@ -408,6 +408,28 @@ def check_numerics(x: Tensor, msg_fmt: str = "", **msg_kwargs) -> Tensor:
     return x
 
 
+def all_finite(tree: Any) -> Tensor:
+    """Whether every float leaf of `tree` holds only finite values (no NaN, no infinity).
+
+    The one home of this check: the trainer (before saves), the learner (skipping non-finite
+    steps) and `skip_and_clip_by_global_norm` use it. Works inside and outside jit.
+
+    Args:
+        tree: A tree of arrays; leaves of integer or boolean dtype are always finite.
+
+    Returns:
+        A scalar boolean array (True for a tree without float leaves).
+    """
+    leaves = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+    ]
+    if not leaves:
+        return jnp.array(True)
+    return jnp.all(jnp.stack(leaves))
+
+
 # --------------------------------------------------------------------------------------------
 # Data dir.
 # --------------------------------------------------------------------------------------------

@@ -103,3 +103,24 @@ def test_bias_default_configs_configure_attention_masks():
         )
         outs.append(out.data)
     np.testing.assert_allclose(outs[0], outs[1], atol=1e-6)
+
+
+def test_apply_attention_logit_biases_and_padding_biases():
+    from axlearn.common.attention import (
+        _next_power_of_two,
+        apply_attention_logit_biases,
+        compute_padding_biases,
+    )
+
+    logits = jnp.ones((2, 3), jnp.bfloat16)
+    assert apply_attention_logit_biases(logits, None) is logits
+    out = apply_attention_logit_biases(logits, jnp.array([[0.0, -2.0, 1.0]]))
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out, np.float32), [[1, -1, 2], [1, -1, 2]])
+    ids = jnp.array([[5, 6, 0]])
+    bias = np.asarray(compute_padding_biases(ids, pad_token_id=0))
+    pad = np.array([0, 0, 1])
+    # NumPy: NEG_INF per padded side (to or from).
+    np.testing.assert_allclose(bias[0, 0], (pad[:, None] + pad[None, :]) * NEG_INF)
+    assert not compute_padding_biases(ids, pad_token_id=None).any()
+    assert [_next_power_of_two(x) for x in (300, 127.1, 128, 0.1)] == [512, 128, 128, 2]

@@ -52,6 +52,7 @@ from axlearn.common.checkpointer.storage import (
 from axlearn.common.checkpointer.tensorstore_restore import (
     CheckpointCorruptionError,
     CheckpointValidationType,
+    ProcessCountError,
     RestoreStats,
     StateMismatchError,
 )
@@ -82,6 +83,7 @@ __all__ = [
     "FAULT_POINTS",
     "RESTORE_FALLBACKS",
     "InjectedFault",
+    "ProcessCountError",
     "RestoreStats",
     "SaveResult",
     "SaveStats",

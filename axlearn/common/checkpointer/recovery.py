@@ -107,6 +107,31 @@ def corrupt_message(step_dir: str, error: Exception) -> str:
     return f"Checkpoint {step_dir} is corrupt: {error}\n{_WHAT_TO_DO}"
 
 
+def fallback_not_applied_message(step_dir: str, error: Exception) -> str:
+    """The refusal of a multi-process run that has `--restore_fallback=previous` already.
+
+    Chunk damage is found by the process that reads the chunk; the others cannot agree to fall
+    back in the middle of a restore, so a multi-process run falls back only from an unreadable
+    index (found by process 0 before reading). The message says so, instead of asking for the
+    flag the run already has.
+
+    Args:
+        step_dir: The corrupt step directory.
+        error: The `CorruptCheckpointError` (its first line names the damage).
+
+    Returns:
+        The message.
+    """
+    what = str(error).split("\n", 1)[0]
+    return (
+        f"{what}\n--restore_fallback=previous is set, but a multi-process run falls back only "
+        "from an unreadable index, not from damage found while reading chunks (as here). "
+        "Nothing was deleted. Choose the step to resume from: pass --restore_step=N of an older "
+        f"step (or run `axlearn checkpoint select {os.path.dirname(step_dir)} --step N`; "
+        f"`axlearn checkpoint verify {os.path.dirname(step_dir)}` shows which steps are intact)."
+    )
+
+
 def _utc_stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
