@@ -540,6 +540,12 @@ CASES = [
         f"{_PATHS}::test_run_lock_refuses_a_planted_link",
     ),
     Case(
+        "`metrics.jsonl` or `run_summary.json` planted as a symbolic link",
+        "the append is refused naming the link; the summary replaces the link",
+        "nothing (the link's target is untouched)",
+        f"{_PATHS}::test_metrics_and_run_summary_are_never_written_through_links",
+    ),
+    Case(
         "run record files or `run_records` planted as symbolic links",
         "the record is written as files of the trainer dir, or refused naming the rule",
         "nothing",
