@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common import utils
 from axlearn.common.checkpointer import Checkpointer
+from axlearn.common.compilation_cache import CacheLookups
 from axlearn.common.config import (
     REQUIRED,
     InstantiableConfig,
@@ -41,6 +42,7 @@ from axlearn.common.config import (
 )
 from axlearn.common.config_ranges import validate_config_ranges
 from axlearn.common.evaler import SpmdEvaler
+from axlearn.common.measurement import EventType
 from axlearn.common.mesh_resolution import apply_mesh_rule, match_mesh_rule
 from axlearn.common.module import Module, child_context, new_output_collection
 from axlearn.common.module import functional as F
@@ -59,6 +61,7 @@ from axlearn.common.trainer_checkpointing import (  # noqa: F401 (public names)
     TrainerCheckpointMixin,
     TrainerState,
 )
+from axlearn.common.trainer_events import TrainerEvents
 from axlearn.common.trainer_metrics import TrainerMetricsMixin
 from axlearn.common.trainer_utils import (
     all_finite,
@@ -171,6 +174,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
                 "(keeping empty state updates is not supported)."
             )
         self._step: Optional[int] = None
+        self._events = TrainerEvents()  # Run events for goodput (trainer_events.py).
         self._trainer_state: Optional[TrainerState] = None
         self._compiled_train_step = None
         self._compiled_train_step_keep_state = None
@@ -513,8 +517,10 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             self._mesh_context(),
             PreemptionHandler(timeout_seconds=cfg.preemption_timeout_seconds) as self._preemption,
         ):
-            self._input_iter = self._new_input_iterator()
-            self._prepare_training(prng_key)
+            with self._events.span(EventType.DATA_LOADING):
+                self._input_iter = self._new_input_iterator()
+            with self._events.span(EventType.TRAINING_PREPARATION):
+                self._prepare_training(prng_key)
             if self._step >= cfg.max_step:
                 self._step_log("Already reached max_step=%s; nothing to do.", cfg.max_step)
                 return None
@@ -561,6 +567,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
                 with timer.overhead("compile"):
                     self._compile(global_batch)
             self._step += 1
+            self._events.step_started(self._step)
             outputs = self._dispatch_train_step(global_batch)
             current = _PendingStep(step=self._step, outputs=outputs, batch=host_batch)
             if pending is not None:
@@ -574,7 +581,10 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         if stop_trace_step is not None:
             self._stop_trace()
         try:
-            self._finish_saves()  # The last save's write: its wait goes in the run summary.
+            with self._events.span(
+                EventType.CUSTOM_BADPUT_EVENT, custom_badput_event_type="checkpoint"
+            ):
+                self._finish_saves()  # The last save's write: its wait goes in the run summary.
         finally:
             self._write_run_summary()
         if last_record is None:
@@ -672,6 +682,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         """Restores the latest checkpoint or initializes the state; logs the model analysis."""
         cfg = self._config
         self._timer = StepTimer()
+        self._timer.add_listener(self._events)
         self._num_nonfinite_steps = 0
         self._skip_streak = SkipStreak(
             limit=cfg.max_consecutive_skipped_steps, config_path=self.path()
@@ -702,14 +713,17 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
     def _compile(self, global_batch: NestedTensor) -> None:
         """AOT-compiles the train step for this batch's shapes; logs memory analysis."""
         start = time.perf_counter()
-        self._compiled_train_step = self.compile_train_step(global_batch)
-        self._choose_checkpoint_snapshot(self._compiled_train_step)
-        if self._saves_alias_state() or self._state_held_by_save:
-            self._compiled_train_step_keep_state = self.compile_train_step(
-                global_batch, donate_state=False, input_finite=True
-            )
+        with CacheLookups() as cache:  # Whether the step came from the persistent cache.
+            self._compiled_train_step = self.compile_train_step(global_batch)
+            self._choose_checkpoint_snapshot(self._compiled_train_step)
+            if self._saves_alias_state() or self._state_held_by_save:
+                self._compiled_train_step_keep_state = self.compile_train_step(
+                    global_batch, donate_state=False, input_finite=True
+                )
         self._compile_seconds = time.perf_counter() - start
-        self._step_log("Compiled the train step in %.2f s.", self._compile_seconds)
+        self._step_log(
+            "Compiled the train step in %.2f s (%s).", self._compile_seconds, cache.describe()
+        )
         self._prepare_checkpoint_transfer()
         self._on_compiled(self._compiled_train_step, global_batch)
 
