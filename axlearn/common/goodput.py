@@ -453,7 +453,10 @@ def format_goodput(report: GoodputReport) -> str:
     t0 = report.attempts[0].start if report.attempts else 0.0
     for a in report.attempts:
         redone = str(a.redone_steps) if a.status == "failed" else "-"
-        status = a.status if a.status != "failed" else f"failed: {a.cause or 'unknown cause'}"
+        status = {
+            "failed": f"failed: {a.cause or 'unknown cause'}",
+            "unknown": "no end recorded (still running, or killed with no launcher record)",
+        }.get(a.status, a.status)
         if a.status == "failed" and a.committed_step is not None:
             status += f" (resumed from step {a.committed_step})"
         lines.append(

@@ -1,9 +1,13 @@
 """The unattended-recovery acceptance run: `axlearn local launch --max_restarts=3` of the main job.
 
 Two processes train `gpt-tiny` (the README's main job, shortened to STEPS steps, a checkpoint
-every SAVE_EVERY steps). A watcher reads process 1's event file and, at chosen steps, SIGKILLs
-process 1 in attempts 1 and 2 and stops it (SIGSTOP) in attempt 3, so that process 0 waits in
-the step's collective until its watchdog exits with the hang code. The job must finish without a
+every SAVE_EVERY steps). A watcher reads the processes' event files and, at chosen steps,
+SIGKILLs process 1 in attempts 1 and 2, and in attempt 3 sends SIGUSR1 to both processes, whose
+handler (installed by the test's wrapper of `launch_trainer_main`) sleeps: the loops hang while
+every other thread (the watchdog, JAX's heartbeats) keeps running, until the watchdog exits with
+the hang code. (A SIGSTOPped process would be declared dead by JAX's coordination service, and
+one process hanging alone would fail its peer's collective after Gloo's timeout: neither tests
+the watchdog.) The job must finish without a
 person, its final parameters must be bit-identical to an uninterrupted 2-process run's, and
 `axlearn goodput` must report the 3 failed attempts with their causes and re-done steps equal to
 (kill step - last committed step), within one step, with parts adding up to the wall time.
@@ -29,15 +33,22 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 STEPS = 24
 SAVE_EVERY = 4
 HANG_TIMEOUT_S = 150  # More than an attempt's start-up (compile) on a busy 2-core machine.
-# attempt -> (action, step at which process 1 gets it).
-FAULTS = {1: ("kill", 9), 2: ("kill", 15), 3: ("stop", 21)}
+# attempt -> (action, step of process 1 at which it is applied).
+FAULTS = {1: ("kill", 9), 2: ("kill", 15), 3: ("hang", 21)}
+# Runs launch_trainer_main with a SIGUSR1 handler that hangs the main thread (the injected hang).
+HANG_ON_SIGUSR1 = (
+    "import runpy, signal, sys, time\n"
+    "signal.signal(signal.SIGUSR1, lambda *_: time.sleep(10**6))\n"
+    "sys.argv = ['launch_trainer_main'] + sys.argv[1:]\n"
+    "runpy.run_module('axlearn.common.launch_trainer_main', run_name='__main__')\n"
+)
 
 
 def _command(trainer_dir: str, *, max_restarts: int) -> list[str]:
     return [
         sys.executable, "-m", "axlearn.cli.main", "local", "launch", "--num_processes=2",
         f"--max_restarts={max_restarts}", "--",
-        sys.executable, "-m", "axlearn.common.launch_trainer_main",
+        sys.executable, "-c", HANG_ON_SIGUSR1,
         "--module=text.gpt.tiny", "--config=gpt-tiny", f"--trainer_dir={trainer_dir}",
         "--jax_backend=cpu", f"--config_override=max_step={STEPS}",
         f"--config_override=checkpointer.save_policy.n={SAVE_EVERY}",
@@ -58,43 +69,50 @@ def _env() -> dict:
 
 
 class _Injector(threading.Thread):
-    """Watches process 1's events; applies FAULTS; remembers the last step seen at each."""
+    """Watches the processes' events; applies FAULTS; remembers process 1's step at each."""
 
     def __init__(self, trainer_dir: str):
         super().__init__(daemon=True)
-        self._path = os.path.join(trainer_dir, "events", "process_1.jsonl")
+        self._dir = os.path.join(trainer_dir, "events")
         self.done = threading.Event()
         self.fault_steps: dict[int, int] = {}
+        self._pids: dict[tuple[int, int], int] = {}  # (attempt, process) -> pid.
 
     def run(self) -> None:
-        offset = 0
-        buffer = b""
+        offsets, buffers = [0, 0], [b"", b""]
         while not self.done.is_set():
             time.sleep(0.02)
-            if not os.path.exists(self._path):
-                continue
-            with open(self._path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-            offset += len(data)
-            buffer += data
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                if not line.strip():
+            for process in (0, 1):
+                path = os.path.join(self._dir, f"process_{process}.jsonl")
+                if not os.path.exists(path):
                     continue
-                event = json.loads(line)
-                attempt = event.get("attempt")
-                if event["event"] != "START_STEP" or attempt not in FAULTS:
-                    continue
-                action, step = FAULTS[attempt]
-                if attempt in self.fault_steps or event["step"] < step:
-                    continue
-                self.fault_steps[attempt] = event["step"]
-                sig = signal.SIGKILL if action == "kill" else signal.SIGSTOP
-                try:
-                    os.kill(event["pid"], sig)
-                except ProcessLookupError:
-                    pass
+                with open(path, "rb") as f:
+                    f.seek(offsets[process])
+                    data = f.read()
+                offsets[process] += len(data)
+                *lines, buffers[process] = (buffers[process] + data).split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        self._on_event(process, json.loads(line))
+
+    def _on_event(self, process: int, event: dict) -> None:
+        attempt = event.get("attempt")
+        self._pids[(attempt, process)] = event["pid"]
+        if process != 1 or event["event"] != "START_STEP" or attempt not in FAULTS:
+            return
+        action, step = FAULTS[attempt]
+        if attempt in self.fault_steps or event["step"] < step:
+            return
+        self.fault_steps[attempt] = event["step"]
+        if action == "kill":
+            targets = [(event["pid"], signal.SIGKILL)]
+        else:
+            targets = [(self._pids[(attempt, p)], signal.SIGUSR1) for p in (0, 1)]
+        for pid, sig in targets:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
 
 def _model_leaves(trainer_dir: str) -> dict[str, bytes]:
@@ -146,7 +164,7 @@ def test_recovers_from_two_kills_and_a_hang(tmp_path):
     assert len(failures) == 3, launched.stderr
     assert "process 1 of 2 was killed by SIGKILL (exit code 137)" in failures[0]
     assert "process 1 of 2 was killed by SIGKILL (exit code 137)" in failures[1]
-    assert "exited with code 75 (a hang" in failures[2]
+    assert "exited with code 75 (a hang: no step for crash_on_hang_timeout_seconds" in failures[2]
 
     report = json.loads(
         subprocess.run(
