@@ -81,7 +81,7 @@ def interleaved_steps(blocks: int, chunk: int, steps_per_block: int = 5) -> dict
         step, state, batch = compiled[name]
         start = time.perf_counter()
         for _ in range(n):
-            _, outputs = step(state, batch)
+            outputs = step(state, batch).outputs
         jax.block_until_ready(outputs["loss"])
         return (time.perf_counter() - start) / n
 

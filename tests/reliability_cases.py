@@ -502,6 +502,12 @@ CASES = [
         f"{_CONT}::test_index_array_file_outside_the_step_is_refused",
     ),
     Case(
+        "`axlearn generate`/`eval` on a checkpoint whose index leaf `file` is absolute",
+        "ValueError naming the leaf and the containment rule",
+        "nothing (the outside copy is not read)",
+        "tests/common/test_inference.py::test_restore_refuses_an_index_leaf_outside_the_checkpoint",
+    ),
+    Case(
         "a bytes leaf pointed at a system file outside, with a matching CRC",
         "same refusal; no error shows the file's content",
         "nothing",
@@ -556,6 +562,103 @@ CASES = [
         "set aside as step_N.unindexed-<time>, removed by GC once a newer step commits",
         "nothing (the run moved past it)",
         f"{_CONT}::test_interrupted_save_set_aside_is_removed_once_a_newer_step_commits",
+    ),
+    # The rough edges a new user hits.
+    Case(
+        "`axlearn config diff` of a binary file, a non-UTF-8 file or /dev/zero",
+        "one line: not a config dump (binary, not UTF-8, or over 64 MiB, refused before "
+        "reading it whole); exit 2",
+        "nothing",
+        "tests/cli/test_config_commands.py::test_diff_refuses_binary_and_oversized_input",
+    ),
+    Case(
+        "--config_override of one item of a tuple field (`mesh_axis_names.1=x`)",
+        "error naming the tuple and the whole-tuple override to pass instead",
+        "nothing",
+        "tests/common/config/test_override.py::test_tuple_item_override_names_the_whole_tuple_to_set",
+    ),
+    Case(
+        "--trainer_dir pointing at a file",
+        "one line: a file, not a directory (no traceback)",
+        "nothing (the file is untouched)",
+        "tests/common/test_run_lock.py::test_a_trainer_dir_that_is_a_file_is_one_line",
+    ),
+    Case(
+        "`axlearn checkpoint verify` while a run is saving (chunks written, index not yet)",
+        "`save in progress` for the newest uncommitted step (exit 0); failure only without a "
+        "live run",
+        "nothing",
+        f"{_VER}::test_cli_verify_during_a_live_run_reports_the_save_in_progress",
+    ),
+    Case(
+        "`checkpoint list` and `verify` sizes of one step differ",
+        "each says what it counts: `on disk` (every file) and `of array data`",
+        "nothing",
+        f"{_VER}::test_cli_list_and_verify_say_what_their_sizes_count",
+    ),
+    Case(
+        "--restore_step of a step that was set aside",
+        "one line naming the set-aside copy, why, and the `mv` that brings it back",
+        "nothing",
+        f"{_REC}::test_trainer_refuses_corrupt_index_and_restore_step_chooses",
+    ),
+    Case(
+        "`axlearn generate --max_new_tokens=1000000000`",
+        "one line naming the model's context and how many new tokens fit (no native abort)",
+        "nothing",
+        "tests/common/test_inference.py::test_generation_is_bounded_by_the_context",
+    ),
+    Case(
+        "resuming a checkpoint with a changed model (the checkpoint holds `input_iter`)",
+        "StateMismatchError naming the model's parameters only (not `input_iter`)",
+        "nothing",
+        "tests/common/test_trainer_checkpointing.py::"
+        "test_model_mismatch_error_does_not_blame_the_input_iterator",
+    ),
+    Case(
+        "`axlearn generate`/`eval`/`hf export` on a machine without a TPU or GPU",
+        "no libtpu `unexpected worker hostname` or `cuInit` E-lines (as `axlearn aot`)",
+        "nothing",
+        "tests/cli/test_inference_commands.py::"
+        "test_generate_starts_without_accelerator_probe_errors_and_bounds_the_context",
+    ),
+    Case(
+        "`axlearn compare` of a 60-step and a 20-step run with the same overhead per step",
+        'eval, checkpoint and input wait compared per step (never "better" for being '
+        "shorter); the 3-sample rule of timing rows printed with each row it silenced",
+        "nothing",
+        "tests/common/test_run_comparison.py::"
+        "test_runs_of_different_lengths_compare_overheads_per_step",
+    ),
+    Case(
+        "the first run builds the embedded data set",
+        "one line saying it builds from the shipped corpus with no download (no TFDS "
+        '"Downloading and preparing dataset" line)',
+        "nothing",
+        "tests/common/test_embedded_data.py::test_first_build_says_no_download",
+    ),
+    Case(
+        "a 2-process run whose coordinator port is held by another program",
+        "process 0: one line naming the port and the fix; process 1: says where it connects and "
+        "that it stops at --initialization_timeout (no silent hang)",
+        "nothing (no run started)",
+        f"{_MAIN}::test_busy_coordinator_port_is_one_line_and_the_peer_says_what_it_waits_for",
+    ),
+    Case(
+        "a 1-process run resumed with 2 processes",
+        "ProcessCountError naming both counts and the fix (resume with 1 process); the "
+        "checkpoint is not called corrupt",
+        "nothing",
+        "tests/common/test_checkpointer_multiprocess.py::"
+        "test_resuming_a_one_process_checkpoint_with_two_processes_names_the_cause",
+    ),
+    Case(
+        "chunk damage found by a 2-process run that already passed --restore_fallback=previous",
+        "the refusal says the fallback covers an unreadable index only here and names "
+        "--restore_step / `checkpoint select`",
+        "nothing (nothing moved)",
+        "tests/common/test_checkpointer_multiprocess.py::"
+        "test_two_process_run_with_fallback_previous_is_not_told_to_pass_it",
     ),
     # Inputs.
     Case(

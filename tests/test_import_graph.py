@@ -3,8 +3,10 @@
 The graph is read from the source with `ast`, not by importing: a module depends on every
 module named by an `import` or `from ... import` statement anywhere in its file (at module level,
 inside functions, under `if TYPE_CHECKING:`), resolved to the longest module path that exists
-(`from axlearn.common import layers` depends on `axlearn.common.layers`). Imports between a
-package and its own submodules are not edges (a package's `__init__` re-exports its parts).
+(`from axlearn.common import layers` depends on `axlearn.common.layers`; `from pkg import name`
+depends on `pkg` itself only when `name` is not a module of its own). Imports between a package
+and its own submodules are edges like any other: a package `__init__` that imports a submodule
+which imports a name from that `__init__` is a circle.
 
 A circle (two or more modules that reach each other) means neither file can be read or changed
 alone and import order decides behaviour: the test names each one. The layer checks follow the
@@ -97,11 +99,13 @@ def module_files(root: str, packages: Iterable[str]) -> dict[str, str]:
     return modules
 
 
-def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
+def import_graph(modules: dict[str, str], *, package_edges: bool = True) -> dict[str, set[str]]:
     """Returns {module: the modules of `modules` it imports} (see the module docstring).
 
     Args:
         modules: From `module_files`.
+        package_edges: Whether imports between a package and its own submodules are edges (the
+            rule); False is the earlier rule, which dropped them (kept to show what it missed).
 
     Returns:
         The edges.
@@ -126,15 +130,23 @@ def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
                     parts = module.split(".") if is_package else module.split(".")[:-1]
                     parts = parts[: len(parts) - (node.level - 1)]
                     base = ".".join(parts + ([base] if base else []))
-                targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+                # `from base import name`: the module `base.name` if there is one, else `base`.
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                    for alias in node.names
+                ]
+                if not package_edges:
+                    targets.append(base)
             else:
                 continue
             for target in targets:
                 dep = resolve(target)
                 if dep is None or dep == module:
                     continue
-                if module.startswith(dep + ".") or dep.startswith(module + "."):
-                    continue  # A package and its own submodule.
+                if not package_edges and (
+                    module.startswith(dep + ".") or dep.startswith(module + ".")
+                ):
+                    continue  # The earlier rule: a package and its own submodule.
                 edges[module].add(dep)
     return edges
 
@@ -221,7 +233,37 @@ def test_circle_finder_finds_circles(tmp_path):
         (pkg / name).write_text(text)
     graph = import_graph(module_files(str(tmp_path), ["pkg"]))
     assert graph["pkg.b"] == {"pkg.a"}
-    assert circles(graph) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d", "pkg.e"]]
+    # `pkg.sub` imports `pkg.sub.g`, which imports the package `pkg.sub` back: a circle through
+    # an `__init__`, which the earlier rule (dropping package-submodule edges) did not see.
+    assert circles(graph) == [
+        ["pkg.a", "pkg.b"],
+        ["pkg.c", "pkg.d", "pkg.e"],
+        ["pkg.sub", "pkg.sub.g"],
+    ]
+    old_rule = import_graph(module_files(str(tmp_path), ["pkg"]), package_edges=False)
+    assert circles(old_rule) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d", "pkg.e"]]
+
+
+def test_planted_circle_through_an_init_fails_the_new_rule_not_the_old(tmp_path):
+    """A package whose `__init__` imports a submodule that imports a name defined in that
+    `__init__`: importing the submodule first fails (the name is not defined yet)."""
+    pkg = tmp_path / "pkg"
+    (pkg / "tools").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "tools/__init__.py": "from pkg.tools.core import run\nDEFAULT = 1\n",
+        "tools/core.py": "from pkg.tools import DEFAULT\n\ndef run():\n    return DEFAULT\n",
+        "tools/util.py": "from pkg.tools import core\n",  # A submodule: not a circle.
+        "user.py": "from pkg.tools import run, util\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    modules = module_files(str(tmp_path), ["pkg"])
+    new = import_graph(modules)
+    assert new["pkg.tools.util"] == {"pkg.tools.core"}
+    assert new["pkg.user"] == {"pkg.tools", "pkg.tools.util"}
+    assert circles(new) == [["pkg.tools", "pkg.tools.core"]]
+    assert circles(import_graph(modules, package_edges=False)) == []
 
 
 def test_no_import_circles(edges):

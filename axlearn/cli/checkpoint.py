@@ -1,14 +1,18 @@
 """`axlearn checkpoint ...`: inspect checkpoint directories without a model.
 
 - `axlearn checkpoint list DIR` prints one line per step directory: step, committed or not,
-  size, number of leaves, and (in a trainer dir's `checkpoints/`) the run record the step was
+  its size on disk (every file: chunks with their padding, `.zarray`s, the index), number of
+  leaves, and (in a trainer dir's `checkpoints/`) the run record the step was
   made with (`run_records/<n>`).
 - `axlearn checkpoint verify DIR [--step N]` reads every array chunk and bytes file and checks it
   against the checksums in the index; DIR is a checkpointer directory (every step is checked) or
   one `step_%08d` directory. It checks the metadata too: the index against the files it
   describes, every `.zarray` against the index. Exits 1 if a committed checkpoint (one whose
   `index` exists, readable or not) fails verification, or if a directory has lost its index
-  while every chunk is present (restore sets such a directory aside, never deletes it).
+  while every chunk is present (restore sets such a directory aside). Its size is the bytes of
+  array data checked (without padding or metadata files, so less than `list`'s size on disk).
+  While a live run holds the trainer dir's `run.lock`, its newest uncommitted step is reported
+  as a save in progress, not a failure.
 - `axlearn checkpoint select DIR --step N` verifies step N and sets every newer step directory
   aside (renamed `step_%08d.superseded-<time>`, nothing deleted), so that the next run resumes
   from step N; the same as the trainer's `--restore_step=N`.
@@ -108,7 +112,8 @@ def list_command(args: argparse.Namespace) -> int:
             record_dir = run_record.record_dir_for_step(trainer_dir, info.step)
             record = f"  record {os.path.relpath(record_dir, trainer_dir)}"
         print(
-            f"step {info.step:>8}  {status:<11}  {_format_size(info.size_bytes):>10}{leaves}"
+            f"step {info.step:>8}  {status:<11}  {_format_size(info.size_bytes):>10} on disk"
+            f"{leaves}"
             f"{record}"
         )
     for path in aside:
@@ -143,9 +148,27 @@ def verify_command(args: argparse.Namespace) -> int:
     if not dirs:
         return _no_steps(args.dir)
     failed = 0
+    live = _live_run(args.dir)
+    newest_committed = max(
+        (
+            s
+            for s, d in checkpointer.step_dirs(_ckpt_root(args.dir))
+            if checkpointer.is_committed(d)
+        ),
+        default=-1,
+    )
     for step, path in dirs:
         result = checkpointer.verify_checkpoint(path)
         size = _format_size(result.num_bytes)
+        if live and not os.path.isdir(path):
+            print(f"step {step:>8}  removed while verifying (garbage collection of the live run)")
+            continue
+        if not result.committed and live and step > newest_committed:
+            print(
+                f"step {step:>8}  uncommitted  save in progress: a live run holds {live} (not a "
+                "failure; verify it once its index is written)"
+            )
+            continue
         if not result.committed:
             if checkpointer.chunks_complete(path):
                 failed += 1
@@ -161,7 +184,7 @@ def verify_command(args: argparse.Namespace) -> int:
         if result.ok:
             print(
                 f"step {step:>8}  committed  OK  {result.num_leaves} leaves, "
-                f"{result.num_chunks} chunks, {size}"
+                f"{result.num_chunks} chunks, {size} of array data"
             )
             continue
         failed += 1
@@ -169,6 +192,32 @@ def verify_command(args: argparse.Namespace) -> int:
         for error in result.errors:
             print(f"    {error}")
     return 1 if failed else 0
+
+
+def _ckpt_root(path: str) -> str:
+    """The checkpointer directory of `path` (itself, or its parent for a step directory)."""
+    from axlearn.common import checkpointer  # pylint: disable=import-outside-toplevel
+
+    try:
+        checkpointer.parse_step_from_dir(path)
+    except ValueError:
+        return path
+    return os.path.dirname(os.path.abspath(path))
+
+
+def _live_run(path: str) -> str:
+    """The run lock of a live run training into `path`'s checkpoints, or "" if none.
+
+    A trainer's checkpoints are `<trainer dir>/checkpoints`; its process 0 holds
+    `<trainer dir>/run.lock` while it runs.
+    """
+    from axlearn.common import run_lock  # pylint: disable=import-outside-toplevel
+
+    root = os.path.abspath(_ckpt_root(path))
+    for directory in (os.path.dirname(root), root):
+        if run_lock.held_by_a_live_run(directory):
+            return os.path.join(directory, run_lock.LOCK_FILE)
+    return ""
 
 
 def select_command(args: argparse.Namespace) -> int:

@@ -195,6 +195,43 @@ def list_command(args: argparse.Namespace) -> int:
     return 0
 
 
+# The largest config dump `config diff` reads (the largest golden dump is well under 1 MB).
+MAX_DUMP_BYTES = 64 * 2**20
+
+
+def _read_dump(path: str) -> str:
+    """Reads a config dump as text, refusing a binary, non-UTF-8 or oversized file (exit 2)."""
+    chunks, size = [], 0
+    try:
+        with open(path, "rb") as f:
+            while True:
+                chunk = f.read(2**20)
+                if not chunk:
+                    break
+                if b"\0" in chunk:
+                    raise CommandError(
+                        f"{path} is a binary file, not a config dump (a dump is the text of "
+                        "`axlearn config dump` or a trainer dir's `trainer_config`).",
+                        exit_code=2,
+                    )
+                size += len(chunk)
+                if size > MAX_DUMP_BYTES:
+                    raise CommandError(
+                        f"{path} is over {MAX_DUMP_BYTES // 2**20} MiB: not a config dump "
+                        "(refused before reading it whole).",
+                        exit_code=2,
+                    )
+                chunks.append(chunk)
+    except OSError as e:
+        raise CommandError(f"Cannot read dump {path!r}: {e}", exit_code=2) from e
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CommandError(
+            f"{path} is not UTF-8 text (byte {e.start}), not a config dump.", exit_code=2
+        ) from e
+
+
 def diff_command(args: argparse.Namespace) -> int:
     """Prints the config paths that differ between two configs.
 
@@ -222,11 +259,7 @@ def diff_command(args: argparse.Namespace) -> int:
             if os.path.isdir(path):
                 # A trainer dir: its record's dump (the config the run trained with).
                 path = os.path.join(path, "trainer_config")
-            try:
-                with open(path, encoding="utf-8") as f:
-                    texts.append(f.read())
-            except OSError as e:
-                raise CommandError(f"Cannot read dump {path!r}: {e}", exit_code=2) from e
+            texts.append(_read_dump(path))
     else:
         if len(configs) != 2 or len(modules) not in (1, 2):
             raise CommandError(

@@ -17,6 +17,7 @@ import argparse
 import os
 
 from axlearn.cli.config_commands import CommandError
+from axlearn.common.accelerator_probe import quiet_accelerator_probes
 
 
 def add_parser(groups: argparse._SubParsersAction) -> None:
@@ -67,6 +68,7 @@ def export_command(args: argparse.Namespace) -> int:
     Raises:
         CommandError: If the run cannot be read or the model has no Llama equivalent.
     """
+    quiet_accelerator_probes()  # Before JAX or TensorFlow start (no E-lines on CPU).
     # pylint: disable=import-outside-toplevel
     from axlearn.common.hf_checkpoint import HfConversionError, export_trainer_dir
     from axlearn.common.launch_trainer import TrainerDirError
@@ -98,6 +100,7 @@ def import_command(args: argparse.Namespace) -> int:
     Raises:
         CommandError: If the directory does not match the experiment's model.
     """
+    quiet_accelerator_probes()  # Before JAX or TensorFlow start (no E-lines on CPU).
     # pylint: disable=import-outside-toplevel
     from axlearn.common import experiment_registry
     from axlearn.common.config.override import ConfigOverrideError, apply_overrides

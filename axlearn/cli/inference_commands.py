@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from axlearn.cli.config_commands import CommandError
+from axlearn.common.accelerator_probe import quiet_accelerator_probes
 
 # TensorFlow (imported by the input pipelines) logs at start-up unless told not to.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -126,6 +127,7 @@ def eval_command(args: argparse.Namespace) -> int:
     Raises:
         CommandError: If the run, the checkpoint or an evaler cannot be found.
     """
+    quiet_accelerator_probes()  # Before JAX or TensorFlow start (no E-lines on CPU).
     # pylint: disable-next=import-outside-toplevel
     from axlearn.common.utils import flatten_items
 
@@ -159,6 +161,7 @@ def generate_command(args: argparse.Namespace) -> int:
     Raises:
         CommandError: On a bad flag value, a missing run or checkpoint, or no prompt.
     """
+    quiet_accelerator_probes()  # Before JAX or TensorFlow start (no E-lines on CPU).
     prompts = list(args.prompt or [])
     if args.prompt_file:
         with open(args.prompt_file, encoding="utf-8") as f:
@@ -186,6 +189,15 @@ def generate_command(args: argparse.Namespace) -> int:
     stream = (
         not args.no_stream and args.num_beams is None and len(prompts) == 1 and sys.stdout.isatty()
     )
+    try:
+        _generate_all(args, generator, prompts, stream=stream)
+    except ValueError as e:  # A request the model cannot serve (e.g. beyond its context).
+        raise CommandError(f"--{e}" if str(e).startswith("max_new_tokens=") else str(e)) from e
+    return 0
+
+
+def _generate_all(args: argparse.Namespace, generator: Any, prompts: list, *, stream: bool):
+    """Generates and prints the continuation of each prompt (see `generate_command`)."""
     for i, prompt in enumerate(prompts):
         if len(prompts) > 1:
             print(f"--- prompt {i + 1}: {prompt!r}")
@@ -221,4 +233,3 @@ def generate_command(args: argparse.Namespace) -> int:
                 seed=args.seed,
             )[0]
         print(prompt + text, flush=True)
-    return 0

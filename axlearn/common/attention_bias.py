@@ -36,6 +36,8 @@ from typing import Callable, Optional, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
+from axlearn.common.config import FunctionConfigBase, config_for_function
+
 Tensor = jnp.ndarray
 
 # The bias that disconnects a (query, key) pair.
@@ -90,6 +92,11 @@ def sliding_window_causal_mask(sliding_window_size: int) -> MaskFn:
     # Lets fused attention kernels recognize the window.
     mask.sliding_window_size = sliding_window_size
     return mask
+
+
+def causal_mask_fn() -> MaskFn:
+    """Returns `causal_mask` (the function `CausalAttentionBias.default_config()` configures)."""
+    return causal_mask
 
 
 def bool_to_bias(mask: Tensor, dtype=jnp.float32) -> Tensor:
@@ -169,6 +176,43 @@ def mask_fn_bias(
     """
     allowed = mask_fn(target_positions[:, None, :, None], source_positions[:, None, None, :])
     return bool_to_bias(allowed, dtype)
+
+
+def apply_attention_logit_biases(
+    logits: Tensor, attention_logit_biases: Optional[Tensor] = None
+) -> Tensor:
+    """Returns `logits + attention_logit_biases` (biases cast to the logits' dtype), or logits.
+
+    Args:
+        logits: Attention logits (or another bias) [..., target_length, source_length].
+        attention_logit_biases: Optional bias broadcastable to `logits`.
+
+    Returns:
+        The biased logits.
+    """
+    if attention_logit_biases is None:
+        return logits
+    return logits + attention_logit_biases.astype(logits.dtype)
+
+
+def compute_padding_biases(input_ids: Tensor, *, pad_token_id: Optional[int]) -> Tensor:
+    """Biases [batch, 1, seq_len, seq_len] that disconnect padding tokens, to and from.
+
+    Entry (b, 0, i, j) is NEG_INF if token i or token j of sequence b is `pad_token_id` (2 *
+    NEG_INF if both), else 0; all zeros when `pad_token_id` is None.
+
+    Args:
+        input_ids: Int [batch, seq_len].
+        pad_token_id: The padding id, or None for no padding.
+
+    Returns:
+        The float32 biases.
+    """
+    batch, seq_len = input_ids.shape
+    if pad_token_id is None:
+        return jnp.zeros((batch, 1, seq_len, seq_len), jnp.float32)
+    padding = (input_ids == pad_token_id).astype(jnp.float32) * NEG_INF
+    return padding[:, None, :, None] + padding[:, None, None, :]
 
 
 def add_biases(*biases: Optional[Tensor]) -> Optional[Tensor]:
@@ -274,9 +318,18 @@ class MaskFnAttentionBias(BaseAttentionBias):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class CausalAttentionBias(MaskFnAttentionBias):
-    """Causal attention over positions."""
+    """Causal attention over positions.
+
+    `CausalAttentionBias.default_config()` is the config of its mask function, for an attention
+    layer's `mask` field (`MultiheadAttention.default_config().set(mask=...)`).
+    """
 
     mask: Callable = dataclasses.field(default=causal_mask, metadata=dict(static=True))
+
+    @classmethod
+    def default_config(cls, **kwargs) -> FunctionConfigBase:
+        """Returns a config that instantiates to `causal_mask` (kwargs: none accepted)."""
+        return config_for_function(causal_mask_fn).set(**kwargs)
 
 
 @jax.tree_util.register_dataclass
@@ -285,6 +338,11 @@ class SlidingWindowAttentionBias(MaskFnAttentionBias):
     """Causal attention to the `sliding_window_size` previous positions and itself."""
 
     sliding_window_size: int = dataclasses.field(default=0, metadata=dict(static=True))
+
+    @classmethod
+    def default_config(cls, **kwargs) -> FunctionConfigBase:
+        """Returns a config of `sliding_window_causal_mask`; kwargs: `sliding_window_size`."""
+        return config_for_function(sliding_window_causal_mask).set(**kwargs)
 
     def value(self) -> Optional[Tensor]:
         return mask_fn_bias(
@@ -320,9 +378,12 @@ __all__ = [
     "TensorAttentionBias",
     "ZeroAttentionBias",
     "add_biases",
+    "apply_attention_logit_biases",
     "as_4d_bias",
     "bool_to_bias",
     "causal_mask",
+    "causal_mask_fn",
+    "compute_padding_biases",
     "make_causal_biases",
     "make_segment_mask",
     "make_sliding_window_causal_biases",

@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec
 
 from axlearn.common import param_init
 from axlearn.common.config import ConfigOr, Configurable, config_class, maybe_instantiate
+from axlearn.common.metrics import WeightedScalar
 from axlearn.common.module import (
     Module,
     _generate_seed_from_name,
@@ -163,6 +164,20 @@ class TensorMaxAbs(TensorStats):
 
     def add_stats(self, name: str, value: Nested[Tensor]):
         self.add_summary("max_abs", jnp.max(jnp.abs(value)).astype(jnp.float32))
+
+
+class DefaultTensorStats(CompositeTensorStats):
+    """The usual tensor stats: "norm" (TensorRMSNorm, "rms_norm") and "max" (TensorMaxAbs,
+    "max_abs"), so a tensor x gets summaries {"norm": {"rms_norm"}, "max": {"max_abs"}}."""
+
+    @classmethod
+    def default_config(cls) -> CompositeTensorStats.Config:
+        cfg = super().default_config()
+        cfg.tensor_stats = {
+            "norm": TensorRMSNorm.default_config(),
+            "max": TensorMaxAbs.default_config(),
+        }
+        return cfg
 
 
 def no_remat(fn: Callable) -> Callable:
@@ -419,6 +434,38 @@ class BaseLayer(Module):
     def _remat_name(self, x: Tensor, name: str) -> Tensor:
         """Tags `x` as f"{ClassName}.{name}" for remat policies (a no-op otherwise)."""
         return jax.ad_checkpoint.checkpoint_name(x, f"{type(self).__name__}.{name}")
+
+    def _add_activation_summary(
+        self, *, name: str, activations: Tensor, activation_paddings: Optional[Tensor] = None
+    ) -> None:
+        """Adds "activations/{name}_mean" and "activations/{name}_norm" summaries.
+
+        Frames are `activations[b]` (no paddings) or `activations[b, t]` with
+        `activation_paddings` [batch, time] (1 = padding; padded frames are left out). The mean is
+        that of all valid entries; the norm is the mean over valid frames of each frame's RMS
+        over its remaining axes. Both are WeightedScalars weighted by the number of valid frames.
+
+        Args:
+            name: The activation's name.
+            activations: [batch, ...] or [batch, time, ...] with paddings.
+            activation_paddings: Optional [batch, time] paddings.
+        """
+        x = jnp.asarray(activations, jnp.float32)
+        if activation_paddings is None:
+            frames = x.reshape(x.shape[0], -1)
+            valid = jnp.ones(frames.shape[:1], jnp.float32)
+        else:
+            frames = x.reshape(x.shape[0], x.shape[1], -1)
+            valid = jnp.logical_not(jnp.asarray(activation_paddings).astype(bool))
+            valid = valid.astype(jnp.float32)
+        frame_size = frames.shape[-1]
+        num_frames = valid.sum()
+        denominator = jnp.maximum(1.0, num_frames)
+        mean = (frames.sum(-1) * valid).sum() / denominator / frame_size
+        frame_rms = jnp.sqrt((frames**2).sum(-1) / frame_size)
+        norm = (frame_rms * valid).sum() / denominator
+        self.add_summary(f"activations/{name}_mean", WeightedScalar(mean, num_frames))
+        self.add_summary(f"activations/{name}_norm", WeightedScalar(norm, num_frames))
 
     def _add_tensor_stats(self, name: str, value: Nested[Tensor]) -> None:
         """Adds cfg.tensor_stats summaries of `value` under summaries["tensor_stats"][name]."""

@@ -48,24 +48,31 @@ class ConfigDiff:
         }
 
 
-def parse_config_dump(text: str, *, source: str = "<dump>") -> dict[str, str]:
-    """Parses a config dump into {path: value text}.
+def parse_config_dump(text: str, *, source: str = "<dump>", strict: bool = True) -> dict[str, str]:
+    """Parses a config dump into {path: value text}: the one parser of config dumps (config
+    diffs, the launcher's check of a run's dump, the W&B config).
 
     Args:
         text: The dump, one `path: value` line per leaf (blank lines are ignored).
         source: Where the text came from, for error messages.
+        strict: If False, lines that are not `path: value` (e.g. the continuation of a value
+            whose repr spans lines) are skipped and a repeated path keeps its last value.
 
     Returns:
         The leaves, in file order.
 
     Raises:
-        ConfigDumpFormatError: If a line is not `path: value`, or a path repeats.
+        ConfigDumpFormatError: If `strict` and a line is not `path: value`, or a path repeats.
     """
     leaves: dict[str, str] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         path, sep, value = line.partition(": ")
+        if not strict:
+            if sep:
+                leaves[path] = value
+            continue
         if not sep or not path or " " in path:
             raise ConfigDumpFormatError(
                 f"{source}:{lineno}: not a config dump line (expected 'path: value'): {line!r}"

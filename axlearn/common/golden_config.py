@@ -47,6 +47,28 @@ GOLDEN_DATA_DIR = "$DATA_DIR"
 REGULARIZER_DESCRIPTIONS = (WEIGHT_DECAY_SCALE, L2_REGULARIZER_SCALE)
 
 
+# Lines that AXLearn's dumps gained after mid-2025 (fields added with their defaults): the
+# learner's `ignore_undefined_loss` and the default `KVCache` of every attention layer. A
+# reference dump from an older AXLearn lacks them; `drop_newer_axlearn_lines` removes them from
+# ours before comparing with such a dump.
+NEWER_AXLEARN_LINES = (
+    r"(.*\.)?learner\.ignore_undefined_loss: False",
+    r".*\.attention\.kv_cache\.klass: 'axlearn\.common\.kv_cache\.kv_cache\.KVCache'",
+)
+
+
+def drop_newer_axlearn_lines(lines: list[str]) -> list[str]:
+    """`lines` (of a dump) without those matching NEWER_AXLEARN_LINES.
+
+    Args:
+        lines: Dump lines (`path: value`).
+
+    Returns:
+        The lines an older AXLearn's dump of the same config would have (same order).
+    """
+    return [line for line in lines if not any(re.fullmatch(p, line) for p in NEWER_AXLEARN_LINES)]
+
+
 def _build(config: Any) -> ConfigBase:
     """`config` itself if it is a config, else the config its function returns."""
     if isinstance(config, ConfigBase):

@@ -37,6 +37,7 @@ from axlearn.common.config import (
     config_class,
 )
 from axlearn.common.evaler import SpmdEvaler
+from axlearn.common.mesh_resolution import build_mesh
 from axlearn.common.module import Module
 from axlearn.common.module import functional as F
 
@@ -52,8 +53,6 @@ from axlearn.common.utils import NestedTensor, Tensor
 from axlearn.common.utils_spmd import (
     HybridMeshShape,
     MeshShape,
-    create_device_mesh,
-    infer_mesh_shape,
 )
 
 # The prefix of the model parameters' leaves in a trainer checkpoint.
@@ -175,10 +174,9 @@ class InferenceRunner(Module):
     def __init__(self, cfg: Config, *, parent: Optional[Module] = None, devices=None):
         super().__init__(cfg, parent=parent)
         cfg = self.config
-        mesh_devices = devices if devices is not None else create_device_mesh(cfg.mesh_shape)
-        if not isinstance(cfg.mesh_shape, HybridMeshShape):
-            cfg.mesh_shape = infer_mesh_shape(cfg.mesh_shape, num_devices=mesh_devices.size)
-        self._mesh = jax.sharding.Mesh(mesh_devices, tuple(cfg.mesh_axis_names))
+        self._mesh, cfg.mesh_shape = build_mesh(
+            cfg.mesh_shape, cfg.mesh_axis_names, devices=devices, config_path=self.path()
+        )
         self._params: Optional[NestedTensor] = None
         self._jit_cache: dict[tuple, Callable] = {}
         # The trainer config the runner was built from, if known (see `from_trainer_dir`).
@@ -212,6 +210,38 @@ class InferenceRunner(Module):
         if self._params is None:
             raise RuntimeError(f"{self.path()}: call restore() (or set_params) first.")
         return self._params
+
+    @property
+    def context_length(self) -> Optional[int]:
+        """The longest sequence (prompt plus new tokens) generation allows, None if unbounded.
+
+        A learned positional embedding's size if the decoder has one, else the sequence length
+        the run trained on (`input.source.max_sequence_length` of its trainer config): the model
+        has seen no position beyond it, and a KV cache sized by an absurd request would not fit
+        in memory (the process would abort instead of failing with a message).
+        """
+        bounds = []
+        pos_emb = _config_get(self.config.model, "decoder.emb.pos_emb")
+        if pos_emb is not None:
+            bounds.append(_config_get(pos_emb, "num_embeddings"))
+        if self.trainer_config is not None:
+            bounds.append(_config_get(self.trainer_config, "input.source.max_sequence_length"))
+        bounds = [b for b in bounds if isinstance(b, int) and b > 0]
+        return min(bounds) if bounds else None
+
+    def _check_length(self, prefix_length: int, max_new_tokens: int) -> int:
+        """Returns prefix_length + max_new_tokens after checking it against `context_length`."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        context = self.context_length
+        if context is not None and prefix_length + max_new_tokens > context:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens}: the prompt ({prefix_length} tokens) plus the "
+                f"new tokens exceed the model's context of {context} tokens (the sequence length "
+                f"it was trained on); ask for at most {max(0, context - prefix_length)} new tokens "
+                "(or a shorter prompt)."
+            )
+        return prefix_length + max_new_tokens
 
     @property
     def evaler_names(self) -> list[str]:
@@ -425,7 +455,7 @@ class InferenceRunner(Module):
         modifier = logits_modifier(temperature=temperature, top_k=top_k, top_p=top_p)
         stops = list(stop_tokens) if stop_tokens is not None else [self.eos_token_id]
         prefix = _pad_prompts(prompts, pad_id=self.pad_token_id)
-        length = prefix.shape[1] + max_new_tokens
+        length = self._check_length(prefix.shape[1], max_new_tokens)
         stop = decoding.StopOnSubsequence([[t] for t in stops]) if stops else _never_stop
 
         def fn(params, prefix, prng_key):
@@ -489,7 +519,7 @@ class InferenceRunner(Module):
         modifier = logits_modifier(temperature=temperature, top_k=top_k, top_p=top_p)
         stops = list(stop_tokens) if stop_tokens is not None else [self.eos_token_id]
         prefix = _pad_prompts([prompt], pad_id=self.pad_token_id)
-        length = prefix.shape[1] + max_new_tokens
+        length = self._check_length(prefix.shape[1], max_new_tokens)
         input_ids = np.full((1, length), self.pad_token_id, np.int32)
         input_ids[:, : prefix.shape[1]] = prefix
         time_step = np.asarray([len(prompt) - 1], np.int32)
@@ -559,7 +589,7 @@ class InferenceRunner(Module):
         if num_beams < 1:
             raise ValueError(f"num_beams must be >= 1, got {num_beams}")
         prefix = _pad_prompts(prompts, pad_id=self.pad_token_id)
-        length = prefix.shape[1] + max_new_tokens
+        length = self._check_length(prefix.shape[1], max_new_tokens)
         penalty = decoding.brevity_penalty_fn(alpha=length_penalty)
 
         def fn(params, prefix, prng_key):
@@ -696,3 +726,13 @@ def _cut(tokens: Sequence[int], stop_tokens: Sequence[int]) -> list[int]:
             break
         out.append(int(t))
     return out
+
+
+def _config_get(cfg: Any, path: str) -> Any:
+    """The value at dotted `path` of a config, None where a part is missing or None."""
+    node = cfg
+    for key in path.split("."):
+        if node is None or not hasattr(node, key):
+            return None
+        node = getattr(node, key)
+    return node

@@ -14,13 +14,19 @@ drops the padding rows, so padding examples never reach the loss.
 Example: a logical batch of 2 over 4 feeds (hosts), each contributing 1 row: logical feeds
 [0, 1] each read one example; feeds 2 and 3 send one padding row each; the global physical batch
 has 4 rows and its dispatch tensor is [[1, 0], [0, 1], [0, 0], [0, 0]].
+
+`SpmdInputDispatcher` (AXLearn's newer default) needs no padding or dispatch step: given the
+`partition_spec` of the global batch over the enclosing mesh, each process (feed) produces exactly
+the batch rows its devices hold, so the per-feed batches assemble directly into the global array.
 """
 
+import math
 from collections.abc import Sequence
 from typing import Optional
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common.config import REQUIRED, Required, config_class
 from axlearn.common.module import Module
@@ -28,6 +34,7 @@ from axlearn.common.utils import (
     PHYSICAL_TO_LOGICAL_DISPATCH_KEY,
     Nested,
     Tensor,
+    current_mesh,
     dispatch_input_batch,
 )
 
@@ -224,3 +231,131 @@ class InputDispatcher(Module):
 
         check(global_physical_batch)
         return dispatch_input_batch(global_physical_batch, batch_axis_names=None)
+
+
+def batch_feed_layout(
+    mesh: jax.sharding.Mesh, partition_spec: PartitionSpec, *, global_batch_size: int
+) -> dict[int, tuple[int, int]]:
+    """How the processes of `mesh` split a global batch sharded by `partition_spec` (dim 0).
+
+    Args:
+        mesh: The device mesh.
+        partition_spec: The global batch's partition spec (only its first entry may be set).
+        global_batch_size: The global batch size.
+
+    Returns:
+        {process index: (feed index, feed count)}: processes whose devices hold the same batch
+        rows share a feed index; feeds are numbered by their first row.
+    """
+    sharding = NamedSharding(mesh, PartitionSpec(partition_spec[0]))
+    return feed_layout_from_indices(sharding.devices_indices_map((global_batch_size,)))
+
+
+def feed_layout_from_indices(indices_map: dict) -> dict[int, tuple[int, int]]:
+    """{process index: (feed index, feed count)} from a sharding's device -> batch-slice map.
+
+    Args:
+        indices_map: {device (with `process_index`): (slice of the batch dim,)}, as
+            `Sharding.devices_indices_map` returns it.
+
+    Returns:
+        See `batch_feed_layout`.
+    """
+    rows_by_process: dict[int, set] = {}
+    for device, index in indices_map.items():
+        start = index[0].start or 0
+        rows_by_process.setdefault(device.process_index, set()).add(start)
+    groups = sorted({tuple(sorted(rows)) for rows in rows_by_process.values()})
+    return {
+        process: (groups.index(tuple(sorted(rows))), len(groups))
+        for process, rows in rows_by_process.items()
+    }
+
+
+class SpmdInputDispatcher(Module):
+    """A mesh-aware dispatcher: each process feeds the batch rows its devices hold.
+
+    Must be instantiated inside the mesh (`with mesh:` / `jax.set_mesh`). Given the global
+    batch's `partition_spec`, the processes holding the same rows form one logical feed; a feed
+    reads shard `logical_feed_index` of `num_logical_feeds` and batches
+    `global_logical_batch_size // num_logical_feeds` examples; the per-feed batches are the
+    global array's process-local parts as they are (no padding, no dispatch tensor).
+    """
+
+    @config_class
+    class Config(Module.Config):
+        """Configures SpmdInputDispatcher."""
+
+        # The global batch size the model sees.
+        global_logical_batch_size: Required[int] = REQUIRED
+        # The partition spec of the global batch (e.g. PartitionSpec(("data", "fsdp"))); only
+        # the batch dim (the first entry) may be partitioned.
+        partition_spec: Required[PartitionSpec] = REQUIRED
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        mesh = current_mesh()
+        if mesh is None:
+            raise ValueError(
+                f"{self.path()}: SpmdInputDispatcher must be instantiated inside a mesh "
+                "(with mesh: / jax.set_mesh(mesh)); the trainer and evalers do so."
+            )
+        spec = cfg.partition_spec
+        if not spec:
+            raise ValueError(
+                f"{self.path()}.partition_spec={spec!r} is empty: set the batch axes, e.g. "
+                "PartitionSpec(('data', 'fsdp'))"
+            )
+        if any(axis is not None for axis in jax.tree.leaves(tuple(spec)[1:])):
+            raise NotImplementedError(
+                f"{self.path()}.partition_spec={spec!r}: only the batch dim may be partitioned "
+                "by input dispatch; set the other entries to None"
+            )
+        batch_axes = jax.tree.leaves(tuple(spec)[0])
+        num_partitions = math.prod(mesh.shape[axis] for axis in batch_axes)
+        if cfg.global_logical_batch_size % num_partitions != 0:
+            raise ValueError(
+                f"{self.path()}.global_logical_batch_size={cfg.global_logical_batch_size} is not "
+                f"divisible by the {num_partitions} batch partitions of partition_spec={spec!r}: "
+                f"use a multiple of {num_partitions}"
+            )
+        layout = batch_feed_layout(mesh, spec, global_batch_size=cfg.global_logical_batch_size)
+        self._logical_feed_index, self._num_logical_feeds = layout[jax.process_index()]
+
+    @property
+    def num_logical_feeds(self) -> int:
+        """The number of distinct feeds (process groups holding different batch rows)."""
+        return self._num_logical_feeds
+
+    @property
+    def logical_feed_index(self) -> int:
+        """This process's feed index."""
+        return self._logical_feed_index
+
+    @property
+    def feed_logical_batch_size(self) -> int:
+        """Examples per feed batch."""
+        return self.config.global_logical_batch_size // self._num_logical_feeds
+
+    @property
+    def feed_physical_batch_size(self) -> int:
+        """Rows per feed batch (no padding: the same as feed_logical_batch_size)."""
+        return self.feed_logical_batch_size
+
+    @property
+    def partition_spec(self) -> PartitionSpec:
+        """The global batch's partition spec."""
+        return self.config.partition_spec
+
+    def feed_read_config(self) -> dict[str, int]:
+        """The shard this feed reads: {"num_shards": feeds, "shard_index": this feed}."""
+        return dict(num_shards=self._num_logical_feeds, shard_index=self._logical_feed_index)
+
+    def logical_to_physical_batch(self, logical_feed_batch: Nested[Tensor]) -> Nested[Tensor]:
+        """The per-feed batch as it is (a copy of its tree): it is already physical."""
+        return jax.tree.map(lambda x: x, logical_feed_batch)
+
+    def physical_to_logical_batch(self, global_physical_batch: Nested[Tensor]) -> Nested[Tensor]:
+        """The global batch as it is (a copy of its tree): it is already logical."""
+        return jax.tree.map(lambda x: x, global_physical_batch)

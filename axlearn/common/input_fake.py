@@ -13,11 +13,18 @@ global batch size and sequence length.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, Optional, Union
 
 import numpy as np
 
-from axlearn.common.config import REQUIRED, ConfigBase, Required, config_class
+from axlearn.common.config import (
+    REQUIRED,
+    ConfigBase,
+    Required,
+    config_class,
+    config_for_function,
+)
 from axlearn.common.module import Module, nowrap
 
 # Rows are seeded with (this, batch index, row index).
@@ -177,6 +184,89 @@ class FakeLmInput(Module):
         return it
 
 
+def fake_grain_source(
+    examples: Sequence[Any], *, repeat: Optional[int] = 1, shuffle_seed: Optional[int] = None
+) -> Any:
+    """AXLearn's fake Grain source: a `grain.MapDataset` of `examples`.
+
+    Args:
+        examples: The examples (any picklable values).
+        repeat: Epochs; None: forever.
+        shuffle_seed: If not None, each epoch is shuffled with this seed.
+
+    Returns:
+        A MapDataset.
+    """
+    import grain  # pylint: disable=import-outside-toplevel
+
+    ds = grain.MapDataset.source(list(examples))
+    if shuffle_seed is not None:
+        ds = ds.shuffle(seed=shuffle_seed)
+    if repeat != 1:
+        ds = ds.repeat(repeat)
+    return ds
+
+
+class _FakeLmRow:
+    """Global example index -> a deterministic random LM example (picklable for workers)."""
+
+    def __init__(self, source_length: int, max_token_id: int):
+        self._length, self._max_token_id = source_length, max_token_id
+
+    def __call__(self, index: int) -> dict[str, np.ndarray]:
+        tokens = np.random.default_rng([_FAKE_SEED, int(index)]).integers(
+            1, self._max_token_id, size=[self._length + 1], dtype=np.int32
+        )
+        return {
+            "input_ids": tokens[:-1],
+            "target_labels": tokens[1:],
+            "target_num_bytes": np.int32(self._length),
+        }
+
+
+def fake_grain_lm_source(
+    *,
+    is_training: bool,
+    global_batch_size: int,
+    source_length: int,
+    max_token_id: int = 2048,
+    total_num_batches: Optional[int] = None,
+) -> Any:
+    """A BuildDatasetFn of fake LM batches for `input_grain.Input` (what `--data_dir=FAKE` sets).
+
+    Example i of the global stream is drawn from `default_rng([1, i])`; feeds read interleaved
+    shards (`input_grain.shard_dataset`), so it resumes exactly and elastically.
+
+    Args:
+        is_training: Whether for training (repeats forever) or evaluation.
+        global_batch_size: Examples per global batch.
+        source_length: Tokens per example.
+        max_token_id: Token ids are drawn from [1, max_token_id).
+        total_num_batches: Evaluation: the number of global batches (required).
+
+    Returns:
+        A BuildDatasetFn.
+
+    Raises:
+        ValueError: If an evaluation source has no total_num_batches.
+    """
+    if not is_training and total_num_batches is None:
+        raise ValueError("fake_grain_lm_source: set total_num_batches for an evaluation input")
+
+    def build(dispatch_config: Any) -> Any:
+        # pylint: disable-next=import-outside-toplevel
+        from axlearn.common.input_grain import per_feed_batch, shard_dataset
+
+        num = global_batch_size * (total_num_batches or 1024)
+        ds = fake_grain_source(range(num), repeat=None if is_training else 1)
+        ds = shard_dataset(ds, dispatch_config).map(_FakeLmRow(source_length, max_token_id))
+        return per_feed_batch(
+            ds, global_batch_size=global_batch_size, dispatch_config=dispatch_config
+        )
+
+    return build
+
+
 def _find_int(cfg: Any, keys: tuple[str, ...]) -> Optional[int]:
     """Returns the first int value of a field named in `keys` anywhere under `cfg`."""
     found: list[int] = []
@@ -221,6 +311,8 @@ def replace_inputs_with_fake(
         ValueError: If an input's global batch size or sequence length cannot be determined (the
             message names the config path).
     """
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.input_grain import Input as GrainInput
     from axlearn.common.input_tf_data import Input  # pylint: disable=import-outside-toplevel
 
     if vocab_size is None:
@@ -269,9 +361,38 @@ def replace_inputs_with_fake(
             fake.name = input_cfg.name
         return fake
 
+    def fake_grain_for(path: str, input_cfg: GrainInput.Config) -> GrainInput.Config:
+        # The Input stays a Grain input (its state format, elastic rule and dispatch); only its
+        # source is replaced.
+        batch_size = _find_int(input_cfg.source, ("global_batch_size",))
+        dispatcher = getattr(input_cfg, "input_dispatcher", None)
+        if dispatcher is not None:
+            batch_size = dispatcher.global_logical_batch_size
+        length = _find_int(input_cfg.source, ("max_sequence_length", "max_len"))
+        length = length or source_length or fallback_length
+        if batch_size is None or length is None:
+            raise ValueError(
+                f"--data_dir=FAKE: cannot tell the global batch size or sequence length of "
+                f"{path or 'the input'} (no global_batch_size / max_sequence_length field in its "
+                f"source config); pass source_length to replace_inputs_with_fake"
+            )
+        is_training = "is_training" not in input_cfg.source or input_cfg.source.is_training
+        fake = config_for_function(fake_grain_lm_source).set(
+            is_training=bool(is_training),
+            global_batch_size=batch_size,
+            source_length=length,
+            total_num_batches=None if is_training else eval_num_batches,
+        )
+        if vocab_size is not None:
+            fake.max_token_id = vocab_size
+        input_cfg.source = fake
+        return input_cfg
+
     def walk(path: str, value: Any) -> Any:
         if isinstance(value, Input.Config):
             return fake_for(path, value)
+        if isinstance(value, GrainInput.Config):
+            return fake_grain_for(path, value)
         if isinstance(value, ConfigBase):
             for key in value.keys():
                 child = getattr(value, key)

@@ -17,12 +17,25 @@ mid-window and mid-row.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Optional
 
 import grain
 import numpy as np
 
-from axlearn.common.input_grain import Dataset, maybe_to_iter_dataset, unbatch
+from axlearn.common.config import ConfigOr, maybe_instantiate
+from axlearn.common.input_grain import (
+    BuildDatasetFn,
+    Dataset,
+    DispatchConfig,
+    array_record_dataset,
+    maybe_to_iter_dataset,
+    pad_for_evaluation,
+    per_feed_batch,
+    prefetch_dataset,
+    shard_dataset,
+    unbatch,
+)
 
 PACKING_WINDOWED = "windowed"
 PACKING_STREAMING = "streaming"
@@ -204,6 +217,7 @@ def text_to_lm_training_input(
     shuffle_window: int = 0,
     seed: int = 0,
     tokenized: bool = False,
+    read_options: Optional[grain.ReadOptions] = None,
 ) -> grain.IterDataset:
     """Turns documents into language-model training examples of `max_len` tokens.
 
@@ -222,6 +236,7 @@ def text_to_lm_training_input(
             checkpointable window shuffle).
         seed: The window shuffle's seed.
         tokenized: Whether `ds` already holds {"tokens"}.
+        read_options: Threads and buffer reading (and tokenizing) a MapDataset `ds` ahead.
 
     Returns:
         An IterDataset of examples.
@@ -242,7 +257,7 @@ def text_to_lm_training_input(
     table = _byte_table(vocab, replace_newlines_with)
     if not tokenized:
         ds = tokenize(ds, vocab=vocab, replace_newlines_with=replace_newlines_with)
-    ds = maybe_to_iter_dataset(ds)
+    ds = maybe_to_iter_dataset(ds, read_options=read_options)
     pad_id, eos_id = int(vocab.pad_id), int(vocab.eos_id)
     if packing == PACKING_WINDOWED:
         split = _SplitWindow(
@@ -300,6 +315,7 @@ def text_to_lm_eval_input(
     replace_newlines_with: str = "\n",
     stride: Optional[int] = None,
     tokenized: bool = False,
+    read_options: Optional[grain.ReadOptions] = None,
 ) -> grain.IterDataset:
     """Turns each document into strided `max_len` eval windows; every token is scored once.
 
@@ -313,6 +329,7 @@ def text_to_lm_eval_input(
         replace_newlines_with: Newlines become this string before tokenizing.
         stride: Window stride in (0, max_len]; None: max_len.
         tokenized: Whether `ds` already holds {"tokens"}.
+        read_options: Threads and buffer reading (and tokenizing) a MapDataset `ds` ahead.
 
     Returns:
         An IterDataset of windows.
@@ -335,4 +352,102 @@ def text_to_lm_eval_input(
         eos_id=int(vocab.eos_id),
         table=table,
     )
-    return unbatch(maybe_to_iter_dataset(ds).map(windows))
+    return unbatch(maybe_to_iter_dataset(ds, read_options=read_options).map(windows))
+
+
+def array_record_lm_source(
+    *,
+    is_training: bool,
+    vocab_cfg: ConfigOr[Any],
+    max_sequence_length: int,
+    global_batch_size: int,
+    split: str = "train",
+    paths: Optional[Sequence[str]] = None,
+    replace_newlines_with: str = "\n",
+    packing: str = PACKING_WINDOWED,
+    window_size: int = 128,
+    shuffle_window: int = 1024,
+    eval_stride: Optional[int] = None,
+    seed: int = 1,
+    num_workers: int = 0,
+    read_num_threads: int = 1,
+    read_prefetch_buffer_size: int = 16,
+) -> BuildDatasetFn:
+    """Returns a BuildDatasetFn of language-model batches from ArrayRecord files of documents.
+
+    Training: the documents (UTF-8 text records) are shuffled per epoch and repeated (the global
+    order), sharded over feeds (`shard_dataset`), tokenized, packed (`text_to_lm_training_input`),
+    window-shuffled and batched. Evaluation: each feed's documents are read once in strided
+    windows (`text_to_lm_eval_input`), padded to whole batches with all-zero examples.
+
+    Args:
+        is_training: Whether for training.
+        vocab_cfg: The vocabulary (a config or instance).
+        max_sequence_length: Tokens per example.
+        global_batch_size: The global (logical) batch size.
+        split: The embedded corpus's split, when `paths` is None (its ArrayRecord file is written
+            into the cache at first use: `embedded_array_record.prepare_array_record`).
+        paths: ArrayRecord files of documents; None: the embedded corpus's `split`.
+        replace_newlines_with: Newlines become this string before tokenizing.
+        packing: "windowed" or "streaming" (see `text_to_lm_training_input`).
+        window_size: Documents per window of windowed packing.
+        shuffle_window: Training examples are shuffled in windows of this many (0: not).
+        eval_stride: Evaluation window stride; None: max_sequence_length // 4.
+        seed: Seed of the document shuffle and the window shuffle.
+        num_workers: Prefetch worker processes (`prefetch_dataset`; 0: none).
+        read_num_threads: Threads reading and tokenizing documents ahead (per process or
+            worker); Grain's default of 16 is slower here (tokenizing holds the GIL).
+        read_prefetch_buffer_size: Documents read ahead (Grain's default of 500 costs a scan of
+            500 futures per document).
+
+    Returns:
+        A BuildDatasetFn for `input_grain.Input.source`.
+    """
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.embedded_array_record import prepare_array_record
+
+    def build(dispatch_config: DispatchConfig) -> Dataset:
+        vocab = maybe_instantiate(vocab_cfg)
+        read_options = grain.ReadOptions(
+            num_threads=read_num_threads, prefetch_buffer_size=read_prefetch_buffer_size
+        )
+        files = list(paths) if paths else [prepare_array_record(split)]
+        ds = array_record_dataset(files, seed=seed)
+        if is_training:
+            ds = shard_dataset(ds.shuffle().repeat(), dispatch_config)
+            ds = text_to_lm_training_input(
+                ds,
+                vocab=vocab,
+                max_len=max_sequence_length,
+                replace_newlines_with=replace_newlines_with,
+                window_size=window_size,
+                packing=packing,
+                shuffle_window=shuffle_window,
+                seed=seed,
+                read_options=read_options,
+            )
+            ds = per_feed_batch(
+                ds, global_batch_size=global_batch_size, dispatch_config=dispatch_config
+            )
+        else:
+            ds = text_to_lm_eval_input(
+                shard_dataset(ds, dispatch_config),
+                vocab=vocab,
+                max_len=max_sequence_length,
+                replace_newlines_with=replace_newlines_with,
+                stride=eval_stride or max(1, max_sequence_length // 4),
+                read_options=read_options,
+            )
+            per_feed = global_batch_size // dispatch_config.num_shards
+            ds = pad_for_evaluation(ds, per_feed_batch_size=per_feed)
+            ds = per_feed_batch(
+                ds,
+                global_batch_size=global_batch_size,
+                dispatch_config=dispatch_config,
+                drop_remainder=False,
+            )
+        return prefetch_dataset(
+            ds, multiprocessing_options=grain.MultiprocessingOptions(num_workers=num_workers)
+        )
+
+    return build

@@ -19,8 +19,11 @@ Flags:
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import sys
+from typing import Optional
 
 from absl import flags, logging
 
@@ -32,6 +35,7 @@ import jax  # noqa: E402  (imported after the environment above is set)
 
 from axlearn.cloud.common.process_env import distributed_flag_defaults  # noqa: E402
 from axlearn.common import gpu_memory  # noqa: E402
+from axlearn.common.accelerator_probe import quiet_accelerator_probes  # noqa: E402
 from axlearn.common.utils_spmd import setup as setup_spmd  # noqa: E402
 
 flags.DEFINE_string(
@@ -100,6 +104,67 @@ def check_data_dir(data_dir: str | None) -> None:
         raise LaunchFlagError(f"--data_dir={data_dir} is an empty directory. {fix}")
 
 
+def check_coordinator(
+    coordinator: Optional[str],
+    *,
+    num_processes: Optional[int],
+    process_id: Optional[int],
+    initialization_timeout: Optional[int],
+) -> None:
+    """Before `jax.distributed` starts: process 0 checks that the coordinator port is free; the
+    others say where they connect and how long they wait.
+
+    A busy port would otherwise be a gRPC traceback on process 0 and, on the others, a wait
+    without a word until `jax.distributed` aborts the process at its timeout.
+
+    Args:
+        coordinator: "host:port" of process 0's coordinator service (None: one process).
+        num_processes: Processes of the run.
+        process_id: This process's rank.
+        initialization_timeout: Seconds the others wait (None: JAX's default).
+
+    Raises:
+        LaunchFlagError: On process 0, if the port is in use on this host.
+    """
+    if not coordinator or not num_processes or num_processes < 2 or process_id is None:
+        return
+    host, _, port_text = coordinator.rpartition(":")
+    if not port_text.isdigit():
+        raise LaunchFlagError(
+            f"--distributed_coordinator={coordinator} is not host:port (e.g. 10.0.0.2:8476)."
+        )
+    port = int(port_text)
+    if process_id == 0:
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise LaunchFlagError(
+                    f"--distributed_coordinator={coordinator}: port {port} is already in use on "
+                    "this host (another run or program holds it). Pass another free port to "
+                    "every process of the run (`axlearn local launch` picks a free one when "
+                    "--port is not given)."
+                ) from e
+        finally:
+            probe.close()
+        return
+    timeout = (
+        f"--initialization_timeout={initialization_timeout} s"
+        if initialization_timeout
+        else "jax.distributed's default timeout (--initialization_timeout)"
+    )
+    logging.warning(
+        "Process %d of %d: connecting to the coordinator at %s (process 0's). If process 0 did "
+        "not start (see its log: e.g. a busy port), this process stops after %s.",
+        process_id,
+        num_processes,
+        coordinator or host,
+        timeout,
+    )
+
+
 def setup(flag_values: flags.FlagValues = FLAGS) -> None:
     """Sets up JAX for this process from the flags; call before touching devices.
 
@@ -114,6 +179,9 @@ def setup(flag_values: flags.FlagValues = FLAGS) -> None:
     """
     backend = flag_values.jax_backend
     check_data_dir(flag_values.data_dir)
+    if backend != "tpu":
+        # No libtpu or cuInit E-lines on a CPU/GPU run (a TPU machine keeps its environment).
+        quiet_accelerator_probes()
     if backend == "cpu" and not _TF_LOG_LEVEL_FROM_USER and "tensorflow" not in sys.modules:
         # TensorFlow (the input pipeline) logs "E... failed call to cuInit" at its first use on
         # every machine without a GPU driver: an error-looking line about a GPU the run never
@@ -128,6 +196,13 @@ def setup(flag_values: flags.FlagValues = FLAGS) -> None:
                 flag_values[name].value = value
     if backend and not jax.config.jax_platforms:
         jax.config.update("jax_platforms", backend)
+    if backend != "tpu":
+        check_coordinator(
+            flag_values.distributed_coordinator,
+            num_processes=flag_values.num_processes,
+            process_id=flag_values.process_id,
+            initialization_timeout=flag_values.initialization_timeout,
+        )
     try:
         setup_spmd(
             jax_backend=backend or "cpu",

@@ -22,12 +22,18 @@ from absl import flags, logging
 
 from axlearn.common import compilation_cache, measurement, run_record
 from axlearn.common.config.override import apply_overrides
+from axlearn.common.config_diff import parse_config_dump
 from axlearn.common.config_ranges import ConfigRangeError
-from axlearn.common.mesh_resolution import MeshResolution, overrides_set_mesh, resolve_mesh
+from axlearn.common.mesh_resolution import (
+    MeshResolution,
+    infer_mesh,
+    overrides_set_mesh,
+    resolve_mesh,
+)
 from axlearn.common.run_lock import RunLock
 from axlearn.common.trainer import SpmdTrainer
 from axlearn.common.trainer_metrics import PARAMETER_TABLE_FILE
-from axlearn.common.utils_spmd import HybridMeshShape, infer_mesh_shape
+from axlearn.common.utils_spmd import HybridMeshShape
 
 flags.DEFINE_string(
     "module",
@@ -254,12 +260,17 @@ def apply_launch_settings(
         The modified config.
 
     Raises:
-        ValueError: If the trainer dir is not set by the config or --trainer_dir.
+        ValueError: If the trainer dir is not set by the config or --trainer_dir, or is a file.
     """
     if not isinstance(cfg.dir, str):
         if not flag_values.trainer_dir:
             raise ValueError("--trainer_dir is required (the config does not set `dir`).")
         cfg.dir = flag_values.trainer_dir
+    if os.path.exists(cfg.dir) and not os.path.isdir(cfg.dir):
+        raise ValueError(
+            f"--trainer_dir={cfg.dir} is a file, not a directory: pass a directory (a new one "
+            "is created)."
+        )
     if flag_values.mesh_selector is not None:
         # The same resolution as the launch's dry run and pre-flight (mesh_resolution).
         cfg, resolution = resolve_mesh(
@@ -273,8 +284,7 @@ def apply_launch_settings(
         cfg.mesh_axis_names = ("data", "model")
     if not isinstance(cfg.mesh_shape, (list, tuple, HybridMeshShape)):
         cfg.mesh_shape = (-1,) + (1,) * (len(cfg.mesh_axis_names) - 1)
-    if not isinstance(cfg.mesh_shape, HybridMeshShape):
-        cfg.mesh_shape = infer_mesh_shape(cfg.mesh_shape)
+    cfg.mesh_shape = infer_mesh(cfg.mesh_shape)
     if flag_values.restore_step is not None:
         cfg.restore_step = flag_values.restore_step
     if flag_values.restore_fallback is not None:
@@ -384,6 +394,13 @@ def run_trainer(
         )
         if cache is not None:
             compilation_cache.enable(cache)
+    overrides = flag_values.config_override if flag_values.is_parsed() else []
+    # The launcher's fields (trainer.LAUNCH_FIELDS): on a copy, after the dump above.
+    trainer_config = trainer_config.clone(
+        on_run_start=on_run_start,
+        verbose_start=verbose,
+        save_and_eval_last_step=max_step_overridden(overrides),
+    )
     lock = RunLock(trainer_config.dir)
     if jax.process_index() == 0:
         # Before anything is written: a second run on this dir fails here, naming the owner.
@@ -400,10 +417,6 @@ def run_trainer(
             raise InvalidTrainerConfigError(
                 f"The trainer config does not build: {type(e).__name__}: {e}"
             ) from e
-        trainer.verbose_start = verbose
-        trainer.on_run_start = on_run_start
-        overrides = flag_values.config_override if flag_values.is_parsed() else []
-        trainer.save_and_eval_last_step = max_step_overridden(overrides)
         seed = flag_values.trainer_prng_seed if flag_values.is_parsed() else 0
         return trainer.run(jax.random.PRNGKey(seed))
     finally:
@@ -494,18 +507,17 @@ def _check_against_dump(rebuilt: str, dump_path: str) -> list[str]:
         The differences, one "path: run X, now Y" line each.
     """
 
-    def fields(text: str) -> dict[str, str]:
-        out = {}
-        for line in text.splitlines():
-            key, sep, value = line.partition(": ")
-            # The dir may have moved; the mesh shape is inferred for this process's devices.
-            if sep and key != "dir" and not key.startswith("mesh_shape"):
-                out[key] = value
-        return out
+    def fields(text: str, source: str) -> dict[str, str]:
+        # The dir may have moved; the mesh shape is inferred for this process's devices.
+        return {
+            key: value
+            for key, value in parse_config_dump(text, source=source, strict=False).items()
+            if key != "dir" and not key.startswith("mesh_shape")
+        }
 
     with open(dump_path, encoding="utf-8") as f:
-        saved = fields(f.read())
-    now = fields(rebuilt)
+        saved = fields(f.read(), dump_path)
+    now = fields(rebuilt, "the rebuilt config")
     diffs = [
         f"{k}: run {saved.get(k, '<absent>')}, now {now.get(k, '<absent>')}"
         for k in sorted(set(saved) | set(now))

@@ -17,6 +17,7 @@ one line naming it and the fix, exit code 1, without a traceback.
 """
 
 import errno
+import os
 import re
 import sys
 from typing import Any
@@ -26,7 +27,12 @@ from absl import app, flags, logging
 # `launch` defines the process flags and must come before anything that touches devices.
 from axlearn.common import launch  # isort: skip
 from axlearn.common import experiment_registry, launch_trainer, measurement
-from axlearn.common.checkpointer import CheckpointCorruptionError, StateMismatchError
+from axlearn.common.checkpointer import (
+    CheckpointCorruptionError,
+    ProcessCountError,
+    RestoreStepError,
+    StateMismatchError,
+)
 from axlearn.common.config.override import ConfigOverrideError
 from axlearn.common.config_ranges import ConfigRangeError
 from axlearn.common.mesh_resolution import MeshSelectorError
@@ -89,6 +95,12 @@ def main(_):
     except (ValueError, *_USER_ERRORS) as e:
         sys.exit(f"{_PROG}: error: {e}")
     fv = flags.FLAGS
+    if fv.trainer_dir and os.path.exists(fv.trainer_dir) and not os.path.isdir(fv.trainer_dir):
+        # Before anything writes under it (the event recorder, the run lock).
+        sys.exit(
+            f"{_PROG}: error: --trainer_dir={fv.trainer_dir} is a file, not a directory: pass a "
+            "directory (a new one is created)."
+        )
     if fv.recorder_type == "local" and not fv.trainer_dir and not fv.recorder_spec:
         # The config sets its own dir: the default recorder has nowhere to write.
         logging.info("No --trainer_dir: the run's events are not recorded.")
@@ -119,6 +131,8 @@ def main(_):
         launch_trainer.InvalidTrainerConfigError,
         RunLockError,
         CheckpointCorruptionError,
+        ProcessCountError,
+        RestoreStepError,
         StateMismatchError,
     ) as e:
         # Also a damaged checkpoint (the message names the file and --restore_fallback) and a

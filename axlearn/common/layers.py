@@ -13,6 +13,15 @@ from jax.sharding import PartitionSpec
 
 from axlearn.common.base_layer import BaseLayer, FactorizationSpec, ParameterSpec
 from axlearn.common.config import REQUIRED, ConfigBase, Required, config_class
+from axlearn.common.convolution import Conv2D
+
+# Classification metric layers defined in layers_metrics.py, exported here as in AXLearn.
+from axlearn.common.layers_metrics import (  # noqa: F401
+    BaseClassificationMetric,
+    BinaryClassificationMetric,
+    CategoricalHingeLossMetric,
+    ClassificationMetric,
+)
 
 # Normalization layers defined in layers_norm.py (kept apart for length), exported here as in
 # AXLearn (their `__module__` is this module's name).
@@ -22,6 +31,8 @@ from axlearn.common.layers_norm import (  # noqa: F401
     GroupNorm,
     L2Norm,
     NormType,
+    _compute_moments_with_segment_ids,
+    compute_mean_square_with_segment_ids,
 )
 from axlearn.common.module import Module
 from axlearn.common.param_init import PARAM_REGEXP_WEIGHT, DefaultInitializer, WeightInitializer
@@ -526,3 +537,54 @@ def set_norm_recursively(cfg: ConfigBase, norm_cfg: ConfigBase) -> ConfigBase:
 
     cfg.visit(visit_fn=lambda k, v: None, enter_fn=enter_fn)
     return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# Squeeze-and-excitation.
+# --------------------------------------------------------------------------------------------
+
+
+class SqueezeExcitation(BaseLayer):
+    """Squeeze-and-excitation (Hu et al., 2018) over [batch, height, width, input_dim].
+
+    y = x * gating(expand(activation(reduce(mean_hw(x))))), where `reduce` and `expand` are 1x1
+    convolutions input_dim -> num_reduced_filters -> input_dim (with biases). With se_ratio 0 the
+    layer has no parameters and returns x.
+    """
+
+    @config_class
+    class Config(BaseLayer.Config):
+        """Configures SqueezeExcitation."""
+
+        # Input (and output) feature dim.
+        input_dim: Required[int] = REQUIRED
+        # Reduced dim = max(1, int(input_dim * se_ratio)) unless num_reduced_filters is set;
+        # 0 disables the layer.
+        se_ratio: float = 0.0
+        # If set, the reduced dim (overrides se_ratio's).
+        num_reduced_filters: Optional[int] = None
+        # Activation after the reduction (see get_activation_fn).
+        activation: str = "nn.relu"
+        # Gating function of the excitation (see get_activation_fn).
+        gating: str = "nn.sigmoid"
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        if cfg.se_ratio < 0:
+            raise ValueError(f"{self.path()}: se_ratio={cfg.se_ratio} must be >= 0")
+        if cfg.se_ratio > 0:
+            reduced = cfg.num_reduced_filters or max(1, int(cfg.input_dim * cfg.se_ratio))
+            conv = Conv2D.default_config().set(window=(1, 1), strides=(1, 1), bias=True)
+            self._add_child("reduce", conv.clone(input_dim=cfg.input_dim, output_dim=reduced))
+            self._add_child("expand", conv.clone(input_dim=reduced, output_dim=cfg.input_dim))
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        """Returns the excited inputs (the inputs themselves when se_ratio is 0)."""
+        cfg = self.config
+        if cfg.se_ratio <= 0:
+            return inputs
+        squeezed = jnp.mean(inputs, axis=(1, 2), keepdims=True)
+        hidden = get_activation_fn(cfg.activation)(self.reduce(squeezed))
+        gate = get_activation_fn(cfg.gating)(self.expand(hidden))
+        return inputs * gate

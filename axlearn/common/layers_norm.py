@@ -44,6 +44,60 @@ def _masked_mean(x: Tensor, *, axes: tuple[int, ...], paddings: Optional[Tensor]
     return jnp.sum(x * mask, axis=axes, keepdims=True) / count
 
 
+def _paddings_with_segment_ids(
+    paddings: Optional[Tensor], segment_ids: Optional[Tensor]
+) -> Optional[Tensor]:
+    """Paddings [batch, time] that also mark segment id 0 (AXLearn's padding segment)."""
+    if segment_ids is None:
+        return paddings
+    from_segments = (jnp.asarray(segment_ids) == 0).astype(jnp.int32)
+    if paddings is None:
+        return from_segments
+    return jnp.maximum(jnp.asarray(paddings).astype(jnp.int32), from_segments)
+
+
+def _compute_moments_with_segment_ids(
+    *, x: Tensor, segment_ids: Optional[Tensor], reduction_axis, keepdims: bool = True
+) -> tuple[Tensor, Tensor]:
+    """Mean and variance of `x` over `reduction_axis`, leaving out positions of segment 0.
+
+    Args:
+        x: [batch, time, ...].
+        segment_ids: Optional int [batch, time]; 0 marks padding. None: every position counts.
+        reduction_axis: The axes to reduce (a list or tuple of ints, negative allowed).
+        keepdims: Whether the reduced axes stay as size 1.
+
+    Returns:
+        (mean, variance).
+    """
+    axes = tuple(sorted(a % x.ndim for a in reduction_axis))
+    paddings = None if segment_ids is None else (jnp.asarray(segment_ids) == 0).astype(x.dtype)
+    mean, var = _masked_moments(x, axes=axes, paddings=paddings)
+    if not keepdims:
+        mean, var = jnp.squeeze(mean, axis=axes), jnp.squeeze(var, axis=axes)
+    return mean, var
+
+
+def compute_mean_square_with_segment_ids(
+    *, x: Tensor, segment_ids: Optional[Tensor], reduction_axis, keepdims: bool = True
+) -> Tensor:
+    """Mean of `x ** 2` over `reduction_axis`, leaving out positions of segment 0.
+
+    Args:
+        x: [batch, time, ...].
+        segment_ids: Optional int [batch, time]; 0 marks padding. None: every position counts.
+        reduction_axis: The axes to reduce.
+        keepdims: Whether the reduced axes stay as size 1.
+
+    Returns:
+        The mean square.
+    """
+    axes = tuple(sorted(a % x.ndim for a in reduction_axis))
+    paddings = None if segment_ids is None else (jnp.asarray(segment_ids) == 0).astype(x.dtype)
+    out = _masked_mean(x * x, axes=axes, paddings=paddings)
+    return out if keepdims else jnp.squeeze(out, axis=axes)
+
+
 def _masked_moments(
     x: Tensor, *, axes: tuple[int, ...], paddings: Optional[Tensor]
 ) -> tuple[Tensor, Tensor]:
@@ -170,9 +224,19 @@ class GroupNorm(BaseNormalizationLayer):
             axes.append(ndim - 1)
         return tuple(sorted(set(axes)))
 
-    def forward(self, x: Tensor, *, paddings: Optional[Tensor] = None) -> Tensor:
-        """Normalizes `x` ([batch, ..., input_dim], rank >= 3 when paddings is given)."""
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        paddings: Optional[Tensor] = None,
+        segment_ids: Optional[Tensor] = None,
+    ) -> Tensor:
+        """Normalizes `x` ([batch, ..., input_dim], rank >= 3 when paddings is given).
+
+        `segment_ids` ([batch, time], 0 = padding) leave out positions like `paddings`.
+        """
         cfg = self.config
+        paddings = _paddings_with_segment_ids(paddings, segment_ids)
         if x.ndim < 2:
             raise ValueError(f"{self.path()}: GroupNorm needs [batch, ..., dim], got {x.shape}")
         x_dtype, shape = x.dtype, x.shape
@@ -226,9 +290,19 @@ class BatchNorm(BaseNormalizationLayer):
             ),
         }
 
-    def forward(self, x: Tensor, *, paddings: Optional[Tensor] = None) -> Tensor:
-        """Normalizes `x` ([batch, ..., input_dim]); paddings ([batch, time]) are left out."""
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        paddings: Optional[Tensor] = None,
+        segment_ids: Optional[Tensor] = None,
+    ) -> Tensor:
+        """Normalizes `x` ([batch, ..., input_dim]); paddings ([batch, time]) are left out.
+
+        `segment_ids` ([batch, time], 0 = padding) leave out positions like `paddings`.
+        """
         cfg = self.config
+        paddings = _paddings_with_segment_ids(paddings, segment_ids)
         if self.is_training:
             axes = tuple(range(x.ndim - 1))
             mean, var = _masked_moments(x.astype(jnp.float32), axes=axes, paddings=paddings)

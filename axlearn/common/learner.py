@@ -63,7 +63,14 @@ from axlearn.common.update_transformation import (
     UpdateTransformation,
     mask_tree,
 )
-from axlearn.common.utils import Nested, Tensor, flatten_items, get_recursively, tree_paths
+from axlearn.common.utils import (
+    Nested,
+    Tensor,
+    all_finite,
+    flatten_items,
+    get_recursively,
+    tree_paths,
+)
 
 
 class UpdateType(enum.Enum):
@@ -100,11 +107,6 @@ def _mask_tree(tree: Any, keep: Any) -> Any:
 
 def _tree_where(pred: Tensor, new: Any, old: Any) -> Any:
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
-
-
-def _all_finite(tree: Any) -> Tensor:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
-    return jnp.all(jnp.array(leaves, dtype=bool)) if leaves else jnp.array(True)
 
 
 class BaseLearner(Module):
@@ -193,6 +195,9 @@ class Learner(BaseLearner):
         forward_fn_transformation: Optional[ConfigOr[ForwardFnTransformation]] = None
         # Optional dynamic loss scaling for float16 training (loss_scale.DynamicLossScaler).
         loss_scaler: Optional[InstantiableConfig] = None
+        # True: a step whose loss is not finite (NaN/inf) leaves the parameters and the learner
+        # state unchanged (the step is skipped); False: such a step is applied like any other.
+        ignore_undefined_loss: bool = False
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
@@ -441,7 +446,7 @@ class Learner(BaseLearner):
             aux, loss = outputs.aux
             outputs = outputs._replace(loss=loss, aux=aux)
             grads = scaler.unscale(grads, scale_state)
-            is_valid_step = _all_finite(grads)
+            is_valid_step = all_finite(grads)
             new_scale_state = scaler.update(
                 scale_state, grads_finite=is_valid_step, loss_finite=jnp.isfinite(loss)
             )
@@ -449,6 +454,13 @@ class Learner(BaseLearner):
             self.add_summary("loss_scale/scale", new_scale_state.scale)
             self.add_summary("loss_scale/num_skipped_steps", new_scale_state.num_skipped_steps)
             self.add_summary("loss_scale/num_nan_steps", new_scale_state.num_nan_steps)
+        if self.config.ignore_undefined_loss:
+            loss_finite = jnp.isfinite(outputs.loss)
+            is_valid_step = (
+                loss_finite
+                if is_valid_step is None
+                else jnp.logical_and(is_valid_step, loss_finite)
+            )
         updated = self.update(
             _updates_from_forward(
                 fn, opt_params=opt_params, inputs=inputs, outputs=outputs, grads=grads

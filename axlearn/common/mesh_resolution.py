@@ -1,5 +1,9 @@
 """Which mesh a job uses: one resolution shared by the launcher, the pre-flight and the trainer.
 
+This module is also the one home of mesh inference (`infer_mesh`: a -1 axis resolved over the
+devices) and of building the device mesh from a config (`build_mesh`), which the trainer (and
+through it AOT compilation) and inference call.
+
     instance type (+ replicas) -> mesh selector -> the experiment's mesh rule
         -> mesh shape and config modifiers
 
@@ -10,7 +14,7 @@
   AXLearn's rules (`"tpu-v5p-.*"`, `"tpu-v5litepod-256-4"`,
   `"gpu-(p5.48xlarge|p4de.24xlarge|a3-highgpu-8g)-(256|512|1024)"`) are regexes over it.
 - `resolve_mesh(cfg, mesh_selector=...)` applies the first of the config's `mesh_rules` whose
-  regex fully matches (`trainer.select_mesh_config`) and returns what it did (`MeshResolution`).
+  regex fully matches (as `select_mesh_config` does) and returns what it did (`MeshResolution`).
   A selector that matches no rule is an error (`MeshSelectorError`, listing the rules and the
   closest names), unless the mesh is explicit (a `mesh_shape=` config override) or the
   experiment declares a default: a catch-all last rule such as `(".*", mesh_shape)`, or no
@@ -27,6 +31,8 @@ import difflib
 import re
 from collections.abc import Sequence
 from typing import Any, Optional
+
+from absl import logging
 
 # Config override paths that set the mesh explicitly (the rule is then not applied).
 EXPLICIT_MESH_PATHS = ("mesh_shape",)
@@ -232,3 +238,96 @@ def resolve_mesh(
 def overrides_set_mesh(overrides: Sequence[str]) -> bool:
     """Returns whether `PATH=VALUE` overrides set the mesh explicitly (`mesh_shape=...`)."""
     return any(o.split("=", 1)[0].strip() in EXPLICIT_MESH_PATHS for o in overrides)
+
+
+def select_mesh_config(trainer_config: Any, *, mesh_selector: str) -> Any:
+    """Applies the first of `trainer_config.mesh_rules` whose regex fully matches `mesh_selector`.
+
+    A rule's value is either a mesh shape (or HybridMeshShape), which replaces `mesh_shape`, or a
+    ConfigModifier config (or instance), which is applied to the whole trainer config. If no rule
+    matches, the config is unchanged (launches go through `resolve_mesh`, which refuses an
+    unmatched selector). Also importable as `axlearn.common.trainer.select_mesh_config`.
+
+    Args:
+        trainer_config: The trainer config (modified in place).
+        mesh_selector: E.g. "tpu-v5litepod-256" or "gpu-p5.48xlarge-64".
+
+    Returns:
+        The (possibly modified) trainer config.
+    """
+    match = match_mesh_rule(trainer_config, mesh_selector)
+    if match is None:
+        if trainer_config.mesh_rules:
+            logging.info(
+                "Mesh selector %r matches no mesh rule; keeping the default mesh.", mesh_selector
+            )
+        return trainer_config
+    logging.info("Mesh selector %r matches mesh rule %s.", mesh_selector, match[2])
+    return apply_mesh_rule(trainer_config, match[2], mesh_selector=mesh_selector)
+
+
+def infer_mesh(mesh_shape: Any, *, num_devices: Optional[int] = None) -> Any:
+    """The mesh shape with its -1 (if any) resolved over `num_devices` (default: all devices);
+    a HybridMeshShape is returned unchanged (its -1s are resolved per slice when the device
+    mesh is built). The one home of mesh inference: the launcher, the trainer, AOT compilation
+    and inference call it.
+
+    Args:
+        mesh_shape: Sizes per mesh axis (at most one -1), or a `utils_spmd.HybridMeshShape`.
+        num_devices: The number of devices; None: `jax.device_count()`.
+
+    Returns:
+        The resolved shape (a tuple), or the HybridMeshShape.
+
+    Raises:
+        ValueError: If more than one axis is -1 or the sizes do not divide the devices.
+    """
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.utils_spmd import HybridMeshShape, infer_mesh_shape
+
+    if isinstance(mesh_shape, HybridMeshShape):
+        return mesh_shape
+    return infer_mesh_shape(mesh_shape, num_devices=num_devices)
+
+
+def build_mesh(
+    mesh_shape: Any,
+    mesh_axis_names: Sequence[str],
+    *,
+    devices: Any = None,
+    config_path: str = "mesh_shape",
+) -> tuple[Any, Any]:
+    """Builds the device mesh of a config's `mesh_shape` and `mesh_axis_names`.
+
+    Args:
+        mesh_shape: Sizes per mesh axis (one -1 is inferred), or a HybridMeshShape.
+        mesh_axis_names: One name per axis.
+        devices: The devices, already arranged in the mesh's shape; None: all devices, arranged
+            by `utils_spmd.create_device_mesh`.
+        config_path: The config named in errors.
+
+    Returns:
+        (the `jax.sharding.Mesh`, the resolved mesh shape to store back in the config).
+
+    Raises:
+        ValueError: If the shape and the axis names have different lengths.
+    """
+    # pylint: disable-next=import-outside-toplevel
+    import jax
+
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.utils_spmd import HybridMeshShape, create_device_mesh
+
+    mesh_devices = devices if devices is not None else create_device_mesh(mesh_shape)
+    if isinstance(mesh_shape, HybridMeshShape):
+        num_axes = len(mesh_shape.ici_mesh_shape)
+    else:
+        num_axes = len(mesh_shape)
+        mesh_shape = infer_mesh(mesh_shape, num_devices=mesh_devices.size)
+    if num_axes != len(mesh_axis_names):
+        raise ValueError(
+            f"{config_path}: mesh_shape {mesh_shape} has {num_axes} axes but "
+            f"mesh_axis_names {tuple(mesh_axis_names)} has {len(mesh_axis_names)}. Fix: give "
+            "one axis name per mesh_shape entry."
+        )
+    return jax.sharding.Mesh(mesh_devices, tuple(mesh_axis_names)), mesh_shape

@@ -48,6 +48,7 @@ from axlearn.common.invocation_context import (  # noqa: F401  (re-exported publ
     _copy_tree,
     _Functional,
     _generate_seed_from_name,
+    _global_context_stack,
     _validate_name,
     child_context,
     clone_context_stack,
@@ -466,6 +467,7 @@ def scan_in_context(
     xs: NestedTensor,
     drop_output: Optional[Callable[[str], bool]] = None,
     child_name_prefix: str = "iter",
+    unroll: Union[int, bool] = 1,
 ) -> tuple[NestedTensor, NestedTensor]:
     """`jax.lax.scan` of `fn(carry, x) -> (carry, y)` in a child context of the current module.
 
@@ -480,6 +482,7 @@ def scan_in_context(
             context fields per iteration, e.g. "prng_key" ([N] keys) or "state".
         drop_output: Optional predicate over output paths ("summaries/..."); True drops it.
         child_name_prefix: Child name for the iteration outputs.
+        unroll: `jax.lax.scan`'s unroll: iterations per loop step (True: all, False: 1).
 
     Returns:
         (final carry, stacked ys).
@@ -506,7 +509,7 @@ def scan_in_context(
             )
         return carry_i, dict(y_i=y_i, output_collection=collection_i)
 
-    carry, ys = jax.lax.scan(body, carry, xs)
+    carry, ys = jax.lax.scan(body, carry, xs, unroll=unroll)
     propagate_repeated_output_collections(
         ys["output_collection"],
         child_name_prefix=child_name_prefix,

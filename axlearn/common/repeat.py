@@ -17,7 +17,7 @@ Outputs matched by `drop_output` are dropped (by default all module outputs).
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Union
 
 import jax
 from jax.sharding import PartitionSpec
@@ -142,6 +142,9 @@ class Repeat(BaseLayer):
         drop_output: Optional[InstantiableConfig] = config_for_function(_drop_by_regex).set(
             rules=["module_outputs.*"]
         )
+        # Iterations per step of the scan's loop (jax.lax.scan's `unroll`): an int >= 1, True
+        # (unroll all) or False (1); None means 1.
+        unroll: Optional[Union[int, bool]] = None
 
     class Output(NamedTuple):
         """carry: the last iteration's carry; ys: per-iteration outputs stacked on axis 0."""
@@ -154,6 +157,11 @@ class Repeat(BaseLayer):
         cfg = self.config
         self._add_child("layer", cfg.layer)
         self._drop_output = cfg.drop_output.instantiate() if cfg.drop_output is not None else None
+        if cfg.unroll is not None and not isinstance(cfg.unroll, bool):
+            if not isinstance(cfg.unroll, int) or cfg.unroll < 1:
+                raise ValueError(
+                    f"{self.path()}: unroll={cfg.unroll!r} must be True, False, None or an int >= 1"
+                )
 
     def create_parameter_specs_recursively(self):
         return prepend_axis_to_specs(
@@ -183,8 +191,6 @@ class Repeat(BaseLayer):
         xs = {} if xs is None else xs
         prng_key = self.prng_key
         scan_xs = dict(xs=xs, state=None)
-        if prng_key is not None:
-            scan_xs["prng_key"] = jax.random.split(prng_key, self._num_layers())
         # The layer's context writes into this module's output collection, so that the scan's
         # outputs are added here as "layer" (stacked) and "layer{i}" (per-layer summaries).
         own_collection = self.get_invocation_context().output_collection
@@ -192,11 +198,17 @@ class Repeat(BaseLayer):
             "layer", module=self.layer, output_collection=own_collection
         ) as layer_context:
             scan_xs["state"] = layer_context.state
+            if prng_key is not None:
+                # As many iterations as the state holds layers (a caller may pass the first n).
+                leaves = jax.tree.leaves(layer_context.state)
+                num_iterations = leaves[0].shape[0] if leaves else self._num_layers()
+                scan_xs["prng_key"] = jax.random.split(prng_key, num_iterations)
             carry, ys = scan_in_context(
                 fn,
                 carry=carry,
                 xs=scan_xs,
                 drop_output=self._drop_output,
                 child_name_prefix="layer",
+                unroll=1 if self.config.unroll is None else self.config.unroll,
             )
         return self.Output(carry=carry, ys=ys)

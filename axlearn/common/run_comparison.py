@@ -29,6 +29,12 @@ import statistics
 from typing import Any, Callable, Optional, Sequence
 
 from axlearn.common import run_summary
+from axlearn.common.run_comparison_noise import (  # noqa: F401 (public names)
+    MIN_EFFECT,
+    NOISE_ALPHA,
+    NoiseVerdict,
+    step_time_noise_test,
+)
 
 # Keys of metrics.jsonl records (the trainer's summary tags).
 LOSS_KEY = "loss"
@@ -41,10 +47,6 @@ RUN_SUMMARY = "run_summary.json"
 METRICS_JSONL = "metrics.jsonl"
 CONFIG_DUMP = "trainer_config"
 
-# Noise test: a step-time difference counts only when both hold (see `step_time_noise_test`).
-NOISE_ALPHA = 0.01
-# Step-time differences smaller than this fraction of the baseline's median are noise.
-MIN_EFFECT = 0.05
 # Runs whose start-of-run matmul probes (CPU) differ by more than this fraction ran on a machine
 # of different speed (other load): their step times are not comparable.
 MACHINE_SPEED_TOLERANCE = 0.15
@@ -211,82 +213,6 @@ def load_run(path: str, *, label: Optional[str] = None) -> RunData:
         config_dump=config_dump,
         notes=notes,
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class NoiseVerdict:
-    """Whether two runs' step times differ by more than their own step-to-step spread.
-
-    Attributes:
-        significant: True when the difference is outside the noise (both tests agree).
-        p_value: Two-sided Mann-Whitney U p-value.
-        iqr_a: (q25, q75) of run A's step times.
-        iqr_b: (q25, q75) of run B's step times.
-        n_a: Samples of A.
-        n_b: Samples of B.
-        reason: Why, in words.
-    """
-
-    significant: bool
-    p_value: Optional[float]
-    iqr_a: Optional[tuple[float, float]]
-    iqr_b: Optional[tuple[float, float]]
-    n_a: int
-    n_b: int
-    reason: str
-
-
-def _iqr(xs: Sequence[float]) -> tuple[float, float]:
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return q[0], q[2]
-
-
-def step_time_noise_test(
-    a: Sequence[float],
-    b: Sequence[float],
-    *,
-    alpha: float = NOISE_ALPHA,
-    min_effect: float = MIN_EFFECT,
-    min_samples: int = 5,
-) -> NoiseVerdict:
-    """Tests whether step times `b` differ from `a` beyond the runs' own noise.
-
-    The documented rule: a difference is significant only when (1) a two-sided Mann-Whitney U
-    test rejects "same distribution" at level `alpha` and (2) the medians differ by at least
-    `min_effect` of the baseline's median. (1) is a rank test: no assumption about the shape of
-    the step-time distribution (skewed, with load spikes), and robust to outliers; (2) keeps
-    tiny but consistent shifts of long runs, which nobody would act on, out of the red. The
-    interquartile ranges are reported with the verdict, to show each run's own spread.
-
-    Args:
-        a: Baseline per-step times (compile/eval/checkpoint steps already left out).
-        b: Candidate per-step times.
-        alpha: Significance level of the U test.
-        min_effect: Smallest relative difference of medians that counts.
-        min_samples: Fewer samples in either run: not significant ("too few steps").
-
-    Returns:
-        The `NoiseVerdict`.
-    """
-    n_a, n_b = len(a), len(b)
-    if n_a < min_samples or n_b < min_samples:
-        return NoiseVerdict(
-            False, None, None, None, n_a, n_b, f"too few steps to test ({n_a} vs {n_b})"
-        )
-    from scipy import stats  # pylint: disable=import-outside-toplevel
-
-    p = float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
-    iqr_a, iqr_b = _iqr(a), _iqr(b)
-    med_a, med_b = statistics.median(a), statistics.median(b)
-    effect = abs(med_b - med_a) / med_a if med_a else math.inf
-    significant = p < alpha and effect >= min_effect
-    if significant:
-        reason = f"U test p={p:.2g} < {alpha}, medians differ by {100 * effect:.1f}%"
-    elif p >= alpha:
-        reason = f"within noise: U test p={p:.2g} >= {alpha}"
-    else:
-        reason = f"within noise: medians differ by {100 * effect:.1f}% < {100 * min_effect:g}%"
-    return NoiseVerdict(significant, p, iqr_a, iqr_b, n_a, n_b, reason)
 
 
 def machine_speed_verdict(
@@ -730,6 +656,21 @@ def normalized_config_dump(run: RunData) -> Optional[str]:
     return run_summary.normalize_config_dump(run.config_dump) + "\n"
 
 
+# Rows of summed overhead seconds (compile, eval, checkpoint, input wait).
+OVERHEAD_ROW_PREFIX = "overhead_"
+# Overheads paid once per run whatever its length: compared as totals.
+ONCE_PER_RUN = ("overhead_compile_s",)
+
+
+def _per_step(spec: RowSpec, values: list, lengths: list[int]) -> tuple[RowSpec, list]:
+    """A total-seconds row as seconds per step (for runs of different lengths)."""
+    values = [v / n if _is_number(v) else v for v, n in zip(values, lengths)]
+    spec = dataclasses.replace(
+        spec, title=f"{spec.title} per step", abs_tolerance=spec.abs_tolerance / min(lengths)
+    )
+    return spec, values
+
+
 def compare_runs(runs: Sequence[RunData], *, baseline: int = 0) -> Comparison:
     """Builds the comparison table of `runs` against `runs[baseline]`.
 
@@ -759,11 +700,16 @@ def compare_runs(runs: Sequence[RunData], *, baseline: int = 0) -> Comparison:
         if i != baseline
     }
     rows = []
+    lengths = [r.last_step for r in runs]
+    per_step = len(set(lengths)) > 1 and all(n for n in lengths)
     for spec in ROWS:
         if spec.key == "final_loss":
             values = [dict(r.series(LOSS_KEY)).get(loss_step) for r in runs]
         else:
             values = [spec.get(r) for r in runs]
+        if per_step and spec.key.startswith(OVERHEAD_ROW_PREFIX) and spec.key not in ONCE_PER_RUN:
+            # Totals of runs of different lengths are not comparable: their per-step rates are.
+            spec, values = _per_step(spec, values, lengths)
         diffs = [
             None
             if i == baseline
@@ -779,6 +725,11 @@ def compare_runs(runs: Sequence[RunData], *, baseline: int = 0) -> Comparison:
             "runs have different lengths ("
             + ", ".join(f"{k}: {v}" for k, v in last_steps.items())
             + f"); final loss is compared at step {loss_step}, the last step all runs logged"
+            + (
+                "; overhead rows but compile are seconds per step (their totals are not comparable)"
+                if per_step
+                else ""
+            )
         )
     dumps = {r.label: normalized_config_dump(r) for r in runs if r.config_dump is not None}
     base_dump = normalized_config_dump(base)

@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 from axlearn.common.run_comparison import (
     CHANGED,
     IMPROVED,
+    MIN_TIMING_SAMPLES,
     NOISE,
     REGRESSED,
     SAME,
@@ -86,6 +87,18 @@ def _footer(comparison: Comparison) -> list[str]:
             f"Step-time noise test, {comparison.runs[i].label} vs "
             f"{comparison.runs[comparison.baseline].label}: {verdict.reason}{counts}."
         )
+    notes = [
+        f"{row.spec.title}, {comparison.runs[i].label}: {d.note}."
+        for row in comparison.rows
+        for i, d in enumerate(row.diffs)
+        if row.spec.samples is not None and d is not None and d.note and i != comparison.baseline
+    ]
+    if any(row.spec.samples is not None for row in comparison.rows):
+        lines.append(
+            "Timing rows (compile, eval, checkpoint, input wait) are called better or worse only "
+            f"when measured at least {MIN_TIMING_SAMPLES} times in each run; fewer is noise."
+        )
+    lines += notes
     lines += [f"Warning: {w}" for w in comparison.warnings]
     return lines
 

@@ -82,6 +82,11 @@ class RunLock:
             RunLockError: Naming the owner (host, pid, start time) and the lock file, or naming
                 the link when `run.lock` is a symbolic link.
         """
+        if os.path.exists(self._dir) and not os.path.isdir(self._dir):
+            raise RunLockError(
+                f"Trainer dir {self._dir} is a file, not a directory: pass a directory (a new "
+                "one is created)."
+            )
         os.makedirs(self._dir, exist_ok=True)
         try:
             fd = open_no_follow(self._path, os.O_RDWR | os.O_CREAT, 0o644, what="Run lock")
@@ -127,6 +132,31 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def held_by_a_live_run(directory: str) -> bool:
+    """Whether a live process holds the run lock of `directory` (e.g. a run is training there).
+
+    Probes the lock with a shared, non-blocking `flock` (released at once); never creates the
+    file and never follows a link.
+
+    Args:
+        directory: The trainer directory.
+
+    Returns:
+        True if `<directory>/run.lock` exists and is locked.
+    """
+    try:
+        fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # Closing releases a shared lock taken above.
+    return False
 
 
 def _read_owner(fd: int) -> dict[str, Any]:

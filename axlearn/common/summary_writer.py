@@ -44,6 +44,7 @@ import numpy as np
 from absl import logging
 
 from axlearn.common.config import REQUIRED, ConfigBase, Required, RequiredFieldValue, config_class
+from axlearn.common.config_diff import parse_config_dump
 from axlearn.common.metrics import WeightedSummary
 from axlearn.common.module import Module
 from axlearn.common.utils import NestedTensor, flatten_items
@@ -625,11 +626,7 @@ class WandBWriter(BaseWriter):
         del step
         if self._run is None:
             return
-        flat = {}
-        for line in config.debug_string().split("\n"):
-            key, sep, value = line.partition(": ")
-            if sep:
-                flat[key] = value
+        flat = parse_config_dump(config.debug_string(), strict=False)
         self._run.config.update(flat, allow_val_change=True)
 
     def __call__(self, step: int, values: dict[str, Any]) -> None:

@@ -36,6 +36,12 @@ from absl.testing import parameterized
 from jax import numpy as jnp
 
 from axlearn.common.base_model import BaseModel
+from axlearn.common.config import REQUIRED
+from axlearn.common.invocation_context import (
+    InvocationContext,
+    new_output_collection,
+    set_current_context,
+)
 from axlearn.common.utils import (
     NestedTensor,
     Tensor,
@@ -307,3 +313,58 @@ __all__ = [
     "prng_impl",
     "temp_chdir",
 ]
+
+
+@contextlib.contextmanager
+def set_threefry_partitionable(enabled: bool) -> Iterator[None]:
+    """Sets `jax_threefry_partitionable` for the context; also usable as a test decorator.
+
+    Args:
+        enabled: The flag's value inside the context.
+    """
+    old = jax.config.jax_threefry_partitionable
+    jax.config.update("jax_threefry_partitionable", enabled)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_threefry_partitionable", old)
+
+
+@contextlib.contextmanager
+def bind_layer(
+    cfg, *, is_training: bool = True, prng_key: Any = None, state: Any = None
+) -> Iterator[Any]:
+    """Instantiates the layer `cfg` and makes it callable inside the context.
+
+    The layer (named "layer" unless `cfg.name` is set) gets a root invocation context with
+    `state` (default: parameters initialized from `prng_key`), so `layer(...)`, `layer.prng_key`
+    and `current_context()` work as inside `functional(...)`.
+
+    Args:
+        cfg: The layer config.
+        is_training: The context's training mode.
+        prng_key: The context's key (default: PRNGKey(0)); also initializes the parameters.
+        state: Optional parameters to use instead of initializing them.
+
+    Yields:
+        The layer.
+    """
+    if getattr(cfg, "name", None) in (None, REQUIRED):
+        cfg = cfg.clone(name="layer")
+    layer = cfg.instantiate(parent=None)
+    if prng_key is None:
+        prng_key = jax.random.PRNGKey(0)
+    init_key, context_key = jax.random.split(prng_key)
+    if state is None:
+        state = layer.initialize_parameters_recursively(init_key)
+    context = InvocationContext(
+        name="root",
+        parent=None,
+        module=layer,
+        state=state,
+        is_training=is_training,
+        prng_key=context_key,
+        output_collection=new_output_collection(),
+    )
+    with set_current_context(context, require_parent=False):
+        yield layer

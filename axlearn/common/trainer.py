@@ -7,6 +7,11 @@ The loop, per step N:
     -> read step N-1's metrics (the host sync on step N-1's loss, while step N runs)
     -> evalers (their policies) -> checkpoint (its policy; never a non-finite state)
 
+Parts. The trainer owns four parts, each in its own file with a small interface, none reading
+the trainer's private state: `CheckpointDriver` (trainer_checkpointing.py), `MetricsRecorder`
+(trainer_metrics.py), `Watchdog` (trainer_watchdog.py) and `Profiler` (trainer_profiler.py).
+The loop (`run -> _train_loop -> _dispatch_train_step -> _drain`) is here.
+
 Timing. A step's time is the interval between two consecutive host syncs on the loss; dispatch
 stays pipelined (step N-1's metrics are read while step N runs). Every host activity inside a
 step's interval (compile, input wait, summaries, eval, checkpoint, profiler) is timed and charged
@@ -18,15 +23,14 @@ step N's interval. See docs/trainer.md and docs/metrics.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any, Callable, Literal, Optional, Union
 
 import jax
-import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -43,9 +47,11 @@ from axlearn.common.config import (
 from axlearn.common.config_ranges import validate_config_ranges
 from axlearn.common.evaler import SpmdEvaler
 from axlearn.common.measurement import EventType
-from axlearn.common.mesh_resolution import apply_mesh_rule, match_mesh_rule
-from axlearn.common.module import Module, child_context, new_output_collection
-from axlearn.common.module import functional as F
+from axlearn.common.mesh_resolution import (  # noqa: F401 (public name)
+    build_mesh,
+    select_mesh_config,
+)
+from axlearn.common.module import Module
 from axlearn.common.preemption import PreemptionHandler
 from axlearn.common.run_lock import RunLock, held_by_this_process
 from axlearn.common.skip_streak import (  # noqa: F401 (public names)
@@ -53,16 +59,19 @@ from axlearn.common.skip_streak import (  # noqa: F401 (public names)
     SkipStreak,
     TooManySkippedStepsError,
 )
-from axlearn.common.step_timer import StepTimer
 from axlearn.common.summary_writer import BaseWriter, JsonlWriter, SummaryWriter
 from axlearn.common.trainer_checkpointing import (  # noqa: F401 (public names)
+    CheckpointDriver,
     NonFiniteStateError,
     SnapshotMemoryError,
-    TrainerCheckpointMixin,
     TrainerState,
+    checkpointed_floats,
+    input_is_checkpointable,
 )
 from axlearn.common.trainer_events import TrainerEvents
-from axlearn.common.trainer_metrics import TrainerMetricsMixin
+from axlearn.common.trainer_metrics import MetricsRecorder
+from axlearn.common.trainer_profiler import Profiler
+from axlearn.common.trainer_step import TrainStep, TrainStepResult, opt_params  # noqa: F401
 from axlearn.common.trainer_utils import (
     all_finite,
     check_token_ids,
@@ -76,7 +85,7 @@ from axlearn.common.trainer_utils import (
     shardings_of_specs,
 )
 from axlearn.common.trainer_watchdog import (
-    TrainerWatchdogMixin,
+    Watchdog,
     thread_stack_traces,  # noqa: F401 (public)
 )
 from axlearn.common.utils import NestedTensor, Tensor
@@ -84,18 +93,29 @@ from axlearn.common.utils_spmd import (
     HybridMeshShape,
     MeshShape,
     batch_partition_spec,
-    create_device_mesh,
     host_to_global_array,
-    infer_mesh_shape,
 )
 
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite at a step and the learner does not skip such steps."""
 
+    def __init__(self, *, step: int, loss: float):
+        super().__init__(
+            f"Step {step}: the loss is {loss}. The learner does not skip non-finite steps (use "
+            "skip_and_clip_by_global_norm or fp16 loss scaling to skip them); stopping. No state "
+            "of this step or later is checkpointed."
+        )
+        self.step = step
+        self.loss = loss
+
+
+# The config fields that only the launcher sets (left out of the config digest and TensorBoard).
+LAUNCH_FIELDS = ("on_run_start", "verbose_start", "save_and_eval_last_step")
+
 
 # pylint: disable-next=too-many-instance-attributes
-class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMixin, Module):
+class SpmdTrainer(Module):
     """Trains `model` with `learner` on `input` over a device mesh; see the module docstring."""
 
     @config_class
@@ -156,13 +176,15 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         # process exits with preemption.PREEMPTED_EXIT_CODE within this many seconds of the
         # signal; None: preemption.DEFAULT_PREEMPTION_TIMEOUT_SECONDS.
         preemption_timeout_seconds: Optional[float] = None
-
-    # If set, called as `on_run_start(restored_step)` (-1: started from scratch) once the run is
-    # known to train (restored or initialized, a step left to run), e.g. to write the run record.
-    on_run_start: Optional[Callable[[int], None]] = None
-    # If True, the step that reaches max_step is evaluated by every evaler and saved whatever the
-    # policies say (set by launch_trainer when --config_override shortened max_step).
-    save_and_eval_last_step: bool = False
+        # The launcher's fields (LAUNCH_FIELDS): None in experiment configs, so config dumps
+        # never show them. If set, called as `on_run_start(restored_step)` (-1: started from
+        # scratch) once the run is known to train, e.g. to write the run record.
+        on_run_start: Optional[Callable[[int], None]] = None
+        # If True, the parameter table is logged line by line (--verbose_start); None: False.
+        verbose_start: Optional[bool] = None
+        # If True, the step that reaches max_step is evaluated by every evaler and saved whatever
+        # the policies say (set when --config_override shortened max_step); None: False.
+        save_and_eval_last_step: Optional[bool] = None
 
     def __init__(self, cfg: Config, *, parent: Optional[Module] = None, devices=None):
         super().__init__(cfg, parent=parent)
@@ -178,23 +200,12 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         self._trainer_state: Optional[TrainerState] = None
         self._compiled_train_step = None
         self._compiled_train_step_keep_state = None
-        self._watchdog_stop: Optional[threading.Event] = None
-        self._watchdog_thread: Optional[threading.Thread] = None
         self._init_time = time.perf_counter()
 
-        # The device mesh.
-        mesh_devices = devices if devices is not None else create_device_mesh(cfg.mesh_shape)
-        if isinstance(cfg.mesh_shape, HybridMeshShape):
-            num_axes = len(cfg.mesh_shape.ici_mesh_shape)
-        else:
-            num_axes = len(cfg.mesh_shape)
-            cfg.mesh_shape = infer_mesh_shape(cfg.mesh_shape, num_devices=mesh_devices.size)
-        if num_axes != len(cfg.mesh_axis_names):
-            raise ValueError(
-                f"{self.path()}: mesh_shape {cfg.mesh_shape} has {num_axes} axes but "
-                f"mesh_axis_names {tuple(cfg.mesh_axis_names)} has {len(cfg.mesh_axis_names)}."
-            )
-        self._mesh = jax.sharding.Mesh(mesh_devices, tuple(cfg.mesh_axis_names))
+        # The device mesh (its -1 resolved in the config).
+        self._mesh, cfg.mesh_shape = build_mesh(
+            cfg.mesh_shape, cfg.mesh_axis_names, devices=devices, config_path=self.path()
+        )
         self._step_log("Mesh: %s", dict(self._mesh.shape))
 
         with self._mesh_context():
@@ -247,6 +258,32 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
                     model_param_partition_specs=model_param_partition_specs,
                 )
         self._per_param_train_dtype = maybe_instantiate(cfg.train_dtype)
+        self._input_iter = None
+        # The parts (see docs/trainer.md); the metrics recorder is built for each run.
+        self._checkpoints = CheckpointDriver(
+            self.checkpointer,
+            mesh=self._mesh,
+            state_specs=self._trainer_state_specs,
+            state_shardings=self._trainer_state_shardings,
+            input_module=self.input,
+            save_input_iterator=cfg.save_input_iterator,
+            restore_step=cfg.restore_step,
+            config_path=self.path(),
+            log=self._step_log,
+        )
+        self._watchdog = Watchdog(
+            current_step=lambda: self._step,
+            timeout_seconds=cfg.watchdog_timeout_seconds,
+            crash_timeout_seconds=cfg.crash_on_hang_timeout_seconds,
+            name=f"{self.path()}.watchdog",
+        )
+        self._profiler = Profiler(
+            start_steps=cfg.start_trace_steps,
+            process_indices=cfg.start_trace_process_indices,
+            trace_dir=os.path.join(cfg.dir, "summaries", "train_train"),
+            log=self._step_log,
+        )
+        self._metrics: Optional[MetricsRecorder] = None
 
     # ------------------------------------------------------------------------------------------
     # Properties.
@@ -280,6 +317,10 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         """Makes the mesh current (for sharding constraints and `utils.current_mesh()`)."""
         return jax.set_mesh(self._mesh)
 
+    def _launch_free_config(self) -> Config:
+        """The config without the launcher's fields (for the digest and TensorBoard)."""
+        return self._config.clone(**{name: None for name in LAUNCH_FIELDS})
+
     def _step_log(self, msg: str, *args):
         logging.info(
             "%s process %d step %s] " + msg,
@@ -295,17 +336,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
 
     def _opt_params(self, model_params: NestedTensor) -> Any:
         """Wraps parameters in OptParams carrying their specs' metadata for the learner."""
-        # pylint: disable-next=import-outside-toplevel
-        from axlearn.common.optimizer_base import OptParam
-
-        def wrap(value, spec):
-            return OptParam(
-                value=value,
-                factorization_spec=getattr(spec, "factorization", None),
-                weight_decay_scale=getattr(spec, "weight_decay_scale", None),
-            )
-
-        return jax.tree.map(wrap, model_params, self._model_param_specs)
+        return opt_params(model_params, self._model_param_specs)
 
     def init(self, prng_key: Tensor):
         """Initializes the trainer state (sharded on creation) and sets the step to 0.
@@ -327,115 +358,55 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             )
         self._step = 0
 
+    def restore_checkpoint(self, restore_step: Optional[int] = None) -> Optional[int]:
+        """Restores the latest committed checkpoint (or `restore_step`) into the state shardings.
+
+        If the checkpoint holds an input iterator position (and `save_input_iterator` is set),
+        the input resumes from it (see `CheckpointDriver.restore`).
+
+        Args:
+            restore_step: The step to restore; None: the latest committed one, if any.
+
+        Returns:
+            The restored step, or None if there was nothing to restore.
+        """
+        restored = self._checkpoints.restore(restore_step)
+        if restored is None:
+            return None
+        self._step = restored.step
+        self._trainer_state = restored.trainer_state
+        if restored.input_iterator is not None:
+            self._input_iter = restored.input_iterator
+            self._step_log("Restored the input iterator position.")
+        self._step_log("Restored checkpoint at step %s.", restored.step)
+        return self._step
+
+    # Abstract (jax.eval_shape): no computation, so this works under a mesh of devices this
+    # process cannot run on (AOT compilation for a TPU topology).
+    @staticmethod
+    def _prng_key_shape() -> tuple:
+        return tuple(jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape)
+
+    @staticmethod
+    def _prng_key_dtype():
+        return jax.eval_shape(lambda: jax.random.PRNGKey(0)).dtype
+
+    def _save_args(
+        self, evaler_summaries: Optional[dict[str, Any]], *, force: bool = False
+    ) -> dict[str, Any]:
+        """The arguments of `CheckpointDriver.save` for the current step and state."""
+        return dict(
+            step=self._step,
+            state=self._trainer_state,
+            input_iterator=self._input_iter,
+            evaler_summaries=evaler_summaries,
+            force=force,
+            streak=self._skip_streak.streak,
+        )
+
     # ------------------------------------------------------------------------------------------
     # The train step.
     # ------------------------------------------------------------------------------------------
-
-    def _train_cast(self, tree: NestedTensor) -> NestedTensor:
-        """Casts float leaves of `tree` to `train_dtype` (no-op when unset)."""
-        dtype = self._per_param_train_dtype
-        if dtype is None:
-            return tree
-        if callable(dtype) and not isinstance(dtype, (type, np.dtype)):
-            return dtype(tree)
-        return utils.cast_floats(tree, dtype)
-
-    def _train_step(
-        self, state: TrainerState, input_batch: NestedTensor
-    ) -> tuple[TrainerState, dict[str, Any]]:
-        """One training step: forward, backward and update, as a pure function (jitted)."""
-        new_prng_key, forward_key, learner_key = jax.random.split(state.prng_key, 3)
-
-        def _forward(*, model_params: NestedTensor, inputs: NestedTensor) -> Any:
-            # The train_dtype cast happens here, inside the loss: gradients flow back to the
-            # stored (e.g. fp32) parameters through the cast.
-            params = self._train_cast(model_params)
-            model_collection = new_output_collection()
-            with child_context(
-                "model",
-                module=self.model,
-                state=params,
-                prng_key=inputs["forward_key"],
-                output_collection=model_collection,
-            ):
-                loss, aux = self.model(input_batch=self._train_cast(inputs["input_batch"]))
-            return loss, aux, model_collection
-
-        outputs, learner_collection = self._learner_forward_and_backward(
-            learner_state=state.learner,
-            model_params=state.model,
-            forward_fn=_forward,
-            inputs=dict(input_batch=input_batch, forward_key=forward_key),
-            prng_key=learner_key,
-        )
-        new_state = TrainerState(
-            prng_key=new_prng_key,
-            model=outputs["updated_params"],
-            learner=learner_collection.state_updates,
-        )
-        summaries = dict(
-            model=outputs["model_summaries"],
-            learner=learner_collection.summaries,
-        )
-        return new_state, dict(loss=outputs["loss"], aux=outputs["aux"], summaries=summaries)
-
-    def _learner_forward_and_backward(
-        self,
-        *,
-        learner_state: NestedTensor,
-        model_params: NestedTensor,
-        forward_fn: Callable,
-        inputs: NestedTensor,
-        prng_key: Tensor,
-    ) -> tuple[dict[str, Any], Any]:
-        """Runs Learner.forward_and_backward functionally; returns (outputs, learner collection).
-
-        `outputs` holds loss, aux, model_summaries and updated_params; the learner's output
-        collection holds its new state (state_updates) and its summaries.
-        """
-        # pylint: disable-next=import-outside-toplevel
-        from axlearn.common.learner import ForwardOutputs
-
-        def fn(*, model_params: NestedTensor, inputs: NestedTensor) -> ForwardOutputs:
-            loss, aux, collection = forward_fn(model_params=model_params, inputs=inputs)
-            return ForwardOutputs(loss=loss, aux=aux, output_collection=collection)
-
-        fwd_bwd, learner_collection = F(
-            self.learner,
-            method="forward_and_backward",
-            prng_key=prng_key,
-            state=learner_state,
-            inputs=dict(fn=fn, opt_params=self._opt_params(model_params), inputs=inputs),
-            is_training=True,
-        )
-        forward_outputs = fwd_bwd.forward_outputs
-        return (
-            dict(
-                loss=forward_outputs.loss,
-                aux=forward_outputs.aux,
-                model_summaries=forward_outputs.output_collection.summaries,
-                updated_params=fwd_bwd.backward_outputs.updated_params,
-            ),
-            learner_collection,
-        )
-
-    def _train_step_and_input_finite(
-        self, state: TrainerState, input_batch: NestedTensor
-    ) -> tuple[TrainerState, dict[str, Any], Tensor]:
-        """The train step, plus whether the input state's checkpointed floats are all finite."""
-        new_state, outputs = self._train_step(state, input_batch)
-        return new_state, outputs, all_finite(self._checkpointed_floats(state))
-
-    def _jit_train_step(
-        self, batch_sharding: Any, *, donate_state: bool = True, input_finite: bool = False
-    ) -> Callable:
-        fn = self._train_step_and_input_finite if input_finite else self._train_step
-        return jax.jit(
-            fn,
-            in_shardings=(self._trainer_state_shardings, batch_sharding),
-            out_shardings=(self._trainer_state_shardings, None) + ((None,) if input_finite else ()),
-            donate_argnums=(0,) if donate_state else (),
-        )
 
     def compile_train_step(
         self,
@@ -465,8 +436,8 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
                 fused with the step).
 
         Returns:
-            The compiled step: (trainer_state, input_batch) -> (trainer_state, outputs), or
-            -> (trainer_state, outputs, input_finite) with `input_finite`.
+            The compiled step: (trainer_state, input_batch) -> `trainer_step.TrainStepResult`
+            (trainer_state, outputs, input_finite; the last None unless `input_finite`).
         """
         if input_batch is None:
             input_batch = global_batch_specs(
@@ -486,11 +457,16 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         batch = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), input_batch
         )
+        step = TrainStep(
+            model=self.model,
+            learner=self.learner,
+            param_specs=self._model_param_specs,
+            state_shardings=self._trainer_state_shardings,
+            train_dtype=self._per_param_train_dtype,
+        )
         with self._mesh_context():
-            lowered = self._jit_train_step(
-                batch_sharding, donate_state=donate_state, input_finite=input_finite
-            ).lower(state, batch)
-            return lowered.compile(compiler_options)
+            jitted = step.jit(batch_sharding, donate_state=donate_state, input_finite=input_finite)
+            return jitted.lower(state, batch).compile(compiler_options)
 
     # ------------------------------------------------------------------------------------------
     # The loop.
@@ -513,7 +489,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         cfg = self._config
         with (
             self._run_lock(),
-            self._watchdog(),
+            self._watchdog.running(),
             self._mesh_context(),
             PreemptionHandler(timeout_seconds=cfg.preemption_timeout_seconds) as self._preemption,
         ):
@@ -524,17 +500,17 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             if self._step >= cfg.max_step:
                 self._step_log("Already reached max_step=%s; nothing to do.", cfg.max_step)
                 return None
-            if self.on_run_start is not None:
-                self.on_run_start(self._restored_step)
+            if cfg.on_run_start is not None:
+                cfg.on_run_start(self._restored_step)
             try:
                 with self.checkpointer:
                     try:
                         return self._train_loop()
                     finally:
                         # Before the checkpointer waits for its last save's write.
-                        self._resolve_pending_finite()
+                        self._checkpoints.resolve_pending_finite()
             finally:
-                self._resolve_pending_finite()  # E.g. a save before an early return.
+                self._checkpoints.resolve_pending_finite()  # E.g. a save before an early return.
 
     @contextlib.contextmanager
     def _run_lock(self):
@@ -548,11 +524,11 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
     def _train_loop(self) -> Optional[dict[str, Any]]:
         """The pipelined loop; see the module docstring for the order of operations."""
         cfg = self._config
-        timer = self._timer
+        timer = self._metrics.timer
+        profiler_overhead = functools.partial(timer.overhead, "profiler")
         timer.start()
         pending: Optional[_PendingStep] = None
         last_record = None
-        stop_trace_step = None
         while self._step < cfg.max_step:
             with timer.overhead("input"):
                 try:
@@ -561,7 +537,10 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
                     self._step_log("Reached the end of the input; stopping.")
                     break
                 global_batch = self._host_to_global(host_batch)
-            stop_trace_step = self._maybe_trace(stop_trace_step, pending)
+            in_flight = None if pending is None else pending.outputs["loss"]
+            self._profiler.before_step(
+                self._step + 1, in_flight=in_flight, overhead=profiler_overhead
+            )
             if self._compiled_train_step is None:
                 check_token_ids(host_batch, self._config.model, path=f"{self.path()}.model")
                 with timer.overhead("compile"):
@@ -578,18 +557,36 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
                 self._stop_for_preemption(current)
         if pending is not None:
             last_record = self._finish_step(pending)
-        if stop_trace_step is not None:
-            self._stop_trace()
+        self._profiler.stop()
         try:
             with self._events.span(
                 EventType.CUSTOM_BADPUT_EVENT, custom_badput_event_type="checkpoint"
             ):
-                self._finish_saves()  # The last save's write: its wait goes in the run summary.
+                self._checkpoints.finish()  # The last save's write: its wait goes in the summary.
         finally:
             self._write_run_summary()
         if last_record is None:
             return None
         return dict(loss=last_record["loss"], step=last_record["step"], record=last_record)
+
+    def _dispatch_train_step(self, global_batch: NestedTensor) -> dict[str, Any]:
+        """Dispatches the next train step (updating the state); returns its outputs.
+
+        After a save that references the state (CPU) the step does not donate it and checks it
+        for NaN/inf for the save's writer. A step that cannot allocate device memory while a
+        checkpoint snapshot holds some raises SnapshotMemoryError naming both numbers.
+        """
+        checkpoints = self._checkpoints
+        with checkpoints.memory_guard(self._step):
+            if checkpoints.take_state_hold():
+                # The last save still reads the state's arrays: do not donate them. This step
+                # also checks that they (the saved state) are finite, for the save's writer.
+                result = self._compiled_train_step_keep_state(self._trainer_state, global_batch)
+                checkpoints.resolve_pending_finite(result.input_finite)
+            else:
+                result = self._compiled_train_step(self._trainer_state, global_batch)
+        self._trainer_state = result.trainer_state
+        return result.outputs
 
     def _after_step_dispatch(self, current: _PendingStep) -> None:
         """Runs step N's evalers and checkpoint (if their policies fire) in step N's interval.
@@ -599,16 +596,19 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         before anything is saved.
         """
         due = [name for name, evaler in self._evalers.items() if eval_due(evaler, current.step)]
-        last = self.save_and_eval_last_step and current.step == self._config.max_step
+        cfg = self._config
+        last = bool(cfg.save_and_eval_last_step) and current.step == cfg.max_step
         due = list(self._evalers) if last else due
         evaler_summaries: dict[str, Any] = {name: None for name in self._evalers}
         if due:
             self._drain(current)
-            with self._timer.overhead("eval"):
+            with self._metrics.timer.overhead("eval"):
                 evaler_summaries.update(self._run_eval(due))
-        if last or self._checkpoint_due(evaler_summaries):
+        if last or self._checkpoints.due(current.step, evaler_summaries):
             self._drain(current)
-            self._save_checkpoint_timed(evaler_summaries, force=last)
+            self._checkpoints.save_timed(
+                self._metrics.timer, **self._save_args(evaler_summaries, force=last)
+            )
 
     def _drain(self, current: _PendingStep) -> None:
         """Waits for step `current` to finish; stops on a non-finite loss (unless skipped)."""
@@ -617,16 +617,60 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         loss = float(jax.device_get(current.outputs["loss"]))
         current.drained = True
         if not math.isfinite(loss) and not self._skips_nonfinite:
-            raise NonFiniteLossError(
-                f"Step {current.step}: the loss is {loss}. The learner does not skip non-finite "
-                "steps (use skip_and_clip_by_global_norm or fp16 loss scaling to skip them); "
-                "stopping without saving this state."
-            )
+            raise NonFiniteLossError(step=current.step, loss=loss)
         # Before anything of this step is saved: stop if it ends a streak of skipped steps.
         scalars = dict(
             utils.flatten_items(jax.device_get(scalar_tree(current.outputs["summaries"])))
         )
         self._skip_streak.note(current.step, loss=loss, scalars=scalars)
+
+    def _finish_step(self, pending: _PendingStep) -> dict[str, Any]:
+        """Reads step N's metrics (the host sync on its loss), closes its interval, reports it."""
+        host = jax.device_get(
+            dict(loss=pending.outputs["loss"], summaries=scalar_tree(pending.outputs["summaries"]))
+        )
+        metrics = self._metrics
+        timing = metrics.timer.end_step(pending.step)
+        loss = float(host["loss"])
+        scalars = dict(utils.flatten_items(host["summaries"]))
+        if not math.isfinite(loss):
+            if not self._skips_nonfinite:
+                raise NonFiniteLossError(step=pending.step, loss=loss)
+            metrics.count_nonfinite_step()
+        self._skip_streak.note(pending.step, loss=loss, scalars=scalars)
+        with metrics.timer.overhead("summary"):
+            return metrics.record_step(
+                step=pending.step,
+                batch=pending.batch,
+                loss=loss,
+                scalars=scalars,
+                timing=timing,
+                checkpoint=self._checkpoints.take_split(),
+            )
+
+    def _stop_for_preemption(self, current: _PendingStep) -> None:
+        """After a preemption notice: finishes step `current`, saves it, waits, exits.
+
+        The step is saved unless its save policy just did; see axlearn/common/preemption.py.
+
+        Raises:
+            TrainingPreempted: Always, once the save is committed (a SystemExit whose code is
+                preemption.PREEMPTED_EXIT_CODE).
+        """
+        preemption = self._preemption
+        preemption.set_activity(f"finishing step {current.step}")
+        self._drain(current)
+        self._finish_step(current)
+        self._profiler.stop()
+        self._checkpoints.save_for_preemption(
+            step=current.step,
+            state=self._trainer_state,
+            input_iterator=self._input_iter,
+            set_activity=preemption.set_activity,
+        )
+        error = preemption.preempted(step=current.step, saved_step=current.step)
+        self._step_log("%s", error)
+        raise error
 
     def model_params_for_eval(self) -> NestedTensor:
         """Parameters for evalers: the parameter EMA if the learner keeps one, else the model."""
@@ -651,28 +695,13 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             summaries[name] = evaler_summaries
         return summaries
 
-    def _finish_step(self, pending: _PendingStep) -> dict[str, Any]:
-        """Reads step N's metrics (the host sync on its loss), closes its interval, reports it."""
-        host = jax.device_get(
-            dict(loss=pending.outputs["loss"], summaries=scalar_tree(pending.outputs["summaries"]))
+    def _write_run_summary(self) -> dict[str, Any]:
+        """Logs the end-of-run summary block and writes <dir>/run_summary.json (process 0)."""
+        return self._metrics.write_run_summary(
+            end_of_run_wait_s=self._checkpoints.end_of_run_wait_s,
+            skipped_steps=self._skip_streak.skip_counter,
+            checkpoint_snapshot=self._checkpoints.snapshot_choice,
         )
-        timing = self._timer.end_step(pending.step)
-        self._last_step_time = time.time()
-        loss = float(host["loss"])
-        scalars = dict(utils.flatten_items(host["summaries"]))
-        if not math.isfinite(loss):
-            if not self._skips_nonfinite:
-                raise NonFiniteLossError(
-                    f"Step {pending.step}: the loss is {loss}. The learner does not skip "
-                    "non-finite steps (use skip_and_clip_by_global_norm or fp16 loss scaling to "
-                    "skip them); stopping. No state of this step or later is checkpointed."
-                )
-            self._num_nonfinite_steps += 1
-        self._skip_streak.note(pending.step, loss=loss, scalars=scalars)
-        with self._timer.overhead("summary"):
-            record = self._step_record(pending, loss=loss, scalars=scalars, timing=timing)
-            self._report_step(record, scalars=scalars)
-        return record
 
     # ------------------------------------------------------------------------------------------
     # Preparation: restore or init, model analysis, compile.
@@ -681,14 +710,23 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
     def _prepare_training(self, prng_key: Tensor) -> None:
         """Restores the latest checkpoint or initializes the state; logs the model analysis."""
         cfg = self._config
-        self._timer = StepTimer()
-        self._timer.add_listener(self._events)
-        self._num_nonfinite_steps = 0
+        launch_free_cfg = self._launch_free_config()
+        self._skips_nonfinite = learner_skips_nonfinite(cfg.learner)
+        self._metrics = MetricsRecorder(
+            trainer_config=launch_free_cfg,
+            mesh=self._mesh,
+            model_param_specs=self._model_param_specs,
+            summary_writer=self.summary_writer,
+            jsonl_writer=self._jsonl_writer,
+            skips_nonfinite=self._skips_nonfinite,
+            verbose_start=bool(cfg.verbose_start),
+            log=self._step_log,
+        )
+        self._metrics.timer.add_listener(self._events)
         self._skip_streak = SkipStreak(
             limit=cfg.max_consecutive_skipped_steps, config_path=self.path()
         )
-        self._records: list[dict[str, Any]] = []
-        restored = self.restore_checkpoint(self._restore_step_to_apply())
+        restored = self.restore_checkpoint(self._checkpoints.restore_step_to_apply())
         self._restored_step = -1 if restored is None else restored
         if restored is None:
             self.init(prng_key)
@@ -697,35 +735,34 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
             evaler_summaries = {n: None for n in self._evalers}
             if due:
                 evaler_summaries.update(self._run_eval(due))
-            if self._checkpoint_due(evaler_summaries):
-                self._save_checkpoint(evaler_summaries)
-        self._first_step = self._step
-        if not self._saves_alias_state():
+            if self._checkpoints.due(self._step, evaler_summaries):
+                self._checkpoints.save(**self._save_args(evaler_summaries))
+        if not self._checkpoints.saves_alias_state():
             # Compile the finiteness check of saves now, not inside a step's interval. (On CPU
-            # the step after a save computes it; see _DeferredFinite.)
-            jax.block_until_ready(all_finite(self._checkpointed_floats()))
-        self._skips_nonfinite = learner_skips_nonfinite(cfg.learner)
-        self._log_model_analysis()
-        self._measure_peak()
+            # the step after a save computes it; see trainer_checkpointing._DeferredFinite.)
+            jax.block_until_ready(all_finite(checkpointed_floats(self._trainer_state)))
+        self._metrics.log_model_analysis(self.model)
+        self._metrics.measure_peak()
         if hasattr(self.summary_writer, "log_config"):
-            self.summary_writer.log_config(cfg, step=self._step)
+            self.summary_writer.log_config(launch_free_cfg, step=self._step)
 
     def _compile(self, global_batch: NestedTensor) -> None:
         """AOT-compiles the train step for this batch's shapes; logs memory analysis."""
         start = time.perf_counter()
         with CacheLookups() as cache:  # Whether the step came from the persistent cache.
             self._compiled_train_step = self.compile_train_step(global_batch)
-            self._choose_checkpoint_snapshot(self._compiled_train_step)
-            if self._saves_alias_state() or self._state_held_by_save:
+            checkpoints = self._checkpoints
+            checkpoints.choose_snapshot(self._compiled_train_step)
+            if checkpoints.saves_alias_state() or checkpoints.next_step_keeps_state:
                 self._compiled_train_step_keep_state = self.compile_train_step(
                     global_batch, donate_state=False, input_finite=True
                 )
-        self._compile_seconds = time.perf_counter() - start
-        self._step_log(
-            "Compiled the train step in %.2f s (%s).", self._compile_seconds, cache.describe()
+        compile_seconds = time.perf_counter() - start
+        self._step_log("Compiled the train step in %.2f s (%s).", compile_seconds, cache.describe())
+        checkpoints.prepare_transfer(self._trainer_state)
+        self._metrics.on_compiled(
+            self._compiled_train_step, global_batch, compile_seconds=compile_seconds
         )
-        self._prepare_checkpoint_transfer()
-        self._on_compiled(self._compiled_train_step, global_batch)
 
     def _host_to_global(self, host_batch: NestedTensor) -> NestedTensor:
         """Turns this process's host batch into global arrays sharded over the batch axes."""
@@ -751,7 +788,7 @@ class SpmdTrainer(TrainerCheckpointMixin, TrainerMetricsMixin, TrainerWatchdogMi
         """
         self._batch_spec = None
         input_module = self.input
-        if self._input_is_checkpointable():
+        if input_is_checkpointable(input_module):
             return iter(input_module)
         dataset = input_module.dataset() if hasattr(input_module, "dataset") else input_module
         if hasattr(dataset, "as_numpy_iterator"):
@@ -767,29 +804,3 @@ class _PendingStep:
         self.outputs = outputs
         self.batch = batch
         self.drained = False
-
-
-def select_mesh_config(trainer_config: SpmdTrainer.Config, *, mesh_selector: str):
-    """Applies the first of `trainer_config.mesh_rules` whose regex fully matches `mesh_selector`.
-
-    A rule's value is either a mesh shape (or HybridMeshShape), which replaces `mesh_shape`, or a
-    ConfigModifier config (or instance), which is applied to the whole trainer config. If no rule
-    matches, the config is unchanged (launches go through `mesh_resolution.resolve_mesh`, which
-    refuses an unmatched selector).
-
-    Args:
-        trainer_config: The trainer config (modified in place).
-        mesh_selector: E.g. "tpu-v5litepod-256" or "gpu-p5.48xlarge-64".
-
-    Returns:
-        The (possibly modified) trainer config.
-    """
-    match = match_mesh_rule(trainer_config, mesh_selector)
-    if match is None:
-        if trainer_config.mesh_rules:
-            logging.info(
-                "Mesh selector %r matches no mesh rule; keeping the default mesh.", mesh_selector
-            )
-        return trainer_config
-    logging.info("Mesh selector %r matches mesh rule %s.", mesh_selector, match[2])
-    return apply_mesh_rule(trainer_config, match[2], mesh_selector=mesh_selector)

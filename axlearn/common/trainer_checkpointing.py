@@ -1,16 +1,18 @@
-"""SpmdTrainer's checkpointing: restore, save (never a non-finite state), preemption stop.
+"""The trainer's checkpoint driver: restore, save (never a non-finite state), preemption save.
 
-`TrainerCheckpointMixin` holds the parts of `SpmdTrainer` that talk to its checkpointer; the
-public import path of everything here is `axlearn.common.trainer`.
+`CheckpointDriver` is a part that `SpmdTrainer` owns (see docs/trainer.md); it is the only part
+that talks to the trainer's checkpointer. `TrainerState`, `NonFiniteStateError` and
+`SnapshotMemoryError` are also importable from `axlearn.common.trainer`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import jax
 from absl import logging
@@ -110,21 +112,116 @@ class _DeferredFinite:
         return bool(self._value)
 
 
-class TrainerCheckpointMixin:
-    """Restore/save/preemption methods of SpmdTrainer (uses its children and loop state)."""
+def input_is_checkpointable(input_module: Any) -> bool:
+    """Whether `input_module` can save and restore its iterator's position.
 
-    # Set by a save that referenced the state (CPU): the next step must not donate it.
-    _state_held_by_save: bool = False
-    # That save's finiteness flag, set by the next step (see _DeferredFinite).
-    _pending_finite: Optional[_DeferredFinite] = None
-    # The parts of the last save's blocking time, for the next step record.
-    _pending_checkpoint_split: Optional[dict[str, Any]] = None
-    # Seconds the end of the run waited for the last save's write.
-    _end_of_run_wait_s: Optional[float] = None
-    # The checkpoint snapshot chosen for this run (see `_choose_checkpoint_snapshot`).
-    _snapshot_choice: Any = None
+    Args:
+        input_module: The trainer's input.
 
-    def restore_checkpoint(self, restore_step: Optional[int] = None) -> Optional[int]:
+    Returns:
+        True if it has `iterator_state` and `restore_iterator`.
+    """
+    return hasattr(input_module, "iterator_state") and hasattr(input_module, "restore_iterator")
+
+
+def checkpointed_floats(state: TrainerState) -> Any:
+    """The parts of `state` checked for NaN/inf before each save (parameters, learner state).
+
+    Args:
+        state: A trainer state.
+
+    Returns:
+        (model, learner).
+    """
+    return (state.model, state.learner)
+
+
+class RestoredState(NamedTuple):
+    """What `CheckpointDriver.restore` read."""
+
+    # The restored step.
+    step: int
+    # The restored trainer state.
+    trainer_state: TrainerState
+    # The input iterator, resumed at the saved position (None: not in the checkpoint, or not
+    # asked for).
+    input_iterator: Optional[Any]
+
+
+class CheckpointDriver:
+    """Drives the trainer's checkpointer: save policy, snapshot, restore, preemption save.
+
+    A part that `SpmdTrainer` owns (see docs/trainer.md). The trainer passes it the state and
+    step to save; it never reads the trainer. Interface: `restore`, `restore_step_to_apply`,
+    `due`, `save`, `save_timed`, `take_split`, `finish`, `save_for_preemption`,
+    `choose_snapshot`, `prepare_transfer`, `saves_alias_state`, `take_state_hold`,
+    `resolve_pending_finite`, `memory_guard`; and the read-only `snapshot_choice`,
+    `end_of_run_wait_s`, `next_step_keeps_state`.
+    """
+
+    def __init__(
+        self,
+        checkpointer: Any,
+        *,
+        mesh: jax.sharding.Mesh,
+        state_specs: TrainerState,
+        state_shardings: TrainerState,
+        input_module: Any,
+        save_input_iterator: bool,
+        restore_step: Optional[int],
+        config_path: str,
+        log: Callable[..., None],
+    ):
+        """Builds the driver.
+
+        Args:
+            checkpointer: The trainer's checkpointer (a child module).
+            mesh: The device mesh.
+            state_specs: The trainer state's specs (TensorSpecs).
+            state_shardings: The trainer state's NamedShardings.
+            input_module: The trainer's input (its iterator position may be saved).
+            save_input_iterator: Whether checkpoints include the input iterator position.
+            restore_step: The trainer's `restore_step` (None: the newest committed step).
+            config_path: The trainer's config path (named in errors).
+            log: Logs a message (the trainer's step log: `log(msg, *args)`).
+        """
+        self._checkpointer = checkpointer
+        self._mesh = mesh
+        self._state_specs = state_specs
+        self._state_shardings = state_shardings
+        self._input = input_module
+        self._save_input_iterator = bool(save_input_iterator)
+        self._restore_step = restore_step
+        self._path = config_path
+        self._log = log
+        # The checkpoint snapshot chosen for this run (see `choose_snapshot`).
+        self.snapshot_choice: Any = None
+        # The step of the last save (None: none in this process).
+        self.last_saved_step: Optional[int] = None
+        # Seconds the end of the run waited for the last save's write.
+        self.end_of_run_wait_s: Optional[float] = None
+        # Set by a save that referenced the state (CPU): the next step must not donate it.
+        self._state_held_by_save = False
+        # That save's finiteness flag, set by the next step (see _DeferredFinite).
+        self._pending_finite: Optional[_DeferredFinite] = None
+        # The parts of the last save's blocking time, for the next step record.
+        self._pending_split: Optional[dict[str, Any]] = None
+        # The compiled step's peak bytes per device (for SnapshotMemoryError).
+        self._snapshot_peak_bytes: Optional[int] = None
+        # Seconds the last save spent reading the input iterator's position.
+        self._input_state_s = 0.0
+
+    def _with_mesh(self):
+        return jax.set_mesh(self._mesh)
+
+    def _storage(self) -> Any:
+        return getattr(self._checkpointer, "storage", None)
+
+    # ------------------------------------------------------------------------------------------
+    # Restore.
+    # ------------------------------------------------------------------------------------------
+
+    def restore(self, restore_step: Optional[int] = None) -> Optional[RestoredState]:
         """Restores the latest committed checkpoint (or `restore_step`) into the state shardings.
 
         If the checkpoint holds an input iterator position (and `save_input_iterator` is set),
@@ -135,59 +232,68 @@ class TrainerCheckpointMixin:
             restore_step: The step to restore; None: the latest committed one, if any.
 
         Returns:
-            The restored step, or None if there was nothing to restore.
+            The restored step, state and input iterator, or None if there was nothing to restore.
         """
         # pylint: disable-next=import-outside-toplevel
         from axlearn.common.checkpointer import StateMismatchError
 
-        with_input = bool(self._config.save_input_iterator) and self._input_is_checkpointable()
-        with self._mesh_context():
+        checkpointable = input_is_checkpointable(self._input)
+        with_input = self._save_input_iterator and checkpointable
+        with self._with_mesh():
             try:
-                step, state = self.checkpointer.restore(
-                    step=restore_step, state=self._checkpoint_state_spec(with_input=with_input)
+                step, state = self._checkpointer.restore(
+                    step=restore_step, state=self.state_spec(with_input=with_input)
                 )
             except StateMismatchError as e:
+                if e.paths - {"input_iter"}:
+                    raise  # The model differs: the input iterator is not the cause.
                 logging.warning(
                     "Restoring with input iterator=%s failed (%s); retrying with %s.",
                     with_input,
                     e,
                     not with_input,
                 )
-                with_input = not with_input and self._input_is_checkpointable()
-                step, state = self.checkpointer.restore(
-                    step=restore_step, state=self._checkpoint_state_spec(with_input=with_input)
+                with_input = not with_input and checkpointable
+                step, state = self._checkpointer.restore(
+                    step=restore_step, state=self.state_spec(with_input=with_input)
                 )
         if step is None:
             return None
-        self._step = int(step)
-        self._trainer_state = TrainerState(
+        trainer_state = TrainerState(
             **{k: v for k, v in state.items() if k in TrainerState._fields}
         )
-        if self._config.save_input_iterator and "input_iter" in state:
-            self._input_iter = self.input.restore_iterator(state["input_iter"])
-            self._step_log("Restored the input iterator position.")
-        self._step_log("Restored checkpoint at step %s.", step)
-        return self._step
+        input_iterator = None
+        if self._save_input_iterator and "input_iter" in state:
+            input_iterator = self._input.restore_iterator(state["input_iter"])
+        return RestoredState(
+            step=int(step), trainer_state=trainer_state, input_iterator=input_iterator
+        )
 
-    def _restore_step_to_apply(self) -> Optional[int]:
+    def restore_step_to_apply(self) -> Optional[int]:
         """The step `restore_step` asks for, the first time only (None: the newest one).
 
         Applying it sets every newer step directory aside (nothing is deleted) and records the
         step in `<checkpointer dir>/restore_step_applied`, so that a restart with the same flag
         resumes from the run's newer checkpoints instead of discarding them again.
+
+        Returns:
+            The step to restore, or None for the newest committed one.
+
+        Raises:
+            ValueError: If `restore_step` is not a committed checkpoint.
         """
         # pylint: disable-next=import-outside-toplevel
         from axlearn.common.checkpointer import layout, recovery
 
-        step = self._config.restore_step
+        step = self._restore_step
         if step is None:
             return None
-        ckpt_dir = self.checkpointer.config.dir
+        ckpt_dir = self._checkpointer.config.dir
         marker = os.path.join(ckpt_dir, RESTORE_STEP_MARKER)
         try:
             with open(marker, encoding="utf-8") as f:
                 if json.load(f).get("step") == step:
-                    self._step_log(
+                    self._log(
                         "restore_step=%d was applied by an earlier start (%s); resuming from "
                         "the newest checkpoint.",
                         step,
@@ -196,12 +302,10 @@ class TrainerCheckpointMixin:
                     return None
         except (OSError, ValueError):
             pass
-        step_dir = self.checkpointer.ckpt_dir(step)
+        step_dir = self._checkpointer.ckpt_dir(step)
         if not layout.is_committed(step_dir):
-            raise ValueError(
-                f"{self.path()}.restore_step={step} (--restore_step): {step_dir} is not a "
-                f"committed checkpoint; committed steps: "
-                f"{[s for s, p in layout.step_dirs(ckpt_dir) if layout.is_committed(p)]}"
+            raise recovery.RestoreStepError(
+                recovery.restore_step_message(f"{self._path}.restore_step", ckpt_dir, step)
             )
         if jax.process_index() == 0:
             # Read the chosen step's index before anything is renamed.
@@ -213,19 +317,23 @@ class TrainerCheckpointMixin:
             layout.write_json_atomically(marker, {"step": step})
         return step
 
-    def _input_is_checkpointable(self) -> bool:
-        return hasattr(self.input, "iterator_state") and hasattr(self.input, "restore_iterator")
+    def state_spec(self, *, with_input: bool) -> dict[str, Any]:
+        """The tree of (shape, dtype, sharding) the checkpointer restores into.
 
-    def _checkpoint_state_spec(self, *, with_input: bool) -> dict[str, Any]:
-        """The tree of (shape, dtype, sharding) the checkpointer restores into."""
+        Args:
+            with_input: Whether the tree has the input iterator position.
+
+        Returns:
+            {prng_key, model, learner[, input_iter]}.
+        """
 
         def spec(s, sharding):
             return jax.ShapeDtypeStruct(shape=tuple(s.shape), dtype=s.dtype, sharding=sharding)
 
         specs = jax.tree.map(
             spec,
-            self._trainer_state_specs,
-            self._trainer_state_shardings,
+            self._state_specs,
+            self._state_shardings,
             is_leaf=lambda x: isinstance(x, (utils.TensorSpec, jax.ShapeDtypeStruct)),
         )
         state = specs._asdict()
@@ -233,52 +341,73 @@ class TrainerCheckpointMixin:
             state["input_iter"] = b""
         return state
 
-    # Abstract (jax.eval_shape): no computation, so this works under a mesh of devices this
-    # process cannot run on (AOT compilation for a TPU topology).
-    @staticmethod
-    def _prng_key_shape() -> tuple:
-        return tuple(jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape)
+    # ------------------------------------------------------------------------------------------
+    # Save.
+    # ------------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _prng_key_dtype():
-        return jax.eval_shape(lambda: jax.random.PRNGKey(0)).dtype
+    def due(self, step: int, evaler_summaries: Optional[dict[str, Any]]) -> bool:
+        """Whether the checkpointer's save policy saves `step` (True if it has no policy).
 
-    def _save_checkpoint(
-        self, evaler_summaries: Optional[dict[str, Any]], *, force: bool = False
+        Args:
+            step: The step.
+            evaler_summaries: The step's evaler summaries ({name: None} for evalers that did
+                not run).
+
+        Returns:
+            Whether to save.
+        """
+        policy = getattr(self._checkpointer, "save_policy", None)
+        if policy is None:
+            return True
+        return bool(policy(step=step, evaler_summaries=evaler_summaries))
+
+    def save(
+        self,
+        *,
+        step: int,
+        state: TrainerState,
+        input_iterator: Any,
+        evaler_summaries: Optional[dict[str, Any]],
+        force: bool = False,
+        streak: int = 0,
     ) -> Any:
-        """Saves the current state (the caller checked the policy); never a non-finite state.
+        """Saves `state` (the caller checked the policy); never a non-finite state.
 
         On CPU the save references the state's arrays instead of copying them, and the next
-        step runs without donation (see `_saves_alias_state`).
+        step runs without donation (see `saves_alias_state`).
 
         The state's finiteness is reduced to one flag on the device (on CPU by the next step,
         see `_DeferredFinite`); the checkpointer's writer reads it before writing anything
-        (`precondition`), so the loop does not wait for it. A
-        non-finite state is not written: NonFiniteStateError is raised by the next save or at
-        the end of the run (at once for synchronous saves).
+        (`precondition`), so the loop does not wait for it. A non-finite state is not written:
+        NonFiniteStateError is raised by the next save or at the end of the run (at once for
+        synchronous saves).
+
+        Args:
+            step: The state's step.
+            state: The trainer state.
+            input_iterator: The input iterator (its position is saved if configured).
+            evaler_summaries: The step's evaler summaries (for the checkpointer).
+            force: Save whatever the policy says (and even within a streak of skipped steps).
+            streak: The length of the current streak of skipped steps (0: none).
 
         Returns:
             The checkpointer's `SaveStats`, or None if it did not save.
         """
-        streak = getattr(getattr(self, "_skip_streak", None), "streak", 0)
         if streak and not force:
             # The skipped steps left the parameters as they were before the streak; a streak
             # that reaches its limit stops the run, and none of its steps is a checkpoint.
             logging.info(
-                "Not saving step %d: it is step %d of a streak of skipped steps.",
-                self._step,
-                streak,
+                "Not saving step %d: it is step %d of a streak of skipped steps.", step, streak
             )
-            return
-        self._resolve_pending_finite()
-        alias = self._saves_alias_state()
+            return None
+        self.resolve_pending_finite()
+        alias = self.saves_alias_state()
         if alias:
             # The next step (non-donating) computes the flag of its input, this state.
-            finite = self._pending_finite = _DeferredFinite(self._checkpointed_floats())
+            finite = self._pending_finite = _DeferredFinite(checkpointed_floats(state))
         else:
             # Dispatched before the state's buffers can be donated to the next step.
-            finite = all_finite(self._checkpointed_floats())
-        step = self._step
+            finite = all_finite(checkpointed_floats(state))
 
         def require_finite():
             if not (finite.get() if alias else bool(finite)):
@@ -288,14 +417,14 @@ class TrainerCheckpointMixin:
                     "is kept."
                 )
 
-        ckpt_state = self._trainer_state._asdict()
+        ckpt_state = state._asdict()
         start = time.perf_counter()
-        if self._config.save_input_iterator and self._input_is_checkpointable():
-            ckpt_state["input_iter"] = self.input.iterator_state(self._input_iter)
+        if self._save_input_iterator and input_is_checkpointable(self._input):
+            ckpt_state["input_iter"] = self._input.iterator_state(input_iterator)
         self._input_state_s = time.perf_counter() - start
-        with self._mesh_context():
-            stats = self.checkpointer.save(
-                step=self._step,
+        with self._with_mesh():
+            stats = self._checkpointer.save(
+                step=step,
                 state=ckpt_state,
                 evaler_summaries=evaler_summaries,
                 force=force,
@@ -304,25 +433,27 @@ class TrainerCheckpointMixin:
             )
         # The save may read these arrays until its write is done: the next step keeps them.
         self._state_held_by_save = alias
-        self._last_saved_step = self._step
+        self.last_saved_step = step
         return stats
 
-    def _save_checkpoint_timed(
-        self, evaler_summaries: Optional[dict[str, Any]], *, force: bool = False
-    ) -> None:
-        """`_save_checkpoint` as the step's "checkpoint" overhead, split into its parts for the
-        step record: the snapshot, waiting for the previous save, and the rest."""
-        timer = self._timer
+    def save_timed(self, timer: Any, **save_kwargs) -> None:
+        """`save` as the step's "checkpoint" overhead, split into its parts for the step record:
+        the snapshot, waiting for the previous save, and the rest (see `take_split`).
+
+        Args:
+            timer: The run's `StepTimer`.
+            **save_kwargs: The arguments of `save`.
+        """
         before = timer.pending_overheads().get("checkpoint", 0.0)
         with timer.overhead("checkpoint"):
-            stats = self._save_checkpoint(evaler_summaries, force=force)
+            stats = self.save(**save_kwargs)
         total = timer.pending_overheads().get("checkpoint", 0.0) - before
         if stats is None:
             return
         snapshot = stats.snapshot
         if stats.choice is not None:
             snapshot = stats.choice.short()
-        elif self._snapshot_choice is not None and stats.snapshot == "reference":
+        elif self.snapshot_choice is not None and stats.snapshot == "reference":
             snapshot = "reference (CPU: no copy, the next step keeps the state)"
         split = dict(
             blocking_s=total,
@@ -330,36 +461,73 @@ class TrainerCheckpointMixin:
             wait_for_previous_s=stats.wait_for_previous_s,
             other_s=max(0.0, total - stats.snapshot_s - stats.wait_for_previous_s),
             # Part of the rest: reading the input iterator's position.
-            input_position_s=getattr(self, "_input_state_s", 0.0),
+            input_position_s=self._input_state_s,
             snapshot=snapshot,
         )
         split["waited"] = bool(stats.waited)
         if stats.waited and stats.previous is not None:
             split["previous_write_gb_per_s"] = stats.previous.write_gb_per_s
             split["previous_write_s"] = stats.previous.write_s
-        self._pending_checkpoint_split = split
+        self._pending_split = split
 
-    def _take_checkpoint_split(self) -> Optional[dict[str, Any]]:
+    def take_split(self) -> Optional[dict[str, Any]]:
         """The parts of the save charged to the step being recorded (then cleared)."""
-        split, self._pending_checkpoint_split = self._pending_checkpoint_split, None
+        split, self._pending_split = self._pending_split, None
         return split
 
-    def _finish_saves(self) -> None:
+    def finish(self) -> None:
         """At the end of the run: waits for the last save's write; records the wait."""
-        self._resolve_pending_finite()
+        self.resolve_pending_finite()
         start = time.perf_counter()
         try:
-            self.checkpointer.wait_until_finished()
+            self._checkpointer.wait_until_finished()
         finally:
-            self._end_of_run_wait_s = time.perf_counter() - start
+            self.end_of_run_wait_s = time.perf_counter() - start
 
-    def _choose_checkpoint_snapshot(self, compiled: Any) -> None:
+    def save_for_preemption(
+        self,
+        *,
+        step: int,
+        state: TrainerState,
+        input_iterator: Any,
+        set_activity: Callable[[str], None],
+    ) -> None:
+        """Saves step `step` (unless its save policy just did) and waits until it is committed.
+
+        Args:
+            step: The finished step.
+            state: Its trainer state.
+            input_iterator: The input iterator.
+            set_activity: Tells the preemption handler what the process is doing.
+        """
+        if self.last_saved_step != step:
+            set_activity(f"saving step {step}")
+            self.save(
+                step=step,
+                state=state,
+                input_iterator=input_iterator,
+                evaler_summaries=None,
+                force=True,
+            )
+        set_activity(f"committing step {step}")
+        self.resolve_pending_finite()
+        self._checkpointer.wait_until_finished()
+
+    # ------------------------------------------------------------------------------------------
+    # Snapshot and the train step.
+    # ------------------------------------------------------------------------------------------
+
+    def choose_snapshot(self, compiled: Any) -> None:
         """Chooses where this run's checkpoint snapshots live, from the compiled step's peak
-        memory, the state's bytes per device and each device's limit (logged once)."""
+        memory, the state's bytes per device and each device's limit (logged once).
+
+        Args:
+            compiled: The compiled train step.
+        """
         # pylint: disable-next=import-outside-toplevel
         from axlearn.common.device_memory import compiled_memory_stats
 
-        choose = getattr(getattr(self.checkpointer, "storage", None), "choose_snapshot", None)
+        choose = getattr(self._storage(), "choose_snapshot", None)
         if choose is None:
             return
         memory = compiled_memory_stats(compiled)
@@ -370,75 +538,29 @@ class TrainerCheckpointMixin:
             # the step needs.
             peak = max(memory.peak_bytes or 0, memory.total_bytes)
         self._snapshot_peak_bytes = peak
-        with self._mesh_context():
-            self._snapshot_choice = choose(
-                self._checkpoint_state_spec(with_input=False), step_peak_bytes=peak
-            )
-        if self._snapshot_choice is None:
+        with self._with_mesh():
+            self.snapshot_choice = choose(self.state_spec(with_input=False), step_peak_bytes=peak)
+        if self.snapshot_choice is None:
             return
         # The storage logged the choice and its numbers (once, when it changes).
-        if self._saves_alias_state():
-            self._step_log(
+        if self.saves_alias_state():
+            self._log(
                 "checkpoint snapshot on CPU: no copy at all; the step after a save keeps (does "
                 "not donate) the saved state until its write ends."
             )
 
-    def _prepare_checkpoint_transfer(self) -> None:
+    def prepare_transfer(self, state: TrainerState) -> None:
         """Before the first step, sets up the host memory the first save's transfer would
-        allocate while steps run (see `StateStorage.prepare_host_transfer`; logged there)."""
-        storage = getattr(self.checkpointer, "storage", None)
-        if self._snapshot_choice is not None and hasattr(storage, "prepare_host_transfer"):
-            storage.prepare_host_transfer(self._trainer_state._asdict())
+        allocate while steps run (see `StateStorage.prepare_host_transfer`; logged there).
 
-    def _dispatch_train_step(self, global_batch: Any) -> dict[str, Any]:
-        """Dispatches the next train step (updating the state); returns its outputs.
-
-        After a save that references the state (CPU) the step does not donate it and checks it
-        for NaN/inf for the save's writer. A step that cannot allocate device memory while a
-        checkpoint snapshot holds some raises SnapshotMemoryError naming both numbers.
+        Args:
+            state: The trainer state.
         """
-        storage = getattr(self.checkpointer, "storage", None)
-        held = storage.device_snapshot_bytes() if hasattr(storage, "device_snapshot_bytes") else 0
-        try:
-            if self._state_held_by_save:
-                # The last save still reads the state's arrays: do not donate them. This step
-                # also checks that they (the saved state) are finite, for the save's writer.
-                self._state_held_by_save = False
-                self._trainer_state, outputs, finite = self._compiled_train_step_keep_state(
-                    self._trainer_state, global_batch
-                )
-                self._resolve_pending_finite(finite)
-            else:
-                self._trainer_state, outputs = self._compiled_train_step(
-                    self._trainer_state, global_batch
-                )
-        except Exception as e:
-            if held and _is_resource_exhausted(e):
-                choice = self._snapshot_choice
-                raise SnapshotMemoryError(
-                    snapshot_memory_message(
-                        step=self._step,
-                        error=e,
-                        held_bytes=held,
-                        saved_step=getattr(self, "_last_saved_step", None),
-                        peak_bytes=getattr(self, "_snapshot_peak_bytes", None),
-                        limit_bytes=choice.limit_bytes if choice is not None else None,
-                    )
-                ) from e
-            raise
-        return outputs
+        storage = self._storage()
+        if self.snapshot_choice is not None and hasattr(storage, "prepare_host_transfer"):
+            storage.prepare_host_transfer(state._asdict())
 
-    def _resolve_pending_finite(self, value: Any = None) -> None:
-        """Sets the last aliased save's finiteness flag: `value` from the step after it, or
-        (None) computed now when no such step will run. Idempotent."""
-        pending, self._pending_finite = self._pending_finite, None
-        if pending is not None:
-            if value is None:
-                pending.resolve()
-            else:
-                pending.set(value)
-
-    def _saves_alias_state(self) -> bool:
+    def saves_alias_state(self) -> bool:
         """Whether saves reference the state instead of copying it (on CPU meshes).
 
         On CPU the snapshot copy would be a host memcpy of the whole state in the step's time;
@@ -450,43 +572,63 @@ class TrainerCheckpointMixin:
         """
         if not all(d.platform == "cpu" for d in self._mesh.devices.flat):
             return False
-        choice = self._snapshot_choice
+        choice = self.snapshot_choice
         return choice is None or choice.mode == "device"
 
-    def _checkpoint_due(self, evaler_summaries) -> bool:
-        policy = getattr(self.checkpointer, "save_policy", None)
-        if policy is None:
-            policy = getattr(self.checkpointer, "_save_policy", None)
-        if policy is None:
-            return True
-        return bool(policy(step=self._step, evaler_summaries=evaler_summaries))
+    @property
+    def next_step_keeps_state(self) -> bool:
+        """Whether the last save still reads the state's arrays (the next step must not donate
+        them)."""
+        return self._state_held_by_save
 
-    def _checkpointed_floats(self, state: Optional[TrainerState] = None) -> Any:
-        """The parts of `state` (default: the current trainer state) checked for NaN/inf before
-        each save."""
-        state = self._trainer_state if state is None else state
-        return (state.model, state.learner)
+    def take_state_hold(self) -> bool:
+        """Whether the next step must not donate the state (the last save still reads it);
+        called as that step is dispatched (clears the hold).
 
-    def _stop_for_preemption(self, current: Any) -> None:
-        """After a preemption notice: finishes step `current`, saves it, waits, exits.
-
-        The step is saved unless its save policy just did; see axlearn/common/preemption.py.
-
-        Raises:
-            TrainingPreempted: Always, once the save is committed (a SystemExit whose code is
-                preemption.PREEMPTED_EXIT_CODE).
+        Returns:
+            True if the step must run without donation and report its input's finiteness to
+            `resolve_pending_finite`.
         """
-        preemption = self._preemption
-        preemption.set_activity(f"finishing step {current.step}")
-        self._drain(current)
-        self._finish_step(current)
-        self._stop_trace()
-        if getattr(self, "_last_saved_step", None) != current.step:
-            preemption.set_activity(f"saving step {current.step}")
-            self._save_checkpoint(None, force=True)
-        preemption.set_activity(f"committing step {current.step}")
-        self._resolve_pending_finite()
-        self.checkpointer.wait_until_finished()
-        error = preemption.preempted(step=current.step, saved_step=current.step)
-        self._step_log("%s", error)
-        raise error
+        held, self._state_held_by_save = self._state_held_by_save, False
+        return held
+
+    def resolve_pending_finite(self, value: Any = None) -> None:
+        """Sets the last aliased save's finiteness flag: `value` from the step after it, or
+        (None) computed now when no such step will run. Idempotent.
+
+        Args:
+            value: The flag (a device boolean) computed by the step after the save, or None.
+        """
+        pending, self._pending_finite = self._pending_finite, None
+        if pending is not None:
+            if value is None:
+                pending.resolve()
+            else:
+                pending.set(value)
+
+    @contextlib.contextmanager
+    def memory_guard(self, step: int) -> Iterator[None]:
+        """Turns a step's failure to allocate device memory while a snapshot holds some into
+        SnapshotMemoryError naming both numbers; other errors propagate unchanged.
+
+        Args:
+            step: The step being dispatched.
+        """
+        storage = self._storage()
+        held = storage.device_snapshot_bytes() if hasattr(storage, "device_snapshot_bytes") else 0
+        try:
+            yield
+        except Exception as e:
+            if held and _is_resource_exhausted(e):
+                choice = self.snapshot_choice
+                raise SnapshotMemoryError(
+                    snapshot_memory_message(
+                        step=step,
+                        error=e,
+                        held_bytes=held,
+                        saved_step=self.last_saved_step,
+                        peak_bytes=self._snapshot_peak_bytes,
+                        limit_bytes=choice.limit_bytes if choice is not None else None,
+                    )
+                ) from e
+            raise

@@ -35,6 +35,7 @@ from axlearn.common.config import (
     config_for_function,
     maybe_instantiate,
 )
+from axlearn.common.config.paths import lookup_path, replace_path, split_path
 from axlearn.common.metrics import MetricAccumulator
 
 __all__ = [
@@ -48,30 +49,15 @@ __all__ = [
 
 
 def _split(path: str) -> list[str]:
-    parts = [p for p in path.split(".") if p]
-    if not parts:
-        raise ValueError(f"Empty module path {path!r}")
-    return parts
-
-
-def _child(node: Any, key: str, *, path: str) -> Any:
-    if isinstance(node, dict):
-        if key not in node:
-            raise ValueError(f"{path}: no entry {key!r} (entries: {sorted(node)})")
-        return node[key]
-    if isinstance(node, ConfigBase):
-        if key not in node:
-            raise ValueError(f"{path}: {type(node).__name__} has no field {key!r}")
-        return getattr(node, key)
-    raise ValueError(f"{path}: cannot look up {key!r} in a {type(node).__name__}")
+    return split_path(path)
 
 
 def find_config(cfg: ConfigBase, path: str) -> Any:
-    """Returns the value at dotted `path` in a config tree.
+    """Returns the value at dotted `path` in a config tree (`config.paths.lookup_path`).
 
     Args:
         cfg: The root config.
-        path: E.g. "model.decoder.transformer.layer".
+        path: E.g. "model.decoder.transformer.layer" (list items by index: "mesh_rules.0").
 
     Returns:
         The value (usually a config).
@@ -79,11 +65,7 @@ def find_config(cfg: ConfigBase, path: str) -> Any:
     Raises:
         ValueError: Naming the path if a part of it does not exist.
     """
-    node, seen = cfg, []
-    for key in _split(path):
-        seen.append(key)
-        node = _child(node, key, path=".".join(seen))
-    return node
+    return lookup_path(cfg, path)
 
 
 def _has_field(node: Any, name: str) -> bool:
@@ -92,7 +74,8 @@ def _has_field(node: Any, name: str) -> bool:
 
 
 def replace_config(cfg: ConfigBase, path: str, value: Any) -> None:
-    """Sets the value at dotted `path` (which must exist) in a config tree.
+    """Sets the value at dotted `path` (which must exist) in a config tree
+    (`config.paths.replace_path`).
 
     Args:
         cfg: The root config.
@@ -102,13 +85,7 @@ def replace_config(cfg: ConfigBase, path: str, value: Any) -> None:
     Raises:
         ValueError: Naming the path if it does not exist.
     """
-    keys = _split(path)
-    parent = find_config(cfg, ".".join(keys[:-1])) if len(keys) > 1 else cfg
-    _child(parent, keys[-1], path=path)  # Must exist.
-    if isinstance(parent, dict):
-        parent[keys[-1]] = value
-    else:
-        setattr(parent, keys[-1], value)
+    replace_path(cfg, path, value)
 
 
 class ChainConfigModifier(ConfigModifier):

@@ -1,8 +1,8 @@
-"""The trainer's measurements: FLOPs per step, peak FLOP/s, memory, step records, run summary.
+"""The trainer's metrics recorder: FLOPs per step, peak FLOP/s, memory, step records, summary.
 
-`TrainerMetricsMixin` is part of `SpmdTrainer` (axlearn/common/trainer.py); it turns each step's
-timing (`step_timer.StepTiming`) and host-side scalars into the step record that the log line,
-metrics.jsonl, TensorBoard and run_summary.json show. Definitions: docs/metrics.md.
+`MetricsRecorder` is a part that `SpmdTrainer` (axlearn/common/trainer.py) owns; it turns each
+step's timing (`step_timer.StepTiming`) and host-side scalars into the step record that the log
+line, metrics.jsonl, TensorBoard and run_summary.json show. Definitions: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
@@ -31,7 +31,7 @@ from axlearn.common.run_summary import (
     write_run_summary,
 )
 from axlearn.common.step_log import format_step_line, step_throughput
-from axlearn.common.step_timer import StepTiming
+from axlearn.common.step_timer import StepTimer, StepTiming
 from axlearn.common.utils import NestedTensor
 
 # The parameter table (path, shape, partition spec per parameter) in the trainer dir.
@@ -57,106 +57,200 @@ def write_text_file(path: str, text: str) -> None:
         f.write(text + "\n")
 
 
-class TrainerMetricsMixin:
-    """Measurement methods of SpmdTrainer (uses its config, mesh, specs and step log)."""
+class MetricsRecorder:
+    """Turns each step's timing and scalars into the step record and reports it.
 
-    def _measure_peak(self) -> None:
+    A part that `SpmdTrainer` owns, built for each run (`run()`); see docs/trainer.md.
+    Interface: `timer` (the run's StepTimer), `measure_peak()`, `log_model_analysis(model)`,
+    `on_compiled(...)`, `count_nonfinite_step()`, `record_step(...)` and `write_run_summary(...)`.
+    """
+
+    def __init__(
+        self,
+        *,
+        trainer_config: ConfigBase,
+        mesh: jax.sharding.Mesh,
+        model_param_specs: Any,
+        summary_writer: Callable[[int, dict[str, Any]], None],
+        jsonl_writer: Callable[[int, dict[str, Any]], None],
+        skips_nonfinite: bool,
+        verbose_start: bool,
+        log: Callable[..., None],
+    ):
+        """Builds the recorder of one run.
+
+        Args:
+            trainer_config: The trainer config (dir, max_step, log_every_n_steps,
+                peak_flops_per_device, train_dtype, model, name are read; its digest goes in the
+                run summary).
+            mesh: The device mesh.
+            model_param_specs: The model's parameter specs.
+            summary_writer: Writes a step's summaries (TensorBoard): `summary_writer(step, values)`.
+            jsonl_writer: Writes a step's record to metrics.jsonl: `jsonl_writer(step, values)`.
+            skips_nonfinite: Whether the learner skips non-finite steps (records then count them).
+            verbose_start: Whether the parameter table is logged line by line.
+            log: Logs a message (the trainer's step log: `log(msg, *args)`).
+        """
+        self._cfg = trainer_config
+        self._mesh = mesh
+        self._param_specs = model_param_specs
+        self._summary_writer = summary_writer
+        self._jsonl_writer = jsonl_writer
+        self._skips_nonfinite = skips_nonfinite
+        self._verbose_start = verbose_start
+        self._log = log
+        self.timer = StepTimer()
+        self._records: list[dict[str, Any]] = []
+        self._num_nonfinite_steps = 0
+        self._num_params: Optional[int] = None
+        self._pipeline_report = None
+        self._peak = None
+        self._peak_flops: Optional[float] = None
+        self._num_devices = mesh.devices.size
+        self._tokens_per_step = 0
+        self._step_flops = None
+        self._compiled_memory = None
+        self._compile_seconds: Optional[float] = None
+
+    def measure_peak(self) -> None:
         """Sets the peak FLOP/s per device for MFU (table, configured, or CPU matmul probe).
 
         Runs before the first step so the CPU probe's time is never charged to a step.
         """
-        cfg = self._config
-        self._peak = None
+        cfg = self._cfg
         if cfg.peak_flops_per_device:
             self._peak_flops = float(cfg.peak_flops_per_device)
-            self._peak_description = (
-                f"{self._peak_flops / 1e12:.4g} TFLOP/s per device (configured)"
-            )
+            description = f"{self._peak_flops / 1e12:.4g} TFLOP/s per device (configured)"
         else:
             dtype = cfg.train_dtype
             if dtype is None or not isinstance(dtype, (str, type, np.dtype)):
                 dtype = "float32"
             self._peak = device_peak_flops(list(self._mesh.devices.flat), dtype=dtype)
             self._peak_flops = self._peak.flops_per_s
-            self._peak_description = self._peak.describe()
-        self._step_log("Peak for MFU: %s", self._peak_description)
+            description = self._peak.describe()
+        self._log("Peak for MFU: %s", description)
 
-    # Set True (e.g. by `launch_trainer --verbose_start`) to log the parameter table line by line.
-    verbose_start: bool = False
+    def log_model_analysis(self, model: Any) -> None:
+        """Writes the parameter table, logs the parameter count and the pipeline report.
 
-    def _log_model_analysis(self) -> None:
-        num_params = utils.count_model_params(self._model_param_specs)
+        Args:
+            model: The model module (for the pipeline report).
+        """
+        num_params = utils.count_model_params(self._param_specs)
         self._num_params = num_params
         rows = [
             f"{path:<60} {str(tuple(spec.shape)):<20} {spec.mesh_axes}"
-            for path, spec in utils.flatten_items(self._model_param_specs)
+            for path, spec in utils.flatten_items(self._param_specs)
         ]
-        table_path = os.path.join(self._config.dir, PARAMETER_TABLE_FILE)
+        table_path = os.path.join(self._cfg.dir, PARAMETER_TABLE_FILE)
         if jax.process_index() == 0:
             write_text_file(table_path, f"Model parameters: {num_params:,}\n" + "\n".join(rows))
-        if self.verbose_start:
-            self._step_log("Model parameters: %s", f"{num_params:,}")
+        if self._verbose_start:
+            self._log("Model parameters: %s", f"{num_params:,}")
             for row in rows:
-                self._step_log("  %s", row)
+                self._log("  %s", row)
         else:
-            self._step_log(
+            self._log(
                 "Model parameters: %s (%d tensors; table in %s)",
                 f"{num_params:,}",
                 len(rows),
                 table_path,
             )
+        self._log_pipeline_report(model)
 
-        self._log_pipeline_report()
-
-    def _log_pipeline_report(self) -> None:
+    def _log_pipeline_report(self, model: Any) -> None:
         """Logs bubble fraction and per-stage parameters/memory of pipelined layers, if any."""
         from axlearn.common.pipeline import (  # pylint: disable=import-outside-toplevel
             format_pipeline_report,
             pipeline_report,
         )
 
-        self._pipeline_report = pipeline_report(
-            self.model, self._model_param_specs, dict(self._mesh.shape)
-        )
+        self._pipeline_report = pipeline_report(model, self._param_specs, dict(self._mesh.shape))
         if self._pipeline_report is not None:
             for line in format_pipeline_report(self._pipeline_report):
-                self._step_log("%s", line)
+                self._log("%s", line)
 
-    def _on_compiled(self, compiled: Any, global_batch: NestedTensor) -> None:
-        """Logs FLOPs per step, the peak FLOP/s used for MFU, and the compiled memory analysis."""
-        cfg = self._config
-        self._num_devices = self._mesh.devices.size
+    def on_compiled(
+        self, compiled: Any, global_batch: NestedTensor, *, compile_seconds: float
+    ) -> None:
+        """Logs FLOPs per step and the compiled memory analysis of the compiled train step.
+
+        Args:
+            compiled: The compiled train step.
+            global_batch: The batch it was compiled for (its [B, T] gives the tokens per step).
+            compile_seconds: How long compiling took (for the run summary).
+        """
+        cfg = self._cfg
+        self._compile_seconds = compile_seconds
         batch_shape = _batch_shape(global_batch)
         self._tokens_per_step = int(np.prod(batch_shape)) if batch_shape else 0
-        self._step_flops = _model_step_flops(cfg.model, self._model_param_specs, batch_shape)
+        self._step_flops = _model_step_flops(cfg.model, self._param_specs, batch_shape)
         if self._step_flops is not None:
-            self._step_log("%s", self._step_flops.describe())
+            self._log("%s", self._step_flops.describe())
         self._compiled_memory = compiled_memory_stats(compiled)
         if self._compiled_memory is not None:
             remats = remat_choices_of(cfg.model, "model")
             remat = ", ".join(f"{path}={name}" for path, name in sorted(remats.items()))
-            self._step_log(
+            self._log(
                 "%s%s", self._compiled_memory.describe(), f" [remat: {remat}]" if remat else ""
             )
 
+    def count_nonfinite_step(self) -> None:
+        """Counts a step whose loss was not finite (and that the learner skipped)."""
+        self._num_nonfinite_steps += 1
+
+    def record_step(
+        self,
+        *,
+        step: int,
+        batch: NestedTensor,
+        loss: float,
+        scalars: dict[str, Any],
+        timing: StepTiming,
+        checkpoint: Optional[dict[str, Any]],
+    ) -> dict[str, Any]:
+        """Builds step `step`'s record and reports it (log line, TensorBoard, metrics.jsonl).
+
+        Args:
+            step: The finished step.
+            batch: Its host batch (for the count of real tokens).
+            loss: Its loss.
+            scalars: Its summaries, flattened ('/'-joined paths).
+            timing: Its interval (`StepTimer.end_step`).
+            checkpoint: The parts of the save charged to it (`CheckpointDriver.take_split`).
+
+        Returns:
+            The record.
+        """
+        record = self._step_record(
+            step=step, batch=batch, loss=loss, scalars=scalars, timing=timing, checkpoint=checkpoint
+        )
+        self._report_step(record, scalars=scalars)
+        return record
+
     def _step_record(
-        self, pending: Any, *, loss: float, scalars: dict[str, Any], timing: StepTiming
+        self,
+        *,
+        step: int,
+        batch: NestedTensor,
+        loss: float,
+        scalars: dict[str, Any],
+        timing: StepTiming,
+        checkpoint: Optional[dict[str, Any]],
     ) -> dict[str, Any]:
         """The metrics of one finished step (what the log line, JSONL and summary show)."""
-        cfg = self._config
+        cfg = self._cfg
         wall = timing.wall_s
         record: dict[str, Any] = dict(
-            step=pending.step,
+            step=step,
             max_step=cfg.max_step,
             loss=loss,
             step_time_s=wall,
             overheads=dict(timing.overheads),
             excluded_reason=timing.excluded_reason,
         )
-        take_split = getattr(self, "_take_checkpoint_split", None)
-        split = take_split() if take_split is not None else None
-        if split is not None:
-            record["checkpoint"] = split
+        if checkpoint is not None:
+            record["checkpoint"] = checkpoint
         lr = applied_learning_rate(scalars)
         if lr is not None:
             record["learning_rate"] = lr
@@ -174,8 +268,8 @@ class TrainerMetricsMixin:
                 int(nan_steps) if nan_steps is not None else self._num_nonfinite_steps
             )
         tokens = self._tokens_per_step
-        record["consumed_tokens"] = pending.step * tokens
-        real = _real_tokens(pending.batch)
+        record["consumed_tokens"] = step * tokens
+        real = _real_tokens(batch)
         if real is not None:
             # Each process counts its own slice; the slices are equal-sized, so scale up.
             record["real_tokens"] = real * jax.process_count()
@@ -196,12 +290,12 @@ class TrainerMetricsMixin:
         steady = [r["step_time_s"] for r in self._records if not r["excluded_reason"]]
         avg = float(np.mean(steady)) if steady else wall
         if math.isfinite(cfg.max_step):
-            record["eta_s"] = max(0.0, (cfg.max_step - pending.step) * avg)
+            record["eta_s"] = max(0.0, (cfg.max_step - step) * avg)
         return record
 
     def _report_step(self, record: dict[str, Any], *, scalars: dict[str, Any]) -> None:
         """Logs the step line; writes summaries (TensorBoard) and the JSONL record."""
-        cfg = self._config
+        cfg = self._cfg
         step = record["step"]
         every = cfg.log_every_n_steps or 1
         if step % every == 0 or record["excluded_reason"] or step == cfg.max_step:
@@ -230,31 +324,43 @@ class TrainerMetricsMixin:
             perf["checkpoint"] = {k: v for k, v in split.items() if isinstance(v, float)}
             extra["checkpoint_snapshot"] = str(split.get("snapshot", ""))
         values = dict(loss=record["loss"], **_unflatten(scalars), perf=perf)
-        self.summary_writer(step, values)
+        self._summary_writer(step, values)
         self._jsonl_writer(
             step, dict(values, excluded_reason=record["excluded_reason"] or "", **extra)
         )
 
-    def _write_run_summary(self) -> dict[str, Any]:
-        """Logs the end-of-run summary block and writes <dir>/run_summary.json (process 0)."""
-        cfg = self._config
+    def write_run_summary(
+        self,
+        *,
+        end_of_run_wait_s: Optional[float],
+        skipped_steps: int,
+        checkpoint_snapshot: Any,
+    ) -> dict[str, Any]:
+        """Logs the end-of-run summary block and writes <dir>/run_summary.json (process 0).
+
+        Args:
+            end_of_run_wait_s: Seconds the end of the run waited for the last save's write.
+            skipped_steps: The learner's cumulative count of skipped steps.
+            checkpoint_snapshot: The run's checkpoint snapshot choice (None: not made).
+
+        Returns:
+            The summary.
+        """
+        cfg = self._cfg
         memory = [m.to_dict() for m in live_memory_per_device()]
+        flops = self._step_flops
         summary = build_run_summary(
             self._records,
             num_params=self._num_params,
-            num_devices=self._mesh.devices.size,
-            tokens_per_step=getattr(self, "_tokens_per_step", 0),
-            flops_per_step=(
-                self._step_flops.total_flops if getattr(self, "_step_flops", None) else None
-            ),
-            flops=self._step_flops.to_dict() if getattr(self, "_step_flops", None) else None,
-            peak=self._peak.to_dict() if getattr(self, "_peak", None) else None,
+            num_devices=self._num_devices,
+            tokens_per_step=self._tokens_per_step,
+            flops_per_step=flops.total_flops if flops else None,
+            flops=flops.to_dict() if flops else None,
+            peak=self._peak.to_dict() if self._peak else None,
             memory=memory,
-            compiled_memory=(
-                self._compiled_memory.to_dict() if getattr(self, "_compiled_memory", None) else None
-            ),
+            compiled_memory=self._compiled_memory.to_dict() if self._compiled_memory else None,
             environment=environment_info(list(self._mesh.devices.flat)),
-            end_of_run_wait_s=getattr(self, "_end_of_run_wait_s", None),
+            end_of_run_wait_s=end_of_run_wait_s,
             config_digest=config_hash(cfg),
             extra=dict(
                 name=cfg.name,
@@ -262,23 +368,15 @@ class TrainerMetricsMixin:
                 # The run's wall time over all its attempts, from <dir>/events (goodput.py).
                 goodput=goodput_summary(cfg.dir) if jax.process_index() == 0 else None,
                 mesh=dict(self._mesh.shape),
-                compile_s=getattr(self, "_compile_seconds", None),
+                compile_s=self._compile_seconds,
                 # Cumulative counts (the learner's skip counter, which a restore carries over;
                 # this run's non-finite losses).
-                skipped_steps=(
-                    self._skip_streak.skip_counter if getattr(self, "_skip_streak", None) else 0
-                ),
-                nonfinite_steps=getattr(self, "_num_nonfinite_steps", 0),
+                skipped_steps=skipped_steps,
+                nonfinite_steps=self._num_nonfinite_steps,
                 checkpoint_snapshot=(
-                    self._snapshot_choice.to_dict()
-                    if getattr(self, "_snapshot_choice", None) is not None
-                    else None
+                    checkpoint_snapshot.to_dict() if checkpoint_snapshot is not None else None
                 ),
-                **(
-                    dict(pipeline=self._pipeline_report)
-                    if getattr(self, "_pipeline_report", None)
-                    else {}
-                ),
+                **(dict(pipeline=self._pipeline_report) if self._pipeline_report else {}),
             ),
         )
         logging.info("\n%s", format_run_summary(summary))

@@ -7,12 +7,12 @@ from typing import Any, Optional
 
 import jax
 import numpy as np
-from jax import numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common.config import REQUIRED, ConfigBase
 from axlearn.common.metrics import WeightedScalar
-from axlearn.common.utils import Tensor, unknown_mesh_axes
+from axlearn.common.utils import all_finite as utils_all_finite
+from axlearn.common.utils import unknown_mesh_axes
 
 
 def is_unset(value: Any) -> bool:
@@ -90,12 +90,8 @@ def _is_empty_dict(x: Any) -> bool:
     return isinstance(x, dict) and not x
 
 
-@jax.jit
-def all_finite(tree: Any) -> Tensor:
-    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
-    if not leaves:
-        return jnp.array(True)
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+# `utils.all_finite` (the one definition), jitted: the trainer calls it outside jit (before saves).
+all_finite = jax.jit(utils_all_finite)
 
 
 def eval_due(evaler: Any, step: int) -> bool:

@@ -33,6 +33,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common.config import is_named_tuple
 
+# Mask helpers live in utils_masks (kept apart for length) and are re-exported here.
+from axlearn.common.utils_masks import safe_not, sequence_mask  # noqa: F401
+
 # AXLearn keeps its remat policies in `utils`; ours live in utils_remat and are re-exported here.
 from axlearn.common.utils_remat import (  # noqa: F401
     SavePattern,
@@ -73,6 +76,8 @@ __all__ = [
     "VDict",
     "check_numerics",
     "create_device_mesh",
+    "safe_not",
+    "sequence_mask",
     "get_data_dir",
     "infer_mesh_shape",
     "numeric_checks",
@@ -401,6 +406,28 @@ def check_numerics(x: Tensor, msg_fmt: str = "", **msg_kwargs) -> Tensor:
     if _numeric_checks_state["enabled"] and not bool(jnp.isfinite(x).all()):
         raise AssertionError(f"Check numerics {msg_fmt.format(**msg_kwargs)}: {x}")
     return x
+
+
+def all_finite(tree: Any) -> Tensor:
+    """Whether every float leaf of `tree` holds only finite values (no NaN, no infinity).
+
+    The one home of this check: the trainer (before saves), the learner (skipping non-finite
+    steps) and `skip_and_clip_by_global_norm` use it. Works inside and outside jit.
+
+    Args:
+        tree: A tree of arrays; leaves of integer or boolean dtype are always finite.
+
+    Returns:
+        A scalar boolean array (True for a tree without float leaves).
+    """
+    leaves = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+    ]
+    if not leaves:
+        return jnp.array(True)
+    return jnp.all(jnp.stack(leaves))
 
 
 # --------------------------------------------------------------------------------------------

@@ -4,6 +4,9 @@
   a trainer config (what `named_trainer_configs()` maps config names to).
 - `V6eFlashConfigModifier`: sets the TPU block size of every FlashAttention layer to 1024 (the
   mesh rules of AXLearn's Fuji configs use it on TPU v6e).
+- `V7xFlashConfigModifier`: the same for TPU 7x (block size 2048), and
+  `SplashAttentionConfigModifier` (splash block sizes in FlashAttention `backend_overrides`),
+  both in the `tpu-7x` mesh rules of Fuji 70B.
 - `config_map_cache`: caches a `named_trainer_configs` function per data dir.
 """
 
@@ -13,10 +16,40 @@ import functools
 from typing import Callable, Optional
 
 from axlearn.common.config import ConfigBase, ConfigModifier, TrainerConfigFn, config_class
-from axlearn.common.flash_attention.layer import set_flash_block_sizes
+from axlearn.common.flash_attention.layer import FlashAttention, set_flash_block_sizes
 from axlearn.common.utils import get_data_dir
 
-__all__ = ["TrainerConfigFn", "V6eFlashConfigModifier", "config_map_cache"]
+__all__ = [
+    "SplashAttentionConfigModifier",
+    "TrainerConfigFn",
+    "V6eFlashConfigModifier",
+    "V7xFlashConfigModifier",
+    "config_map_cache",
+    "flash_attention_configs",
+]
+
+
+def flash_attention_configs(cfg: ConfigBase) -> list[ConfigBase]:
+    """The FlashAttention layer configs in the tree `cfg` (outside its `mesh_rules`).
+
+    Args:
+        cfg: A config tree, e.g. a trainer config.
+
+    Returns:
+        The configs whose klass is FlashAttention or a subclass, in visiting order.
+    """
+    found = []
+
+    def enter(key: str, value, children):
+        if key == "mesh_rules":
+            return None  # The rules' own configs are not layers of this model.
+        klass = getattr(value, "klass", None) if isinstance(value, ConfigBase) else None
+        if isinstance(klass, type) and issubclass(klass, FlashAttention):
+            found.append(value)
+        return children
+
+    cfg.visit(visit_fn=lambda key, value: None, enter_fn=enter)
+    return found
 
 
 class V6eFlashConfigModifier(ConfigModifier):
@@ -42,6 +75,61 @@ class V6eFlashConfigModifier(ConfigModifier):
             The modified config.
         """
         set_flash_block_sizes(cfg, tpu_block_size=self.config.tpu_block_size, gpu_block_size=None)
+        return cfg
+
+
+class V7xFlashConfigModifier(V6eFlashConfigModifier):
+    """Sets `tpu_block_size` of every FlashAttention layer for TPU 7x (AXLearn uses 2048).
+
+    A config without FlashAttention layers is left unchanged.
+    """
+
+    @config_class
+    class Config(V6eFlashConfigModifier.Config):
+        """Configures V7xFlashConfigModifier."""
+
+        # The TPU block size of the flash attention kernels.
+        tpu_block_size: int = 2048
+
+
+class SplashAttentionConfigModifier(ConfigModifier):
+    """Sets the splash-attention (TPU) block sizes of every FlashAttention layer.
+
+    The sizes go into the layer's `backend_overrides` dict (as "splash_block_q" and
+    "splash_block_kv_compute") where the layer config has that field; a config whose
+    FlashAttention layers have no such field, or without FlashAttention layers, is left
+    unchanged (this package's FlashAttention has no splash backend).
+    """
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        """Configures SplashAttentionConfigModifier."""
+
+        # The query block size of the splash kernels.
+        splash_block_q: Optional[int] = None
+        # The key/value compute block size of the splash kernels.
+        splash_block_kv_compute: Optional[int] = None
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        """Sets the block sizes (in place).
+
+        Args:
+            cfg: The trainer config.
+
+        Returns:
+            The modified config.
+        """
+        sizes = {
+            key: value
+            for key, value in (
+                ("splash_block_q", self.config.splash_block_q),
+                ("splash_block_kv_compute", self.config.splash_block_kv_compute),
+            )
+            if value is not None
+        }
+        for layer_cfg in flash_attention_configs(cfg):
+            if "backend_overrides" in layer_cfg:
+                layer_cfg.backend_overrides = {**(layer_cfg.backend_overrides or {}), **sizes}
         return cfg
 
 

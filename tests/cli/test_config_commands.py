@@ -105,3 +105,27 @@ def test_diff_of_trainer_dirs_and_of_a_file_that_is_not_a_dump(tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{flags}:1: not a config dump line" in err[0]
     assert "config diff compares two config dumps: a trainer dir" in err[0]
+
+
+def test_diff_refuses_binary_and_oversized_input(tmp_path, capsys, monkeypatch):
+    """Issue 38: `config diff` of a binary file is one line (not a UnicodeDecodeError traceback)
+    and of `/dev/zero` (or any oversized input) a refusal before reading it whole."""
+    good = tmp_path / "good.txt"
+    good.write_text("a: 1\n")
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe")
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("a: caf\xe9\n".encode("latin-1"))
+    for path, expect in [
+        (binary, "is a binary file, not a config dump"),
+        (latin, "is not UTF-8 text (byte 6)"),
+        ("/dev/zero", "/dev/zero is a binary file"),
+    ]:
+        assert main(["config", "diff", str(path), str(good)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expect in err[0], err
+    monkeypatch.setattr("axlearn.cli.config_commands.MAX_DUMP_BYTES", 3 * 2**20)
+    big = tmp_path / "big.txt"
+    big.write_text("a: 1\n" * (2**20))
+    assert main(["config", "diff", str(big), str(good)]) == 2
+    assert "is over 3 MiB: not a config dump" in capsys.readouterr().err

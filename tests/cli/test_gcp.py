@@ -288,7 +288,7 @@ def test_skip_preflight_still_builds_the_config(active_config, capsys, monkeypat
     "config,instance_type,replicas,expected",
     [
         ("fuji-7B-v3", "tpu-v5p-128", 2, "matched mesh rule 'tpu-v5p-.*' (mesh_rules[5])"),
-        ("fuji-70B-v3", "tpu-v6e-256", 1, "matched mesh rule 'tpu-v6e-256' (mesh_rules[3])"),
+        ("fuji-70B-v3", "tpu-v6e-256", 1, "matched mesh rule 'tpu-v6e-256' (mesh_rules[5])"),
         # AXLearn's own fuji rules: GPU meshes from 256 GPUs, v5p's fsdp=64 from 64 chips.
         ("fuji-7B-v3", "gpu-a3-highgpu-8g", 2, "error: --mesh_selector=gpu-a3-highgpu-8g-16 "),
         ("fuji-7B-v3", "tpu-v5p-8", 1, "which does not fit the job's 4 chips (Cannot infer"),
@@ -309,3 +309,26 @@ def test_fuji_dry_runs_use_axlearns_rules(
         assert code == 0, captured.err
         assert f"# Mesh: --mesh_selector={instance_type}" in captured.out
         assert expected in captured.out
+
+
+def test_dry_run_of_fuji_70b_on_tpu_7x_resolves_axlearns_rule(home, capsys):
+    """tpu-7x-128 (64 Ironwood chips, 128 devices) selects AXLearn's `tpu-7x-128` rule."""
+    (home / ".axlearn.config").write_text(CONFIG)
+    assert cli_main.main(["gcp", "config", "activate", "--label=v5p"]) == 0
+    argv = [
+        a.replace("tpu-v5p-128", "tpu-7x-128")
+        .replace("--num_replicas=2", "--num_replicas=1")
+        .replace("text.gpt.honeycrisp", "text.gpt.c4_trainer")
+        .replace("honeycrisp-3B", "fuji-70B-v3")
+        for a in EXAMPLE
+    ]
+    capsys.readouterr()
+    assert cli_main.main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "matched mesh rule 'tpu-7x-128' (mesh_rules[2])" in out
+    assert "mesh_shape (1, -1, 1, 128, 1, 1)" in out
+    assert "# Mesh on the 64 chips (128 devices): {" in out and "'fsdp': 128" in out
+    manifest = yaml.safe_load(out.partition("\n---\n")[2])
+    spec = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert spec["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"] == "tpu7x"
+    assert spec["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4x4"

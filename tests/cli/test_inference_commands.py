@@ -132,3 +132,40 @@ def test_generate_rejects_bad_flags(tmp_path):
     assert proc.returncode == 1 and "--top_p must be in (0, 1], got 1.5" in proc.stderr
     proc = axlearn("generate", f"--trainer_dir={tmp_path}", check=False)
     assert proc.returncode == 1 and "at least one --prompt" in proc.stderr
+
+
+@pytest.mark.slow
+def test_generate_starts_without_accelerator_probe_errors_and_bounds_the_context(trained_dir):
+    """Issue 38: `axlearn generate` on a machine without a TPU or GPU (JAX_PLATFORMS unset, as a
+    user runs it) prints no libtpu `unexpected worker hostname` or `cuInit` E-lines, and an
+    absurd `--max_new_tokens` is one line naming the context instead of a native abort."""
+    env = _env(1)
+    env.pop("JAX_PLATFORMS")
+    for name in list(env):
+        if name.startswith("TPU_") or name in (
+            "TF_CPP_MIN_LOG_LEVEL",
+            "ALLOW_MULTIPLE_LIBTPU_LOAD",
+        ):
+            env.pop(name)
+
+    def generate(*extra):
+        return subprocess.run(
+            [sys.executable, "-m", "axlearn.cli.main", "generate", f"--trainer_dir={trained_dir}"]
+            + ["--prompt=The", *extra],
+            env=env,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+
+    proc = generate("--max_new_tokens=3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "unexpected worker hostname" not in proc.stderr and "cuInit" not in proc.stderr
+    assert "\nE0000" not in "\n" + proc.stderr, proc.stderr[-3000:]
+    proc = generate("--max_new_tokens=1000000000")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert last.startswith("axlearn generate: error: --max_new_tokens=1000000000: the prompt")
+    assert "exceed the model's context of 32 tokens" in last, last

@@ -99,6 +99,29 @@ def main():
         # Process 0 hosts the coordination service: no process may exit while another still
         # uses it, or the survivor is terminated (a race that shows under load).
         client.wait_at_barrier("worker_done", 120_000)
+    elif mode in ("resume_1_process", "fallback_chunk_damage"):
+        # The test wrote steps 1 and 2 with one process (8 devices), model `w` only plus, for
+        # resume_1_process, a per-process `iterator`; in fallback mode a chunk of step 2 is
+        # damaged and restore_fallback is "previous".
+        from axlearn.common.checkpointer import (  # pylint: disable=import-outside-toplevel
+            CorruptCheckpointError,
+            ProcessCountError,
+        )
+
+        target = dict(
+            w=jax.ShapeDtypeStruct((16, 8), np.float32, sharding=NamedSharding(mesh, specs["w"]))
+        )
+        if mode == "resume_1_process":
+            target["iterator"] = b""
+        else:
+            ckpt = cfg.set(restore_fallback="previous").instantiate(parent=None)
+        try:
+            ckpt.restore(state=target)
+            result["error"] = None
+        except (ProcessCountError, CorruptCheckpointError) as e:
+            result["error"] = f"{type(e).__name__}: {e}"
+        client = jax._src.distributed.global_state.client  # pylint: disable=protected-access
+        client.wait_at_barrier("worker_done", 120_000)
     elif mode == "barrier_timeout":
         start = time.perf_counter()
         ckpt.save(step=7, state=state)

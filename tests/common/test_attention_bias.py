@@ -71,3 +71,56 @@ def test_make_sliding_window_causal_biases_hand_computed():
         make_sliding_window_causal_biases(4, sliding_window_size=1),
         [[0, n, n, n], [0, 0, n, n], [n, 0, 0, n], [n, n, 0, 0]],
     )
+
+
+def test_bias_default_configs_configure_attention_masks():
+    """`*AttentionBias.default_config()` configures an attention layer's mask function."""
+    from axlearn.common.attention import MultiheadAttention
+    from axlearn.common.attention_bias import causal_mask
+    from axlearn.common.module import functional
+
+    assert CausalAttentionBias.default_config().instantiate() is causal_mask
+    window_fn = SlidingWindowAttentionBias.default_config(sliding_window_size=2).instantiate()
+    q, k = np.arange(6)[:, None], np.arange(6)[None, :]
+    np.testing.assert_array_equal(window_fn(q, k), (q >= k) & (q - k <= 2))
+
+    base = MultiheadAttention.default_config().set(
+        name="attn", query_dim=8, key_dim=8, value_dim=8, num_heads=2
+    )
+    layer = base.clone(mask=SlidingWindowAttentionBias.default_config(sliding_window_size=1))
+    layer = layer.instantiate(parent=None)
+    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 8))
+    ref_layer = base.instantiate(parent=None)
+    outs = []
+    for lyr, biases in ((layer, None), (ref_layer, make_sliding_window_causal_biases(5, 1))):
+        out, _ = functional(
+            lyr,
+            jax.random.PRNGKey(2),
+            params,
+            dict(query=x, attention_logit_biases=biases),
+            is_training=False,
+        )
+        outs.append(out.data)
+    np.testing.assert_allclose(outs[0], outs[1], atol=1e-6)
+
+
+def test_apply_attention_logit_biases_and_padding_biases():
+    from axlearn.common.attention import (
+        _next_power_of_two,
+        apply_attention_logit_biases,
+        compute_padding_biases,
+    )
+
+    logits = jnp.ones((2, 3), jnp.bfloat16)
+    assert apply_attention_logit_biases(logits, None) is logits
+    out = apply_attention_logit_biases(logits, jnp.array([[0.0, -2.0, 1.0]]))
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out, np.float32), [[1, -1, 2], [1, -1, 2]])
+    ids = jnp.array([[5, 6, 0]])
+    bias = np.asarray(compute_padding_biases(ids, pad_token_id=0))
+    pad = np.array([0, 0, 1])
+    # NumPy: NEG_INF per padded side (to or from).
+    np.testing.assert_allclose(bias[0, 0], (pad[:, None] + pad[None, :]) * NEG_INF)
+    assert not compute_padding_biases(ids, pad_token_id=None).any()
+    assert [_next_power_of_two(x) for x in (300, 127.1, 128, 0.1)] == [512, 128, 128, 2]

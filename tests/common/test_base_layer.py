@@ -9,6 +9,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from axlearn.common.base_layer import (
     BaseLayer,
     CompositeTensorStats,
+    DefaultTensorStats,
     ParameterSpec,
     RematSpec,
     TensorMaxAbs,
@@ -320,6 +321,12 @@ def test_tensor_stats():
     stats = col.summaries["tensor_stats"]["inputs"]
     np.testing.assert_allclose(stats["rms"]["rms_norm"], np.sqrt(12.5))
     np.testing.assert_allclose(stats["max"]["max_abs"], 4.0)
+    # DefaultTensorStats: the same two stats under "norm" and "max".
+    cfg.tensor_stats = DefaultTensorStats.default_config()
+    _, col = functional(cfg.instantiate(parent=None), None, {}, dict(x=x), is_training=False)
+    stats = col.summaries["tensor_stats"]["inputs"]
+    np.testing.assert_allclose(stats["norm"]["rms_norm"], np.sqrt(12.5))
+    np.testing.assert_allclose(stats["max"]["max_abs"], 4.0)
 
 
 class _ShiftLayer(BaseLayer):
@@ -372,3 +379,32 @@ class TensorStatsUnderAXLearnTestCase(TestCase):
         self.assertAlmostEqual(
             float(stats["y"]["rms_norm"]), np.sqrt(np.mean((xn - 1) ** 2)), places=4
         )
+
+
+@pytest.mark.parametrize("with_paddings", [False, True])
+def test_add_activation_summary(with_paddings):
+    """Activation mean/norm summaries against a NumPy loop over the valid frames."""
+    layer = Linear.default_config().set(name="lin", input_dim=2, output_dim=2)
+    layer = layer.instantiate(parent=None)
+    x = np.random.default_rng(0).standard_normal((3, 4, 2, 5)).astype(np.float32)
+    paddings = np.array([[0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 0, 1]]) if with_paddings else None
+    _, collection = functional(
+        layer,
+        None,
+        {},
+        dict(name="h", activations=jnp.asarray(x), activation_paddings=paddings),
+        method="_add_activation_summary",
+        is_training=False,
+    )
+    if with_paddings:
+        frames = [x[b, t].ravel() for b in range(3) for t in range(4) if not paddings[b, t]]
+    else:
+        frames = [x[b].ravel() for b in range(3)]
+    summaries = collection.summaries
+    mean = summaries["activations/h_mean"]
+    norm = summaries["activations/h_norm"]
+    assert float(mean.weight) == len(frames) == float(norm.weight)
+    np.testing.assert_allclose(mean.mean, np.concatenate(frames).mean(), rtol=1e-5)
+    np.testing.assert_allclose(
+        norm.mean, np.mean([np.sqrt((f**2).mean()) for f in frames]), rtol=1e-5
+    )

@@ -84,3 +84,67 @@ def test_barrier_timeout_names_missing_process(tmp_path):
     assert "timed out after 3.0s" in result["error"]
     assert result["elapsed"] < 3 + 10
     assert not ckpt_lib.is_committed(os.path.join(ckpt_dir, "step_00000007"))
+
+
+def _save_one_process(ckpt_dir: str, *, with_iterator: bool) -> None:
+    """Steps 1 and 2 written by this (one) process, as a 1-process run leaves them."""
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+    ckpt = (
+        ckpt_lib.Checkpointer.default_config()
+        .set(name="ckpt", dir=ckpt_dir, keep_last_n=5)
+        .instantiate(parent=None)
+    )
+    for step in (1, 2):
+        state = dict(w=jnp.full((16, 8), float(step)))
+        if with_iterator:
+            state["iterator"] = b"position of the only process"
+        ckpt.save(step=step, state=state)
+    ckpt.stop()
+
+
+def _run_pair(mode: str, ckpt_dir: str) -> list[dict]:
+    port = _free_port()
+    procs = [_start(mode, pid, port, ckpt_dir) for pid in range(2)]
+    try:
+        return [_result(p, timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+
+
+@pytest.mark.slow
+def test_resuming_a_one_process_checkpoint_with_two_processes_names_the_cause(tmp_path):
+    """Issue 38: a 1-process checkpoint restored by 2 processes is not called corrupt (with a
+    fallback advice that gives the same error): it names the process counts and the fix."""
+    ckpt_dir = str(tmp_path / "ckpt")
+    _save_one_process(ckpt_dir, with_iterator=True)
+    for result in _run_pair("resume_1_process", ckpt_dir):
+        error = result["error"]
+        assert error.startswith("ProcessCountError: Checkpoint "), error
+        assert "was saved by 1 process(es); this run has 2" in error
+        assert "resume with 1 process(es)" in error and "--restore_fallback" not in error
+    assert ckpt_lib.verify_checkpoint(os.path.join(ckpt_dir, "step_00000002")).ok
+
+
+@pytest.mark.slow
+def test_two_process_run_with_fallback_previous_is_not_told_to_pass_it(tmp_path):
+    """Issue 38: chunk damage found by a 2-process run that already has
+    --restore_fallback=previous names --restore_step instead of asking for the flag it has."""
+    ckpt_dir = str(tmp_path / "ckpt")
+    _save_one_process(ckpt_dir, with_iterator=False)
+    chunk = os.path.join(ckpt_dir, "step_00000002", "gda", "w", "0.0")
+    with open(chunk, "r+b") as f:
+        data = bytearray(f.read())
+        data[0] ^= 1
+        f.seek(0)
+        f.write(data)
+    errors = [r["error"] for r in _run_pair("fallback_chunk_damage", ckpt_dir)]
+    assert any(errors), errors
+    for error in filter(None, errors):
+        assert error.startswith("CorruptCheckpointError: Checkpoint "), error
+        assert (
+            "--restore_fallback=previous is set, but a multi-process run falls back only" in error
+        )
+        assert "pass --restore_step=N" in error and "pass --restore_fallback" not in error
+    assert sorted(os.listdir(ckpt_dir)) == ["step_00000001", "step_00000002"]  # Nothing moved.

@@ -186,6 +186,13 @@ def test_trainer_refuses_corrupt_index_and_restore_step_chooses(tmp_path):
     # A restart with the same flag resumes from the newest step (8), not 4 again.
     assert run(10, restore_step=4)["step"] == 10
     assert ckpt_lib.set_aside_dirs(ckpt_dir) == aside
+    # Issue 38: --restore_step of the set-aside step names its copy and how to bring it back.
+    with pytest.raises(ckpt_lib.RestoreStepError) as e:
+        run(12, restore_step=6)
+    assert f"it was set aside by an earlier --restore_step of an older step as {aside[0]}" in str(
+        e.value
+    )
+    assert f"mv {aside[0]} {os.path.join(ckpt_dir, 'step_00000006')}" in str(e.value)
 
 
 def test_select_logs_no_error_for_the_steps_it_sets_aside(ckpt_dir, caplog):

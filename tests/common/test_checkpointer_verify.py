@@ -142,3 +142,49 @@ def test_cli_on_a_trainer_dir_points_to_its_checkpoints(tmp_path, capsys):
     # A checkpoint dir without steps is still not an error.
     assert main(["checkpoint", "verify", str(trainer_dir / "checkpoints")]) == 0
     assert "No step directories" in capsys.readouterr().out
+
+
+def test_cli_verify_during_a_live_run_reports_the_save_in_progress(tmp_path, capsys):
+    """Issue 38: `verify` while a run saves (chunks written, index not yet) says a save is in
+    progress and exits 0; the same directory without a live run is a failure (exit 1)."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.run_lock import RunLock
+
+    trainer_dir = tmp_path / "run"
+    ckpt_dir = str(trainer_dir / "checkpoints")
+    cfg = Checkpointer.default_config().set(
+        name="checkpointer",
+        dir=ckpt_dir,
+        keep_last_n=5,
+        save_policy=config_for_function(every_n_steps_policy).set(n=1),
+    )
+    ckpt = cfg.instantiate(parent=None)
+    for step in (1, 2):
+        ckpt.save(step=step, state=dict(w=jnp.full((8, 4), float(step))))
+    ckpt.stop()
+    # Step 2 as a save in flight sees it: every chunk written, the index not yet.
+    os.remove(os.path.join(ckpt_dir, "step_00000002", "index"))
+    with RunLock(str(trainer_dir)):
+        for target in (ckpt_dir, os.path.join(ckpt_dir, "step_00000002")):
+            assert main(["checkpoint", "verify", target]) == 0
+            out = capsys.readouterr().out
+            assert "step        2  uncommitted  save in progress: a live run holds" in out, out
+            assert "run.lock" in out
+    assert main(["checkpoint", "verify", ckpt_dir]) == 1
+    assert "its index is missing but every chunk" in capsys.readouterr().out
+
+
+def test_cli_list_and_verify_say_what_their_sizes_count(ckpt_dir, capsys):
+    """Issue 38: `list` shows the size on disk, `verify` the bytes of array data it checked."""
+    assert main(["checkpoint", "list", ckpt_dir]) == 0
+    listed = capsys.readouterr().out.splitlines()[0]
+    assert main(["checkpoint", "verify", ckpt_dir, "--step", "1"]) == 0
+    verified = capsys.readouterr().out.splitlines()[0]
+    on_disk = sum(
+        os.path.getsize(os.path.join(d, n))
+        for d, _, names in os.walk(os.path.join(ckpt_dir, "step_00000001"))
+        for n in names
+    )
+    assert f"{on_disk / 1e3:.2f} KB on disk" in listed, (listed, on_disk)
+    # w: 8x4 float32, b: 3 int32 (the arrays' bytes, without .zarray files or the index).
+    assert verified.endswith(f"{8 * 4 * 4 + 3 * 4} B of array data"), verified

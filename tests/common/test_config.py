@@ -465,3 +465,21 @@ def test_config_does_not_import_tensorflow_or_jax():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_jax_dots_saveable_policy_dumps_as_its_function_name():
+    """JAX's `dots_saveable` (a `DotsSaveable` dataclass instance in newer JAX, a function in
+    older JAX and in AXLearn's dumps) dumps under the function's name, as a leaf."""
+    from jax.ad_checkpoint import checkpoint_policies as policies
+
+    @config.config_class
+    class Remat(config.ConfigBase):
+        policy: Any = None  # A remat policy.
+        other: Any = None  # Another.
+
+    cfg = Remat(policy=policies.dots_saveable, other=policies.dots_with_no_batch_dims_saveable)
+    assert cfg.debug_string().splitlines() == [
+        "other: 'jax._src.ad_checkpoint.dot_with_no_batch_dims_saveable'",
+        "policy: 'jax._src.ad_checkpoint.dots_saveable'",
+    ]
+    assert cfg.policy == policies.dots_saveable  # The value itself is unchanged.

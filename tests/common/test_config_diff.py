@@ -61,6 +61,11 @@ def test_bad_dump(text, match):
         parse_config_dump(text)
 
 
+def test_lenient_parse_skips_continuation_lines_and_keeps_the_last_value():
+    text = "w: array([[1, 2],\n       [3, 4]])\na: 1\na: 2\n"
+    assert parse_config_dump(text, strict=False) == {"w": "array([[1, 2],", "a": "2"}
+
+
 def test_subtree_of():
     assert subtree_of("model.decoder.transformer.num_layers") == "model.decoder"
     assert subtree_of("model.dtype") == "model"

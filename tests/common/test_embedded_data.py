@@ -69,3 +69,22 @@ def test_garbage_dataset_info_names_the_file(embedded_cache, tmp_path):
     with pytest.raises(ValueError, match=f"dataset_info.json under {folder} is not valid") as e:
         embedded_data.prepare(str(data_dir))
     assert f"delete {folder} and rerun" in str(e.value)
+
+
+def test_first_build_says_no_download(tmp_path, capsys, caplog):
+    """Issue 38: the first run builds the embedded data set without TFDS's "Downloading and
+    preparing dataset" line (the README promises no download); it says what it does instead."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="absl"):
+        embedded_data.prepare(str(tmp_path / "tfds"))
+    out = capsys.readouterr()
+    text = out.out + out.err + caplog.text
+    assert "Downloading" not in text and "downloaded" not in text, text
+    assert "has no dataset_info" not in text, text
+    assert "from the corpus shipped in the package" in caplog.text and "no download" in caplog.text
+    # The built data set is the corpus (its validation split's size).
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder(embedded_data.DATASET_NAME, data_dir=str(tmp_path / "tfds"))
+    assert builder.info.splits["validation"].num_examples == 67

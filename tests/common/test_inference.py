@@ -113,3 +113,53 @@ def test_bad_arguments_are_clear_errors(runner):
         logits_modifier(temperature=-1)
     with pytest.raises(ValueError, match="num_beams must be >= 1"):
         runner.beam_search_decode([[1, 5]], max_new_tokens=3, num_beams=0)
+
+
+def test_generation_is_bounded_by_the_context(runner):
+    """Issue 38: `--max_new_tokens=1000000000` is an error naming the context (the run's
+    training sequence length), not a native abort allocating the KV cache."""
+    context = runner.trainer_config.input.source.max_sequence_length
+    assert runner.context_length == context
+    prompt = [runner.eos_token_id, 17, 256]
+    for call in (
+        lambda n: runner.sample_decode([prompt], max_new_tokens=n),
+        lambda n: runner.beam_search_decode([prompt], max_new_tokens=n, num_beams=2),
+        lambda n: list(runner.stream_sample(prompt, max_new_tokens=n)),
+    ):
+        with pytest.raises(ValueError) as e:
+            call(10**9)
+        assert f"exceed the model's context of {context} tokens" in str(e.value)
+        assert f"ask for at most {context - len(prompt)} new tokens" in str(e.value)
+    # The longest allowed request works (greedy, no stop: exactly that many tokens).
+    out = runner.sample_decode(
+        [prompt], max_new_tokens=context - len(prompt), temperature=0, stop_tokens=[]
+    )[0]
+    assert len(out) == context - len(prompt)
+
+
+def test_restore_refuses_an_index_leaf_outside_the_checkpoint(trained_dir, tmp_path):
+    """Issue 38: `generate`/`eval` restore (as the trainer does) refuses an index whose leaf
+    `file` is absolute, naming the rule; the outside copy it points at is not read."""
+    # pylint: disable-next=import-outside-toplevel
+    import json
+    import shutil
+
+    from tests.common.test_path_containment import Sentinel
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_dir, run)
+    step_dir = run / "checkpoints" / "step_00000006"
+    index = json.loads((step_dir / "index").read_text())
+    leaf = next(x for x in index["leaves"] if x["path"].startswith("model/"))
+    outside = tmp_path / "outside"
+    shutil.copytree(step_dir / leaf["file"], outside)
+    chunk = next(p for p in outside.iterdir() if not p.name.startswith("."))
+    sentinel = Sentinel(str(chunk), chunk.read_bytes())
+    leaf["file"] = str(outside)
+    (step_dir / "index").write_text(json.dumps(index))
+    runner = InferenceRunner.from_trainer_dir(str(run), evalers=[])
+    with pytest.raises(ValueError) as e:
+        runner.restore(6)
+    assert "is absolute" in str(e.value) and "stay inside it" in str(e.value)
+    assert repr(leaf["path"])[:20] in str(e.value)
+    sentinel.assert_untouched()

@@ -1,10 +1,17 @@
-"""Tests axlearn/common/input_dispatch.py (and utils.dispatch_input_batch)."""
+"""Tests axlearn/common/input_dispatch.py (InputDispatcher, SpmdInputDispatcher) and
+utils.dispatch_input_batch."""
 
 import jax
 import numpy as np
 import pytest
+from jax.sharding import Mesh, PartitionSpec
 
-from axlearn.common.input_dispatch import InputDispatcher
+from axlearn.common.input_dispatch import (
+    InputDispatcher,
+    SpmdInputDispatcher,
+    batch_feed_layout,
+    feed_layout_from_indices,
+)
 from axlearn.common.utils import PHYSICAL_TO_LOGICAL_DISPATCH_KEY, dispatch_input_batch
 
 
@@ -171,3 +178,96 @@ def test_dispatch_input_batch_nested():
     out = dispatch_input_batch({"a": {"x": x, PHYSICAL_TO_LOGICAL_DISPATCH_KEY: dispatch}, "b": x})
     np.testing.assert_array_equal(out["a"]["x"], [[3.0], [1.0]])
     np.testing.assert_array_equal(out["b"], x)
+
+
+# ------------------------------------------------------------------------------------------------
+# SpmdInputDispatcher.
+# ------------------------------------------------------------------------------------------------
+
+
+class _FakeDevice:
+    """A device stand-in with a process index (to lay out several hosts on one machine)."""
+
+    def __init__(self, device_id: int, process_index: int):
+        self.id = device_id
+        self.process_index = process_index
+
+
+def _mesh(shape=(2, 1, 4), names=("data", "expert", "fsdp")) -> Mesh:
+    return Mesh(np.array(jax.devices()[:8]).reshape(shape), names)
+
+
+def _spmd(**kwargs) -> SpmdInputDispatcher:
+    return (
+        SpmdInputDispatcher.default_config()
+        .set(name="dispatcher", **kwargs)
+        .instantiate(parent=None)
+    )
+
+
+def test_spmd_dispatcher_one_process_feeds_everything():
+    batch = _feed_batch(0, 16)
+    with jax.set_mesh(_mesh()):
+        d = _spmd(
+            global_logical_batch_size=16,
+            partition_spec=PartitionSpec(("data", "expert", "fsdp")),
+        )
+    # One process holds all 8 devices: one feed reading shard 0 of 1, the whole batch.
+    assert (d.num_logical_feeds, d.logical_feed_index, d.feed_logical_batch_size) == (1, 0, 16)
+    assert d.feed_physical_batch_size == 16
+    assert d.feed_read_config() == dict(num_shards=1, shard_index=0)
+    assert d.partition_spec == PartitionSpec(("data", "expert", "fsdp"))
+    # No padding and no dispatch key: the batch passes through unchanged (a new tree).
+    physical = d.logical_to_physical_batch(batch)
+    assert physical is not batch and PHYSICAL_TO_LOGICAL_DISPATCH_KEY not in physical
+    np.testing.assert_array_equal(physical["input_ids"], batch["input_ids"])
+    logical = d.physical_to_logical_batch(physical)
+    np.testing.assert_array_equal(logical["nested"]["w"], batch["nested"]["w"])
+
+
+def test_feed_layout_over_simulated_hosts():
+    """Four simulated hosts of two devices each on a (data=2, fsdp=4) mesh: a batch over "data"
+    only gives 2 feeds (hosts with the same data row share one); over both axes, 4 feeds."""
+    # Device (r, c) is on host 2r + c // 2: hosts 0, 1 hold data row 0; hosts 2, 3 data row 1.
+    devices = {(r, c): _FakeDevice(4 * r + c, 2 * r + c // 2) for r in range(2) for c in range(4)}
+
+    def indices(parts_of):
+        # A batch of 8 rows split into equal parts; parts_of(r, c) -> (part, number of parts).
+        out = {}
+        for (r, c), device in devices.items():
+            part, count = parts_of(r, c)
+            size = 8 // count
+            out[device] = (slice(part * size, (part + 1) * size),)
+        return out
+
+    by_data = feed_layout_from_indices(indices(lambda r, c: (r, 2)))
+    by_both = feed_layout_from_indices(indices(lambda r, c: (4 * r + c, 8)))
+    replicated = feed_layout_from_indices(indices(lambda r, c: (0, 1)))
+    assert by_data == {0: (0, 2), 1: (0, 2), 2: (1, 2), 3: (1, 2)}
+    assert by_both == {0: (0, 4), 1: (1, 4), 2: (2, 4), 3: (3, 4)}
+    assert replicated == {p: (0, 1) for p in range(4)}
+    # The real mesh of this machine: one process, one feed.
+    layout = batch_feed_layout(_mesh(), PartitionSpec(("data", "fsdp")), global_batch_size=8)
+    assert layout == {0: (0, 1)}
+
+
+@pytest.mark.parametrize(
+    "spec,batch,match",
+    [
+        (PartitionSpec(), 16, r"dispatcher\.partition_spec=.* is empty"),
+        (PartitionSpec("data", "fsdp"), 16, r"only the batch dim may be partitioned"),
+        (
+            PartitionSpec(("data", "fsdp")),
+            12,
+            r"dispatcher\.global_logical_batch_size=12 is not divisible by the 8 batch partitions",
+        ),
+    ],
+)
+def test_spmd_dispatcher_bad_configs(spec, batch, match):
+    with jax.set_mesh(_mesh()), pytest.raises((ValueError, NotImplementedError), match=match):
+        _spmd(global_logical_batch_size=batch, partition_spec=spec)
+
+
+def test_spmd_dispatcher_needs_a_mesh():
+    with pytest.raises(ValueError, match=r"dispatcher: SpmdInputDispatcher must be instantiated"):
+        _spmd(global_logical_batch_size=8, partition_spec=PartitionSpec("data"))

@@ -131,3 +131,45 @@ def test_paged_equals_dense_with_per_row_positions_and_dtype():
             v_proj=v,
             key_positions=pos[:, :2],
         )
+
+
+def test_kv_partition_spec_shards_the_buffers_and_outputs():
+    """kv_partition_spec (projection order [batch, kv_len, heads, dim]) shards the buffers
+    [batch, heads, dim, kv_len] and the returned k/v over the mesh; values are unchanged."""
+    spec = (("data", "fsdp"), "seq", "model", None)
+    cache = _cache(KVCache, kv_partition_spec=spec)
+    k = jax.random.normal(jax.random.PRNGKey(1), (4, 8, N, H))
+    positions = jnp.broadcast_to(jnp.arange(8), (4, 8))
+    devices = np.array(jax.devices()[:8]).reshape(2, 1, 2, 2)
+    mesh = jax.sharding.Mesh(devices, ("data", "fsdp", "seq", "model"))
+
+    @jax.jit
+    def run(k):
+        states = _call(cache, "init_states", shape=BaseKVCache.Shape(4, 8, N, H), dtype=k.dtype)
+        return _call(
+            cache,
+            "extend_step",
+            cached_states=states,
+            k_proj=k,
+            v_proj=2 * k,
+            key_positions=positions,
+        )
+
+    with jax.set_mesh(mesh):
+        states, out = run(k)
+
+    def sharded_as(x, *axes):
+        return x.sharding.is_equivalent_to(
+            jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes)), x.ndim
+        )
+
+    assert sharded_as(states["key"], ("data", "fsdp"), "model", None, "seq")
+    assert sharded_as(out.k_proj, *spec)
+    assert not sharded_as(out.k_proj, None, None, None, None)
+    np.testing.assert_allclose(out.k_proj, k, atol=1e-6)
+    np.testing.assert_allclose(out.v_proj, 2 * k, atol=1e-6)
+
+
+def test_kv_partition_spec_of_wrong_rank_is_an_error():
+    with pytest.raises(ValueError, match=r"cache\.kv_partition_spec=.*must have 4 entries"):
+        _cache(KVCache, kv_partition_spec=("data", None))

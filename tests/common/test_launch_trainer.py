@@ -245,8 +245,7 @@ def test_shortened_max_step_names_derived_fields_and_saves_and_evaluates_the_las
     assert "evalers['val'].eval_policy.max_step" in message and "saves step 3" in message
     assert launch_trainer.max_step_overridden(["max_step=3"])
     assert not launch_trainer.max_step_overridden(["max_steps=3", "a.max_step=3"])
-    trainer = cfg.instantiate(parent=None)
-    trainer.save_and_eval_last_step = True
+    trainer = cfg.set(save_and_eval_last_step=True).instantiate(parent=None)
     trainer.run(jax.random.PRNGKey(0))
     assert latest_checkpoint_step(os.path.join(trainer_dir, "checkpoints")) == 3
     records = tu.read_metrics(trainer_dir)

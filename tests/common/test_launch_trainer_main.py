@@ -70,6 +70,7 @@ def test_user_errors_are_one_line_without_a_traceback(tmp_path):
     """Cases 6, 7 and 13: each mistake names itself and the fix in the last line of stderr."""
     empty = tmp_path / "empty"
     empty.mkdir()
+    (tmp_path / "a_file").write_text("not a directory")
     runs = iter(str(tmp_path / f"run{i}") for i in range(100))
     cases = {
         "unknown flag": (
@@ -116,6 +117,10 @@ def test_user_errors_are_one_line_without_a_traceback(tmp_path):
             ),
             "must be > the step its decay starts at (warmup_steps=30): raise max_step or lower "
             "warmup_steps",
+        ),
+        "trainer dir is a file (issue 38)": (
+            _tiny(str(tmp_path / "a_file")),
+            f"--trainer_dir={tmp_path / 'a_file'} is a file, not a directory",
         ),
         "zero model dim": (
             _tiny(next(runs), "--config_override=model.decoder.dim=0"),
@@ -180,3 +185,46 @@ def test_disk_full_outside_a_save_names_the_path(tmp_path):
     )
     with pytest.raises(SystemExit, match=f"writing {tmp_path}\\)"):
         ltm._exit_disk_full(OSError(errno.ENOSPC, "No space"), cfg)  # pylint: disable=W0212
+
+
+@pytest.mark.slow
+def test_busy_coordinator_port_is_one_line_and_the_peer_says_what_it_waits_for(tmp_path):
+    """Issue 38: a coordinator port held by another program: process 0 exits with one line
+    naming the port (no gRPC traceback); process 1 says where it connects and how long it waits
+    (no silent hang), and stops at its timeout."""
+    # pylint: disable-next=import-outside-toplevel
+    import socket
+
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    port = holder.getsockname()[1]
+    try:
+        procs = [
+            _start(
+                *_tiny(str(tmp_path / "run"), "--data_dir=FAKE"),
+                f"--distributed_coordinator=127.0.0.1:{port}",
+                "--num_processes=2",
+                f"--process_id={i}",
+                "--initialization_timeout=10",
+            )
+            for i in range(2)
+        ]
+        (code0, _, err0), (code1, _, err1) = [_finish(p) for p in procs]
+    finally:
+        holder.close()
+    last = err0.strip().splitlines()[-1]
+    assert code0 == 1 and "Traceback" not in err0, err0[-3000:]
+    assert last == (
+        f"launch_trainer_main: error: --distributed_coordinator=127.0.0.1:{port}: port {port} is "
+        "already in use on this host (another run or program holds it). Pass another free port "
+        "to every process of the run (`axlearn local launch` picks a free one when --port is not "
+        "given)."
+    ), last
+    assert code1 != 0
+    assert (
+        f"Process 1 of 2: connecting to the coordinator at 127.0.0.1:{port} (process 0's). If "
+        "process 0 did not start (see its log: e.g. a busy port), this process stops after "
+        "--initialization_timeout=10 s." in err1
+    ), err1[-3000:]
+    assert not os.path.exists(tmp_path / "run" / "trainer_config")

@@ -5,7 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from axlearn.common.layers import BatchNorm, GroupNorm, L2Norm, NormType
+from axlearn.common.layers import (
+    BatchNorm,
+    GroupNorm,
+    L2Norm,
+    NormType,
+    _compute_moments_with_segment_ids,
+    compute_mean_square_with_segment_ids,
+)
 from axlearn.common.module import functional as F
 
 
@@ -107,3 +114,34 @@ def test_batch_norm_training_updates_moving_stats_and_eval_uses_them():
     out, _ = _run(layer, params, x)
     want = (np.asarray(x) - 0.1 * mean) / np.sqrt(0.9 + 0.1 * var + 1e-5)
     np.testing.assert_allclose(out, want, rtol=1e-5)
+
+
+def test_segment_ids_leave_out_positions_like_paddings():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 4, 6)).astype(np.float32) * 3 + 1
+    segment_ids = np.array([[1, 1, 0, 0], [2, 2, 2, 1], [0, 0, 0, 0]])
+    # NumPy moments over the time and feature axes of the valid positions of each example.
+    mean, var = _compute_moments_with_segment_ids(
+        x=jnp.asarray(x), segment_ids=jnp.asarray(segment_ids), reduction_axis=[1, -1]
+    )
+    msq = compute_mean_square_with_segment_ids(
+        x=jnp.asarray(x), segment_ids=jnp.asarray(segment_ids), reduction_axis=[1, -1]
+    )
+    for b in range(3):
+        valid = x[b][segment_ids[b] != 0]
+        ref_mean = valid.mean() if valid.size else 0.0
+        ref_var = valid.var() if valid.size else 0.0
+        ref_msq = (valid**2).mean() if valid.size else 0.0
+        np.testing.assert_allclose(mean[b, 0, 0], ref_mean, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(var[b, 0, 0], ref_var, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(msq[b, 0, 0], ref_msq, rtol=1e-5, atol=1e-6)
+    layer = GroupNorm.default_config().set(name="gn", input_dim=6, num_groups=2)
+    layer = layer.instantiate(parent=None)
+    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    with_ids, _ = F(
+        layer, None, params, dict(x=jnp.asarray(x), segment_ids=segment_ids), is_training=False
+    )
+    with_paddings, _ = F(
+        layer, None, params, dict(x=jnp.asarray(x), paddings=segment_ids == 0), is_training=False
+    )
+    np.testing.assert_allclose(with_ids, with_paddings, atol=1e-6)

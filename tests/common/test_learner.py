@@ -65,7 +65,10 @@ def honeycrisp_learner_config() -> learner_lib.Learner.Config:
 
 def test_reference_dump_learner_lines():
     expected = (TESTDATA / "learner_reference.txt").read_text()
+    # The reference predates AXLearn's `ignore_undefined_loss` (golden_config's newer lines).
     lines = honeycrisp_learner_config().debug_string().splitlines()
+    assert "ignore_undefined_loss: False" in lines
+    lines = [line for line in lines if line != "ignore_undefined_loss: False"]
     assert "".join(f"learner.{line}\n" for line in lines) == expected
 
 
@@ -378,3 +381,43 @@ def test_decoupled_adamw_effective_learning_rate_is_alpha_times_schedule():
         assert float(summaries["effective_learning_rate"]) == pytest.approx(
             alpha * counted / peak_steps, abs=1e-9
         )
+
+
+def _scaled_mlp_fn(*, model_params, inputs):
+    """mlp_fn times inputs["input_batch"]["scale"] (NaN there makes the loss undefined)."""
+    batch = inputs["input_batch"]
+    loss = _mlp_loss(model_params, batch) * batch["scale"]
+    return learner_lib.ForwardOutputs(loss=loss, aux={}, output_collection=new_output_collection())
+
+
+@pytest.mark.parametrize("ignore", [False, True])
+def test_ignore_undefined_loss(ignore):
+    """ignore_undefined_loss=True skips a step whose loss is NaN (parameters and optimizer state
+    unchanged) and applies a finite step exactly as False does; False applies the NaN step."""
+    learner = (
+        learner_lib.Learner.default_config()
+        .set(name="learner", optimizer=ADAMW, ignore_undefined_loss=ignore)
+        .instantiate(parent=None)
+    )
+    params = _mlp_params()
+    state = learner.init(opt_params(params))
+    step = make_step(learner, fn=_scaled_mlp_fn)
+    nan_batch = dict(_batch(), scale=np.float32("nan"))
+    out, collection = step(params, state, nan_batch)
+    updated = out.backward_outputs.updated_params
+    assert np.isnan(float(out.forward_outputs.loss))
+    if ignore:
+        for k in params:
+            np.testing.assert_array_equal(updated[k], params[k])
+        for new, old in zip(jax.tree.leaves(collection.state_updates), jax.tree.leaves(state)):
+            np.testing.assert_array_equal(new, old)
+    else:
+        assert all(np.isnan(updated[k]).all() for k in params)
+    # A finite step: the same update as plain AdamW (optax) from the unchanged start.
+    out, _ = step(params, state, dict(_batch(), scale=np.float32(1.0)))
+    ref_tx = optax.adamw(0.05, b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.01)
+    grads = jax.grad(_mlp_loss)(params, _batch())
+    updates, _ = ref_tx.update(grads, ref_tx.init(params), params)
+    ref = optax.apply_updates(params, updates)
+    for k in params:
+        np.testing.assert_allclose(out.backward_outputs.updated_params[k], ref[k], atol=1e-6)

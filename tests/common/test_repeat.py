@@ -5,6 +5,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import PartitionSpec
 
 from axlearn.common.base_layer import BaseLayer, ParameterSpec
@@ -135,3 +136,40 @@ def test_per_layer_state_updates_land_at_the_stacked_parameter_paths():
     # Layer i sees carry + i: mean 6.5 + i.
     means = [float(collection.summaries[f"layer{i}"]["carry_mean"]) for i in range(4)]
     np.testing.assert_allclose(means, 6.5 + np.arange(4))
+
+
+@pytest.mark.parametrize("unroll", [True, False, 2])
+def test_unroll_same_outputs(unroll):
+    """`unroll` changes how the scan loops, not its results (the NumPy-checked default)."""
+    params = _stack().initialize_parameters_recursively(jax.random.PRNGKey(0))
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, DIM))
+    ref, _ = functional(_stack(), None, params, [x], is_training=False)
+    out, collection = functional(_stack(unroll=unroll), None, params, [x], is_training=False)
+    np.testing.assert_allclose(out, ref, atol=1e-6)
+    assert sorted(collection.summaries) == sorted(["layer"] + [f"layer{i}" for i in range(LAYERS)])
+    # The loop body appears unrolled in the jaxpr: `unroll` reaches jax.lax.scan.
+    jaxpr = jax.make_jaxpr(
+        lambda p: functional(_stack(unroll=unroll), None, p, [x], is_training=False)[0]
+    )(params)
+    scans = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+    expected = {True: LAYERS, False: 1, 2: 2}[unroll]
+    assert scans and scans[0].params["unroll"] == expected
+
+
+def test_unroll_bad_value():
+    with pytest.raises(ValueError, match=r"stack: unroll=0 must be True, False, None or an int"):
+        _stack(unroll=0)
+
+
+def test_runs_as_many_layers_as_the_state_holds():
+    """With a prng key and the first 2 layers' parameters, the scan runs 2 layers (NumPy loop)."""
+    stack = _stack()
+    params = stack.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    first2 = jax.tree.map(lambda a: a[:2], params)
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, DIM))
+    out, _ = functional(stack, jax.random.PRNGKey(5), first2, [x], is_training=True)
+    expected = np.asarray(x, np.float64)
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), first2["layer"]["linear"])
+    for i in range(2):
+        expected = expected + np.tanh(expected @ p["weight"][i] + p["bias"][i])
+    np.testing.assert_allclose(out, expected, atol=1e-5)

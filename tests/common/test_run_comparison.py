@@ -176,3 +176,41 @@ def test_a_timing_from_too_few_samples_is_never_regressed(tmp_path):
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     comparison = rc.compare_runs([rc.load_run(str(a)), rc.load_run(str(b))])
     assert comparison.row("overhead_eval_s").diffs[1].verdict == rc.REGRESSED
+
+
+def test_runs_of_different_lengths_compare_overheads_per_step(tmp_path):
+    """Issue 38: a 60-step and a 20-step run of one config paying the same overhead per step are
+    not called "better" for their smaller totals: overhead rows (but compile, paid once) become
+    seconds per step, the output says so, and the timing rows' sample rule is printed."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.run_comparison_format import format_text
+
+    long, short = tmp_path / "long", tmp_path / "short"
+    shutil.copytree(run_path("same_a"), long)
+    shutil.copytree(run_path("same_a"), short)
+    lines = (short / "metrics.jsonl").read_text().splitlines()
+    kept = [line for line in lines if json.loads(line)["step"] <= 20]
+    (short / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
+    summary = json.loads((short / "run_summary.json").read_text())
+    totals = summary["overhead_totals_s"]
+    for kind in ("input", "checkpoint", "eval"):
+        totals[kind] *= 20 / 60  # The same cost per step.
+    totals["eval"] *= 1.23  # Measured from too few evals to be called worse.
+    (short / "run_summary.json").write_text(json.dumps(summary))
+    comparison = rc.compare_runs([rc.load_run(str(long)), rc.load_run(str(short))])
+    row = comparison.row("overhead_input_s")
+    assert row.spec.title == "Input wait s per step"
+    assert row.values[0] == pytest.approx(totals["input"] * 3 / 60)
+    assert row.values[1] == pytest.approx(totals["input"] / 20)
+    assert row.diffs[1].verdict in (rc.SAME, rc.NOISE)
+    assert comparison.row("overhead_compile_s").spec.title == "Compile s"  # Paid once per run.
+    assert not [t for _, t in comparison.regressions]
+    text = format_text(comparison)
+    assert "overhead rows but compile are seconds per step" in text
+    assert "measured at least 3 times in each run; fewer is noise" in text
+    assert "Eval s per step, short: 0 sample(s): too few to tell (needs 3 per run)." in text
+    improved = [r.spec.title for r in comparison.rows if r.diffs[1] and "overhead" in r.spec.key]
+    assert all(
+        comparison.row(k).diffs[1].verdict != rc.IMPROVED
+        for k in ("overhead_input_s", "overhead_checkpoint_s", "overhead_eval_s")
+    ), improved

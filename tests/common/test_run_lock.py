@@ -69,3 +69,12 @@ def test_two_trainers_on_one_dir(tmp_path):
         proc.kill()
         proc.wait()
     assert launch_trainer.run_trainer(cfg)["step"] == 2
+
+
+def test_a_trainer_dir_that_is_a_file_is_one_line(tmp_path):
+    """Issue 38: a trainer dir that is a file is a RunLockError saying so (not FileExistsError)."""
+    path = tmp_path / "a_file"
+    path.write_text("data")
+    with pytest.raises(RunLockError, match="is a file, not a directory: pass a directory"):
+        RunLock(str(path)).acquire()
+    assert path.read_text() == "data"

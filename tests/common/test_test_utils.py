@@ -3,10 +3,13 @@
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from axlearn.common import test_utils
+from axlearn.common.layers import Linear
+from axlearn.common.module import current_context
 from axlearn.common.test_utils import TestCase, Tolerance, assert_allclose
 
 
@@ -93,3 +96,26 @@ def test_test_case_runs_with_fake_data_dir_and_rbg_prng(monkeypatch):
     assert seen == {"data_dir": "FAKE", "prng": "rbg"}
     # Both restored after the test.
     assert get_data_dir() is None and jax.config.jax_default_prng_impl == before
+
+
+def test_bind_layer_calls_the_layer_with_initialized_parameters():
+    cfg = Linear.default_config().set(input_dim=3, output_dim=2)
+    with test_utils.bind_layer(cfg, prng_key=jax.random.PRNGKey(7)) as layer:
+        params = current_context().state
+        x = jnp.arange(3.0)
+        np.testing.assert_allclose(
+            layer(x), np.asarray(x) @ np.asarray(params["weight"]) + np.asarray(params["bias"])
+        )
+        assert layer.prng_key is not None and current_context().module is layer
+    assert current_context() is None
+
+
+def test_set_threefry_partitionable():
+    before = jax.config.jax_threefry_partitionable
+
+    @test_utils.set_threefry_partitionable(not before)
+    def flag():
+        return jax.config.jax_threefry_partitionable
+
+    assert flag() == (not before)
+    assert jax.config.jax_threefry_partitionable == before

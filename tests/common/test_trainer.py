@@ -240,7 +240,7 @@ def test_saves_on_cpu_reference_the_state_and_change_nothing(tmp_path):
     plain, _ = _run(tu.bigram_trainer_config(plain_dir, max_step=4))
     saving_cfg = tu.bigram_trainer_config(saving_dir, max_step=4, checkpoint_every=1)
     saving, _ = _run(saving_cfg)
-    assert saving._saves_alias_state()  # pylint: disable=protected-access
+    assert saving._checkpoints.saves_alias_state()  # pylint: disable=protected-access
     plain_losses = [r["loss"] for r in tu.read_metrics(plain_dir)]
     assert [r["loss"] for r in tu.read_metrics(saving_dir)] == plain_losses
     for a, b in zip(

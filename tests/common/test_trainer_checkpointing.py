@@ -77,7 +77,7 @@ def _assert_checkpoint_equals(trainer_dir, step, state):
 def test_overhead_split_in_metrics_step_log_and_run_summary(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         trainer = _run(tmp_path)
-    choice = trainer._snapshot_choice  # pylint: disable=protected-access
+    choice = trainer._checkpoints.snapshot_choice  # pylint: disable=protected-access
     # On CPU the host's memory is the device's: a copy of this tiny state fits.
     assert choice.mode == "device" and choice.source == "chosen"
     assert choice.peak_bytes > 0 and choice.state_bytes > 0
@@ -127,7 +127,7 @@ def test_injected_limits_choose_partial_and_host_and_restore_bit_identical(tmp_p
     """The checkpoint of step 4 (taken while training went on to step 6, donating the state)
     equals the final state of a run that stopped at step 4, in every snapshot mode."""
     probe = _run(tmp_path / "probe", limit=10**12, max_step=4)
-    choice = probe._snapshot_choice  # pylint: disable=protected-access
+    choice = probe._checkpoints.snapshot_choice  # pylint: disable=protected-access
     assert choice.mode == "device"
     largest = max(max(per.values()) for per in _leaf_bytes(probe).values())
     # Room for the largest leaf but not the whole state: partial.
@@ -138,7 +138,7 @@ def test_injected_limits_choose_partial_and_host_and_restore_bit_identical(tmp_p
         ("host", 1, "host"),
     ):
         trainer = _run(tmp_path / name, limit=limit)
-        got = trainer._snapshot_choice  # pylint: disable=protected-access
+        got = trainer._checkpoints.snapshot_choice  # pylint: disable=protected-access
         assert got.mode == mode, got.describe()
         assert got.peak_bytes == choice.peak_bytes
         saves = [r for r in _records(tmp_path / name) if "checkpoint_snapshot" in r]
@@ -190,10 +190,29 @@ def test_step_failing_to_allocate_beside_a_held_snapshot_raises_snapshot_memory_
     trainer.checkpointer._storage = _Storage()  # pylint: disable=protected-access
     trainer._compiled_train_step = failing_step  # pylint: disable=protected-access
     trainer._step = 5  # pylint: disable=protected-access
-    trainer._last_saved_step = 4  # pylint: disable=protected-access
+    trainer._checkpoints.last_saved_step = 4  # pylint: disable=protected-access
     with pytest.raises(SnapshotMemoryError, match="snapshot of step 4 held 3.00 GB per device"):
         trainer._dispatch_train_step({})  # pylint: disable=protected-access
     # Without a held snapshot the original error propagates unchanged.
     _Storage.device_snapshot_bytes = lambda self: 0
     with pytest.raises(RuntimeError, match="^RESOURCE_EXHAUSTED"):
         trainer._dispatch_train_step({})  # pylint: disable=protected-access
+
+
+def test_model_mismatch_error_does_not_blame_the_input_iterator(tmp_path):
+    """Issue 38: resuming a checkpoint (which holds `input_iter`) with a changed model names the
+    model's parameters, not `input_iter` as missing or unexpected."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.checkpointer import StateMismatchError
+
+    trainer_dir = str(tmp_path)
+    cfg = bigram_trainer_config(trainer_dir, max_step=2, checkpoint_every=2)
+    cfg.instantiate(parent=None).run(jax.random.PRNGKey(0))
+    cfg = bigram_trainer_config(trainer_dir, max_step=4, checkpoint_every=2)
+    cfg.model.dim = 16
+    with pytest.raises(StateMismatchError) as e:
+        cfg.instantiate(parent=None).run(jax.random.PRNGKey(0))
+    message = str(e.value)
+    assert "'model/emb/weight'" in message and "float32[64, 32]" in message, message
+    assert "input_iter" not in message, message
+    assert "input_iter" not in e.value.paths and "model/emb/weight" in e.value.paths

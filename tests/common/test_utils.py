@@ -245,3 +245,25 @@ def test_combined_policy_keeps_gradients():
     np.testing.assert_allclose(got, expected, rtol=1e-6)
     residuals = [d for _, d in saved_residuals(jax.checkpoint(f, policy=policy), w, x)]
     assert any("layer.context" in d for d in residuals)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_all_finite_matches_numpy(jit):
+    from axlearn.common.utils import all_finite  # pylint: disable=import-outside-toplevel
+
+    fn = jax.jit(all_finite) if jit else all_finite
+    rng = np.random.default_rng(0)
+    finite = {"w": rng.normal(size=(3, 4)).astype(np.float32), "step": np.int32(7)}
+    cases = [
+        finite,
+        dict(finite, b=np.array([1.0, np.nan], np.float32)),
+        dict(finite, b=np.array([-np.inf], jnp.bfloat16)),
+        {"count": np.int32(3), "flag": np.array([True])},  # No float leaves.
+        {},
+    ]
+    for tree in cases:
+        # Integer and boolean leaves are finite as float64 too.
+        expected = all(np.isfinite(np.asarray(x, np.float64)).all() for x in jax.tree.leaves(tree))
+        got = fn(tree)
+        assert got.shape == () and got.dtype == jnp.bool_
+        assert bool(got) == expected, tree

@@ -25,3 +25,48 @@ def test_config_map_cache_is_per_data_dir():
     assert len(calls) == 2  # Another data dir: built again (c4_trainer reads it).
     assert fake.input.source.preprocessor.shuffle_buffer_size == 0
     assert first["fuji-7B-v3"]().input.source.preprocessor.shuffle_buffer_size == 8192
+
+
+def test_v7x_and_splash_modifiers_set_flash_layers_only():
+    from axlearn.common.config import config_class
+    from axlearn.common.flash_attention.layer import FlashAttention
+    from axlearn.experiments.trainer_config_utils import (
+        SplashAttentionConfigModifier,
+        V7xFlashConfigModifier,
+        flash_attention_configs,
+    )
+
+    cfg = c4_trainer.named_trainer_configs()["fuji-7B-v3-flash"]()
+    (flash,) = flash_attention_configs(cfg)  # The mesh rules' layers are not visited.
+    assert flash is cfg.model.decoder.transformer.layer.self_attention.attention
+    assert V7xFlashConfigModifier.default_config().tpu_block_size == 2048
+    V7xFlashConfigModifier.default_config().instantiate()(cfg)
+    assert flash.tpu_block_size == 2048
+    # Our FlashAttention has no splash backend (no backend_overrides): left unchanged.
+    before = cfg.debug_string()
+    SplashAttentionConfigModifier.default_config().set(
+        splash_block_q=4096, splash_block_kv_compute=1024
+    ).instantiate()(cfg)
+    assert cfg.debug_string() == before
+
+    class SplashFlash(FlashAttention):
+        @config_class
+        class Config(FlashAttention.Config):
+            backend_overrides: dict = {}  # Kernel options by name.
+
+    cfg.model.decoder.transformer.layer.self_attention.attention = SplashFlash.default_config().set(
+        backend_overrides={"other": 1}
+    )
+    SplashAttentionConfigModifier.default_config().set(
+        splash_block_q=4096, splash_block_kv_compute=1024
+    ).instantiate()(cfg)
+    assert cfg.model.decoder.transformer.layer.self_attention.attention.backend_overrides == {
+        "other": 1,
+        "splash_block_q": 4096,
+        "splash_block_kv_compute": 1024,
+    }
+    # A model without FlashAttention layers is left as it is.
+    plain = c4_trainer.named_trainer_configs()["fuji-7B-v3"]()
+    text = plain.debug_string()
+    V7xFlashConfigModifier.default_config().instantiate()(plain)
+    assert plain.debug_string() == text

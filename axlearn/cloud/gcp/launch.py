@@ -252,8 +252,10 @@ def check_trainer_command(prepared: PreparedLaunch) -> Optional[TrainerCheck]:
     except (ImportError, TypeError) as e:  # An unknown module, or not an experiment module.
         raise ValueError(str(e)) from e
     name = f"{modules[-1]}:{configs[-1]}"
+    # The mesh spans JAX devices (two per chip on TPU 7x).
     chips = total_chips(prepared.system, prepared.options.num_replicas)
-    mesh = _mesh_on_chips(trainer_config, chips, name=name, resolution=resolution)
+    devices = chips * prepared.system.devices_per_chip
+    mesh = _mesh_on_chips(trainer_config, devices, name=name, resolution=resolution)
     return TrainerCheck(name, trainer_config, resolution, chips, mesh)
 
 
@@ -327,7 +329,11 @@ def describe_launch(
     if trainer_check is not None:
         lines.append(f"# Experiment {trainer_check.config_name}: built as the pods will build it.")
         lines.append(f"# Mesh: {trainer_check.mesh_resolution.describe()}")
-        lines.append(f"# Mesh on the {trainer_check.num_chips} chips: {trainer_check.mesh}")
+        devices = trainer_check.num_chips * sc.devices_per_chip
+        where = f"{trainer_check.num_chips} chips"
+        if devices != trainer_check.num_chips:
+            where += f" ({devices} devices)"
+        lines.append(f"# Mesh on the {where}: {trainer_check.mesh}")
     if prepared.trainer_dir:
         lines.append(f"# Trainer dir: {prepared.trainer_dir}")
     if prepared.plan is None:

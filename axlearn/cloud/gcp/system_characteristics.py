@@ -5,15 +5,17 @@ compile for, the HBM a job must fit in) and MFU reporting (`axlearn.common.devic
 this table, so a number is stated once.
 
 Keys of `USER_FACING_NAME_TO_SYSTEM_CHARACTERISTICS` are spelled as AXLearn spells them:
-TPU slices by accelerator type (`v4-8`, `v5litepod-256`, `v5p-128`, `v6e-256`; the number after
-the dash is TensorCores for v4/v5p and chips for v5e/v6e, as Cloud TPU names them) and GPU nodes by
-their GCE machine type (`a3-highgpu-8g`). A launch instance type is the key with the platform in
-front: `tpu-v5p-128`, `gpu-a3-highgpu-8g` (see `instance_type_to_system_characteristics`).
+TPU slices by accelerator type (`v4-8`, `v5litepod-256`, `v5p-128`, `v6e-256`, `7x-128`; the
+number after the dash is TensorCores for v4/v5p/7x and chips for v5e/v6e, as Cloud TPU names
+them) and GPU nodes by their GCE machine type (`a3-highgpu-8g`). A launch instance type is the
+key with the platform in front: `tpu-v5p-128`, `gpu-a3-highgpu-8g` (see
+`instance_type_to_system_characteristics`).
 
-Sources: Cloud TPU system architecture pages (v4, v5e, v5p, v6e: chips per host, HBM per chip,
-peak bf16 FLOP/s, topologies), GKE TPU node selector values (`cloud.google.com/gke-tpu-accelerator`
-and `cloud.google.com/gke-tpu-topology`), GCE accelerator-optimized machine types (A3/A4) and the
-NVIDIA data sheets (dense, no sparsity) for H100 SXM, H200 and B200.
+Sources: Cloud TPU system architecture pages (v4, v5e, v5p, v6e, 7x (Ironwood): chips per host,
+HBM per chip, peak bf16 FLOP/s, topologies), GKE TPU node selector values
+(`cloud.google.com/gke-tpu-accelerator` and `cloud.google.com/gke-tpu-topology`), GCE
+accelerator-optimized machine types (A3/A4) and the NVIDIA data sheets (dense, no sparsity) for
+H100 SXM, H200 and B200.
 
 This module imports nothing outside the standard library, so any command can read it.
 """
@@ -62,6 +64,8 @@ CHIP_SPECS: dict[str, ChipSpec] = {
         ChipSpec(
             "TPU v6e", 32 * _GB, {"bfloat16": 918e12, "float32": 918e12}, r"TPU v6 ?lite|TPU v6e"
         ),
+        # Ironwood: two TensorCores per chip; 192 GB HBM, 2307 dense bf16 TFLOP/s per chip.
+        ChipSpec("TPU 7x", 192 * _GB, {"bfloat16": 2307e12, "float32": 2307e12}, r"TPU ?7x"),
         ChipSpec("NVIDIA A100", 80 * _GB, {"bfloat16": 312e12, "float32": 156e12}, r"A100"),
         ChipSpec(
             "NVIDIA H100 PCIe", 80 * _GB, {"bfloat16": 756.5e12, "float32": 378e12}, r"H100.*PCIe"
@@ -94,6 +98,8 @@ class SystemCharacteristics:
         chip: Canonical chip name, a key of `CHIP_SPECS`.
         chips_per_host_bounds: Host's chip block, for
             `jax.experimental.topologies.get_topology_desc` (TPU only).
+        devices_per_chip: JAX devices per chip (2 for TPU 7x, whose two TensorCores are separate
+            devices; 1 otherwise).
     """
 
     topology: str
@@ -105,11 +111,17 @@ class SystemCharacteristics:
     device_type: str
     chip: str
     chips_per_host_bounds: tuple[int, ...] = ()
+    devices_per_chip: int = 1
 
     @property
     def platform(self) -> str:
         """Returns "tpu" or "gpu"."""
         return "tpu" if self.accelerator_type == AcceleratorType["TPU"] else "gpu"
+
+    @property
+    def devices_per_slice(self) -> int:
+        """Returns the number of JAX devices in one slice (TPU) or node (GPU)."""
+        return self.chips_per_slice * self.devices_per_chip
 
     @property
     def chips_per_slice(self) -> int:
@@ -166,6 +178,7 @@ def _tpu_entries(
     topologies: dict[int, str],
     machine_type: str,
     single_host: Optional[dict[int, tuple[str, str, tuple[int, ...]]]] = None,
+    devices_per_chip: int = 1,
 ) -> dict[str, SystemCharacteristics]:
     """Builds the entries of one TPU generation.
 
@@ -180,6 +193,7 @@ def _tpu_entries(
         machine_type: GCE machine type of a 4-chip host.
         single_host: Chips -> (topology, machine type, chips-per-host bounds) for slices of one
             host whose chip count is not 4.
+        devices_per_chip: JAX devices per chip.
 
     Returns:
         Table entries keyed by device type.
@@ -197,6 +211,7 @@ def _tpu_entries(
             device_type=device_type,
             chip=chip,
             chips_per_host_bounds=(2, 2, 1),
+            devices_per_chip=devices_per_chip,
         )
     for chips, (topology, machine, bounds) in (single_host or {}).items():
         device_type = f"{prefix}-{chips * units_per_chip}"
@@ -303,6 +318,29 @@ USER_FACING_NAME_TO_SYSTEM_CHARACTERISTICS: dict[str, SystemCharacteristics] = {
         single_host={
             1: ("1x1", "ct6e-standard-1t", (1, 1, 1)),
             8: ("2x4", "ct6e-standard-8t", (2, 4, 1)),
+        },
+    ),
+    # TPU 7x (Ironwood), counted in TensorCores like v4/v5p ("7x-128": 64 chips, 16 hosts, 128
+    # JAX devices), as AXLearn's `tpu-7x-128`/`tpu-7x-256` mesh rules name it.
+    **_tpu_entries(
+        prefix="7x",
+        chip="TPU 7x",
+        gke_accelerator="tpu7x",
+        units_per_chip=2,
+        machine_type="tpu7x-standard-4t",
+        devices_per_chip=2,
+        topologies={
+            4: "2x2x1",
+            8: "2x2x2",
+            16: "2x2x4",
+            32: "2x4x4",
+            64: "4x4x4",
+            128: "4x4x8",
+            256: "4x8x8",
+            512: "8x8x8",
+            1024: "8x8x16",
+            2048: "8x16x16",
+            4096: "16x16x16",
         },
     ),
     "a3-highgpu-8g": _gpu_entry("a3-highgpu-8g", "nvidia-h100-80gb", "NVIDIA H100 SXM"),

@@ -73,6 +73,7 @@ from axlearn.common.attention.stack import (
 )
 from axlearn.common.attention.transformer import (
     BaseTransformerLayer,
+    NormPosition,
     TransformerAttentionLayer,
     TransformerFeedForwardLayer,
     TransformerLayer,
@@ -80,7 +81,9 @@ from axlearn.common.attention.transformer import (
 )
 from axlearn.common.attention_bias import (
     NEG_INF,
+    apply_attention_logit_biases,
     causal_mask,
+    compute_padding_biases,
     make_causal_biases,
     make_segment_mask,
     sliding_window_causal_mask,
@@ -104,6 +107,15 @@ def _claim_public_names():
 
 
 _claim_public_names()
+
+
+def _next_power_of_two(x: float) -> int:
+    """The smallest power of two >= x, and at least 2 (e.g. 300 -> 512, 128 -> 128, 0.1 -> 2)."""
+    power = 2
+    while power < x:
+        power *= 2
+    return power
+
 
 __all__ = [
     "LearnedPositionalEmbedding",
@@ -129,6 +141,7 @@ __all__ = [
     "GroupedQueryAttention",
     "KVState",
     "MultiheadAttention",
+    "NormPosition",
     "MultiheadInputLinear",
     "MultiheadOutputLinear",
     "NEG_INF",
@@ -149,9 +162,11 @@ __all__ = [
     "TransformerAttentionLayer",
     "TransformerFeedForwardLayer",
     "TransformerLayer",
+    "apply_attention_logit_biases",
     "apply_rotary_position_embeddings",
     "build_remat_spec",
     "causal_mask",
+    "compute_padding_biases",
     "constant_scale_fn",
     "make_causal_biases",
     "make_segment_mask",

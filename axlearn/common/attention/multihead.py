@@ -38,6 +38,7 @@ from axlearn.common.config import (
     maybe_instantiate,
 )
 from axlearn.common.kv_cache.base_kv_cache import BaseKVCache
+from axlearn.common.kv_cache.kv_cache import KVCache
 from axlearn.common.layers import Dropout
 from axlearn.common.module import Module
 from axlearn.common.utils import NestedTensor, Tensor
@@ -99,8 +100,9 @@ class MultiheadAttention(BaseLayer):
         mask: Optional[ConfigOr[MaskFn]] = None
         # Optional KV cache config (e.g. `KVCache` with `cache_dtype`) of decoding; its cache_dtype
         # becomes the QKV projection's (and any nested projection's) unless those set their own.
-        # None: the projections' own cache_dtype (default: the layer dtype).
-        kv_cache: Optional[BaseKVCache.Config] = None
+        # None (or a cache without cache_dtype, the default): the projections' own cache_dtype
+        # (default: the layer dtype).
+        kv_cache: Optional[BaseKVCache.Config] = KVCache.default_config()
 
     class Output(NamedTuple):
         """Attention outputs.

@@ -3,6 +3,7 @@
 Public names are re-exported by `axlearn.common.attention`.
 """
 
+import enum
 from collections.abc import Sequence
 from typing import NamedTuple, Optional, Union
 
@@ -24,7 +25,46 @@ from axlearn.common.layers import Dropout, LayerNorm, Linear, StochasticDepth, g
 from axlearn.common.module import Module
 from axlearn.common.utils import NestedTensor, Tensor
 
-_STRUCTURES = ("prenorm", "postnorm", "hybridnorm")
+_STRUCTURES = ("prenorm", "postnorm", "hybridnorm", "v2")
+
+
+class NormPosition(enum.Enum):
+    """Where a norm sits in a `structure="v2"` layer (keys of its `norm` dict).
+
+    IN_NORM: on the layer input, before attention / the feed-forward network.
+    RES_NORM: on the residual branch's output, before dropout and the residual add.
+    OUT_NORM: after the residual add.
+    So {IN_NORM} is prenorm, {OUT_NORM} postnorm, {IN_NORM, RES_NORM} hybridnorm.
+    """
+
+    IN_NORM = "in_norm"
+    RES_NORM = "res_norm"
+    OUT_NORM = "out_norm"
+
+
+def _add_v2_norms(layer: BaseLayer, norm, dim: int) -> None:
+    """Adds the children "in_norm"/"res_norm"/"out_norm" of a structure="v2" layer."""
+    if not isinstance(norm, dict):
+        raise ValueError(
+            f"{layer.path()}: structure='v2' needs norm as a dict {{NormPosition: norm config}}, "
+            f"got {type(norm).__name__}"
+        )
+    for position, norm_cfg in norm.items():
+        try:
+            position = NormPosition(position.value if isinstance(position, enum.Enum) else position)
+        except ValueError as e:
+            raise ValueError(
+                f"{layer.path()}: norm key {position!r} must be a NormPosition "
+                f"({[p.name for p in NormPosition]})"
+            ) from e
+        layer._add_child(position.value, norm_cfg.clone(input_dim=dim))  # pylint: disable=protected-access
+
+
+def _maybe_norm(layer: BaseLayer, position: NormPosition, x: Tensor) -> Tensor:
+    """Applies the v2 norm at `position` if the layer has one."""
+    if position.value in layer.children:
+        return layer.children[position.value](x)
+    return x
 
 
 class TransformerAttentionLayer(BaseLayer):
@@ -34,6 +74,8 @@ class TransformerAttentionLayer(BaseLayer):
     * prenorm: y = x + drop(attention(norm(x)))
     * postnorm: y = norm(x + drop(attention(x)))
     * hybridnorm: y = x + drop(postnorm(attention(prenorm(x))))
+    * v2: y = out_norm(x + drop(res_norm(attention(in_norm(x))))), each norm optional
+      (`norm` is a dict {NormPosition: norm config}; children in_norm/res_norm/out_norm).
     """
 
     @config_class
@@ -42,12 +84,13 @@ class TransformerAttentionLayer(BaseLayer):
 
         target_dim: Required[int] = REQUIRED  # Target (query) feature dim.
         source_dim: Required[int] = REQUIRED  # Source (key/value) feature dim.
-        norm: InstantiableConfig = LayerNorm.default_config()  # The normalization layer.
+        # The normalization layer; with structure="v2", a dict {NormPosition: norm config}.
+        norm: Union[InstantiableConfig, dict] = LayerNorm.default_config()
         attention: InstantiableConfig = MultiheadAttention.default_config()  # The attention.
         dropout: InstantiableConfig = Dropout.default_config()  # Dropout on the attention output.
         # Stochastic depth on the residual branch.
         stochastic_depth: InstantiableConfig = StochasticDepth.default_config()
-        # "prenorm", "postnorm" or "hybridnorm" (see the class docstring).
+        # "prenorm", "postnorm", "hybridnorm" or "v2" (see the class docstring).
         structure: str = "prenorm"
 
     class Output(NamedTuple):
@@ -64,6 +107,8 @@ class TransformerAttentionLayer(BaseLayer):
         if cfg.structure == "hybridnorm":
             self._add_child("prenorm", cfg.norm.clone(input_dim=cfg.target_dim))
             self._add_child("postnorm", cfg.norm.clone(input_dim=cfg.target_dim))
+        elif cfg.structure == "v2":
+            _add_v2_norms(self, cfg.norm, cfg.target_dim)
         else:
             self._add_child("norm", cfg.norm.clone(input_dim=cfg.target_dim))
         self._add_child(
@@ -87,6 +132,11 @@ class TransformerAttentionLayer(BaseLayer):
         elif structure == "postnorm":
             state, out = attend(target)
             data = self.norm(target + self.stochastic_depth(self.dropout(out.data)))
+        elif structure == "v2":
+            state, out = attend(_maybe_norm(self, NormPosition.IN_NORM, target))
+            residual = _maybe_norm(self, NormPosition.RES_NORM, out.data)
+            data = target + self.stochastic_depth(self.dropout(residual))
+            data = _maybe_norm(self, NormPosition.OUT_NORM, data)
         else:
             state, out = attend(self.prenorm(target))
             data = target + self.stochastic_depth(self.dropout(self.postnorm(out.data)))
@@ -211,7 +261,9 @@ class TransformerFeedForwardLayer(BaseLayer):
     (e.g. ("nn.silu", "linear") is SwiGLU).
 
     structure: prenorm y = x + w * ffn(norm(x)); postnorm y = norm(x + w * ffn(x));
-    hybridnorm y = x + w * postnorm(ffn(prenorm(x))); nonorm y = w * ffn(x) (no residual).
+    hybridnorm y = x + w * postnorm(ffn(prenorm(x))); nonorm y = w * ffn(x) (no residual);
+    v2 y = out_norm(x + w * res_norm(ffn(in_norm(x)))), each norm optional (`norm` a dict
+    {NormPosition: norm config}).
     """
 
     @config_class
@@ -229,13 +281,14 @@ class TransformerFeedForwardLayer(BaseLayer):
         linear2: InstantiableConfig = Linear.default_config().set(
             param_partition_spec=["model", None]
         )
-        norm: InstantiableConfig = LayerNorm.default_config()  # The normalization layer.
+        # The normalization layer; with structure="v2", a dict {NormPosition: norm config}.
+        norm: Union[InstantiableConfig, dict] = LayerNorm.default_config()
         # An activation name, or a pair of names for a gated linear unit.
         activation: Union[str, tuple[str, str]] = "nn.relu"
         dropout: InstantiableConfig = Dropout.default_config()  # Dropout config.
         # Stochastic depth on the residual branch.
         stochastic_depth: InstantiableConfig = StochasticDepth.default_config()
-        # "prenorm", "postnorm", "hybridnorm" or "nonorm" (see the class docstring).
+        # "prenorm", "postnorm", "hybridnorm", "nonorm" or "v2" (see the class docstring).
         structure: str = "prenorm"
         # The weight w of the residual branch.
         residual_weight: float = 1.0
@@ -254,6 +307,8 @@ class TransformerFeedForwardLayer(BaseLayer):
         elif cfg.structure == "hybridnorm":
             self._add_child("prenorm", cfg.norm.clone(input_dim=cfg.input_dim))
             self._add_child("postnorm", cfg.norm.clone(input_dim=cfg.input_dim))
+        elif cfg.structure == "v2":
+            _add_v2_norms(self, cfg.norm, cfg.input_dim)
         elif cfg.structure != "nonorm":
             raise NotImplementedError(f"{self.path()}: unsupported structure {cfg.structure}")
         if isinstance(cfg.hidden_dim, int):
@@ -294,6 +349,8 @@ class TransformerFeedForwardLayer(BaseLayer):
             x = self.norm(x)
         elif cfg.structure == "hybridnorm":
             x = self.prenorm(x)
+        elif cfg.structure == "v2":
+            x = _maybe_norm(self, NormPosition.IN_NORM, x)
         x = self._linear1_activation(cfg, x)
         self._rms_summary(cfg, "linear1_outputs", x)
         if cfg.structure != "postnorm":
@@ -303,6 +360,8 @@ class TransformerFeedForwardLayer(BaseLayer):
         x = self._remat_name(x, "linear2")
         if cfg.structure == "hybridnorm":
             x = self.postnorm(x)
+        elif cfg.structure == "v2":
+            x = _maybe_norm(self, NormPosition.RES_NORM, x)
         x = self.dropout(x) if cfg.structure == "postnorm" else self.dropout2(x)
         x = self.stochastic_depth(x)
         if cfg.residual_weight != 1:
@@ -311,6 +370,8 @@ class TransformerFeedForwardLayer(BaseLayer):
             return x
         if cfg.structure == "postnorm":
             return self.norm(x + inputs)
+        if cfg.structure == "v2":
+            return _maybe_norm(self, NormPosition.OUT_NORM, x + inputs)
         return x + inputs
 
     def _linear1_activation(self, cfg, x: Tensor) -> Tensor:

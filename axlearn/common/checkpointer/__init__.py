@@ -40,6 +40,7 @@ from axlearn.common.checkpointer.policies import (
 from axlearn.common.checkpointer.recovery import (
     RESTORE_FALLBACKS,
     CorruptCheckpointError,
+    RestoreStepError,
     set_aside_dirs,
     supersede_newer,
 )
@@ -51,6 +52,7 @@ from axlearn.common.checkpointer.storage import (
 from axlearn.common.checkpointer.tensorstore_restore import (
     CheckpointCorruptionError,
     CheckpointValidationType,
+    ProcessCountError,
     RestoreStats,
     StateMismatchError,
 )
@@ -75,11 +77,13 @@ __all__ = [
     "chunks_complete",
     "Checkpointer",
     "CorruptCheckpointError",
+    "RestoreStepError",
     "FAULT_ACTION_ENV",
     "FAULT_ENV",
     "FAULT_POINTS",
     "RESTORE_FALLBACKS",
     "InjectedFault",
+    "ProcessCountError",
     "RestoreStats",
     "SaveResult",
     "SaveStats",

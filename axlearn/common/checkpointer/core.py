@@ -109,6 +109,11 @@ class Checkpointer(Module):
         """The state storage."""
         return self._storage
 
+    @property
+    def save_policy(self) -> CheckpointPolicy:
+        """The save policy: `policy(step=..., evaler_summaries=...)` -> whether to save."""
+        return self._save_policy
+
     @nowrap
     def ckpt_dir(self, step: int) -> str:
         """Returns the directory of `step`: `dir/step_%08d`."""
@@ -391,10 +396,14 @@ class Checkpointer(Module):
                 return None, state
             try:
                 return step, self._restore_step(step, state)
-            except recovery.CorruptCheckpointError:
+            except recovery.CorruptCheckpointError as e:
                 # Chunk-level damage found while reading (every chunk's CRC is checked).
-                if cfg.restore_fallback != recovery.FALLBACK_PREVIOUS or jax.process_count() > 1:
+                if cfg.restore_fallback != recovery.FALLBACK_PREVIOUS:
                     raise
+                if jax.process_count() > 1:
+                    raise recovery.CorruptCheckpointError(
+                        recovery.fallback_not_applied_message(self.ckpt_dir(step), e)
+                    ) from e
                 logging.error("Checkpoint of step %d is corrupt; falling back.", step)
                 recovery.set_aside(self.ckpt_dir(step), reason=recovery.REASON_CORRUPT)
 

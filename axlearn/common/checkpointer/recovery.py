@@ -53,6 +53,43 @@ _WHAT_TO_DO = (
 )
 
 
+class RestoreStepError(ValueError):
+    """`--restore_step` names a step that is not a committed checkpoint of the directory."""
+
+
+def restore_step_message(field: str, base_dir: str, step: int) -> str:
+    """Why `--restore_step=step` cannot be restored, naming a set-aside copy of it if any.
+
+    Args:
+        field: The config path of `restore_step` (named in the message).
+        base_dir: The checkpointer directory.
+        step: The requested step.
+
+    Returns:
+        One line: the committed steps, and how to bring back a set-aside copy of `step`.
+    """
+    committed = [s for s, p in layout.step_dirs(base_dir) if layout.is_committed(p)]
+    step_dir = os.path.join(base_dir, layout.step_dir_name(step))
+    message = f"{field}={step} (--restore_step): {step_dir} is not a committed checkpoint"
+    copies = [p for p in set_aside_dirs(base_dir) if _SET_ASIDE_RE.match(os.path.basename(p))]
+    copies = [p for p in copies if int(_SET_ASIDE_RE.match(os.path.basename(p)).group(1)) == step]
+    if copies:
+        newest = copies[-1]
+        reason = _SET_ASIDE_RE.match(os.path.basename(newest)).group(2)
+        why = {
+            REASON_SUPERSEDED: "by an earlier --restore_step of an older step",
+            REASON_CORRUPT: "as corrupt (`axlearn checkpoint verify` on it says why)",
+            REASON_UNINDEXED: "without its index (it cannot be restored)",
+        }[reason]
+        message += f"; it was set aside {why} as {newest} (nothing deleted)"
+        if reason != REASON_UNINDEXED:
+            message += (
+                f": to restore it, move it back (mv {newest} {step_dir}) and rerun with "
+                f"--restore_step={step}"
+            )
+    return f"{message}. Committed steps: {committed}."
+
+
 class CorruptCheckpointError(CheckpointCorruptionError):
     """A committed checkpoint (its `index` exists) is unreadable or fails its checksums."""
 
@@ -68,6 +105,31 @@ def corrupt_message(step_dir: str, error: Exception) -> str:
         The message.
     """
     return f"Checkpoint {step_dir} is corrupt: {error}\n{_WHAT_TO_DO}"
+
+
+def fallback_not_applied_message(step_dir: str, error: Exception) -> str:
+    """The refusal of a multi-process run that has `--restore_fallback=previous` already.
+
+    Chunk damage is found by the process that reads the chunk; the others cannot agree to fall
+    back in the middle of a restore, so a multi-process run falls back only from an unreadable
+    index (found by process 0 before reading). The message says so, instead of asking for the
+    flag the run already has.
+
+    Args:
+        step_dir: The corrupt step directory.
+        error: The `CorruptCheckpointError` (its first line names the damage).
+
+    Returns:
+        The message.
+    """
+    what = str(error).split("\n", 1)[0]
+    return (
+        f"{what}\n--restore_fallback=previous is set, but a multi-process run falls back only "
+        "from an unreadable index, not from damage found while reading chunks (as here). "
+        "Nothing was deleted. Choose the step to resume from: pass --restore_step=N of an older "
+        f"step (or run `axlearn checkpoint select {os.path.dirname(step_dir)} --step N`; "
+        f"`axlearn checkpoint verify {os.path.dirname(step_dir)}` shows which steps are intact)."
+    )
 
 
 def _utc_stamp() -> str:

@@ -32,7 +32,19 @@ class CheckpointCorruptionError(ValueError):
 
 
 class StateMismatchError(ValueError):
-    """The target state does not match the checkpoint's structure, shapes or dtypes."""
+    """The target state does not match the checkpoint's structure, shapes or dtypes.
+
+    Attributes:
+        paths: The leaf paths that differ (missing, unexpected or mismatched).
+    """
+
+    def __init__(self, message: str, *, paths: frozenset = frozenset()):
+        super().__init__(message)
+        self.paths = frozenset(paths)
+
+
+class ProcessCountError(ValueError):
+    """A checkpoint with per-process leaves restored by another number of processes."""
 
 
 @dataclasses.dataclass
@@ -89,6 +101,21 @@ class CheckpointValidationType(str, enum.Enum):  # noqa: UP042 (AXLearn's str+En
     CONTAINS_STATE_UP_TO_DTYPE = "CONTAINS_STATE_UP_TO_DTYPE"
 
 
+def _check_process_count(ckpt_dir: str, index: dict, pairs: list[tuple[str, Any]]) -> None:
+    """Refuses per-process (bytes) target leaves when the process count changed."""
+    saved = index.get("process_count")
+    if not isinstance(saved, int) or saved == jax.process_count():
+        return
+    per_process = [p for p, leaf in pairs if _target_kind(leaf) == layout.KIND_BYTES]
+    if per_process:
+        raise ProcessCountError(
+            f"Checkpoint {ckpt_dir} was saved by {saved} process(es); this run has "
+            f"{jax.process_count()}. Its per-process leaves {per_process} (e.g. a trainer's input "
+            "position) hold one value per process and cannot be split or merged: resume with "
+            f"{saved} process(es). The checkpoint is intact (nothing is wrong with it)."
+        )
+
+
 def check_target(
     ckpt_dir: str,
     index: dict,
@@ -101,6 +128,7 @@ def check_target(
         StateMismatchError: Naming every missing, unexpected or mismatched leaf.
     """
     validation = CheckpointValidationType(validation)
+    _check_process_count(ckpt_dir, index, pairs)
     allow_extra = validation.value.startswith("CONTAINS_STATE")
     allow_dtype = validation.value.endswith("UP_TO_DTYPE")
     entries = {leaf["path"]: leaf for leaf in index["leaves"]}
@@ -115,6 +143,7 @@ def check_target(
         structure.append(f"not in the checkpoint: {missing}")
     if extra and not allow_extra:
         structure.append(f"in the checkpoint but not in the target state: {extra}")
+    differing = set(missing) | (set(extra) if not allow_extra else set())
     for path, leaf in pairs:
         entry = entries.get(path)
         if entry is None:
@@ -122,6 +151,7 @@ def check_target(
         kind = _target_kind(leaf)
         if kind != entry["kind"]:
             problems.append(f"{path!r}: the checkpoint holds a {entry['kind']}, target a {kind}")
+            differing.add(path)
             continue
         if kind != layout.KIND_ARRAY:
             continue
@@ -135,6 +165,7 @@ def check_target(
                 f"{path!r}: the checkpoint holds {_describe(saved_dtype, saved_shape)}, "
                 f"the target expects {_describe(dtype, shape)}"
             )
+            differing.add(path)
     problems += structure
     if problems:
         layout_version = index.get("state_layout", 1)
@@ -146,7 +177,8 @@ def check_target(
                 "the axlearn version that wrote it, or restore only the model parameters"
             )
         raise StateMismatchError(
-            f"Cannot restore {ckpt_dir} into the target state:\n  " + "\n  ".join(problems)
+            f"Cannot restore {ckpt_dir} into the target state:\n  " + "\n  ".join(problems),
+            paths=frozenset(differing),
         )
     return entries
 

@@ -10,7 +10,7 @@ import re
 import types
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Optional, TypeVar
 
 import attr
 import numpy as np
@@ -74,6 +74,21 @@ def _qualified_name(value: Any) -> str:
 def _is_named_object(value: Any) -> bool:
     """Whether `value` prints as its qualified name in dumps (classes and functions)."""
     return isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType))
+
+
+def _function_name_of_policy(value: Any) -> Optional[str]:
+    """The function name a JAX remat policy object had before it became one, or None.
+
+    Newer JAX makes `checkpoint_policies.dots_saveable` (and the no-batch-dims variant) instances
+    of a dataclass `DotsSaveable`; older JAX (and AXLearn's golden dumps) have functions. Dumps
+    name them as the functions, so a config's dump does not depend on the JAX version.
+    """
+    cls = type(value)
+    if cls.__name__ != "DotsSaveable" or cls.__module__ != "jax._src.ad_checkpoint":
+        return None
+    if getattr(value, "only_if_no_batch_dims", False):
+        return "jax._src.ad_checkpoint.dot_with_no_batch_dims_saveable"
+    return "jax._src.ad_checkpoint.dots_saveable"
 
 
 def _dataclass_items(value: Any) -> list[tuple[str, Any]]:
@@ -523,7 +538,7 @@ def _flatten_value(key: str, val: Any, result: dict, omit: Collection[Any]) -> N
     if isinstance(val, ConfigBase):
         val._flatten_into(key, result, omit)  # pylint: disable=protected-access
         return
-    children = _default_children(key, val)
+    children = None if _function_name_of_policy(val) else _default_children(key, val)
     if children is None:
         result[key] = val
         return
@@ -543,6 +558,8 @@ def _flatten_value(key: str, val: Any, result: dict, omit: Collection[Any]) -> N
 def _leaf_repr(val: Any) -> str:
     if _is_named_object(val):
         return repr(_qualified_name(val))
+    if _function_name_of_policy(val):
+        return repr(_function_name_of_policy(val))
     if is_partition_spec(val):
         # Stable across JAX versions (newer JAX reprs it as P(...)); AXLearn dumps this form
         # (a tuple's repr: one entry keeps its trailing comma).

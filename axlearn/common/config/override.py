@@ -24,6 +24,7 @@ import attr
 from axlearn.common.config import typecheck
 from axlearn.common.config.base import ConfigBase
 from axlearn.common.config.errors import InvalidConfigValueError, RequiredFieldValue
+from axlearn.common.config.paths import lookup_child
 
 
 class ConfigOverrideError(ValueError):
@@ -114,16 +115,6 @@ def nearest_path(path: str, candidates: Sequence[str]) -> str | None:
     return max(sorted(pool), key=score)
 
 
-def _lookup(node: Any, key: str) -> tuple[bool, Any]:
-    if isinstance(node, ConfigBase):
-        return (True, getattr(node, key)) if key in node else (False, None)
-    if isinstance(node, dict):
-        return (True, node[key]) if key in node else (False, None)
-    if isinstance(node, (list, tuple)) and key.isdigit() and int(key) < len(node):
-        return True, node[int(key)]
-    return False, None
-
-
 def _union_scalar_types(cfg: ConfigBase, name: str) -> tuple[str, Any] | None:
     """(description, annotation) when field `name` is annotated with a union of scalars."""
     hint = typecheck.field_hints(type(cfg)).get(name)
@@ -173,7 +164,7 @@ def apply_override(cfg: ConfigBase, path: str, value: Any) -> None:
     keys = [k for k in path.split(".") if k]
     node: Any = cfg
     for i, key in enumerate(keys):
-        found, child = _lookup(node, key)
+        found, child = lookup_child(node, key)
         if not found:
             nearest = nearest_path(path, all_paths(cfg))
             hint = f"; did you mean {nearest}?" if nearest else ""
@@ -197,6 +188,15 @@ def apply_override(cfg: ConfigBase, path: str, value: Any) -> None:
         node[name] = value
     elif isinstance(node, list):
         node[int(name)] = value
+    elif isinstance(node, tuple):
+        whole = list(node)
+        whole[int(name)] = value
+        parent = ".".join(keys[:-1])
+        raise ConfigOverrideError(
+            f"Config override {path}={value!r}: {parent} is a tuple, whose items cannot be set "
+            f"one by one; set the whole tuple instead: --config_override='{parent}="
+            f"{tuple(whole)!r}'"
+        )
     else:
         raise ConfigOverrideError(
             f"Config override {path}={value!r}: cannot set an item of a {type(node).__name__}"

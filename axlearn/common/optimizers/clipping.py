@@ -18,7 +18,7 @@ from axlearn.common.optimizers.transforms import (
     _to_partitioned_transformation,
     global_norm,
 )
-from axlearn.common.utils import Tensor
+from axlearn.common.utils import Tensor, all_finite
 
 # --------------------------------------------------------------------------------------------
 # Gradient clipping and skipping.
@@ -185,8 +185,7 @@ def skip_and_clip_by_global_norm(
         )
 
     def update_fn(updates, state, params=None):
-        leaves = jax.tree.leaves(updates)
-        is_finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in leaves], dtype=bool))
+        is_finite = all_finite(updates)
         g_norm = global_norm(updates)
         new_drop_stats = None
         if fixed_drop:

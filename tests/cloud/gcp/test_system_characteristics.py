@@ -25,6 +25,9 @@ TABLE = sc_lib.USER_FACING_NAME_TO_SYSTEM_CHARACTERISTICS
         ("v5p-128", 64, 16, "4x4x4", 95e9 / 2**30),
         ("v5p-12288", 6144, 1536, "16x16x24", 95e9 / 2**30),
         ("v6e-256", 256, 64, "16x16", 32e9 / 2**30),
+        # 7x (Ironwood) counts TensorCores: 7x-128 is 64 chips (4x4x4) on 16 hosts; 192 GB.
+        ("7x-128", 64, 16, "4x4x4", 192e9 / 2**30),
+        ("7x-256", 128, 32, "4x4x8", 192e9 / 2**30),
     ],
 )
 def test_tpu_entries(key, chips, hosts, topology, hbm_gib):
@@ -65,6 +68,7 @@ def test_instance_type_families_present():
         "tpu-v5p-8",
         "tpu-v5p-12288",
         "tpu-v6e-256",
+        "tpu-7x-128",
         "gpu-a3-highgpu-8g",
         "gpu-a3-megagpu-8g",
         "gpu-a3-ultragpu-8g",
@@ -105,3 +109,15 @@ def test_topology_desc_matches_table(key):
         chip_config_name=sc.chip_config_name,
     )
     assert len(desc.devices) == sc.chips_per_slice
+
+
+def test_tpu_7x_has_two_devices_per_chip():
+    sc = sc_lib.instance_type_to_system_characteristics("tpu-7x-128")
+    assert (sc.gke_accelerator, sc.gce_machine_type, sc.chips_per_vm) == (
+        "tpu7x",
+        "tpu7x-standard-4t",
+        4,
+    )
+    assert (sc.devices_per_chip, sc.devices_per_slice) == (2, 128)
+    assert TABLE["v5p-128"].devices_per_slice == TABLE["v5p-128"].chips_per_slice == 64
+    assert TABLE["7x-128"].peak_flops_per_chip("bfloat16") == 2307e12

@@ -106,3 +106,17 @@ def test_nearest_path_prefers_same_last_name():
     paths = ["a.lr", "a.inner.peak_lr", "a.peak_lx"]
     assert nearest_path("a.peak_lr", paths) == "a.inner.peak_lr"
     assert nearest_path("zzz", []) is None
+
+
+def test_tuple_item_override_names_the_whole_tuple_to_set():
+    """Issue 38: `mesh_axis_names.3=...` says how to set the tuple, and that override works."""
+    cfg = tiny_trainer_config()
+    names = tuple(cfg.mesh_axis_names)
+    with pytest.raises(ConfigOverrideError) as e:
+        apply_overrides(cfg, ["mesh_axis_names.1=x"])
+    expected = names[:1] + ("x",) + names[2:]
+    suggestion = f"mesh_axis_names={expected!r}"
+    assert "is a tuple, whose items cannot be set one by one" in str(e.value)
+    assert suggestion in str(e.value)
+    apply_overrides(cfg, [suggestion])
+    assert tuple(cfg.mesh_axis_names) == expected

@@ -5,7 +5,7 @@
   `flash_attention_config`.
 - Learner: `adamw_decoupled_learner_config`, `adastar_learner_config`,
   `mup_simple_adam_update_transformation`.
-- Trainer: `get_trainer_config_fn` (per-feed batching through an `InputDispatcher`, inputs
+- Trainer: `get_trainer_config_fn` (per-feed batching through an `SpmdInputDispatcher`, inputs
   partitioned by `input_base.partition_by_path_rank`), `evaler_config_dict`,
   `mesh_shape_from_axes`, `make_config_name`, `update_model_remat_config`, `MESH_AXIS_NAMES`,
   `STEP_DTYPE`, `EVAL_EVERY_N_STEPS`, `SourceBuilder`.
@@ -45,7 +45,7 @@ from axlearn.common.evaler import ModelSummaryAccumulator, SpmdEvaler
 from axlearn.common.evaler import every_n_steps_policy as eval_every_n_steps_policy
 from axlearn.common.flash_attention.layer import FlashAttention
 from axlearn.common.input_base import partition_by_path_rank
-from axlearn.common.input_dispatch import InputDispatcher
+from axlearn.common.input_dispatch import SpmdInputDispatcher
 from axlearn.common.input_processors import sample_from_datasets, with_processor
 from axlearn.common.layers import set_bias_recursively, set_norm_recursively
 from axlearn.common.param_init import PARAM_REGEXP_WEIGHT, DefaultInitializer, WeightInitializer
@@ -403,6 +403,10 @@ def model_config(
         seq_axis_names="seq",
     )
     cfg.decoder.logits_partition_spec = (batch_axis_names, "seq", "model")
+    kv_cache = cfg.decoder.transformer.layer.self_attention.attention.kv_cache
+    if kv_cache is not None and "kv_partition_spec" in kv_cache:
+        # Decoding caches: batch over the batch axes, length over "seq", heads over "model".
+        kv_cache.kv_partition_spec = (batch_axis_names, "seq", "model", None)
     set_bias_recursively(cfg, False)
     set_norm_recursively(cfg, normalization)
     return cfg
@@ -563,7 +567,10 @@ def _batcher() -> InstantiableConfig:
 
 
 def _dispatcher(global_logical_batch_size: int) -> InstantiableConfig:
-    return InputDispatcher.default_config().set(global_logical_batch_size=global_logical_batch_size)
+    return SpmdInputDispatcher.default_config().set(
+        global_logical_batch_size=global_logical_batch_size,
+        partition_spec=PartitionSpec(("data", "expert", "fsdp")),
+    )
 
 
 # Batch axes over (data, expert, fsdp); sequence axes over seq.
@@ -715,6 +722,7 @@ def get_trainer_config_fn(
         for name, evaler_cfg in evalers.items():
             evaler_cfg = evaler_cfg.clone()
             evaler_cfg.input.input_dispatcher = _dispatcher(eval_batch_size or train_batch_size)
+            evaler_cfg.summary_writer.max_queue = 1000
             evaler_cfg.eval_policy = config_for_function(eval_every_n_steps_policy).set(
                 n=eval_every_n_steps, max_step=max_step
             )

@@ -80,7 +80,12 @@ from axlearn.experiments.text.gpt.common import (
 )
 from axlearn.experiments.text.gpt.common import model_config as common_model_config
 from axlearn.experiments.text.gpt.fuji_tiny import tiny_trainer_configs
-from axlearn.experiments.trainer_config_utils import TrainerConfigFn, V6eFlashConfigModifier
+from axlearn.experiments.trainer_config_utils import (
+    SplashAttentionConfigModifier,
+    TrainerConfigFn,
+    V6eFlashConfigModifier,
+    V7xFlashConfigModifier,
+)
 
 MODEL_SIZES = ("test", "1B", "3B", "7B", "70B", "405B")
 
@@ -197,10 +202,12 @@ def _grad_acc(steps: int) -> GradientAccumulationModifier.Config:
     return GradientAccumulationModifier.default_config().set(grad_acc_steps=steps)
 
 
-def _save_names(names: Optional[str], *, offload: bool = True) -> FunctionConfigBase:
+def _save_names(
+    names: Optional[str], *, offload: bool = True, offloaded: Optional[str] = None
+) -> FunctionConfigBase:
     return config_for_function(save_and_offload_only_these_names_regex).set(
         names_which_can_be_saved=names,
-        names_which_can_be_offloaded=None,
+        names_which_can_be_offloaded=offloaded,
         offload_src="device" if offload else None,
         offload_dst="pinned_host" if offload else None,
     )
@@ -332,18 +339,36 @@ def _mesh_rules(model_size: str, *, version: Version) -> tuple:
                 "tpu-v5p-.*",
                 _chain(
                     _mesh(fsdp=-1),
-                    _remat(
-                        _save_names(
-                            "|".join([".*flash_residuals|.*[kqv]_proj|.*o_proj", ".*linear1_0"])
-                        )
+                    _remat(_save_names(".*[kqv]_proj", offloaded=".*input")),
+                ),
+            ),
+            (
+                "tpu-7x-128",
+                _chain(
+                    _mesh(data=-1, fsdp=128),
+                    V7xFlashConfigModifier.default_config().set(tpu_block_size=2048),
+                    SplashAttentionConfigModifier.default_config().set(
+                        splash_block_q=4096, splash_block_kv_compute=1024
                     ),
+                    _remat(_save_names(".*[kqv]_proj", offloaded=".*input")),
+                ),
+            ),
+            (
+                "tpu-7x-256",
+                _chain(
+                    _mesh(data=-1, fsdp=128),
+                    V7xFlashConfigModifier.default_config().set(tpu_block_size=2048),
+                    SplashAttentionConfigModifier.default_config().set(
+                        splash_block_q=4096, splash_block_kv_compute=1024
+                    ),
+                    _remat(_save_names(None, offloaded=".*input")),
                 ),
             ),
             (
                 "tpu-v6e-256-(4|8)",
                 _chain(
                     _mesh(data=-1, fsdp=256),
-                    _remat(offload_attention_proj_policy),
+                    _remat(_save_names(None, offloaded=".*[kqv]_proj|.*input")),
                     V6eFlashConfigModifier.default_config(),
                 ),
             ),
@@ -633,7 +658,7 @@ def trainer_configs(
             )
             config_map[golden] = _golden_run_test(config_map[name])
         if model_size in ("1B", "3B", "7B"):
-            divisor = 128 if version == Version.V3 else 32
+            divisor = 128
             config_map[f"{name}-single-host"] = _single_host(config_map[name], divisor=divisor)
     return config_map
 

@@ -18,7 +18,15 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from axlearn.common import evaler, input_tf_data, learner, optimizers, schedule
+from axlearn.common import (
+    evaler,
+    input_grain,
+    input_grain_lm,
+    input_tf_data,
+    learner,
+    optimizers,
+    schedule,
+)
 from axlearn.common.checkpointer import every_n_steps_and_last_policy
 from axlearn.common.config import config_for_function
 from axlearn.common.embedded_data import DATASET_NAME
@@ -74,6 +82,43 @@ def _input(*, is_training: bool, split: str, global_batch_size: int, seq_len: in
             pad_example_fn=input_tf_data.default_pad_example_fn,
         ),
     )
+
+
+def _grain_input(*, is_training: bool, split: str, global_batch_size: int, seq_len: int):
+    """The Grain twin of `_input`: the embedded corpus's ArrayRecord copy, same processing."""
+    source = config_for_function(input_grain_lm.array_record_lm_source).set(
+        is_training=is_training,
+        vocab_cfg=embedded_vocab_config(),
+        max_sequence_length=seq_len,
+        global_batch_size=global_batch_size,
+        split=split,
+        replace_newlines_with=REPLACE_NEWLINES_WITH,
+    )
+    return input_grain.Input.default_config().set(source=source)
+
+
+def tiny_grain_trainer_config(**kwargs) -> SpmdTrainer.Config:
+    """`gpt-tiny` reading its corpus through Grain (`input_grain`) instead of tf.data.
+
+    Same model, schedule, batch and sequence length; the inputs are
+    `input_grain_lm.array_record_lm_source` over the embedded corpus's ArrayRecord files.
+
+    Args:
+        **kwargs: Forwarded to `tiny_trainer_config`.
+
+    Returns:
+        The trainer config.
+    """
+    cfg = tiny_trainer_config(**kwargs)
+    batch = kwargs.get("global_batch_size", 16)
+    seq_len = kwargs.get("seq_len", 128)
+    cfg.input = _grain_input(
+        is_training=True, split="train", global_batch_size=batch, seq_len=seq_len
+    )
+    cfg.evalers["validation"].input = _grain_input(
+        is_training=False, split="validation", global_batch_size=batch, seq_len=seq_len
+    )
+    return cfg
 
 
 def tiny_trainer_config(
@@ -171,4 +216,4 @@ def tiny_trainer_config(
 
 def named_trainer_configs() -> dict:
     """The named trainer configs of this module."""
-    return {"gpt-tiny": tiny_trainer_config}
+    return {"gpt-tiny": tiny_trainer_config, "gpt-tiny-grain": tiny_grain_trainer_config}

@@ -1,0 +1,560 @@
+"""Measures how many of AXLearn's own unit tests pass against this package.
+
+AXLearn's test files (``axlearn/common/<module>_test.py``) are read from a folder given on the
+command line; nothing of them is copied into this repository. Each file is copied into a scratch
+folder outside the repository, as ``<scratch>/<name>/axlearn/common/<name>_test.py``: a shadow
+``axlearn/common/`` package whose folder the scratch ``conftest.py`` appends to our installed
+``axlearn.common.__path__``, so that pytest's ``--import-mode=importlib`` names the test module
+``axlearn.common.<name>_test`` (the name AXLearn's expected strings use). The reference folder's
+``conftest.py`` (absl flag parsing) runs after our prelude (CPU platform, device count).
+
+Two modes:
+- ``strict``: the file as it is; a name our package lacks fails the whole file at import.
+- ``lenient``: the copy's ``from axlearn... import`` statements (and ``import axlearn...``) are
+  rewritten so that a name our package lacks becomes a placeholder whose use raises
+  ``NameError('missing: module.name')``, and module objects become proxies that give such a
+  placeholder for a missing attribute: one missing name fails only the tests that use it.
+
+Test-only packages the files import (chex, scikit-learn and their pure-Python dependencies) are
+installed with ``pip install --no-deps --target <scratch>/site`` (once) and put on PYTHONPATH.
+
+Usage (from the repository root; one file at a time while iterating):
+    python benchmarks/axlearn_unit_tests.py --files convolution,layers --modes strict,lenient
+    python benchmarks/axlearn_unit_tests.py            # all files found, both modes
+
+Prints one JSON object: per file and mode, whether it imports, passed/failed/skipped/errors,
+and the most frequent failure causes (``missing: name`` or the exception's first line).
+"""
+
+import argparse
+import ast
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TEST_ONLY_PACKAGES = ("chex", "scikit-learn", "joblib", "threadpoolctl", "narwhals", "toolz")
+
+# Runs before the reference conftest: the CPU platform and the shadow package path.
+_CONFTEST_PRELUDE = """\
+# Written by axlearn's benchmarks/axlearn_unit_tests.py (harness prelude).
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count={devices}"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import axlearn.common  # noqa: E402
+
+_SHADOW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "axlearn", "common")
+if _SHADOW not in axlearn.common.__path__:
+    axlearn.common.__path__.append(_SHADOW)
+
+# ---- reference conftest.py follows ----
+"""
+
+# The lenient mode's runtime support, importable as `_axl_lenient` from the scratch root.
+_LENIENT_SUPPORT = '''\
+"""Placeholders for names the package under test lacks (harness support, lenient mode)."""
+
+import functools
+import importlib
+import inspect
+import sys
+import types
+
+
+def _fail(name):
+    raise NameError(f"missing: {name}")
+
+
+def _at_definition_time() -> bool:
+    """Whether the placeholder's caller is module or class-body code (not a function body)."""
+    frame = sys._getframe(2)
+    return not frame.f_code.co_flags & inspect.CO_OPTIMIZED
+
+
+def _failing_function(fn, name):
+    @functools.wraps(fn)
+    def failing(*args, **kwargs):
+        _fail(name)
+
+    return failing
+
+
+class Placeholder:
+    """Stands for a missing name: any use (call, iteration, arithmetic, ...) raises NameError."""
+
+    def __init__(self, name):
+        object.__setattr__(self, "_axl_name", name)
+
+    def __getattr__(self, attr):
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        # Keeps the root name, so that failures are counted by the name that is missing.
+        return Placeholder(object.__getattribute__(self, "_axl_name"))
+
+    def __setattr__(self, attr, value):
+        _fail(self._axl_name)
+
+    def __call__(self, *args, **kwargs):
+        """Raises, except at definition time (decorators, parameter lists) where it defers."""
+        name = object.__getattribute__(self, "_axl_name")
+        if not _at_definition_time():
+            _fail(name)
+        if len(args) == 1 and not kwargs and inspect.isfunction(args[0]):
+            # A missing decorator: the decorated test fails when it runs.
+            return _failing_function(args[0], name)
+        return Placeholder(name)
+
+    def __getitem__(self, item):
+        """Raises, except at definition time (annotations like `Missing[int]`)."""
+        name = object.__getattribute__(self, "_axl_name")
+        if not _at_definition_time():
+            _fail(name)
+        return Placeholder(name)
+
+    def __repr__(self):
+        return f"<missing: {self._axl_name}>"
+
+    __str__ = __repr__
+
+    def __hash__(self):
+        return hash(self._axl_name)
+
+    def __eq__(self, other):
+        return isinstance(other, Placeholder) and other._axl_name == self._axl_name
+
+    def __mro_entries__(self, bases):
+        name = self._axl_name
+
+        def _init(self, *args, **kwargs):
+            _fail(name)
+
+        def _cls_fail(cls, *args, **kwargs):
+            _fail(name)
+
+        return (
+            type(
+                "Missing",
+                (),
+                {"__init__": _init, "default_config": classmethod(_cls_fail), "_axl_name": name},
+            ),
+        )
+
+
+def _make_failing(method):
+    def fn(self, *args, **kwargs):
+        _fail(object.__getattribute__(self, "_axl_name"))
+
+    fn.__name__ = method
+    return fn
+
+
+for _method in (
+    "__iter__", "__len__", "__bool__", "__setitem__", "__contains__",
+    "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+    "__rtruediv__", "__neg__", "__int__", "__float__", "__index__", "__enter__", "__exit__",
+    "__lt__", "__le__", "__gt__", "__ge__", "__instancecheck__", "__subclasscheck__",
+    "__array__",
+):
+    setattr(Placeholder, _method, _make_failing(_method))
+
+
+class LenientModule(types.ModuleType):
+    """A proxy of a real module: a missing attribute is a submodule or a Placeholder."""
+
+    def __init__(self, module):
+        super().__init__(module.__name__)
+        object.__setattr__(self, "_axl_module", module)
+
+    def __getattribute__(self, attr):
+        module = object.__getattribute__(self, "_axl_module")
+        if attr == "_axl_module":
+            return module
+        if attr in ("__class__",):
+            return object.__getattribute__(self, attr)
+        try:
+            value = getattr(module, attr)
+        except AttributeError:
+            if attr.startswith("__") and attr.endswith("__"):
+                raise
+            return _lookup_missing(module.__name__, attr)
+        return _wrap(value)
+
+    def __setattr__(self, attr, value):
+        setattr(object.__getattribute__(self, "_axl_module"), attr, value)
+
+    def __delattr__(self, attr):
+        delattr(object.__getattribute__(self, "_axl_module"), attr)
+
+    def __dir__(self):
+        return dir(object.__getattribute__(self, "_axl_module"))
+
+
+def _wrap(value):
+    if isinstance(value, types.ModuleType) and value.__name__.startswith("axlearn"):
+        return LenientModule(value)
+    return value
+
+
+def _lookup_missing(module_name, attr):
+    try:
+        return _wrap(importlib.import_module(f"{module_name}.{attr}"))
+    except ImportError:
+        return Placeholder(f"{module_name}.{attr}")
+
+
+def import_module(module_name):
+    """`import a.b.c as x` / `from a.b import c` where c is a module."""
+    try:
+        return _wrap(importlib.import_module(module_name))
+    except ImportError:
+        return Placeholder(module_name)
+
+
+def from_import(module_name, attr):
+    """`from module_name import attr`."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return Placeholder(f"{module_name}.{attr}")
+    if hasattr(module, attr):
+        return _wrap(getattr(module, attr))
+    return _lookup_missing(module_name, attr)
+'''
+
+
+class _LenientRewriter(ast.NodeTransformer):
+    """Rewrites `from axlearn... import` and `import axlearn... as` into lenient lookups."""
+
+    def visit_ImportFrom(self, node):
+        if node.level or not (node.module or "").startswith("axlearn"):
+            return node
+        out = []
+        for alias in node.names:
+            call = ast.parse(
+                f"_axl_lenient.from_import({node.module!r}, {alias.name!r})", mode="eval"
+            ).body
+            out.append(
+                ast.Assign(
+                    targets=[ast.Name(id=alias.asname or alias.name, ctx=ast.Store())], value=call
+                )
+            )
+        return [ast.copy_location(n, node) for n in out]
+
+    def visit_Import(self, node):
+        out, kept = [], []
+        for alias in node.names:
+            if alias.name.startswith("axlearn") and alias.asname:
+                call = ast.parse(f"_axl_lenient.import_module({alias.name!r})", mode="eval").body
+                out.append(
+                    ast.Assign(targets=[ast.Name(id=alias.asname, ctx=ast.Store())], value=call)
+                )
+            else:
+                kept.append(alias)
+        if kept:
+            out.insert(0, ast.Import(names=kept))
+        return [ast.copy_location(n, node) for n in out]
+
+
+def lenient_source(source: str) -> str:
+    """Returns `source` with its axlearn imports made lenient (see module docstring).
+
+    Args:
+        source: A test file's text.
+
+    Returns:
+        The rewritten text, importing `_axl_lenient` first.
+    """
+    tree = _LenientRewriter().visit(ast.parse(source))
+    ast.fix_missing_locations(tree)
+    # After a module docstring and `from __future__` imports, if any.
+    body = tree.body
+    index = 0
+    while index < len(body) and (
+        (isinstance(body[index], ast.Expr) and isinstance(body[index].value, ast.Constant))
+        or (isinstance(body[index], ast.ImportFrom) and body[index].module == "__future__")
+    ):
+        index += 1
+    body.insert(index, ast.parse("import _axl_lenient").body[0])
+    ast.fix_missing_locations(tree)
+    return ast.unparse(tree)
+
+
+def _ensure_site(site_dir: str):
+    """Installs the test-only packages into `site_dir` (once)."""
+    marker = os.path.join(site_dir, ".installed")
+    if os.path.exists(marker):
+        return
+    os.makedirs(site_dir, exist_ok=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            site_dir,
+            *_TEST_ONLY_PACKAGES,
+        ],
+        check=True,
+    )
+    with open(marker, "w", encoding="utf-8") as f:
+        f.write(" ".join(_TEST_ONLY_PACKAGES))
+
+
+def _prepare(*, ref_dir: str, scratch: str, name: str, mode: str, devices: int) -> str:
+    """Lays out one file's scratch folder; returns the copied test file's path."""
+    root = os.path.join(scratch, f"{name}_{mode}")
+    shutil.rmtree(root, ignore_errors=True)
+    shadow = os.path.join(root, "axlearn", "common")
+    os.makedirs(shadow)
+    with open(os.path.join(ref_dir, f"{name}_test.py"), encoding="utf-8") as f:
+        source = f.read()
+    if mode == "lenient":
+        source = lenient_source(source)
+    test_path = os.path.join(shadow, f"{name}_test.py")
+    with open(test_path, "w", encoding="utf-8") as f:
+        f.write(source)
+    # The other reference test files are importable too (e.g. repeat_test imports layers_test),
+    # as in AXLearn's repository; only `name` is collected.
+    for other in os.listdir(ref_dir):
+        if other.endswith("_test.py") and other != f"{name}_test.py":
+            with open(os.path.join(ref_dir, other), encoding="utf-8") as f:
+                other_source = f.read()
+            if mode == "lenient":
+                other_source = lenient_source(other_source)
+            with open(os.path.join(shadow, other), "w", encoding="utf-8") as f:
+                f.write(other_source)
+    ref_conftest = os.path.join(ref_dir, "conftest.py")
+    conftest = _CONFTEST_PRELUDE.format(devices=devices)
+    if os.path.exists(ref_conftest):
+        with open(ref_conftest, encoding="utf-8") as f:
+            conftest += f.read()
+    with open(os.path.join(root, "conftest.py"), "w", encoding="utf-8") as f:
+        f.write(conftest)
+    with open(os.path.join(root, "_axl_lenient.py"), "w", encoding="utf-8") as f:
+        f.write(_LENIENT_SUPPORT)
+    with open(os.path.join(root, "pytest.ini"), "w", encoding="utf-8") as f:
+        f.write("[pytest]\n")
+    return test_path
+
+
+def _cause(text: str) -> str:
+    """A failure's cause: the missing name, or its exception's last line, shortened."""
+    match = re.search(r"NameError: missing: ([\w.]+)", text or "")
+    if match:
+        return f"missing: {match.group(1)}"
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.match(r"^[\w.]*(Error|Exception|Failure|error)\b", line) or line.startswith("E "):
+            line = re.sub(r"0x[0-9a-f]+", "0x..", line)
+            return line[:160]
+    return lines[-1][:160] if lines else "unknown"
+
+
+def _parse_junit(path: str) -> dict:
+    """Counts a junit XML file's outcomes and causes."""
+    counts = dict(passed=0, failed=0, skipped=0, errors=0)
+    causes = collections.Counter()
+    if not os.path.exists(path):
+        return dict(counts, causes={})
+    for case in ET.parse(path).getroot().iter("testcase"):
+        failure = case.find("failure")
+        error = case.find("error")
+        if failure is not None or error is not None:
+            elem = failure if failure is not None else error
+            counts["failed" if failure is not None else "errors"] += 1
+            causes[_cause((elem.get("message") or "") + "\n" + (elem.text or ""))] += 1
+        elif case.find("skipped") is not None:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    return dict(counts, causes=dict(causes.most_common(15)))
+
+
+def _collect_only(*, cmd, root, env, timeout) -> dict:
+    """Whether the test file imports (pytest --collect-only), and how many tests it holds."""
+    cmd = [c for c in cmd if not c.startswith("--junitxml")] + ["--collect-only"]
+    if "-n" in cmd:
+        i = cmd.index("-n")
+        del cmd[i : i + 2]
+    start = time.time()
+    proc = subprocess.run(
+        cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    output = proc.stdout + proc.stderr
+    collected = sum(1 for line in proc.stdout.splitlines() if "::" in line)
+    result = dict(imports=proc.returncode == 0, collected=collected, rc=proc.returncode)
+    result["seconds"] = round(time.time() - start, 1)
+    if not result["imports"]:
+        tail = [line for line in output.splitlines() if line.startswith("E  ")]
+        result["import_error"] = tail[-1][:300] if tail else output[-300:]
+    return result
+
+
+def run_file(
+    *, ref_dir, scratch, site_dir, name, mode, devices, workers, timeout, collect_only=False
+) -> dict:
+    """Runs one reference test file in one mode; returns its counts (or imports only)."""
+    test_path = _prepare(ref_dir=ref_dir, scratch=scratch, name=name, mode=mode, devices=devices)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(test_path)))
+    junit = os.path.join(root, "junit.xml")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([_REPO_ROOT, site_dir, root])
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-c",
+        os.path.join(root, "pytest.ini"),
+        "--rootdir",
+        root,
+        "--import-mode=importlib",
+        "--tb=native",
+        "--timeout=300",
+        f"--junitxml={junit}",
+        test_path,
+    ]
+    if workers:
+        cmd[3:3] = ["-n", str(workers)]
+    if collect_only:
+        return _collect_only(cmd=cmd, root=root, env=env, timeout=timeout)
+    start = time.time()
+    try:
+        proc = subprocess.run(
+            cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        output, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        output, rc = str(e.stdout or "") + str(e.stderr or ""), "timeout"
+    result = _parse_junit(junit)
+    total = result["passed"] + result["failed"] + result["errors"] + result["skipped"]
+    collect_error = rc == 2 or (total <= 1 and result["errors"] and "collect" in output.lower())
+    result.update(
+        imports=bool(total) and not collect_error,
+        rc=rc,
+        seconds=round(time.time() - start, 1),
+    )
+    if not result["imports"]:
+        tail = [line for line in output.splitlines() if line.startswith("E  ")]
+        tail = tail or [line for line in output.splitlines() if "Error" in line]
+        result["import_error"] = tail[-1][:300] if tail else output[-300:]
+    return result
+
+
+def _default_ref_dir() -> str:
+    """../shared/reference/axlearn_tests beside the repository (or beside its main worktree)."""
+    relative = os.path.join("..", "shared", "reference", "axlearn_tests")
+    candidate = os.path.join(_REPO_ROOT, relative)
+    if not os.path.isdir(candidate):
+        try:
+            common = subprocess.run(
+                ["git", "rev-parse", "--path-format=absolute", "--git-common-dir"],
+                cwd=_REPO_ROOT,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            candidate = os.path.join(os.path.dirname(common), relative)
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    return os.path.normpath(candidate)
+
+
+def main():
+    """Parses flags, runs the files and prints the JSON table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "ref_dir",
+        nargs="?",
+        default=_default_ref_dir(),
+        help="Folder with AXLearn's <name>_test.py files and its conftest.py "
+        "(default: ../shared/reference/axlearn_tests next to the repository).",
+    )
+    parser.add_argument("--files", default="", help="Comma-separated names (default: all).")
+    parser.add_argument("--modes", default="strict,lenient", help="strict, lenient or both.")
+    parser.add_argument(
+        "--scratch",
+        default=os.path.join(tempfile.gettempdir(), "axlearn_unit_tests"),
+        help="Scratch folder outside the repository.",
+    )
+    parser.add_argument("--devices", type=int, default=8, help="CPU devices per test process.")
+    parser.add_argument("--workers", type=int, default=1, help="pytest-xdist workers (0: none).")
+    parser.add_argument("--timeout", type=int, default=3600, help="Seconds per file and mode.")
+    parser.add_argument("--output", default="", help="Also write the JSON here.")
+    parser.add_argument(
+        "--strict_collect_only",
+        action="store_true",
+        help="Strict mode only checks that each file imports (pytest --collect-only); the "
+        "lenient mode gives the counts. Halves the time.",
+    )
+    args = parser.parse_args()
+
+    ref_dir = os.path.abspath(args.ref_dir)
+    scratch = os.path.abspath(args.scratch)
+    if scratch.startswith(_REPO_ROOT + os.sep):
+        raise SystemExit(f"--scratch={scratch} is inside the repository; pick a folder outside.")
+    names = [n for n in args.files.split(",") if n] or sorted(
+        f[: -len("_test.py")] for f in os.listdir(ref_dir) if f.endswith("_test.py")
+    )
+    site_dir = os.path.join(scratch, "site")
+    _ensure_site(site_dir)
+    table = {}
+    for name in names:
+        table[name] = {}
+        for mode in [m for m in args.modes.split(",") if m]:
+            table[name][mode] = run_file(
+                ref_dir=ref_dir,
+                scratch=scratch,
+                site_dir=site_dir,
+                name=name,
+                mode=mode,
+                devices=args.devices,
+                workers=args.workers,
+                timeout=args.timeout,
+                collect_only=args.strict_collect_only and mode == "strict",
+            )
+            print(
+                f"{name} {mode}: "
+                + json.dumps({k: v for k, v in table[name][mode].items() if k != "causes"}),
+                file=sys.stderr,
+                flush=True,
+            )
+    totals = {}
+    for mode in [m for m in args.modes.split(",") if m]:
+        rows = [table[n][mode] for n in names]
+        totals[mode] = {
+            "imports": sum(r["imports"] for r in rows),
+            "files": len(rows),
+            **{
+                k: sum(r.get(k, 0) for r in rows) for k in ("passed", "failed", "errors", "skipped")
+            },
+        }
+        ran = totals[mode]["passed"] + totals[mode]["failed"] + totals[mode]["errors"]
+        totals[mode]["pass_rate"] = round(totals[mode]["passed"] / ran, 3) if ran else None
+    text = json.dumps({"files": table, "totals": totals}, indent=1)
+    print(text)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
