@@ -520,6 +520,13 @@ CASES = [
         f"{_CONT}::test_symlinked_chunk_or_index_is_never_read",
     ),
     Case(
+        "a multi-process save's manifest naming a bytes file outside the step, or a linked "
+        "manifest",
+        "refused before the index is written, naming the manifest, the leaf and the rule",
+        "nothing (the outside file is not read)",
+        f"{_CONT}::test_a_manifest_naming_a_file_outside_the_step_is_refused",
+    ),
+    Case(
         "a step directory that is a symbolic link into another run",
         "a warning: the link is ignored (a save of that step replaces the link); GC and restore "
         "never go through it",

@@ -291,3 +291,30 @@ def test_source_must_be_callable():
 def test_module_exports():
     for name in input_grain.__all__:
         assert hasattr(input_grain, name)
+
+
+def test_partition_specs():
+    from jax.sharding import PartitionSpec  # pylint: disable=import-outside-toplevel
+
+    from axlearn.common.input_base import partition_by_path_rank  # pylint: disable=import-outside-toplevel
+
+    batch = {"x": np.zeros([4]), "y": np.zeros([4, 3])}
+    assert grain_input().partition_specs(batch) is None
+    inp = (
+        Input.default_config()
+        .set(name="input", source=range_build_fn(), partition_spec=PartitionSpec("data"))
+        .instantiate(parent=None)
+    )
+    assert inp.partition_specs(batch) == {"x": PartitionSpec("data"), "y": PartitionSpec("data")}
+    inp = (
+        Input.default_config()
+        .set(
+            name="input",
+            source=range_build_fn(),
+            input_partitioner=partition_by_path_rank(
+                {(None, 1): PartitionSpec("data"), (None, 2): PartitionSpec("data", "seq")}
+            ),
+        )
+        .instantiate(parent=None)
+    )
+    assert inp.partition_specs(batch)["y"] == PartitionSpec("data", "seq")

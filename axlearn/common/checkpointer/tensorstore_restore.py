@@ -349,6 +349,11 @@ class _Reader:
     def read_bytes_leaf(self, path: str, entry: dict) -> bytes:
         me = str(jax.process_index())
         info = entry["per_process"].get(me)
+        if info is None and int(me) >= len(entry["per_process"]) and "0" in entry["per_process"]:
+            # Saved by fewer processes (a restart on more): this process reads process 0's value
+            # and its owner decides whether it can use it (a Grain input's state holds the global
+            # input position; a tf.data input's names the feeds it lacks).
+            info = entry["per_process"]["0"]
         if info is None:
             raise CheckpointCorruptionError(
                 f"Leaf {path!r} of {self.ckpt_dir} has no value for process {me} (saved by "
