@@ -492,7 +492,10 @@ def scan_in_context(
     """
     ctx = current_context()
     if ctx is None:
-        raise ValueError("scan_in_context() needs a current invocation context")
+        raise ValueError(
+            "Expected current_context() to be set: scan_in_context() needs a current invocation "
+            "context (call it inside functional(...) or a module method)"
+        )
 
     def body(carry_i, scan_i):
         scan_i = dict(scan_i)
