@@ -93,7 +93,7 @@ class InputDispatcher(Module):
         cfg = self.config
         if cfg.global_physical_batch_size % cfg.num_physical_feeds != 0:
             raise ValueError(
-                f"{self.path()}.global_physical_batch_size={cfg.global_physical_batch_size} must "
+                f"{self.path()}: global_physical_batch_size {cfg.global_physical_batch_size} must "
                 f"be divisible by num_physical_feeds={cfg.num_physical_feeds}; set a multiple of "
                 "it (or leave it None to derive it)."
             )
@@ -105,7 +105,7 @@ class InputDispatcher(Module):
             )
         if not 0 <= cfg.physical_feed_index < cfg.num_physical_feeds:
             raise ValueError(
-                f"{self.path()}.physical_feed_index={cfg.physical_feed_index} must be in range "
+                f"{self.path()}: physical_feed_index {cfg.physical_feed_index} must be in range "
                 f"[0, {cfg.num_physical_feeds}) (num_physical_feeds); leave it None for "
                 "jax.process_index()."
             )

@@ -393,8 +393,9 @@ class PerGroupInitializer(Initializer):
         cfg = self.config
         if shape[-1] % cfg.num_groups != 0:
             raise ValueError(
-                f"PerGroupInitializer.num_groups={cfg.num_groups} does not divide the last dim "
-                f"{shape[-1]} of parameter '{name}'; set num_groups to a divisor of it."
+                f"Parameter '{name}': last dim {shape[-1]} is not divisible by "
+                f"PerGroupInitializer.num_groups={cfg.num_groups}; set num_groups to a divisor "
+                "of it."
             )
         group_shape = list(shape[:-1]) + [shape[-1] // cfg.num_groups]
 
