@@ -36,6 +36,7 @@ from axlearn.common.config import (
     Required,
     config_class,
 )
+from axlearn.common.config.paths import ConfigPathError, lookup_path
 from axlearn.common.evaler import SpmdEvaler
 from axlearn.common.mesh_resolution import build_mesh
 from axlearn.common.module import Module
@@ -743,10 +744,9 @@ def _cut(tokens: Sequence[int], stop_tokens: Sequence[int]) -> list[int]:
 
 
 def _config_get(cfg: Any, path: str) -> Any:
-    """The value at dotted `path` of a config, None where a part is missing or None."""
-    node = cfg
-    for key in path.split("."):
-        if node is None or not hasattr(node, key):
-            return None
-        node = getattr(node, key)
-    return node
+    """The value at dotted `path` of a config (`config.paths.lookup_path`), None where a part is
+    missing or None."""
+    try:
+        return lookup_path(cfg, path)
+    except ConfigPathError:
+        return None
