@@ -166,6 +166,20 @@ class TensorMaxAbs(TensorStats):
         self.add_summary("max_abs", jnp.max(jnp.abs(value)).astype(jnp.float32))
 
 
+class DefaultTensorStats(CompositeTensorStats):
+    """The usual tensor stats: "norm" (TensorRMSNorm, "rms_norm") and "max" (TensorMaxAbs,
+    "max_abs"), so a tensor x gets summaries {"norm": {"rms_norm"}, "max": {"max_abs"}}."""
+
+    @classmethod
+    def default_config(cls) -> CompositeTensorStats.Config:
+        cfg = super().default_config()
+        cfg.tensor_stats = {
+            "norm": TensorRMSNorm.default_config(),
+            "max": TensorMaxAbs.default_config(),
+        }
+        return cfg
+
+
 def no_remat(fn: Callable) -> Callable:
     """Marks a layer method so that `remat_spec` is not applied to it (e.g. non-JAX outputs)."""
     fn._no_remat = True  # pylint: disable=protected-access

@@ -2,7 +2,8 @@
 
 `launch_trainer_main` turns the cache on by default in `<trainer_dir>/compilation_cache`
 (`--compilation_cache_dir=PATH` picks another directory, e.g. one shared by several runs;
-`--compilation_cache_dir=none` turns it off). Every process of a run uses the same directory. An
+`--compilation_cache_dir=none` turns it off; multi-process CPU runs leave it off unless a
+directory is given, see `resolve_cache_dir`). Every process of a run uses the same directory. An
 attempt after a failure, with the same code, config and devices, then loads the compiled train
 step from it instead of compiling it again, and the trainer's start log says so:
 
@@ -50,20 +51,42 @@ def _listen() -> None:
     jax.monitoring.register_event_listener(_listener)
 
 
-def resolve_cache_dir(flag_value: Optional[str], *, trainer_dir: str) -> Optional[str]:
+def resolve_cache_dir(
+    flag_value: Optional[str],
+    *,
+    trainer_dir: str,
+    platform: str = "cpu",
+    process_count: int = 1,
+) -> Optional[str]:
     """Returns the cache directory for `--compilation_cache_dir`.
 
+    By default the cache is on, except on CPU with several processes: there JAX writes only
+    process 0's executables (its CPU cache key differs per process), so after a restart process
+    0 loads its step at once while the others compile it, and process 0 waits for them past the
+    CPU collectives' (Gloo's) 30 s set-up timeout, failing the attempt. An explicit directory
+    turns it on anyway.
+
     Args:
-        flag_value: The flag (None or "": the default under the trainer dir; "none"/"off": no
-            cache).
-        trainer_dir: The run's trainer dir.
+        flag_value: The flag (None or "": the default; "none"/"off": no cache; else a directory).
+        trainer_dir: The run's trainer dir (the default is `<trainer_dir>/compilation_cache`).
+        platform: The JAX backend's platform (`jax.default_backend()`).
+        process_count: `jax.process_count()`.
 
     Returns:
         The directory, or None when the cache is off.
     """
     if flag_value is not None and flag_value.strip().lower() in OFF_VALUES:
         return None
-    return flag_value or os.path.join(trainer_dir, CACHE_DIR)
+    if flag_value:
+        return flag_value
+    if platform == "cpu" and process_count > 1:
+        logging.info(
+            "Persistent compilation cache: off by default for a %d-process CPU run (JAX caches "
+            "only process 0's CPU executables; --compilation_cache_dir=PATH turns it on).",
+            process_count,
+        )
+        return None
+    return os.path.join(trainer_dir, CACHE_DIR)
 
 
 def enable(cache_dir: str) -> None:

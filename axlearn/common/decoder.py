@@ -260,10 +260,14 @@ class LmHead(BaseLayer):
         return jnp.einsum("...d,vd->...v", x, self.parameters["weight"])
 
 
-def _segment_ids_from_input_ids(input_ids: Tensor, *, pad_token_id: int) -> Tensor:
+def _segment_ids_from_causal_input_ids(input_ids: Tensor, *, pad_token_id: int) -> Tensor:
     """1 up to and including the last non-pad token of each row, 0 for the trailing padding."""
     non_pad = (input_ids != pad_token_id).astype(jnp.int32)
     return jax.lax.cummax(non_pad, axis=input_ids.ndim - 1, reverse=True)
+
+
+# The earlier name.
+_segment_ids_from_input_ids = _segment_ids_from_causal_input_ids
 
 
 class Decoder(BaseLayer):

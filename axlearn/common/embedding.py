@@ -1,7 +1,8 @@
 """Text embeddings for transformer language models."""
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax.numpy as jnp
 
@@ -152,3 +153,76 @@ class TransformerTextEmbeddings(BaseLayer):
         if cap is not None and cap > 0:
             logits = cap * jnp.tanh(logits / cap)
         return logits
+
+
+@dataclasses.dataclass(frozen=True)
+class ModalityVocabInfo:
+    """Where a modality's tokens live in a shared vocabulary.
+
+    Placeholder ids in [placeholder_start, placeholder_end) mark where the modality's embeddings
+    go in the input; its own ids are [vocab_start, vocab_end).
+    """
+
+    # The modality's name (e.g. "image").
+    modality_name: str
+    # First placeholder id.
+    placeholder_start: int
+    # One past the last placeholder id.
+    placeholder_end: int
+    # First id of the modality's vocabulary.
+    vocab_start: int
+    # One past the last id of the modality's vocabulary.
+    vocab_end: int
+    # Whether `attend` produces logits over the modality's vocabulary.
+    generate_logits: bool = False
+
+    def __post_init__(self):
+        if not (
+            self.placeholder_start <= self.placeholder_end and self.vocab_start <= self.vocab_end
+        ):
+            raise ValueError(f"ModalityVocabInfo ranges must be start <= end: {self}")
+
+    @property
+    def vocab_size(self) -> int:
+        """vocab_end - vocab_start."""
+        return self.vocab_end - self.vocab_start
+
+
+class ModalityEmbedding(BaseLayer):
+    """Base class of a modality's embedding layer (e.g. image patches into a text decoder).
+
+    Subclasses implement `forward(input_batch) -> Output` (the modality's ids and embeddings),
+    `attend(x)` (logits over the modality's vocabulary, or None) and
+    `lookup_modality_embeddings(input_ids, accum)` (adds the embeddings of the modality's ids in
+    `input_ids` to `accum`).
+    """
+
+    @config_class
+    class Config(BaseLayer.Config):
+        """Configures ModalityEmbedding."""
+
+        # Embedding dim.
+        dim: Required[int] = REQUIRED
+        # The modality's placeholder and vocabulary ranges.
+        modality_vocab_info: Required[ModalityVocabInfo] = REQUIRED
+
+    class Output(NamedTuple):
+        """ids: [batch, length] ids; embeddings: [batch, length, dim]; paddings: optional
+        [batch, length] (1 = padding); batch_idx: optional example index of each row."""
+
+        ids: Tensor
+        embeddings: Tensor
+        paddings: Optional[Tensor] = None
+        batch_idx: Optional[Tensor] = None
+
+    def forward(self, input_batch: dict) -> Output:
+        """Returns the modality's ids and embeddings for `input_batch`."""
+        raise NotImplementedError(type(self))
+
+    def attend(self, x: Tensor) -> Optional[Tensor]:
+        """Returns logits [..., vocab_size] for hidden states x [..., dim], or None."""
+        raise NotImplementedError(type(self))
+
+    def lookup_modality_embeddings(self, input_ids: Tensor, accum: Tensor) -> Tensor:
+        """Returns `accum` plus the embeddings of the modality's ids in `input_ids`."""
+        raise NotImplementedError(type(self))

@@ -8,15 +8,16 @@ attempt's start to the last attempt's end, is split into parts that add up to it
 - productive: step time of steps whose results reached the final state;
 - redone: step time of steps computed after the last committed checkpoint before a failure (the
   next attempt restored an earlier step and computed them again), including the failed attempt's
-  time after its last step started (until it was killed or exited);
+  time after its last step started (until it was killed or exited; a checkpoint or eval span
+  that the failure interrupted counts here too);
 - startup: from an attempt's start (the launcher starting the process, or the process start) to
   its first step: imports, accelerator set-up, restore or init, input pipeline, compile;
 - checkpoint: checkpoint blocking inside steps (custom badput `checkpoint`);
 - eval: evaluation inside steps (custom badput `eval`);
 - input: waiting for the input batch (the `input_s` of each START_STEP event);
 - other_badput: other custom badput types;
-- idle: between one attempt's end and the next one's start (stopping the other processes,
-  restarting).
+- idle: from the launcher seeing an attempt fail (or the attempt's end) to the next one's start:
+  stopping the other processes, restarting.
 
 A step's time is the interval from its START_STEP to the next START_STEP (the last one: to the
 attempt's end), less the badput and input wait inside it. The figures follow the first process's
@@ -164,6 +165,8 @@ class Attempt:
         committed_step: For a failed attempt, the step the next attempt resumed from.
         redone_steps: How many of its steps were lost and computed again.
         parts: Its share of each part, in seconds.
+        stopped: Epoch seconds when its processes were all stopped (after `end`, when the
+            launcher recorded when it saw the failure: the time between counts as idle).
     """
 
     number: int
@@ -177,6 +180,7 @@ class Attempt:
     committed_step: Optional[int] = None
     redone_steps: int = 0
     parts: dict[str, float] = dataclasses.field(default_factory=dict)
+    stopped: Optional[float] = None
     _segment: Optional[list[dict]] = dataclasses.field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -263,7 +267,8 @@ def _attempts(run: RunEvents) -> list[Attempt]:
             start = float((start_event or end_event)["time"])
             attempts.append(Attempt(number=number, start=start, end=start, status="unknown"))
             if end_event is not None:
-                attempts[-1].end = float(end_event["time"])
+                attempts[-1].end = float(end_event.get("failed_at") or end_event["time"])
+                attempts[-1].stopped = float(end_event["time"])
                 attempts[-1].status = "ok" if end_event.get("status") == "ok" else "failed"
                 attempts[-1].cause = end_event.get("cause")
         for segment in segments:
@@ -300,8 +305,14 @@ def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
 
 
-def _badput_spans(segment: list[dict], end: float) -> list[tuple[str, float, float]]:
-    """(part, start, end) of the custom badput spans of a segment; an open span ends at `end`."""
+def _badput_spans(
+    segment: list[dict], end: float, *, keep_open: bool
+) -> list[tuple[str, float, float]]:
+    """(part, start, end) of the custom badput spans of a segment.
+
+    A span without its end event ends at `end` if `keep_open` (a running attempt); otherwise
+    (the attempt failed inside it) it is dropped: its time was lost with the attempt's steps.
+    """
     spans, open_spans = [], {}
     for event in segment:
         kind = str(event.get("custom_badput_event_type", "other"))
@@ -311,7 +322,8 @@ def _badput_spans(segment: list[dict], end: float) -> list[tuple[str, float, flo
         elif event["event"] == Event.END_CUSTOM_BADPUT_EVENT.value and kind in open_spans:
             p, t0 = open_spans.pop(kind)
             spans.append((p, t0, float(event["time"])))
-    spans.extend((p, t0, end) for p, t0 in open_spans.values())
+    if keep_open:
+        spans.extend((p, t0, end) for p, t0 in open_spans.values())
     return spans
 
 
@@ -328,7 +340,7 @@ def _split_attempt(attempt: Attempt, committed: Optional[int]) -> None:
     attempt.first_step, attempt.last_step = int(steps[0]["step"]), int(steps[-1]["step"])
     attempt.restored_step = attempt.first_step - 1
     parts["startup"] = float(steps[0]["time"]) - attempt.start
-    spans = _badput_spans(segment, attempt.end)
+    spans = _badput_spans(segment, attempt.end, keep_open=attempt.status != "failed")
     redone = set()
     for i, event in enumerate(steps):
         t0 = float(event["time"])
@@ -388,7 +400,11 @@ def compute_goodput(trainer_dir: str, *, run: Optional[RunEvents] = None) -> Goo
             parts[k] += v
     for prev, nxt in zip(attempts, attempts[1:]):
         parts["idle"] += max(0.0, nxt.start - prev.end)
-    wall = attempts[-1].end - attempts[0].start if attempts else 0.0
+    last_end = attempts[-1].end if attempts else 0.0
+    if attempts and attempts[-1].stopped is not None and attempts[-1].stopped > last_end:
+        parts["idle"] += attempts[-1].stopped - last_end  # Stopping the last attempt.
+        last_end = attempts[-1].stopped
+    wall = last_end - attempts[0].start if attempts else 0.0
     return GoodputReport(
         trainer_dir=trainer_dir,
         wall_s=wall,
@@ -453,7 +469,10 @@ def format_goodput(report: GoodputReport) -> str:
     t0 = report.attempts[0].start if report.attempts else 0.0
     for a in report.attempts:
         redone = str(a.redone_steps) if a.status == "failed" else "-"
-        status = a.status if a.status != "failed" else f"failed: {a.cause or 'unknown cause'}"
+        status = {
+            "failed": f"failed: {a.cause or 'unknown cause'}",
+            "unknown": "no end recorded (still running, or killed with no launcher record)",
+        }.get(a.status, a.status)
         if a.status == "failed" and a.committed_step is not None:
             status += f" (resumed from step {a.committed_step})"
         lines.append(

@@ -473,6 +473,24 @@ class Input(input_base.Input):
         return self._signature
 
     @nowrap
+    def partition_specs(self, input_batch: Any) -> Any:
+        """The partition specs of a (global) input batch.
+
+        Args:
+            input_batch: A (nested) batch of arrays or shape structs.
+
+        Returns:
+            `input_partitioner(input_batch)`; else every leaf gets `partition_spec` (None without
+            either: the trainer shards batches over its batch axes).
+        """
+        cfg = self.config
+        if cfg.input_partitioner is not None:
+            return maybe_instantiate(cfg.input_partitioner)(input_batch)
+        if cfg.partition_spec is None:
+            return None
+        return jax.tree.map(lambda _: cfg.partition_spec, input_batch)
+
+    @nowrap
     def dispatch_config(self) -> DispatchConfig:
         """This feed's DispatchConfig: from `input_dispatcher`, else from the JAX processes."""
         if "input_dispatcher" in self.children:
@@ -564,6 +582,12 @@ class Input(input_base.Input):
             )
         dc = self.dispatch_config()
         if state["num_shards"] == dc.num_shards:
+            if state["shard_index"] != dc.shard_index:
+                raise InputStateError(
+                    f"Input '{self.path()}': the state is feed {state['shard_index']}'s but this "
+                    f"is feed {dc.shard_index} of {dc.num_shards}; restore each process from its "
+                    f"own state"
+                )
             dc = dataclasses.replace(dc, start_index=state["start_index"])
             it = GrainInputIterator(self, dispatch_config=dc)
             it.set_grain_state(state)

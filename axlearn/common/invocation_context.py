@@ -40,7 +40,7 @@ class ContextModule(Protocol):
 _NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 
 _HOW_TO_CALL_MODULE_MULTIPLE_TIMES = (
-    "To call the same module more than once, give each call its own context with "
+    "To call the same module multiple times, give each call its own context with "
     "`with child_context(unique_name, module=child): child.forward(...)`."
 )
 
@@ -368,7 +368,7 @@ def set_current_context(context: InvocationContext, *, require_parent: bool = Tr
     if stack:
         if require_parent and context.parent is not stack[-1]:
             raise ValueError(
-                f"Context ({context.path()})'s parent must be the current context "
+                f"Context ({context.path()})'s parent must match the current context "
                 f"({stack[-1].path()}). Did you create the context via child_context()?"
             )
     elif context.parent is not None:

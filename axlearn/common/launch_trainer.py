@@ -101,7 +101,7 @@ flags.DEFINE_string(
     None,
     "JAX's persistent compilation cache, shared by the run's processes, so that a restart "
     "loads its train step instead of compiling it again (default: <trainer_dir>/"
-    "compilation_cache; 'none' turns it off).",
+    "compilation_cache, except for multi-process CPU runs; 'none' turns it off).",
 )
 # --recorder_type, --recorder_spec: the run's events (axlearn.common.measurement). The local
 # recorder appends them to <trainer_dir>/events/ for `axlearn goodput`.
@@ -390,7 +390,10 @@ def run_trainer(
 
     if flag_values.is_parsed():
         cache = compilation_cache.resolve_cache_dir(
-            flag_values.compilation_cache_dir, trainer_dir=trainer_config.dir
+            flag_values.compilation_cache_dir,
+            trainer_dir=trainer_config.dir,
+            platform=jax.default_backend(),
+            process_count=jax.process_count(),
         )
         if cache is not None:
             compilation_cache.enable(cache)

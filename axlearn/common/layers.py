@@ -23,6 +23,17 @@ from axlearn.common.layers_metrics import (  # noqa: F401
     ClassificationMetric,
 )
 
+# More layers defined in layers_misc.py, exported here as in AXLearn.
+from axlearn.common.layers_misc import (  # noqa: F401
+    DropToken,
+    MaxPool2D,
+    MovingAverage,
+    MultiLinear,
+    SeparableSpaceTimePositionalEmbedding,
+    UnitNormLinear,
+    VariationalNoise,
+)
+
 # Normalization layers defined in layers_norm.py (kept apart for length), exported here as in
 # AXLearn (their `__module__` is this module's name).
 from axlearn.common.layers_norm import (  # noqa: F401
@@ -34,7 +45,7 @@ from axlearn.common.layers_norm import (  # noqa: F401
     _compute_moments_with_segment_ids,
     compute_mean_square_with_segment_ids,
 )
-from axlearn.common.module import Module
+from axlearn.common.module import Module, child_context
 from axlearn.common.param_init import PARAM_REGEXP_WEIGHT, DefaultInitializer, WeightInitializer
 from axlearn.common.utils import Tensor, maybe_shard, with_sharding_constraint
 
@@ -588,3 +599,42 @@ class SqueezeExcitation(BaseLayer):
         hidden = get_activation_fn(cfg.activation)(self.reduce(squeezed))
         gate = get_activation_fn(cfg.gating)(self.expand(hidden))
         return inputs * gate
+
+
+# --------------------------------------------------------------------------------------------
+# Redirection to a shared module.
+# --------------------------------------------------------------------------------------------
+
+
+class RedirectToSharedModule(BaseLayer):
+    """Calls a module that an ancestor shares (`_share_with_descendants`) in place of itself.
+
+    `forward(*args, **kwargs)` runs `method_map.get("forward", "forward")` of the shared module
+    `shared_module` with the shared module's own state, so its parameters live (once) where the
+    ancestor holds them; this layer has no parameters.
+    """
+
+    @config_class
+    class Config(BaseLayer.Config):
+        """Configures RedirectToSharedModule."""
+
+        # The name under which an ancestor shares the target module.
+        shared_module: Required[str] = REQUIRED
+        # Maps this layer's method names to the shared module's (default: the same name).
+        method_map: dict[str, str] = {}
+
+    def _redirect(self, method: str, *args, **kwargs):
+        cfg = self.config
+        shared = self.get_shared_module(cfg.shared_module)
+        target = cfg.method_map.get(method, method)
+        if not callable(getattr(shared.module, target, None)):
+            raise ValueError(
+                f"{self.path()}: shared module '{cfg.shared_module}' has no method '{target}' "
+                f"(method_map={cfg.method_map})"
+            )
+        with child_context(cfg.shared_module, module=shared.module, state=shared.state):
+            return getattr(shared.module, target)(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        """Runs the shared module's mapped `forward` (see the class docstring)."""
+        return self._redirect("forward", *args, **kwargs)

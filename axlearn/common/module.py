@@ -48,6 +48,7 @@ from axlearn.common.invocation_context import (  # noqa: F401  (re-exported publ
     _copy_tree,
     _Functional,
     _generate_seed_from_name,
+    _global_context_stack,
     _validate_name,
     child_context,
     clone_context_stack,
@@ -495,7 +496,10 @@ def scan_in_context(
     """
     ctx = current_context()
     if ctx is None:
-        raise ValueError("scan_in_context() needs a current invocation context")
+        raise ValueError(
+            "Expected current_context() to be set: scan_in_context() needs a current invocation "
+            "context (call it inside functional(...) or a module method)"
+        )
 
     def body(carry_i, scan_i):
         scan_i = dict(scan_i)

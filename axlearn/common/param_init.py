@@ -356,8 +356,8 @@ class DefaultInitializer(Initializer):
             if pattern.fullmatch(name):
                 return init
         raise NotImplementedError(
-            f"No initializer rule matches parameter name '{name}' "
-            f"(rules: {[p.pattern for p, _ in self._rules]})"
+            f"Unsupported parameter name '{name}': no initializer rule matches it "
+            f"(rules: {[p.pattern for p, _ in self._rules]}); add one to init_by_param_name"
         )
 
     def initialize(self, name, *, prng_key, shape, dtype, axes=None) -> Tensor:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Protocol
 
 # Overhead kinds the trainer reports. Others are allowed (they show up in the log as given).
 OVERHEAD_KINDS = ("compile", "input", "summary", "eval", "checkpoint", "profiler")
@@ -91,6 +91,16 @@ class StepTiming:
         )
 
 
+class OverheadListener(Protocol):
+    """Told of a StepTimer's overhead blocks (e.g. to record them as run events)."""
+
+    def overhead_started(self, kind: str) -> None:
+        """An outermost overhead block of `kind` starts."""
+
+    def overhead_ended(self, kind: str, seconds: float) -> None:
+        """It ended after `seconds`."""
+
+
 class StepTimer:
     """Measures step wall times between host syncs and charges overheads to the step paying them.
 
@@ -120,6 +130,15 @@ class StepTimer:
         self._overheads: dict[str, float] = {}
         self._depth = 0
         self._last_step: Optional[int] = None
+        self._listeners: list[OverheadListener] = []
+
+    def add_listener(self, listener: OverheadListener) -> None:
+        """Tells `listener` when each outermost overhead block starts and ends.
+
+        Args:
+            listener: Has `overhead_started(kind)` and `overhead_ended(kind, seconds)`.
+        """
+        self._listeners.append(listener)
 
     @property
     def started(self) -> bool:
@@ -153,12 +172,17 @@ class StepTimer:
                 self._depth -= 1
             return
         self._depth = 1
+        for listener in self._listeners:
+            listener.overhead_started(kind)
         begin = self._clock()
         try:
             yield
         finally:
             self._depth = 0
-            self.add_overhead(kind, self._clock() - begin)
+            seconds = self._clock() - begin
+            self.add_overhead(kind, seconds)
+            for listener in self._listeners:
+                listener.overhead_ended(kind, seconds)
 
     def add_overhead(self, kind: str, seconds: float) -> None:
         """Adds `seconds` of overhead `kind` (measured elsewhere) to the current interval.

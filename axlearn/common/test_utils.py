@@ -83,6 +83,21 @@ def assert_allclose(
     )
 
 
+def assert_not_allclose(
+    actual: Any, desired: Any, atol: float = 1e-6, rtol: float = 1e-3, err_msg: str = ""
+) -> None:
+    """Asserts that `assert_allclose(actual, desired, atol, rtol)` would fail.
+
+    Raises:
+        AssertionError: If the arrays are close.
+    """
+    try:
+        assert_allclose(actual, desired, atol=atol, rtol=rtol)
+    except AssertionError:
+        return
+    raise AssertionError(f"Arrays are close (atol={atol}, rtol={rtol}). {err_msg}")
+
+
 def is_supported_platform(target_platform: str) -> bool:
     """Whether every current device is on `target_platform` ("cpu", "gpu", "tpu").
 

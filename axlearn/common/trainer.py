@@ -36,6 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common import utils
 from axlearn.common.checkpointer import Checkpointer
+from axlearn.common.compilation_cache import CacheLookups
 from axlearn.common.config import (
     REQUIRED,
     InstantiableConfig,
@@ -45,6 +46,7 @@ from axlearn.common.config import (
 )
 from axlearn.common.config_ranges import validate_config_ranges
 from axlearn.common.evaler import SpmdEvaler
+from axlearn.common.measurement import EventType
 from axlearn.common.mesh_resolution import (  # noqa: F401 (public name)
     build_mesh,
     select_mesh_config,
@@ -66,6 +68,7 @@ from axlearn.common.trainer_checkpointing import (  # noqa: F401 (public names)
     checkpointed_floats,
     input_is_checkpointable,
 )
+from axlearn.common.trainer_events import TrainerEvents
 from axlearn.common.trainer_metrics import MetricsRecorder
 from axlearn.common.trainer_profiler import Profiler
 from axlearn.common.trainer_step import TrainStep, TrainStepResult, opt_params  # noqa: F401
@@ -193,6 +196,7 @@ class SpmdTrainer(Module):
                 "(keeping empty state updates is not supported)."
             )
         self._step: Optional[int] = None
+        self._events = TrainerEvents()  # Run events for goodput (trainer_events.py).
         self._trainer_state: Optional[TrainerState] = None
         self._compiled_train_step = None
         self._compiled_train_step_keep_state = None
@@ -489,8 +493,10 @@ class SpmdTrainer(Module):
             self._mesh_context(),
             PreemptionHandler(timeout_seconds=cfg.preemption_timeout_seconds) as self._preemption,
         ):
-            self._input_iter = self._new_input_iterator()
-            self._prepare_training(prng_key)
+            with self._events.span(EventType.DATA_LOADING):
+                self._input_iter = self._new_input_iterator()
+            with self._events.span(EventType.TRAINING_PREPARATION):
+                self._prepare_training(prng_key)
             if self._step >= cfg.max_step:
                 self._step_log("Already reached max_step=%s; nothing to do.", cfg.max_step)
                 return None
@@ -540,6 +546,7 @@ class SpmdTrainer(Module):
                 with timer.overhead("compile"):
                     self._compile(global_batch)
             self._step += 1
+            self._events.step_started(self._step)
             outputs = self._dispatch_train_step(global_batch)
             current = _PendingStep(step=self._step, outputs=outputs, batch=host_batch)
             if pending is not None:
@@ -552,7 +559,10 @@ class SpmdTrainer(Module):
             last_record = self._finish_step(pending)
         self._profiler.stop()
         try:
-            self._checkpoints.finish()  # The last save's write: its wait goes in the run summary.
+            with self._events.span(
+                EventType.CUSTOM_BADPUT_EVENT, custom_badput_event_type="checkpoint"
+            ):
+                self._checkpoints.finish()  # The last save's write: its wait goes in the summary.
         finally:
             self._write_run_summary()
         if last_record is None:
@@ -712,6 +722,7 @@ class SpmdTrainer(Module):
             verbose_start=bool(cfg.verbose_start),
             log=self._step_log,
         )
+        self._metrics.timer.add_listener(self._events)
         self._skip_streak = SkipStreak(
             limit=cfg.max_consecutive_skipped_steps, config_path=self.path()
         )
@@ -738,15 +749,16 @@ class SpmdTrainer(Module):
     def _compile(self, global_batch: NestedTensor) -> None:
         """AOT-compiles the train step for this batch's shapes; logs memory analysis."""
         start = time.perf_counter()
-        self._compiled_train_step = self.compile_train_step(global_batch)
-        checkpoints = self._checkpoints
-        checkpoints.choose_snapshot(self._compiled_train_step)
-        if checkpoints.saves_alias_state() or checkpoints.next_step_keeps_state:
-            self._compiled_train_step_keep_state = self.compile_train_step(
-                global_batch, donate_state=False, input_finite=True
-            )
+        with CacheLookups() as cache:  # Whether the step came from the persistent cache.
+            self._compiled_train_step = self.compile_train_step(global_batch)
+            checkpoints = self._checkpoints
+            checkpoints.choose_snapshot(self._compiled_train_step)
+            if checkpoints.saves_alias_state() or checkpoints.next_step_keeps_state:
+                self._compiled_train_step_keep_state = self.compile_train_step(
+                    global_batch, donate_state=False, input_finite=True
+                )
         compile_seconds = time.perf_counter() - start
-        self._step_log("Compiled the train step in %.2f s.", compile_seconds)
+        self._step_log("Compiled the train step in %.2f s (%s).", compile_seconds, cache.describe())
         checkpoints.prepare_transfer(self._trainer_state)
         self._metrics.on_compiled(
             self._compiled_train_step, global_batch, compile_seconds=compile_seconds

@@ -22,6 +22,7 @@ from axlearn.common.config import ConfigBase
 from axlearn.common.device_memory import compiled_memory_stats, live_memory_per_device
 from axlearn.common.device_peak import device_peak_flops
 from axlearn.common.flops import lm_training_flops, matmul_param_count
+from axlearn.common.goodput import goodput_summary
 from axlearn.common.run_summary import (
     build_run_summary,
     config_hash,
@@ -364,6 +365,8 @@ class MetricsRecorder:
             extra=dict(
                 name=cfg.name,
                 trainer_dir=cfg.dir,
+                # The run's wall time over all its attempts, from <dir>/events (goodput.py).
+                goodput=goodput_summary(cfg.dir) if jax.process_index() == 0 else None,
                 mesh=dict(self._mesh.shape),
                 compile_s=self._compile_seconds,
                 # Cumulative counts (the learner's skip counter, which a restore carries over;

@@ -33,7 +33,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common.config import is_named_tuple
 
-# Mask helpers live in utils_masks (kept apart for length) and are re-exported here.
+# Dtype and mask helpers live in utils_dtypes and utils_masks (kept apart for length), re-exported.
+from axlearn.common.utils_dtypes import validate_float_dtype  # noqa: F401
 from axlearn.common.utils_masks import safe_not, sequence_mask  # noqa: F401
 
 # AXLearn keeps its remat policies in `utils`; ours live in utils_remat and are re-exported here.
@@ -78,6 +79,7 @@ __all__ = [
     "create_device_mesh",
     "safe_not",
     "sequence_mask",
+    "validate_float_dtype",
     "get_data_dir",
     "infer_mesh_shape",
     "numeric_checks",

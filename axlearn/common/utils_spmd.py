@@ -227,13 +227,27 @@ def create_device_mesh(
         granules = sorted({getattr(d, attr) for d in devices})
         dcn = infer_mesh_shape(mesh_shape.dcn_mesh_shape, num_devices=len(granules))
         ici = infer_mesh_shape(mesh_shape.ici_mesh_shape, num_devices=num_devices // len(granules))
-        if math.prod(dcn) * math.prod(ici) != num_devices:
-            raise ValueError(
-                f"HybridMeshShape ici={ici} x dcn={dcn} covers {math.prod(dcn) * math.prod(ici)} "
-                f"devices but there are {num_devices} ({len(granules)} granules by {attr})."
-            )
         if len(granules) == 1:
+            # One granule (e.g. one process): the hybrid shape is multiplied out.
+            if math.prod(dcn) * math.prod(ici) != num_devices:
+                raise ValueError(
+                    f"HybridMeshShape ici={ici} x dcn={dcn} covers "
+                    f"{math.prod(dcn) * math.prod(ici)} devices but there are {num_devices}."
+                )
             return _standard_mesh(tuple(i * d for i, d in zip(ici, dcn)), devices)
+        if math.prod(dcn) != len(granules):
+            raise ValueError(
+                f"Product of DCN mesh {dcn} must equal the number of granules {len(granules)} "
+                f"(devices grouped by {attr})."
+            )
+        if math.prod(ici) * len(granules) != num_devices:
+            raise ValueError(
+                f"Product of ICI mesh {ici} must equal the number of devices per granule "
+                f"{num_devices // len(granules)} ({num_devices} devices, {len(granules)} "
+                f"granules by {attr})."
+            )
+        if devices[0].platform != "tpu":
+            return _hybrid_mesh_by_granule(ici, dcn, devices, attr=attr, granules=granules)
         # As for one slice (`_standard_mesh`), a logical ICI axis may split physical axes
         # (e.g. 8 over a 4x4x4 slice).
         return mesh_utils.create_hybrid_device_mesh(
@@ -252,6 +266,22 @@ def create_device_mesh(
         num_granules = len({getattr(d, attr) for d in devices})
         return create_device_mesh(_default_hybrid_shape(shape, num_granules), devices=devices)
     return _standard_mesh(shape, devices)
+
+
+def _hybrid_mesh_by_granule(
+    ici: tuple, dcn: tuple, devices: list, *, attr: str, granules: list
+) -> np.ndarray:
+    """A hybrid mesh of non-TPU devices: each granule's devices (in the given order) form an
+    `ici` block; the blocks are laid out by `dcn` (granules in sorted order)."""
+    blocks = np.empty((len(granules), *ici), dtype=object)
+    for g, granule in enumerate(granules):
+        members = [d for d in devices if getattr(d, attr) == granule]
+        blocks[g] = np.asarray(members, dtype=object).reshape(ici)
+    blocks = blocks.reshape(*dcn, *ici)
+    n = len(ici)
+    # Interleave (dcn_0, ici_0, dcn_1, ici_1, ...) so each axis is dcn-major.
+    order = [axis for i in range(n) for axis in (i, n + i)]
+    return blocks.transpose(order).reshape([d * i for d, i in zip(dcn, ici)])
 
 
 def _standard_mesh(shape: tuple, devices: list) -> np.ndarray:

@@ -9,6 +9,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from axlearn.common.base_layer import (
     BaseLayer,
     CompositeTensorStats,
+    DefaultTensorStats,
     ParameterSpec,
     RematSpec,
     TensorMaxAbs,
@@ -319,6 +320,12 @@ def test_tensor_stats():
     _, col = functional(cfg.instantiate(parent=None), None, {}, dict(x=x), is_training=False)
     stats = col.summaries["tensor_stats"]["inputs"]
     np.testing.assert_allclose(stats["rms"]["rms_norm"], np.sqrt(12.5))
+    np.testing.assert_allclose(stats["max"]["max_abs"], 4.0)
+    # DefaultTensorStats: the same two stats under "norm" and "max".
+    cfg.tensor_stats = DefaultTensorStats.default_config()
+    _, col = functional(cfg.instantiate(parent=None), None, {}, dict(x=x), is_training=False)
+    stats = col.summaries["tensor_stats"]["inputs"]
+    np.testing.assert_allclose(stats["norm"]["rms_norm"], np.sqrt(12.5))
     np.testing.assert_allclose(stats["max"]["max_abs"], 4.0)
 
 

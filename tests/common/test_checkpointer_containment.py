@@ -184,3 +184,29 @@ def test_interrupted_save_set_aside_is_removed_once_a_newer_step_commits(tmp_pat
     ckpt.run_garbage_collection()
     assert ckpt_lib.set_aside_dirs(ckpt_dir) == []
     assert [os.path.basename(p) for p in ckpt_lib.checkpoint_paths(ckpt_dir)] == ["step_00000003"]
+
+
+def test_a_manifest_naming_a_file_outside_the_step_is_refused(tmp_path):
+    """Case: a per-process manifest (multi-process saves) whose bytes leaf `file` leaves the step
+    directory is refused before it reaches the index; a manifest that is a link is not read."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.checkpointer.tensorstore_save import read_manifest
+    from axlearn.common.path_containment import PathContainmentError
+
+    step_dir = tmp_path / "ckpt" / "step_00000001"
+    (step_dir / "manifests").mkdir(parents=True)
+    secret = Sentinel(str(tmp_path / "secret"))
+    good = {"chunks": {}, "bytes": {"it": {"file": "host/process_1/it", "size": 1, "checksum": ""}}}
+    (step_dir / "manifests" / "process_1.json").write_text(json.dumps(good))
+    assert read_manifest(str(step_dir), 1) == good
+    bad = {"chunks": {}, "bytes": {"it": {"file": "../../secret", "size": 1, "checksum": ""}}}
+    (step_dir / "manifests" / "process_1.json").write_text(json.dumps(bad))
+    with pytest.raises(PathContainmentError) as e:
+        read_manifest(str(step_dir), 1)
+    assert "process_1.json: bytes leaf 'it' names the path '../../secret'" in str(e.value)
+    assert "leaves the directory" in str(e.value)
+    os.remove(step_dir / "manifests" / "process_1.json")
+    os.symlink(secret.path, step_dir / "manifests" / "process_1.json")
+    with pytest.raises(OSError, match="Too many levels of symbolic links"):
+        read_manifest(str(step_dir), 1)
+    secret.assert_untouched()

@@ -52,3 +52,10 @@ def test_resolve_cache_dir():
     assert compilation_cache.resolve_cache_dir("", trainer_dir="/t") == "/t/compilation_cache"
     assert compilation_cache.resolve_cache_dir("/c", trainer_dir="/t") == "/c"
     assert compilation_cache.resolve_cache_dir("none", trainer_dir="/t") is None
+    # Multi-process CPU: off by default, on when a directory is given.
+    assert compilation_cache.resolve_cache_dir(None, trainer_dir="/t", process_count=2) is None
+    assert compilation_cache.resolve_cache_dir("/c", trainer_dir="/t", process_count=2) == "/c"
+    assert (
+        compilation_cache.resolve_cache_dir(None, trainer_dir="/t", platform="gpu", process_count=2)
+        == "/t/compilation_cache"
+    )

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from axlearn.common.ein_ops import rearrange
+from axlearn.common.ein_ops import rearrange, repeat
 
 
 def test_rearrange_matches_numpy():
@@ -24,3 +24,14 @@ def test_rearrange_errors():
         rearrange(x, "a (b c) -> a b c")
     with pytest.raises(ValueError, match="both sides must name the same axes"):
         rearrange(x, "a b -> a")
+
+
+def test_repeat_matches_numpy():
+    x = np.arange(6).reshape(2, 3, 1)
+    np.testing.assert_array_equal(repeat(x, "b t 1 -> b t n", n=4), np.repeat(x, 4, axis=2))
+    np.testing.assert_array_equal(repeat(np.arange(3), "t -> (n t)", n=2), np.tile(np.arange(3), 2))
+    np.testing.assert_array_equal(
+        repeat(np.arange(3), "t -> t n", n=2), np.repeat(np.arange(3)[:, None], 2, axis=1)
+    )
+    with pytest.raises(ValueError, match=r"give the sizes of new axes \['n'\]"):
+        repeat(x, "b t 1 -> b t n")

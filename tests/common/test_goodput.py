@@ -132,3 +132,33 @@ def test_without_launcher_file(tmp_path):
 def test_no_events(tmp_path):
     with pytest.raises(goodput.NoEventsError, match="has no event files"):
         goodput.compute_goodput(str(tmp_path))
+
+
+def test_span_open_at_a_failure_is_redone(tmp_path):
+    d = str(tmp_path)
+    events = _process_events()
+    # Attempt 1 dies inside a save that started at 1019.5 (step 10's interval).
+    events.insert(
+        events.index(next(e for e in events if e.get("step") == 10)) + 1,
+        dict(event="START_CUSTOM_BADPUT_EVENT", time=1019.5, attempt=1,
+             custom_badput_event_type="checkpoint"),
+    )  # fmt: skip
+    _write(os.path.join(d, "events", "process_0.jsonl"), events)
+    _write(os.path.join(d, "events", "launcher.jsonl"), _LAUNCHER)
+    report = goodput.compute_goodput(d)
+    assert report.parts["checkpoint"] == pytest.approx(0.5)  # Only the completed save.
+    assert report.parts["redone"] == pytest.approx(3.9)
+    assert sum(report.parts.values()) == pytest.approx(40.0)
+
+
+def test_stopping_after_a_failure_is_idle(tmp_path):
+    d = str(tmp_path)
+    launcher = [dict(e) for e in _LAUNCHER]
+    launcher[1]["failed_at"] = 1021.0  # Seen at 1021; the other process stopped by 1022.
+    _write(os.path.join(d, "events", "process_0.jsonl"), _process_events())
+    _write(os.path.join(d, "events", "launcher.jsonl"), launcher)
+    report = goodput.compute_goodput(d)
+    assert report.wall_s == pytest.approx(40.0)
+    assert report.parts["idle"] == pytest.approx(3.0 + 1.0)
+    assert report.parts["redone"] == pytest.approx(3.9 - 1.0)
+    assert sum(report.parts.values()) == pytest.approx(40.0)

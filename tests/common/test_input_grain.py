@@ -213,6 +213,14 @@ def test_elastic_resume_loses_and_repeats_nothing(old, new):
     np.testing.assert_array_equal(np.bincount(seen), np.full(50, 2))
 
 
+def test_state_of_another_feed_is_refused():
+    state = grain_input(num_feeds=2, feed_index=1).iterator_state(
+        iter(grain_input(num_feeds=2, feed_index=1))
+    )
+    with pytest.raises(InputStateError, match="feed 1's but this is feed 0"):
+        grain_input(num_feeds=2, feed_index=0).restore_iterator(state)
+
+
 def test_elastic_resume_requires_opt_in():
     inp = grain_input(num_feeds=2, feed_index=0, elastic=False)
     state = inp.iterator_state(iter(inp))
@@ -291,3 +299,30 @@ def test_source_must_be_callable():
 def test_module_exports():
     for name in input_grain.__all__:
         assert hasattr(input_grain, name)
+
+
+def test_partition_specs():
+    from jax.sharding import PartitionSpec  # pylint: disable=import-outside-toplevel
+
+    from axlearn.common.input_base import partition_by_path_rank  # pylint: disable=import-outside-toplevel
+
+    batch = {"x": np.zeros([4]), "y": np.zeros([4, 3])}
+    assert grain_input().partition_specs(batch) is None
+    inp = (
+        Input.default_config()
+        .set(name="input", source=range_build_fn(), partition_spec=PartitionSpec("data"))
+        .instantiate(parent=None)
+    )
+    assert inp.partition_specs(batch) == {"x": PartitionSpec("data"), "y": PartitionSpec("data")}
+    inp = (
+        Input.default_config()
+        .set(
+            name="input",
+            source=range_build_fn(),
+            input_partitioner=partition_by_path_rank(
+                {(None, 1): PartitionSpec("data"), (None, 2): PartitionSpec("data", "seq")}
+            ),
+        )
+        .instantiate(parent=None)
+    )
+    assert inp.partition_specs(batch)["y"] == PartitionSpec("data", "seq")

@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from axlearn.common.base_layer import BaseLayer
 from axlearn.common.layers import (
     Dropout,
     Embedding,
     LayerNorm,
     Linear,
+    RedirectToSharedModule,
     RMSNorm,
     StochasticDepth,
     get_activation_fn,
@@ -405,3 +407,34 @@ def test_set_bias_and_norm_recursively():
         assert found.klass is RMSNorm and found.eps == 1e-3 and found is not norm
     # Norms with an input_dim keep it (here: the per-head QK-norm is unset, so still None).
     assert layer.self_attention.attention.query_scale.norm is None
+
+
+def test_redirect_to_shared_module():
+    """Two redirects call one shared Linear (parameters once, at the sharing parent)."""
+
+    class _Twice(Linear):
+        def forward_twice(self, x):
+            return self.forward(self.forward(x))
+
+    class _Parent(BaseLayer):
+        def __init__(self, cfg, *, parent):
+            super().__init__(cfg, parent=parent)
+            shared = self._add_child(
+                "shared", _Twice.default_config().set(input_dim=2, output_dim=2)
+            )
+            self._share_with_descendants(shared, shared_module_name="shared")
+            redirect = RedirectToSharedModule.default_config().set(shared_module="shared")
+            self._add_child("once", redirect)
+            self._add_child("twice", redirect.clone(method_map=dict(forward="forward_twice")))
+
+        def forward(self, x):
+            return self.once(x), self.twice(x)
+
+    layer = _Parent.default_config().set(name="parent").instantiate(parent=None)
+    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    assert sorted(params) == ["once", "shared", "twice"] and params["once"] == {}
+    x = jnp.array([[1.0, -2.0]])
+    (once, twice), _ = functional(layer, None, params, [x], is_training=False)
+    w, b = np.asarray(params["shared"]["weight"]), np.asarray(params["shared"]["bias"])
+    np.testing.assert_allclose(once, np.asarray(x) @ w + b, rtol=1e-6)
+    np.testing.assert_allclose(twice, (np.asarray(x) @ w + b) @ w + b, rtol=1e-6)

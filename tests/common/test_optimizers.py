@@ -675,3 +675,14 @@ def test_factored_state_drops_the_factored_axis_from_mesh_axes():
     assert part.v_row["big"].mesh_axes == PartitionSpec("data")
     assert part.v_col["big"].mesh_axes == PartitionSpec("model")
     assert math.prod(part.v["big"].shape) == 1
+
+
+def test_rms_norm_and_covariance_helpers():
+    from axlearn.common.optimizers import _compute_covariance, _compute_rms_norms
+
+    p = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    u = np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32)
+    rms = _compute_rms_norms(dict(w=jnp.asarray(p)))
+    cov = _compute_covariance(dict(w=jnp.asarray(p)), dict(w=jnp.asarray(u)))
+    np.testing.assert_allclose(rms["w"], np.sqrt((p**2).mean(-1)), rtol=1e-6)
+    np.testing.assert_allclose(cov["w"], (p * u).mean(-1), rtol=1e-5, atol=1e-7)

@@ -1,5 +1,7 @@
 """Tests for axlearn/common/utils_spmd.py: mesh shapes, device meshes, batch sharding, setup."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -117,3 +119,33 @@ def test_setup_validation():
     # Single process: nothing to initialize.
     utils_spmd.setup(jax_backend="cpu")
     utils_spmd.setup(jax_backend="cpu", num_processes=1, process_id=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _FakeGpu:
+    """A device without `id` (as AXLearn's tests build them): platform and process only."""
+
+    platform: str
+    device_kind: str
+    process_index: int
+    index: int
+
+
+def test_gpu_multi_process_mesh_groups_processes():
+    # 4 processes x 2 GPUs, listed interleaved; each process's GPUs form an ICI block.
+    devices = [_FakeGpu("gpu", "gpu", p, i) for i in range(2) for p in range(4)]
+    mesh = create_device_mesh(HybridMeshShape(ici_mesh_shape=(1, 2), dcn_mesh_shape=(4, 1)))
+    assert mesh.shape == (4, 2)
+    mesh = create_device_mesh(
+        HybridMeshShape(ici_mesh_shape=(1, 2), dcn_mesh_shape=(4, 1)), devices=devices
+    )
+    assert [[d.process_index for d in row] for row in mesh] == [[0, 0], [1, 1], [2, 2], [3, 3]]
+    # A plain shape is split over processes along its first axis larger than 1.
+    mesh = create_device_mesh((4, 2), devices=devices)
+    assert [[(d.process_index, d.index) for d in row] for row in mesh] == [
+        [(p, 0), (p, 1)] for p in range(4)
+    ]
+    with pytest.raises(ValueError, match="Product of DCN mesh"):
+        create_device_mesh(HybridMeshShape((2, 2), (2, 1)), devices=devices)
+    with pytest.raises(ValueError, match="Product of ICI mesh"):
+        create_device_mesh(HybridMeshShape((2, 2), (4, 1)), devices=devices)

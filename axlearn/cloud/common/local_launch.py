@@ -174,12 +174,14 @@ class AttemptResult:
         failed: The index of that process (None: every process succeeded).
         cause: "process I of N <how it ended>" for a failure, else None.
         stopped: How many other processes were still running and were stopped.
+        failed_at: Epoch seconds when the launcher saw the failure (before stopping the others).
     """
 
     code: int
     failed: Optional[int] = None
     cause: Optional[str] = None
     stopped: int = 0
+    failed_at: Optional[float] = None
 
 
 class _AttemptLog:
@@ -239,6 +241,7 @@ def _run_attempt(
         _stop(procs, grace_s)
         raise
     others = 0
+    failed_at = time.time()
     if failed is not None:
         others = sum(1 for p in procs if p.poll() is None)
         _stop(procs, grace_s)
@@ -252,6 +255,7 @@ def _run_attempt(
         failed=failed,
         cause=f"process {failed} of {len(envs)} {describe_exit(returncode)}",
         stopped=others,
+        failed_at=failed_at,
     )
 
 
@@ -345,6 +349,7 @@ def launch_local(
                 cause=result.cause,
                 exit_code=result.code,
                 process=result.failed,
+                failed_at=result.failed_at,
             )
             causes.append(f"attempt {attempt}: {result.cause}")
             stopped = (

@@ -411,6 +411,37 @@ def snapshot_state(
     )
 
 
+def read_manifest(ckpt_dir: str, process: int) -> dict:
+    """Reads the manifest process `process` left in `ckpt_dir/manifests/` (multi-process saves).
+
+    The manifest is opened without following a link, and every bytes leaf `file` it names must
+    stay inside `ckpt_dir` (`axlearn.common.path_containment`), before it reaches the index.
+
+    Args:
+        ckpt_dir: The step directory being saved.
+        process: The process index.
+
+    Returns:
+        The manifest: {"chunks": {leaf: {chunk key: crc}}, "bytes": {leaf: {"file", ...}}}.
+
+    Raises:
+        PathContainmentError: If a bytes leaf's file is outside `ckpt_dir` (naming the manifest,
+            the leaf and the rule).
+        OSError: If the manifest is missing or a symbolic link.
+    """
+    path = os.path.join(ckpt_dir, layout.MANIFESTS_DIR, f"process_{process}.json")
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+        manifest = json.loads(f.read().decode("utf-8"))
+    for leaf, entry in manifest["bytes"].items():
+        contained_path(
+            ckpt_dir,
+            entry.get("file") if isinstance(entry, dict) else None,
+            source=path,
+            what=f"bytes leaf {leaf!r:.200}",
+        )
+    return manifest
+
+
 def remove_step_dir(step_dir: str) -> None:
     """Removes a step directory, its commit marker first (so a half-removed one is uncommitted).
 
@@ -743,16 +774,7 @@ def write_snapshot(
     if me == 0:
         manifests = {0: manifest}
         for p in range(1, count):
-            path = os.path.join(manifests_dir, f"process_{p}.json")
-            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
-                manifests[p] = json.loads(f.read().decode("utf-8"))
-            for leaf, entry in manifests[p]["bytes"].items():
-                contained_path(
-                    plan.ckpt_dir,
-                    entry.get("file") if isinstance(entry, dict) else None,
-                    source=path,
-                    what=f"bytes leaf {leaf!r:.200}",
-                )
+            manifests[p] = read_manifest(plan.ckpt_dir, p)
         index = writer.build_index(manifests)
         layout.write_index_file(plan.ckpt_dir, index)
         if count > 1:

@@ -17,6 +17,9 @@ public name is exported here and reports this module as its `__module__`, so con
 `axlearn.common.optimizers.<name>`.
 """
 
+import jax
+from jax import numpy as jnp
+
 from axlearn.common.optimizers.adastar import AdastarState, adastar_optimizer
 from axlearn.common.optimizers.clipping import (
     DropNormThresholdFn,
@@ -68,6 +71,17 @@ from axlearn.common.optimizers.transforms import (
     trace_partition,
     with_partition_fn,
 )
+
+
+def _compute_rms_norms(tree):
+    """Per-leaf RMS over the last axis: sqrt(mean(x ** 2, axis=-1)) (None leaves stay None)."""
+    return jax.tree.map(lambda x: jnp.sqrt(jnp.mean(jnp.square(x), axis=-1)), tree)
+
+
+def _compute_covariance(x_tree, y_tree):
+    """Per-leaf mean(x * y, axis=-1) of two trees of the same structure."""
+    return jax.tree.map(lambda x, y: jnp.mean(x * y, axis=-1), x_tree, y_tree)
+
 
 __all__ = [
     "AdastarState",

@@ -183,6 +183,8 @@ def test_restarts_after_failures(tmp_path):
     ]
     assert records[1]["cause"] == "process 1 of 2 was killed by SIGKILL (exit code 137)"
     assert records[3]["exit_code"] == 75 and records[3]["process"] == 0
+    # When the launcher saw the failure, before it stopped the other process.
+    assert records[0]["time"] <= records[1]["failed_at"] <= records[1]["time"]
 
 
 def test_too_many_restarts_lists_the_causes():
