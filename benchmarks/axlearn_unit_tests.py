@@ -117,6 +117,13 @@ class Placeholder:
             return _failing_function(args[0], name)
         return Placeholder(name)
 
+    def __bool__(self):
+        """False at definition time (a missing feature flag, `if _FLAG:`); raises otherwise."""
+        name = object.__getattribute__(self, "_axl_name")
+        if not _at_definition_time():
+            _fail(name)
+        return False
+
     def __getitem__(self, item):
         """Raises, except at definition time (annotations like `Missing[int]`)."""
         name = object.__getattribute__(self, "_axl_name")
@@ -164,7 +171,7 @@ def _make_failing(method):
 
 
 for _method in (
-    "__len__", "__bool__", "__setitem__", "__contains__",
+    "__len__", "__setitem__", "__contains__",
     "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
     "__rtruediv__", "__neg__", "__int__", "__float__", "__index__", "__enter__", "__exit__",
     "__lt__", "__le__", "__gt__", "__ge__", "__instancecheck__", "__subclasscheck__",
