@@ -394,7 +394,8 @@ class PerGroupInitializer(Initializer):
         if shape[-1] % cfg.num_groups != 0:
             raise ValueError(
                 f"Parameter '{name}': last dim {shape[-1]} is not divisible by "
-                f"num_groups={cfg.num_groups}"
+                f"PerGroupInitializer.num_groups={cfg.num_groups}; set num_groups to a divisor "
+                "of it."
             )
         group_shape = list(shape[:-1]) + [shape[-1] // cfg.num_groups]
 
