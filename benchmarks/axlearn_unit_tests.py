@@ -153,6 +153,8 @@ class Placeholder:
         )
 
 
+# No __iter__: a placeholder must not look Iterable (absl's parameterized would iterate a
+# placeholder passed as one parameter); iterating one still fails (through __getitem__).
 def _make_failing(method):
     def fn(self, *args, **kwargs):
         _fail(object.__getattribute__(self, "_axl_name"))
@@ -162,7 +164,7 @@ def _make_failing(method):
 
 
 for _method in (
-    "__iter__", "__len__", "__bool__", "__setitem__", "__contains__",
+    "__len__", "__bool__", "__setitem__", "__contains__",
     "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
     "__rtruediv__", "__neg__", "__int__", "__float__", "__index__", "__enter__", "__exit__",
     "__lt__", "__le__", "__gt__", "__ge__", "__instancecheck__", "__subclasscheck__",

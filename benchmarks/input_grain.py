@@ -4,7 +4,8 @@ For each pipeline (tf.data `gpt-tiny`, Grain `gpt-tiny-grain` in-process, and Gr
 prefetch worker processes) a fresh subprocess builds the main job's training input and measures:
 
 - `first_batch_s`: building the input and reading its first batch;
-- `batches_per_s`: over the next `--batches` batches;
+- `batches_per_s`: over the next `--batches` batches, and `cpu_ms_per_batch`: the CPU time of
+  the process and its worker processes over them (comparable on a loaded machine);
 - `position_save_ms`: the input-position part of a checkpoint save, `input.iterator_state(it)`
   (what the trainer calls before each save), median of `--saves` calls, one batch apart.
 
@@ -39,6 +40,39 @@ def _input_config(mode: str):
     return cfg.set(name="input")
 
 
+def _descendants(pid: int) -> list[int]:
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its live descendants (Linux /proc)."""
+    t = os.times()
+    total = t.user + t.system
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in _descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
 def _trial(mode: str, batches: int, saves: int) -> dict:
     cfg = _input_config(mode)
     t0 = time.perf_counter()
@@ -46,10 +80,11 @@ def _trial(mode: str, batches: int, saves: int) -> dict:
     it = iter(inp)
     next(it)
     first = time.perf_counter() - t0
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), _cpu_seconds()
     for _ in range(batches):
         next(it)
     rate = batches / (time.perf_counter() - t1)
+    cpu_ms = (_cpu_seconds() - c1) / batches * 1e3
     save_s, size = [], 0
     for _ in range(saves):
         next(it)
@@ -60,6 +95,7 @@ def _trial(mode: str, batches: int, saves: int) -> dict:
     return {
         "first_batch_s": first,
         "batches_per_s": rate,
+        "cpu_ms_per_batch": cpu_ms,
         "position_save_ms": statistics.median(save_s) * 1e3,
         "state_bytes": size,
     }
@@ -101,7 +137,7 @@ def main():
         "uptime_before": uptime_before,
         "uptime_after": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
     }
-    keys = ("first_batch_s", "batches_per_s", "position_save_ms", "state_bytes")
+    keys = ("first_batch_s", "batches_per_s", "cpu_ms_per_batch", "position_save_ms", "state_bytes")
     for mode, runs in results.items():
         report[mode] = {
             f"median_{k}": round(statistics.median(r[k] for r in runs), 4) for k in keys
@@ -113,6 +149,10 @@ def main():
     for mode in ("grain", "grain_2_workers"):
         report[mode]["batches_per_s_vs_tf_data"] = round(
             report[mode]["median_batches_per_s"] / tf_rate, 2
+        )
+        report[mode]["cpu_per_batch_vs_tf_data"] = round(
+            report[mode]["median_cpu_ms_per_batch"] / report["tf_data"]["median_cpu_ms_per_batch"],
+            2,
         )
         report[mode]["position_save_vs_tf_data"] = round(
             report[mode]["median_position_save_ms"] / tf_save, 5

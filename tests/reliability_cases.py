@@ -540,6 +540,12 @@ CASES = [
         f"{_PATHS}::test_run_lock_refuses_a_planted_link",
     ),
     Case(
+        "`metrics.jsonl` or `run_summary.json` planted as a symbolic link",
+        "the append is refused naming the link; the summary replaces the link",
+        "nothing (the link's target is untouched)",
+        f"{_PATHS}::test_metrics_and_run_summary_are_never_written_through_links",
+    ),
+    Case(
         "run record files or `run_records` planted as symbolic links",
         "the record is written as files of the trainer dir, or refused naming the rule",
         "nothing",
@@ -652,12 +658,12 @@ CASES = [
         f"{_MAIN}::test_busy_coordinator_port_is_one_line_and_the_peer_says_what_it_waits_for",
     ),
     Case(
-        "a 1-process run resumed with 2 processes",
-        "ProcessCountError naming both counts and the fix (resume with 1 process); the "
-        "checkpoint is not called corrupt",
-        "nothing",
+        "a 1-process checkpoint resumed with 2 processes",
+        "restored, not called corrupt: the new process reads process 0's per-process value "
+        "and its owner (the input) decides whether it can use it",
+        "nothing (nothing moved)",
         "tests/common/test_checkpointer_multiprocess.py::"
-        "test_resuming_a_one_process_checkpoint_with_two_processes_names_the_cause",
+        "test_resuming_a_one_process_checkpoint_with_two_processes_is_not_corrupt",
     ),
     Case(
         "chunk damage found by a 2-process run that already passed --restore_fallback=previous",

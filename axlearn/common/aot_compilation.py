@@ -18,7 +18,7 @@ experiment compiles for it, whether it fits in HBM, and how long XLA expects a s
   parsed for the bytes needed), not an exception.
 
 Topologies are keys of the one instance-type table
-(`axlearn.cloud.gcp.system_characteristics`, re-exported here): `v4-8`, `v5p-128`,
+(`axlearn.common.system_characteristics`, re-exported here): `v4-8`, `v5p-128`,
 `v5litepod-256`, `v6e-256`; `tpu-v5p-128` (a launch instance type) and `v5e-256` are accepted too.
 Inputs are not read: input configs are replaced by `input_fake.FakeLmInput` with the same batch
 shape (`--data_dir=FAKE`), and the batch shapes come from the input's `element_spec()`.
@@ -36,12 +36,6 @@ from typing import Any, Optional
 
 import numpy as np
 
-from axlearn.cloud.gcp.system_characteristics import (  # noqa: F401 (public re-exports)
-    USER_FACING_NAME_TO_SYSTEM_CHARACTERISTICS,
-    SystemCharacteristics,
-    get_system_characteristics,
-    mesh_selector_for,
-)
 from axlearn.common.aot_results import (  # noqa: F401 (public re-exports)
     STATE_EXCEEDS_HBM,
     AotCompileResult,
@@ -51,6 +45,12 @@ from axlearn.common.aot_results import (  # noqa: F401 (public re-exports)
     report_from_result,
     state_bytes_per_chip,
     write_report,
+)
+from axlearn.common.system_characteristics import (  # noqa: F401 (public re-exports)
+    USER_FACING_NAME_TO_SYSTEM_CHARACTERISTICS,
+    SystemCharacteristics,
+    get_system_characteristics,
+    mesh_selector_for,
 )
 
 # libtpu refuses a second process on the machine unless this is set; AOT never runs on a TPU.

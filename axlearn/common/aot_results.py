@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from axlearn.cloud.gcp.system_characteristics import SystemCharacteristics
+from axlearn.common.system_characteristics import SystemCharacteristics
 
 # The prefix of the error of a compile refused because the state alone exceeds the chip's HBM.
 STATE_EXCEEDS_HBM = "State exceeds HBM"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Union
 
-from axlearn.cloud.gcp.system_characteristics import instance_type_to_system_characteristics
+from axlearn.common.system_characteristics import instance_type_to_system_characteristics
 
 OptionValue = Union[str, bool, int]
 

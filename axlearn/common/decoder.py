@@ -117,7 +117,8 @@ class DecodingLayer(Configurable):
         prefix = input_batch["prefix"]
         if prefix.shape[1] > max_sequence_length:
             raise ValueError(
-                f"prefix length {prefix.shape[1]} > max_sequence_length {max_sequence_length}"
+                f"{self.path()}: prefix length {prefix.shape[1]} > max_sequence_length "
+                f"{max_sequence_length}; shorten the prefix or raise max_sequence_length."
             )
         pad = jnp.full(
             (prefix.shape[0], max_sequence_length - prefix.shape[1]),
@@ -171,8 +172,8 @@ class DecodingLayer(Configurable):
         prng_key = self._decoder.prng_key
         if prng_key is None:
             raise ValueError(
-                "sample_decode needs a PRNG key: invoke the model with one (e.g. "
-                "functional(model, prng_key, ...)); greedy decoding also needs one."
+                f"{self.path()}: sample_decode needs a PRNG key (got None): invoke the model with "
+                "one (e.g. functional(model, prng_key, ...)); greedy decoding also needs one."
             )
         logits_modifier = maybe_instantiate(logits_modifier)
         input_ids, time_step, states, outputs = self._prefill(
@@ -517,7 +518,10 @@ class Decoder(BaseLayer):
         """
         validate_contains_paths(input_batch, paths=["input_ids"])
         if input_batch.get("input_segment_ids") is not None:
-            raise ValueError("prefill_states does not support input_segment_ids.")
+            raise ValueError(
+                f"{self.path()}: prefill_states does not support input_segment_ids (given); "
+                "pass the batch without them (one sequence per row)."
+            )
         input_ids = input_batch["input_ids"]
         x = self.emb(input_ids, token_type_ids=input_batch.get("token_type_ids"))
         biases = self.compute_attention_logit_biases(input_ids)

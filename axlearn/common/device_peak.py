@@ -22,7 +22,7 @@ import re
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from axlearn.cloud.gcp.system_characteristics import CHIP_SPECS
+from axlearn.common.system_characteristics import CHIP_SPECS
 
 # Canonical device name -> {dtype name: peak FLOP/s per device (chip)}. Read from the one table
 # of chips and instance types that launch and AOT compilation also use.

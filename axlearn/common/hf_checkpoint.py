@@ -30,6 +30,7 @@ import jax
 import numpy as np
 
 from axlearn.common.config import ConfigBase
+from axlearn.common.config.paths import ConfigPathError, lookup_path
 from axlearn.common.hf_llama import axlearn_to_hf_llama, hf_llama_to_axlearn
 from axlearn.common.path_containment import PathContainmentError, contained_path
 
@@ -44,15 +45,13 @@ class HfConversionError(ValueError):
 
 
 def _get(cfg: Any, path: str, default: Any = KeyError) -> Any:
-    node = cfg
-    for key in path.split("."):
-        if isinstance(node, ConfigBase) and key in node:
-            node = getattr(node, key)
-        else:
-            if default is KeyError:
-                raise HfConversionError(f"The model config has no field {path}.")
-            return default
-    return node
+    """The value at dotted `path` of a config (`config.paths.lookup_path`), else `default`."""
+    try:
+        return lookup_path(cfg, path)
+    except ConfigPathError as e:
+        if default is KeyError:
+            raise HfConversionError(f"The model config has no field {path}.") from e
+        return default
 
 
 def _klass_name(cfg: Any) -> str:

@@ -36,6 +36,7 @@ from axlearn.common.config import (
     Required,
     config_class,
 )
+from axlearn.common.config.paths import ConfigPathError, lookup_path
 from axlearn.common.evaler import SpmdEvaler
 from axlearn.common.mesh_resolution import build_mesh
 from axlearn.common.module import Module
@@ -232,7 +233,9 @@ class InferenceRunner(Module):
     def _check_length(self, prefix_length: int, max_new_tokens: int) -> int:
         """Returns prefix_length + max_new_tokens after checking it against `context_length`."""
         if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+            raise ValueError(
+                f"{self.path()}: max_new_tokens must be >= 1, got {max_new_tokens}; pass 1 or more."
+            )
         context = self.context_length
         if context is not None and prefix_length + max_new_tokens > context:
             raise ValueError(
@@ -279,30 +282,34 @@ class InferenceRunner(Module):
             step = layout.latest_checkpoint_step(base_dir)
             if step is None:
                 raise ValueError(
-                    f"No committed checkpoint under {base_dir}: the run saved none (its "
-                    "checkpointer.save_policy did not fire before it stopped; `axlearn checkpoint "
-                    f"list {base_dir}` shows what is there)."
+                    f"{self.path()}: No committed checkpoint under {base_dir}: the run saved "
+                    "none (its checkpointer.save_policy did not fire before it stopped; "
+                    f"`axlearn checkpoint list {base_dir}` shows what is there)."
                 )
         step_dir = ckpt.ckpt_dir(step)
         if not layout.is_committed(step_dir):
             committed = [layout.parse_step_from_dir(p) for p in layout.checkpoint_paths(base_dir)]
             what = "its directory is uncommitted" if os.path.isdir(step_dir) else "no such step"
             raise ValueError(
-                f"Cannot restore step {step}: {what} under {base_dir}; committed steps: "
-                f"{committed}. Pass "
+                f"{self.path()}: Cannot restore step {step}: {what} under {base_dir}; committed "
+                f"steps: {committed}. Pass "
                 "one of them as --step (or leave --step out for the newest)."
             )
         try:
             index = layout.read_index_file(step_dir)
         except layout.CheckpointIndexError as e:
-            raise ValueError(f"Cannot restore step {step} from {step_dir}: {e}") from e
+            raise ValueError(
+                f"{self.path()}: Cannot restore step {step} from {step_dir}: {e}. Pass a committed "
+                "step as --step (or leave --step out for the newest)."
+            ) from e
         problems = check_metadata(step_dir, index)
         if problems:
             raise CorruptCheckpointError(corrupt_message(step_dir, "; ".join(problems)))
         leaves = [leaf for leaf in index["leaves"] if leaf["path"].startswith(_MODEL_PREFIX)]
         if not leaves:
             raise ValueError(
-                f"{step_dir} holds no model/... parameters (not a trainer checkpoint)."
+                f"{self.path()}: {step_dir} holds no model/... parameters (not a trainer "
+                "checkpoint); point it at a trainer dir's checkpoints."
             )
         target = {
             "model": jax.tree.map(
@@ -451,7 +458,9 @@ class InferenceRunner(Module):
             ValueError: On an empty prompt or a value out of range.
         """
         if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+            raise ValueError(
+                f"{self.path()}: max_new_tokens must be >= 1, got {max_new_tokens}; pass 1 or more."
+            )
         modifier = logits_modifier(temperature=temperature, top_k=top_k, top_p=top_p)
         stops = list(stop_tokens) if stop_tokens is not None else [self.eos_token_id]
         prefix = _pad_prompts(prompts, pad_id=self.pad_token_id)
@@ -515,7 +524,9 @@ class InferenceRunner(Module):
             Token ids (the stop token is not yielded).
         """
         if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+            raise ValueError(
+                f"{self.path()}: max_new_tokens must be >= 1, got {max_new_tokens}; pass 1 or more."
+            )
         modifier = logits_modifier(temperature=temperature, top_k=top_k, top_p=top_p)
         stops = list(stop_tokens) if stop_tokens is not None else [self.eos_token_id]
         prefix = _pad_prompts([prompt], pad_id=self.pad_token_id)
@@ -585,9 +596,13 @@ class InferenceRunner(Module):
             ValueError: On an empty prompt or a value out of range.
         """
         if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+            raise ValueError(
+                f"{self.path()}: max_new_tokens must be >= 1, got {max_new_tokens}; pass 1 or more."
+            )
         if num_beams < 1:
-            raise ValueError(f"num_beams must be >= 1, got {num_beams}")
+            raise ValueError(
+                f"{self.path()}: num_beams must be >= 1, got {num_beams}; pass 1 or more."
+            )
         prefix = _pad_prompts(prompts, pad_id=self.pad_token_id)
         length = self._check_length(prefix.shape[1], max_new_tokens)
         penalty = decoding.brevity_penalty_fn(alpha=length_penalty)
@@ -729,10 +744,9 @@ def _cut(tokens: Sequence[int], stop_tokens: Sequence[int]) -> list[int]:
 
 
 def _config_get(cfg: Any, path: str) -> Any:
-    """The value at dotted `path` of a config, None where a part is missing or None."""
-    node = cfg
-    for key in path.split("."):
-        if node is None or not hasattr(node, key):
-            return None
-        node = getattr(node, key)
-    return node
+    """The value at dotted `path` of a config (`config.paths.lookup_path`), None where a part is
+    missing or None."""
+    try:
+        return lookup_path(cfg, path)
+    except ConfigPathError:
+        return None

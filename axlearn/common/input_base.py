@@ -90,8 +90,9 @@ class Input(Module):
                 for leaf in jax.tree.leaves(input_batch):
                     if leaf.ndim < 1 or leaf.shape[0] != expected:
                         raise ValueError(
-                            f"Expected per-feed batch size to be {expected}, got: "
-                            f"{leaf.shape[0] if leaf.ndim else leaf.shape}"
+                            f"{self.path()}: Expected per-feed batch size to be {expected}, got: "
+                            f"{leaf.shape[0] if leaf.ndim else leaf.shape}; batch each feed's "
+                            "input to input_dispatcher's feed_logical_batch_size."
                         )
                 validate = False
             if dispatcher is not None:

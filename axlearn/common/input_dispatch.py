@@ -67,6 +67,8 @@ class InputDispatcher(Module):
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         cfg = cfg.clone()
+        # self.path() is known only after Module.__init__; the checks before it name this path.
+        path = f"{parent.path()}.{cfg.name}" if parent is not None else str(cfg.name)
         if cfg.num_physical_feeds is None:
             cfg.num_physical_feeds = jax.process_count()
         if cfg.physical_feed_index is None:
@@ -78,8 +80,9 @@ class InputDispatcher(Module):
         num_logical_feeds = len(cfg.logical_feed_indices)
         if num_logical_feeds == 0 or cfg.global_logical_batch_size % num_logical_feeds != 0:
             raise ValueError(
-                f"global_logical_batch_size {cfg.global_logical_batch_size} must be divisible "
-                f"by num_logical_feeds {num_logical_feeds}"
+                f"{path}.global_logical_batch_size={cfg.global_logical_batch_size} must be "
+                f"divisible by the number of logical feeds ({num_logical_feeds}, from "
+                "logical_feed_indices); set a batch size that is a multiple of it."
             )
         if cfg.global_physical_batch_size is None:
             feed_logical = cfg.global_logical_batch_size // num_logical_feeds
@@ -90,26 +93,33 @@ class InputDispatcher(Module):
         cfg = self.config
         if cfg.global_physical_batch_size % cfg.num_physical_feeds != 0:
             raise ValueError(
-                f"global_physical_batch_size {cfg.global_physical_batch_size} must be divisible "
-                f"by num_physical_feeds {cfg.num_physical_feeds}"
+                f"{self.path()}: global_physical_batch_size {cfg.global_physical_batch_size} must "
+                f"be divisible by num_physical_feeds={cfg.num_physical_feeds}; set a multiple of "
+                "it (or leave it None to derive it)."
             )
         if self.feed_physical_batch_size < self.feed_logical_batch_size:
             raise ValueError(
-                f"feed_physical_batch_size {self.feed_physical_batch_size} must be >= "
-                f"feed_logical_batch_size {self.feed_logical_batch_size}"
+                f"{self.path()}: feed_physical_batch_size {self.feed_physical_batch_size} must be "
+                f">= feed_logical_batch_size {self.feed_logical_batch_size}; raise "
+                "global_physical_batch_size (or leave it None to derive it)."
             )
         if not 0 <= cfg.physical_feed_index < cfg.num_physical_feeds:
             raise ValueError(
-                f"physical_feed_index {cfg.physical_feed_index} must be in range "
-                f"[0, {cfg.num_physical_feeds})"
+                f"{self.path()}: physical_feed_index {cfg.physical_feed_index} must be in range "
+                f"[0, {cfg.num_physical_feeds}) (num_physical_feeds); leave it None for "
+                "jax.process_index()."
             )
         if not all(0 <= ix < cfg.num_physical_feeds for ix in cfg.logical_feed_indices):
             raise ValueError(
-                f"Invalid physical feed index in logical_feed_indices "
-                f"{cfg.logical_feed_indices}: must be in range [0, {cfg.num_physical_feeds})"
+                f"{self.path()}.logical_feed_indices={cfg.logical_feed_indices}: invalid physical "
+                f"feed index; each must be in range [0, {cfg.num_physical_feeds}) "
+                "(num_physical_feeds)."
             )
         if len(set(cfg.logical_feed_indices)) != num_logical_feeds:
-            raise ValueError(f"logical_feed_indices must be unique: {cfg.logical_feed_indices}")
+            raise ValueError(
+                f"{self.path()}.logical_feed_indices={cfg.logical_feed_indices} must be unique; "
+                "list each physical feed at most once."
+            )
 
     @property
     def num_logical_feeds(self) -> int:
@@ -175,8 +185,9 @@ class InputDispatcher(Module):
             x = np.asarray(x)
             if x.ndim < 1 or x.shape[0] != logical:
                 raise ValueError(
-                    f"Per-feed input leaf of shape {x.shape} does not have the "
-                    f"feed_logical_batch_size {logical} as its leading dim"
+                    f"{self.path()}: per-feed input leaf of shape {x.shape} does not have the "
+                    f"feed_logical_batch_size {logical} as its leading dim; batch each feed's "
+                    "input to that size."
                 )
             if self.logical_feed_index is None:
                 x = np.zeros_like(x)
@@ -190,10 +201,14 @@ class InputDispatcher(Module):
             return jax.tree.map(np.array, logical_feed_batch)
         if not isinstance(logical_feed_batch, dict):
             raise ValueError(
-                f"logical_to_physical_batch needs a dict batch; got {type(logical_feed_batch)}"
+                f"{self.path()}: logical_to_physical_batch needs a dict batch; got "
+                f"{type(logical_feed_batch)}. Pass the batch as a dict of arrays."
             )
         if PHYSICAL_TO_LOGICAL_DISPATCH_KEY in logical_feed_batch:
-            raise ValueError(f"{PHYSICAL_TO_LOGICAL_DISPATCH_KEY} already exists")
+            raise ValueError(
+                f"{self.path()}: the batch already holds {PHYSICAL_TO_LOGICAL_DISPATCH_KEY!r}; "
+                "dispatch each logical batch once (remove the key first)."
+            )
         physical_batch = jax.tree.map(pad, logical_feed_batch)
         dispatch = np.zeros((physical, cfg.global_logical_batch_size), dtype=bool)
         if self.logical_feed_index is not None:
@@ -225,7 +240,11 @@ class InputDispatcher(Module):
                 if PHYSICAL_TO_LOGICAL_DISPATCH_KEY in data:
                     shape = tuple(data[PHYSICAL_TO_LOGICAL_DISPATCH_KEY].shape)
                     if shape != expected:
-                        raise ValueError(f"Dispatch tensor shape {shape} != {expected}")
+                        raise ValueError(
+                            f"{self.path()}: dispatch tensor shape {shape} != {expected} "
+                            "(global_physical_batch_size, global_logical_batch_size); build the "
+                            "batch with this dispatcher's logical_to_physical_batch."
+                        )
                 for value in data.values():
                     check(value)
 

@@ -582,6 +582,12 @@ class Input(input_base.Input):
             )
         dc = self.dispatch_config()
         if state["num_shards"] == dc.num_shards:
+            if state["shard_index"] != dc.shard_index:
+                raise InputStateError(
+                    f"Input '{self.path()}': the state is feed {state['shard_index']}'s but this "
+                    f"is feed {dc.shard_index} of {dc.num_shards}; restore each process from its "
+                    f"own state"
+                )
             dc = dataclasses.replace(dc, start_index=state["start_index"])
             it = GrainInputIterator(self, dispatch_config=dc)
             it.set_grain_state(state)

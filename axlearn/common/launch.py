@@ -10,7 +10,7 @@ Flags:
     --distributed_coordinator, --num_processes, --process_id: multi-process CPU/GPU runs. Each
         one left unset takes its value from the environment variable the launchers set
         (DISTRIBUTED_COORDINATOR, NUM_PROCESSES, PROCESS_ID; see
-        `axlearn.cloud.common.process_env`), so a JobSet pod and `axlearn local launch` run the
+        `axlearn.common.process_env`), so a JobSet pod and `axlearn local launch` run the
         documented command unchanged.
     --initialization_timeout: seconds to wait for all processes to connect.
     --data_dir: the TFDS data directory, or FAKE to train on synthetic inputs.
@@ -33,9 +33,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import jax  # noqa: E402  (imported after the environment above is set)
 
-from axlearn.cloud.common.process_env import distributed_flag_defaults  # noqa: E402
 from axlearn.common import gpu_memory  # noqa: E402
 from axlearn.common.accelerator_probe import quiet_accelerator_probes  # noqa: E402
+from axlearn.common.process_env import distributed_flag_defaults  # noqa: E402
 from axlearn.common.utils_spmd import setup as setup_spmd  # noqa: E402
 
 flags.DEFINE_string(

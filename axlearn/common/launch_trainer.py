@@ -33,7 +33,10 @@ from axlearn.common.mesh_resolution import (
 from axlearn.common.run_lock import RunLock
 from axlearn.common.trainer import SpmdTrainer
 from axlearn.common.trainer_metrics import PARAMETER_TABLE_FILE
-from axlearn.common.utils_spmd import HybridMeshShape
+from axlearn.common.utils_spmd import (  # noqa: F401 (infer_mesh_shape: a public name here too)
+    HybridMeshShape,
+    infer_mesh_shape,
+)
 
 flags.DEFINE_string(
     "module",

@@ -29,7 +29,6 @@ from axlearn.common import launch  # isort: skip
 from axlearn.common import experiment_registry, launch_trainer, measurement
 from axlearn.common.checkpointer import (
     CheckpointCorruptionError,
-    ProcessCountError,
     RestoreStepError,
     StateMismatchError,
 )
@@ -131,7 +130,6 @@ def main(_):
         launch_trainer.InvalidTrainerConfigError,
         RunLockError,
         CheckpointCorruptionError,
-        ProcessCountError,
         RestoreStepError,
         StateMismatchError,
     ) as e:

@@ -299,6 +299,9 @@ class RMSNormStateless(BaseNormalizationLayer):
         input_partition_spec: Optional[tuple] = None
         # If not None, a sharding constraint on the output (one entry per output axis).
         output_partition_spec: Optional[tuple] = None
+        # If True, subtracts the mean of the last axis after computing the mean square:
+        # (x - mean(x)) / sqrt(mean(x^2) + eps). None means False.
+        zero_centered: Optional[bool] = None
 
     def _normalize(self, x: Tensor) -> Tensor:
         cfg = self.config
@@ -307,6 +310,8 @@ class RMSNormStateless(BaseNormalizationLayer):
         if cfg.forward_dtype is not None:
             x = x.astype(cfg.forward_dtype)
         moment2 = jnp.mean(x * x, axis=-1, keepdims=True)
+        if cfg.zero_centered:
+            x = x - jnp.mean(x, axis=-1, keepdims=True)
         return (x * jax.lax.rsqrt(moment2 + cfg.eps)).astype(x_dtype)
 
     def forward(self, x: Tensor, *, paddings: Optional[Tensor] = None) -> Tensor:

@@ -129,6 +129,8 @@ class L2Norm(BaseNormalizationLayer):
     class Config(BaseNormalizationLayer.Config):
         """Configures L2Norm."""
 
+        # Unused (L2Norm has no parameters); optional here, as in AXLearn.
+        input_dim: Optional[int] = None
         # Added to the sum of squares.
         eps: float = 1e-8
 

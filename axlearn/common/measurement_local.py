@@ -30,6 +30,7 @@ from absl import flags
 
 from axlearn.common.config import REQUIRED, Required, config_class
 from axlearn.common.measurement_base import Event, Recorder, register_recorder
+from axlearn.common.path_containment import open_no_follow
 
 # The events directory under a trainer dir.
 EVENTS_DIR = "events"
@@ -156,14 +157,15 @@ class LocalRecorder(Recorder):
     def _open(self) -> int:
         if self._fd is None:
             os.makedirs(self._config.dir, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            # Never through a symbolic link planted under the event file's name.
+            fd = open_no_follow(
+                self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644, what="Event file"
+            )
             size = os.fstat(fd).st_size
             if size:
                 # A previous attempt may have died mid-line: start on a fresh line.
-                with open(self.path, "rb") as f:
-                    f.seek(size - 1)
-                    if f.read(1) != b"\n":
-                        os.write(fd, b"\n")
+                if os.pread(fd, 1, size - 1) != b"\n":
+                    os.write(fd, b"\n")
             self._fd = fd
         return self._fd
 

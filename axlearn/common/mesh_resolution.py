@@ -8,7 +8,7 @@ through it AOT compilation) and inference call.
         -> mesh shape and config modifiers
 
 - The mesh selector of a launch follows AXLearn's convention
-  (`axlearn.cloud.gcp.system_characteristics.mesh_selector_for`): the TPU instance type for one
+  (`axlearn.common.system_characteristics.mesh_selector_for`): the TPU instance type for one
   slice (`tpu-v5p-128`), with the slice count appended for several (`tpu-v5p-128-2`); for GPUs the
   instance type with the total GPU count appended (`gpu-a3-highgpu-8g-16` for two nodes of 8).
   AXLearn's rules (`"tpu-v5p-.*"`, `"tpu-v5litepod-256-4"`,
@@ -149,7 +149,7 @@ def known_selectors(replicas: Sequence[int] = (1, 2, 4)) -> list[str]:
         Selectors such as "tpu-v5p-128", "tpu-v5p-128-2", "gpu-a3-highgpu-8g-16".
     """
     # pylint: disable-next=import-outside-toplevel
-    from axlearn.cloud.gcp.system_characteristics import instance_types, mesh_selector_for
+    from axlearn.common.system_characteristics import instance_types, mesh_selector_for
 
     return [mesh_selector_for(t, n) for t in instance_types() for n in replicas]
 

@@ -275,7 +275,8 @@ class Module(Configurable, metaclass=_PostInitMeta):
         child_config = copy.deepcopy(child_config)
         if not isinstance(child_config.name, RequiredFieldValue) and child_config.name != name:
             raise ValueError(
-                f"child_config already has a different name: {child_config.name} vs. {name}"
+                f"{self.path()}: child_config already has a different name: {child_config.name} "
+                f"vs. {name}; leave the child config's name unset (or set it to {name!r})."
             )
         child_config.name = name
 
@@ -315,7 +316,10 @@ class Module(Configurable, metaclass=_PostInitMeta):
         """Lets descendants find `module` (a descendant of self) via `get_shared_module`."""
         relative = self.path_to_descendant_module(module)
         if shared_module_name in self._paths_to_shared_modules:
-            raise ValueError(f"Shared module already exists under name {shared_module_name}")
+            raise ValueError(
+                f"{self.path()}: a shared module already exists under name "
+                f"{shared_module_name!r}; share each module under its own name."
+            )
         self._paths_to_shared_modules[shared_module_name] = relative
 
     class SharedModuleInfo(NamedTuple):

@@ -356,8 +356,8 @@ class DefaultInitializer(Initializer):
             if pattern.fullmatch(name):
                 return init
         raise NotImplementedError(
-            f"No initializer rule matches parameter name '{name}' "
-            f"(rules: {[p.pattern for p, _ in self._rules]})"
+            f"Unsupported parameter name '{name}': no initializer rule matches it "
+            f"(rules: {[p.pattern for p, _ in self._rules]}); add one to init_by_param_name"
         )
 
     def initialize(self, name, *, prng_key, shape, dtype, axes=None) -> Tensor:
@@ -394,7 +394,8 @@ class PerGroupInitializer(Initializer):
         if shape[-1] % cfg.num_groups != 0:
             raise ValueError(
                 f"Parameter '{name}': last dim {shape[-1]} is not divisible by "
-                f"num_groups={cfg.num_groups}"
+                f"PerGroupInitializer.num_groups={cfg.num_groups}; set num_groups to a divisor "
+                "of it."
             )
         group_shape = list(shape[:-1]) + [shape[-1] // cfg.num_groups]
 

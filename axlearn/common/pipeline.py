@@ -92,7 +92,8 @@ class BaseSchedule(Configurable):
             value = getattr(cfg, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(
-                    f"{type(self).__name__}: {name} must be a positive int, got {value!r}"
+                    f"{type(self).__name__}: {name} must be a positive int, got {value!r}; set "
+                    f"{type(self).__name__}.{name} to 1 or more."
                 )
 
     def num_steps(self) -> int:

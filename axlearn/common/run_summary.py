@@ -34,6 +34,8 @@ import subprocess
 from collections import defaultdict
 from typing import Any, Optional, Sequence
 
+from axlearn.common.path_containment import write_text_no_follow
+
 SCHEMA = "axlearn.run_summary/1"
 FILENAME = "run_summary.json"
 
@@ -530,8 +532,5 @@ def write_run_summary(directory: str, summary: dict[str, Any]) -> str:
             f.write(text)
     else:
         os.makedirs(directory, exist_ok=True)
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        write_text_no_follow(path, text)  # A link planted under its name is replaced, not followed.
     return path

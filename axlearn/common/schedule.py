@@ -456,27 +456,82 @@ def linear_schedule_with_warmup(
     )
 
 
-def ema_schedule(decay: float = 0.9999, *, warmup_steps: int = 1) -> ScheduleFn:
-    """EMA decay with warm-up: step / (1 + step) while step < warmup_steps, then `decay`.
+def ema_schedule(
+    decay: float = 0.9999, *, warmup_steps: int = 1, step_offset: int = 0
+) -> ScheduleFn:
+    """EMA decay with warm-up: 0 before `step_offset`, then s / (1 + s) (s = step - step_offset)
+    while s < warmup_steps, then `decay`.
 
-    During warm-up the decay is 0, 1/2, 2/3, ... at steps 0, 1, 2, ... (so 1/2 at the first
-    update, which sees step 1).
+    During warm-up the decay is 0, 1/2, 2/3, ... at s = 0, 1, 2, ... (so 1/2 at the first
+    update, which sees step 1, when step_offset is 0).
 
     Args:
         decay: The decay after warm-up.
         warmup_steps: Steps of warm-up (> 0).
+        step_offset: Steps (>= 0) before the warm-up starts, during which the decay is 0.
 
     Returns:
         The schedule.
 
     Raises:
-        ValueError: If warmup_steps <= 0.
+        ValueError: If warmup_steps <= 0 or step_offset < 0.
     """
     if warmup_steps <= 0:
         raise ValueError(f"warmup_steps must be > 0, got {warmup_steps}.")
+    if step_offset < 0:
+        raise ValueError(f"step_offset must be >= 0, got {step_offset}.")
+
+    def fn(step):
+        s = jnp.asarray(step, jnp.float32) - step_offset
+        value = jnp.where(s < warmup_steps, s / (1.0 + s), decay)
+        return jnp.where(s < 0, 0.0, value)
+
+    return fn
+
+
+def warmup_stable_decay(
+    *,
+    peak_lr: float,
+    max_step: int,
+    warmup_steps: int,
+    decay_begin_step: int,
+    begin_value: float = 0.0,
+    alpha: float = 0.0,
+) -> ScheduleFn:
+    """Warm-up, stable, decay ("WSD"): linear from `begin_value` to `peak_lr` over steps
+    (0, warmup_steps], `peak_lr` until `decay_begin_step`, then linear to `peak_lr * alpha` at
+    `max_step` (and after).
+
+    Args:
+        peak_lr: The stable value.
+        max_step: The step at which the decay ends.
+        warmup_steps: Steps of warm-up (>= 0; 0: start at peak_lr).
+        decay_begin_step: The last step at peak_lr (>= warmup_steps, <= max_step).
+        begin_value: The value at step 0.
+        alpha: The final value as a fraction of peak_lr.
+
+    Returns:
+        The schedule.
+
+    Raises:
+        ValueError: If the steps are out of order.
+    """
+    if not 0 <= warmup_steps <= decay_begin_step <= max_step:
+        raise ValueError(
+            "warmup_stable_decay needs 0 <= warmup_steps <= decay_begin_step <= max_step, got "
+            f"warmup_steps={warmup_steps}, decay_begin_step={decay_begin_step}, "
+            f"max_step={max_step}"
+        )
+    end_value = peak_lr * alpha
 
     def fn(step):
         step = jnp.asarray(step, jnp.float32)
-        return jnp.where(step < warmup_steps, step / (1.0 + step), decay)
+        warmup = begin_value + (peak_lr - begin_value) * step / max(warmup_steps, 1)
+        decay_fraction = jnp.clip(
+            (step - decay_begin_step) / max(max_step - decay_begin_step, 1), 0.0, 1.0
+        )
+        decay = peak_lr + (end_value - peak_lr) * decay_fraction
+        value = jnp.where(step <= decay_begin_step, peak_lr, decay)
+        return jnp.where(step <= warmup_steps, warmup, value) if warmup_steps else value
 
     return fn

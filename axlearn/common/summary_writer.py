@@ -47,6 +47,7 @@ from axlearn.common.config import REQUIRED, ConfigBase, Required, RequiredFieldV
 from axlearn.common.config_diff import parse_config_dump
 from axlearn.common.metrics import WeightedSummary
 from axlearn.common.module import Module
+from axlearn.common.path_containment import PathContainmentError, open_no_follow
 from axlearn.common.utils import NestedTensor, flatten_items
 
 
@@ -465,7 +466,7 @@ def cut_torn_tail(path: str) -> int:
         OSError: Naming `path`, if it cannot be read or truncated.
     """
     try:
-        with open(path, "r+b") as f:
+        with os.fdopen(os.open(path, os.O_RDWR | os.O_NOFOLLOW), "r+b") as f:
             size = f.seek(0, os.SEEK_END)
             if size == 0:
                 return 0
@@ -506,7 +507,10 @@ def append_whole_line(path: str, line: str, *, what: str = "a record") -> None:
     """
     data = line.encode("utf-8")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # Never through a symbolic link: a link planted under a run file's name is refused.
+        fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644, what="Run file")
+    except PathContainmentError as e:
+        raise OSError(errno.ELOOP, str(e)) from e
     except OSError as e:
         raise OSError(e.errno, f"{path}: cannot open to append {what}: {e.strerror}") from e
     try:

@@ -103,10 +103,8 @@ def main():
         # The test wrote steps 1 and 2 with one process (8 devices), model `w` only plus, for
         # resume_1_process, a per-process `iterator`; in fallback mode a chunk of step 2 is
         # damaged and restore_fallback is "previous".
-        from axlearn.common.checkpointer import (  # pylint: disable=import-outside-toplevel
-            CorruptCheckpointError,
-            ProcessCountError,
-        )
+        # pylint: disable-next=import-outside-toplevel
+        from axlearn.common.checkpointer import CheckpointCorruptionError
 
         target = dict(
             w=jax.ShapeDtypeStruct((16, 8), np.float32, sharding=NamedSharding(mesh, specs["w"]))
@@ -116,9 +114,12 @@ def main():
         else:
             ckpt = cfg.set(restore_fallback="previous").instantiate(parent=None)
         try:
-            ckpt.restore(state=target)
+            step, restored = ckpt.restore(state=target)
             result["error"] = None
-        except (ProcessCountError, CorruptCheckpointError) as e:
+            result["step"] = step
+            if "iterator" in restored:
+                result["iterator"] = restored["iterator"].decode()
+        except CheckpointCorruptionError as e:
             result["error"] = f"{type(e).__name__}: {e}"
         client = jax._src.distributed.global_state.client  # pylint: disable=protected-access
         client.wait_at_barrier("worker_done", 120_000)

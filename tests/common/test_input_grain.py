@@ -213,6 +213,14 @@ def test_elastic_resume_loses_and_repeats_nothing(old, new):
     np.testing.assert_array_equal(np.bincount(seen), np.full(50, 2))
 
 
+def test_state_of_another_feed_is_refused():
+    state = grain_input(num_feeds=2, feed_index=1).iterator_state(
+        iter(grain_input(num_feeds=2, feed_index=1))
+    )
+    with pytest.raises(InputStateError, match="feed 1's but this is feed 0"):
+        grain_input(num_feeds=2, feed_index=0).restore_iterator(state)
+
+
 def test_elastic_resume_requires_opt_in():
     inp = grain_input(num_feeds=2, feed_index=0, elastic=False)
     state = inp.iterator_state(iter(inp))

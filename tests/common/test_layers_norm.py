@@ -10,6 +10,7 @@ from axlearn.common.layers import (
     GroupNorm,
     L2Norm,
     NormType,
+    RMSNorm,
     _compute_moments_with_segment_ids,
     compute_mean_square_with_segment_ids,
 )
@@ -145,3 +146,17 @@ def test_segment_ids_leave_out_positions_like_paddings():
         layer, None, params, dict(x=jnp.asarray(x), paddings=segment_ids == 0), is_training=False
     )
     np.testing.assert_allclose(with_ids, with_paddings, atol=1e-6)
+
+
+def test_rms_norm_zero_centered_and_l2_norm_without_input_dim():
+    x = np.random.default_rng(3).standard_normal((2, 6)).astype(np.float32) + 5.0
+    layer = RMSNorm.default_config().set(name="n", input_dim=6, zero_centered=True)
+    layer = layer.instantiate(parent=None)
+    params = dict(scale=jnp.linspace(0.5, 1.5, 6))
+    out, _ = F(layer, None, params, [jnp.asarray(x)], is_training=False)
+    eps = layer.config.eps
+    ref = (x - x.mean(-1, keepdims=True)) / np.sqrt((x**2).mean(-1, keepdims=True) + eps)
+    np.testing.assert_allclose(out, ref * np.asarray(params["scale"]), rtol=1e-5, atol=1e-6)
+    l2 = L2Norm.default_config().set(name="l2").instantiate(parent=None)
+    out, _ = F(l2, None, {}, [jnp.asarray(x)], is_training=False)
+    np.testing.assert_allclose(np.linalg.norm(out, axis=-1), 1.0, rtol=1e-5)

@@ -103,7 +103,7 @@ def test_ema_debiased_with_constant_decay_and_state_fields():
     spec = tx.partition(
         {"w": OptStateSpec(shape=[3, 2], dtype=jnp.float32, mesh_axes=("data", None))}
     )
-    assert spec.scale["w"].shape == [1]
+    assert tuple(spec.scale["w"].shape) == (1,)
 
 
 def test_ema_int8_accumulator_quantizes_per_slice():

@@ -183,3 +183,9 @@ def test_fan_axes_canonicalize_insert_and_maybe_prepend():
         FanAxes(0, 1)._insert_axis(1, axis_type=FanAxes.AxisType.NONE)
     with pytest.raises(TypeError, match="Invalid type"):
         FanAxes([0], 1).canonicalize()
+
+
+def test_unmatched_parameter_name_message():
+    init = DefaultInitializer.default_config().instantiate()
+    with pytest.raises(NotImplementedError, match="Unsupported parameter name 'codebook'"):
+        init.initialize("codebook", prng_key=jax.random.PRNGKey(0), shape=[2, 2], dtype=jnp.float32)

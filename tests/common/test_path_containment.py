@@ -133,3 +133,23 @@ def test_run_record_never_writes_through_links(tmp_path):
     (outside / "record.json").write_text('{"start_step": -1}')
     (trainer_dir / run_record.RECORDS_DIR / "2").symlink_to(outside)
     assert [r["record"] for r in run_record.records(str(trainer_dir))] == [1]
+
+
+def test_metrics_and_run_summary_are_never_written_through_links(tmp_path):
+    """Case: `metrics.jsonl` and `run_summary.json` planted as links in a trainer dir: the
+    append is refused naming the link, the summary replaces the link; targets untouched."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common import run_summary, summary_writer
+
+    sentinel = Sentinel(str(tmp_path / "victim"))
+    trainer_dir = tmp_path / "t"
+    trainer_dir.mkdir()
+    (trainer_dir / "metrics.jsonl").symlink_to(sentinel.path)
+    with pytest.raises(OSError, match="metrics.jsonl is a symbolic link"):
+        summary_writer.append_whole_line(str(trainer_dir / "metrics.jsonl"), '{"step": 1}\n')
+    with pytest.raises(OSError, match="Too many levels of symbolic links"):
+        summary_writer.cut_torn_tail(str(trainer_dir / "metrics.jsonl"))
+    (trainer_dir / "run_summary.json").symlink_to(sentinel.path)
+    path = run_summary.write_run_summary(str(trainer_dir), {"steps": 1})
+    assert not os.path.islink(path) and '"steps": 1' in open(path, encoding="utf-8").read()
+    sentinel.assert_untouched()

@@ -205,3 +205,32 @@ def test_schedules_are_traceable_in_scan():
     values = jax.lax.map(fn, jnp.arange(12))
     expected = [float(fn(i)) for i in range(12)]
     np.testing.assert_allclose(np.asarray(values), expected, rtol=1e-6, atol=1e-7)
+
+
+def test_warmup_stable_decay_hand_values():
+    s = schedule.warmup_stable_decay(
+        peak_lr=1.0, max_step=40, warmup_steps=10, decay_begin_step=20, begin_value=0.5, alpha=0.2
+    )
+    # Warm-up 0.5 -> 1 over 10 steps, stable to step 20, linear to 0.2 at step 40, then flat.
+    for step, expected in [
+        (0, 0.5),
+        (5, 0.75),
+        (10, 1.0),
+        (15, 1.0),
+        (20, 1.0),
+        (30, 0.6),
+        (40, 0.2),
+        (50, 0.2),
+    ]:
+        np.testing.assert_allclose(s(step), expected, rtol=1e-6)
+    no_warmup = schedule.warmup_stable_decay(
+        peak_lr=1.0, max_step=10, warmup_steps=0, decay_begin_step=0
+    )
+    np.testing.assert_allclose([no_warmup(0), no_warmup(5)], [1.0, 0.5], rtol=1e-6)
+    with pytest.raises(ValueError, match="warmup_steps <= decay_begin_step <= max_step"):
+        schedule.warmup_stable_decay(peak_lr=1, max_step=5, warmup_steps=3, decay_begin_step=2)
+
+
+def test_ema_schedule_step_offset():
+    s = schedule.ema_schedule(0.9, warmup_steps=3, step_offset=2)
+    np.testing.assert_allclose([s(i) for i in range(7)], [0, 0, 0, 0.5, 2 / 3, 0.9, 0.9], rtol=1e-6)

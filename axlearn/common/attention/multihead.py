@@ -143,7 +143,10 @@ class MultiheadAttention(BaseLayer):
         cfg = self.config
         hidden_dim = cfg.hidden_dim or cfg.query_dim
         if hidden_dim % cfg.num_heads:
-            raise ValueError(f"num_heads ({cfg.num_heads}) must divide hidden_dim ({hidden_dim})")
+            raise ValueError(
+                f"{self.path()}.num_heads={cfg.num_heads} must divide the hidden dim {hidden_dim} "
+                "(hidden_dim, else query_dim); set num_heads to a divisor of it."
+            )
         return hidden_dim // cfg.num_heads
 
     @property
@@ -178,7 +181,11 @@ class MultiheadAttention(BaseLayer):
             An Output.
         """
         if (key is None) != (value is None):
-            raise ValueError("key and value must be both None or both set")
+            raise ValueError(
+                f"{self.path()}: key and value must be both None or both set (got key "
+                f"{'None' if key is None else 'set'}, value {'None' if value is None else 'set'}); "
+                "pass both for cross-attention, neither for self-attention."
+            )
         q, k, v = self.i_proj(query, key=key, value=value, query_positions=query_positions)
         mask = self._mask_info(jnp.arange(q.shape[1])[None], k.shape[1], default_positions=True)
         segment_bias = None

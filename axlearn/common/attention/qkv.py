@@ -349,7 +349,11 @@ class FusedQKVLinear(BaseQKVLinear):
             inputs = jnp.stack([query, key, value], axis=0)
             proj = jnp.einsum("pbtd,pdnh->pbtnh", inputs, params["weight"])
         else:
-            raise ValueError("key and value must be both None or both set")
+            raise ValueError(
+                f"{self.path()}: key and value must be both None or both set (got key "
+                f"{'None' if key is None else 'set'}, value {'None' if value is None else 'set'}); "
+                "pass both for cross-attention, neither for self-attention."
+            )
         if "bias" in params:
             proj = proj + params["bias"][:, None, None]
         return self.Output(query=proj[0], key=proj[1], value=proj[2])
@@ -398,7 +402,10 @@ class FusedGroupedQKVLinear(BaseQKVLinear):
     ) -> BaseQKVLinear.Output:
         del query_positions
         if key is not None or value is not None:
-            raise ValueError("FusedGroupedQKVLinear supports self-attention only (key=value=None)")
+            raise ValueError(
+                f"{self.path()}: FusedGroupedQKVLinear supports self-attention only (got key or "
+                "value); pass key=value=None, or use an unfused QKV linear for cross-attention."
+            )
         cfg = self.config
         proj = self.qkv_proj(query)
         q, k, v = jnp.split(proj, [cfg.num_heads, cfg.num_heads + cfg.num_kv_heads], axis=-2)
@@ -440,10 +447,15 @@ class RoFormerSinusoidalPositionalEmbedding(BaseLayer):
         cfg = self.config
         if positions is None:
             if max_seq_len is None:
-                raise ValueError("Provide positions or max_seq_len")
+                raise ValueError(
+                    f"{self.path()}: both positions and max_seq_len are None; pass one of them."
+                )
             positions = jnp.arange(max_seq_len)[None]
         elif max_seq_len is not None and positions.shape[-1] != max_seq_len:
-            raise ValueError(f"positions length {positions.shape[-1]} != max_seq_len {max_seq_len}")
+            raise ValueError(
+                f"{self.path()}: positions length {positions.shape[-1]} != max_seq_len "
+                f"{max_seq_len}; pass positions of that length, or only one of the two."
+            )
         return _rotary_sin_cos(positions, dim=cfg.dim, theta=cfg.theta)
 
 
@@ -515,7 +527,10 @@ class RoFormerQKVLinear(BaseQKVLinear):
         cfg = self.config
         q, k, v = self.i_proj(query, key=key, value=value)
         if key is not None and query_positions is None and k.shape[1] != q.shape[1]:
-            raise ValueError("RoPE with cross-attention needs equal lengths or query_positions")
+            raise ValueError(
+                f"{self.path()}: RoPE with cross-attention needs equal query and key lengths (got "
+                f"{q.shape[1]} and {k.shape[1]}) or query_positions; pass query_positions."
+            )
         if cfg.query_scale is not None:
             q = self.query_scale(q)
         if cfg.key_scale is not None:

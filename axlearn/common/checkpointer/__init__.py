@@ -52,7 +52,6 @@ from axlearn.common.checkpointer.storage import (
 from axlearn.common.checkpointer.tensorstore_restore import (
     CheckpointCorruptionError,
     CheckpointValidationType,
-    ProcessCountError,
     RestoreStats,
     StateMismatchError,
 )
@@ -83,7 +82,6 @@ __all__ = [
     "FAULT_POINTS",
     "RESTORE_FALLBACKS",
     "InjectedFault",
-    "ProcessCountError",
     "RestoreStats",
     "SaveResult",
     "SaveStats",

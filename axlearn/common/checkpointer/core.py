@@ -434,7 +434,10 @@ class Checkpointer(Module):
         except layout.CheckpointIndexError as e:
             if layout.is_committed(ckpt_dir):
                 raise recovery.CorruptCheckpointError(recovery.corrupt_message(ckpt_dir, e)) from e
-            raise ValueError(f"Cannot restore step {step} from {ckpt_dir}: {e}") from e
+            raise ValueError(
+                f"{self.path()}: Cannot restore step {step} from {ckpt_dir}: {e}. Restore a "
+                "committed step (`axlearn checkpoint list` shows them)."
+            ) from e
         problems = metadata.check_metadata(ckpt_dir, index)
         if problems:
             # Checked before the target: a damaged index must not read as a model mismatch.

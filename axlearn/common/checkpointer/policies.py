@@ -129,19 +129,26 @@ class BestMetricPolicy(Configurable):
         cfg = self.config
         if cfg.evaler not in evaler_summaries:
             raise ValueError(
-                f"{cfg.evaler} not found in evaler_summaries: {sorted(evaler_summaries)}"
+                f"BestMetricPolicy.evaler={cfg.evaler} not found in evaler_summaries: "
+                f"{sorted(evaler_summaries)}; set it to one of the trainer's evalers."
             )
         summaries = evaler_summaries[cfg.evaler]
         if summaries is None:
             return False
         if cfg.metric not in summaries:
-            raise ValueError(f"{cfg.metric} not found in {cfg.evaler}'s summaries: {summaries}")
+            raise ValueError(
+                f"BestMetricPolicy.metric={cfg.metric} not found in {cfg.evaler}'s summaries: "
+                f"{sorted(summaries)}; set it to one of them."
+            )
         metric = summaries[cfg.metric]
         if isinstance(metric, WeightedValue):
             metric = metric.mean
         metric = np.asarray(metric)
         if metric.shape != ():
-            raise ValueError(f"{cfg.evaler}/{cfg.metric} must be a scalar, got {metric.shape}")
+            raise ValueError(
+                f"BestMetricPolicy.metric: {cfg.evaler}/{cfg.metric} must be a scalar, got shape "
+                f"{metric.shape}; pick a scalar summary."
+            )
         value = float(metric)
         better = (
             self.best_metric is None

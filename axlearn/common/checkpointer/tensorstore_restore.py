@@ -43,10 +43,6 @@ class StateMismatchError(ValueError):
         self.paths = frozenset(paths)
 
 
-class ProcessCountError(ValueError):
-    """A checkpoint with per-process leaves restored by another number of processes."""
-
-
 @dataclasses.dataclass
 class RestoreStats:
     """What a restore read on this process.
@@ -101,21 +97,6 @@ class CheckpointValidationType(str, enum.Enum):  # noqa: UP042 (AXLearn's str+En
     CONTAINS_STATE_UP_TO_DTYPE = "CONTAINS_STATE_UP_TO_DTYPE"
 
 
-def _check_process_count(ckpt_dir: str, index: dict, pairs: list[tuple[str, Any]]) -> None:
-    """Refuses per-process (bytes) target leaves when the process count changed."""
-    saved = index.get("process_count")
-    if not isinstance(saved, int) or saved == jax.process_count():
-        return
-    per_process = [p for p, leaf in pairs if _target_kind(leaf) == layout.KIND_BYTES]
-    if per_process:
-        raise ProcessCountError(
-            f"Checkpoint {ckpt_dir} was saved by {saved} process(es); this run has "
-            f"{jax.process_count()}. Its per-process leaves {per_process} (e.g. a trainer's input "
-            "position) hold one value per process and cannot be split or merged: resume with "
-            f"{saved} process(es). The checkpoint is intact (nothing is wrong with it)."
-        )
-
-
 def check_target(
     ckpt_dir: str,
     index: dict,
@@ -128,7 +109,6 @@ def check_target(
         StateMismatchError: Naming every missing, unexpected or mismatched leaf.
     """
     validation = CheckpointValidationType(validation)
-    _check_process_count(ckpt_dir, index, pairs)
     allow_extra = validation.value.startswith("CONTAINS_STATE")
     allow_dtype = validation.value.endswith("UP_TO_DTYPE")
     entries = {leaf["path"]: leaf for leaf in index["leaves"]}

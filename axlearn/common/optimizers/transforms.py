@@ -420,7 +420,7 @@ def ema(
                 axes = s.mesh_axes
                 axes = PartitionSpec(*axes[1:]) if axes is not None else None
                 return OptStateSpec(shape=list(s.shape[1:]), dtype=jnp.float32, mesh_axes=axes)
-            return OptStateSpec(shape=[1], dtype=jnp.float32, mesh_axes=PartitionSpec(None))
+            return OptStateSpec(shape=(1,), dtype=jnp.float32, mesh_axes=PartitionSpec(None))
 
         return EmaState(
             count=_scalar_spec(),

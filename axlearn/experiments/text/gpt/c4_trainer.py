@@ -3,7 +3,8 @@
 Registers AXLearn's Fuji configs (`fuji.trainer_configs`) with C4 inputs: training samples the
 `c4/en:3.0.1` train split through `mixture_train_input_source` and `lm_text_preprocessor`; the
 "train" (`train[:8192]`) and "validation" evaluations read it with `tfds_input`. Vocabularies are
-the C4 sentencepiece models (`bpe_32k_c4.model` for v1/v2, `bpe_128k_c4.model` for v3), which are
+the C4 sentencepiece models (`bpe_32k_c4.model` for v1/v2, `bpe_128k_c4.model` for v3), and
+Llama 3's `Llama-3-tokenizer.json` for the `-tiktoken` configs (`FujiV3Vocabulary`), which are
 not shipped: put them in a vocabulary directory (see `axlearn.experiments.text.common.vocab`) and
 C4 under `--data_dir`, or train on synthetic data with `--data_dir=FAKE`.
 
@@ -14,12 +15,13 @@ C4 under `--data_dir`, or train on synthetic data with `--data_dir=FAKE`.
 
 from __future__ import annotations
 
-from axlearn.common.config import InstantiableConfig, config_for_function
+from axlearn.common.config import InstantiableConfig, config_for_class, config_for_function
 from axlearn.common.input_lm import lm_text_preprocessor
 from axlearn.common.utils import get_data_dir
 from axlearn.experiments.text.common import DataMixtureComponent, vocab
 from axlearn.experiments.text.gpt import fuji
 from axlearn.experiments.text.gpt.common import mixture_train_input_source, tfds_input
+from axlearn.experiments.text.gpt.vocabulary_fuji_v3 import FujiV3Vocabulary
 from axlearn.experiments.trainer_config_utils import TrainerConfigFn
 
 # Sentencepiece vocabularies trained on c4/en:3.0.1, by vocabulary size.
@@ -28,12 +30,18 @@ _SENTENCEPIECE_MODEL_NAME = {
     128 * 1024: "bpe_128k_c4.model",
 }
 
+# The tokenizer file of the `-tiktoken` configs (Llama 3's tokenizer.json; not shipped).
+_TIKTOKEN_FILENAME = "Llama-3-tokenizer.json"
+
 _train_data_mixture_components = [
     DataMixtureComponent(name="c4/en:3.0.1", split="train", shuffle_buffer_size=8192, weight=1.0),
 ]
 
 
 def _vocab(vocab_size: int) -> InstantiableConfig:
+    if vocab_size == fuji.VOCAB_SIZE[fuji.Version.V3_TIKTOKEN]:
+        # Llama 3's tokenizer through tiktoken (the `-tiktoken` configs).
+        return config_for_class(FujiV3Vocabulary).set(filename=_TIKTOKEN_FILENAME)
     return config_for_function(vocab).set(
         sentencepiece_model_name=_SENTENCEPIECE_MODEL_NAME[vocab_size]
     )

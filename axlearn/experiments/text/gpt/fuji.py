@@ -5,10 +5,11 @@ given input sources (AXLearn's `axlearn.experiments.text.gpt.c4_trainer` registe
 data), with AXLearn's names:
 
     fuji-{test,7B,70B}-v1, fuji-{test,7B,70B}-v2, fuji-{test,1B,3B,7B,70B,405B}-v3,
+    fuji-{1B,3B,8B,70B,405B}-v3-tiktoken (Llama 3's tokenizer; pad 128004, EOS 128001),
     each also as "-flash" (FlashAttention), plus "-single-host" variants of the 1B/3B/7B configs
-    (batch / 128 for v3, / 32 for v1/v2) and "fuji-golden-run-test-v{1,2,3}".
+    (batch / 128) and "fuji-golden-run-test-v{1,2,3}".
 
-AXLearn's "-fp8" and "-tiktoken" variants are not registered (see docs/axlearn_differences.md).
+AXLearn's "-fp8" variants are not registered (see docs/axlearn_differences.md).
 
 Every model is a pre-norm RMSNorm decoder with RoPE grouped-query attention (8 KV heads from v2
 70B and v3; fused QKV projection), a SwiGLU feed-forward and decoupled AdamW; v3 uses a
@@ -87,11 +88,11 @@ from axlearn.experiments.trainer_config_utils import (
     V7xFlashConfigModifier,
 )
 
-MODEL_SIZES = ("test", "1B", "3B", "7B", "70B", "405B")
+MODEL_SIZES = ("test", "1B", "3B", "7B", "8B", "70B", "405B")
 
 
 class Version(enum.Enum):
-    """Fuji versions (V3_TIKTOKEN is listed for AXLearn's tables; its configs are not built)."""
+    """Fuji versions (V3_TIKTOKEN: v3 with Llama 3's 128256-token tiktoken vocabulary)."""
 
     V1 = 1
     V2 = 2
@@ -127,8 +128,15 @@ ROPE_THETA = {
 TOTAL_TOKENS = {
     Version.V1: {"test": 1 * (1024**4), "7B": 1 * (1024**4), "70B": int(1.4 * (1024**4))},
     Version.V2: {"test": 2 * (1024**4), "7B": 2 * (1024**4), "70B": 2 * (1024**4)},
-    Version.V3: {size: 15 * (1024**4) for size in MODEL_SIZES},
+    Version.V3: {size: 15 * (1024**4) for size in MODEL_SIZES if size != "8B"},
+    # Llama 3's tokenizer (`vocabulary_fuji_v3.FujiV3Vocabulary`); 8B is Llama 3 8B's shape.
+    Version.V3_TIKTOKEN: {size: 15 * (1024**4) for size in ("1B", "3B", "8B", "70B", "405B")},
 }
+
+# Padding and end-of-sequence ids of the tiktoken vocabulary (Llama 3's special tokens
+# <|finetune_right_pad_id|> and <|end_of_text|>); the sentencepiece versions use 0 and 1.
+TIKTOKEN_PAD_ID = 128004
+TIKTOKEN_EOS_ID = 128001
 
 # Tokens per batch (LLaMA 3 uses 16M tokens per batch after 2.87T tokens).
 TOKENS_PER_BATCH = {
@@ -329,6 +337,31 @@ def _mesh_rules(model_size: str, *, version: Version) -> tuple:
             ),
             (_TRN2, _chain(_mesh(fsdp=-1, model=4), *trn2)),
         )
+    if model_size == "8B":
+        return (
+            ("tpu-v4-(1024|2048)", mesh_shape_from_axes(data=-1, fsdp=16)),
+            (
+                "tpu-v5litepod-256",
+                _chain(
+                    _mesh(data=-1, fsdp=256), _remat(offload_dots_saveable_policy), _grad_acc(4)
+                ),
+            ),
+            (
+                "tpu-v5litepod-256-2",
+                _chain(_mesh(data=-1, fsdp=256), _remat(offload_dots_saveable_policy)),
+            ),
+            (
+                "tpu-v5litepod-256-4",
+                _chain(_mesh(data=-1, fsdp=256), _remat(jax_remat_policies.dots_saveable)),
+            ),
+            ("tpu-v5p-.*", mesh_shape_from_axes(data=-1, fsdp=8)),
+            (
+                "gpu-(p5.48xlarge|p4de.24xlarge|a3-highgpu-8g|a3-megagpu-8g|a3-ultragpu-8g|"
+                "a4-highgpu-8g)-(256|512|1024)",
+                mesh_shape_from_axes(data=-1, fsdp=8),
+            ),
+            (_TRN2, _chain(_mesh(fsdp=-1, model=4), *trn2)),
+        )
     if model_size == "70B":
         return (
             (
@@ -428,6 +461,7 @@ _SHAPES = {
     "1B": (16, 2048, 32, 8192, True, 3e-4),
     "3B": (28, 3072, 24, 8192, True, 3e-4),
     "7B": (32, 128 * 32, 32, None, True, 3e-4),
+    "8B": (32, 128 * 32, 32, "3.5x", False, 3e-4),
     "70B": (80, 128 * 64, 64, "3.5x", False, 1.5e-4),
     "405B": (126, 16384, 128, 53248, False, 1.5e-4),
 }
@@ -463,7 +497,7 @@ def get_trainer_kwargs(
     max_step = TOTAL_TOKENS[version][model_size] // tokens_per_batch
     max_sequence_length = MAX_SEQUENCE_LENGTH[version]
     rope_theta = ROPE_THETA[version]
-    num_kv_heads = 8 if version == Version.V3 else None
+    num_kv_heads = 8 if version in (Version.V3, Version.V3_TIKTOKEN) else None
     if model_size == "test":
         kwargs = dict(
             model_kwargs=dict(
@@ -516,6 +550,8 @@ def get_trainer_kwargs(
         )
     model_kwargs = kwargs.pop("model_kwargs")
     model_kwargs.setdefault("vocab_size", vocab_size)
+    if version == Version.V3_TIKTOKEN:
+        model_kwargs.update(pad_token_id=TIKTOKEN_PAD_ID, eos_token_id=TIKTOKEN_EOS_ID)
     kwargs["model_cfg"] = model_config(**model_kwargs)
     kwargs["learner_cfg"] = adamw_decoupled_learner_config(
         max_step=kwargs["max_step"], **kwargs.pop("learner_kwargs")
@@ -631,7 +667,7 @@ def trainer_configs(
         The configs, named as AXLearn names them (see the module docstring).
     """
     config_map = {}
-    versions = (Version.V1, Version.V2, Version.V3)
+    versions = (Version.V1, Version.V2, Version.V3, Version.V3_TIKTOKEN)
     for version, model_size, flash in itertools.product(versions, MODEL_SIZES, (True, False)):
         if model_size not in TOTAL_TOKENS[version]:
             continue

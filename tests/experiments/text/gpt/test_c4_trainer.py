@@ -118,6 +118,38 @@ def test_registered_v3_names():
     assert "fuji-70B-v3-single-host" not in names
 
 
+def test_tiktoken_configs_use_llama3_tokenizer():
+    from axlearn.experiments.text.gpt.vocabulary_fuji_v3 import FujiV3Vocabulary
+
+    names = set(_configs())
+    assert {f"fuji-{s}-v3-tiktoken{f}" for s in ("1B", "3B", "8B", "70B", "405B")
+            for f in ("", "-flash")} <= names  # fmt: skip
+    cfg = _configs()["fuji-8B-v3-tiktoken"]()
+    assert cfg.input.source.vocab_cfg.klass is FujiV3Vocabulary
+    assert cfg.input.source.vocab_cfg.filename == "Llama-3-tokenizer.json"
+    decoder = cfg.model.decoder
+    assert (decoder.vocab_size, decoder.pad_token_id, decoder.eos_token_id) == (
+        128256,
+        128004,
+        128001,
+    )
+    assert decoder.lm_head is not None and decoder.transformer.num_layers == 32
+    # Llama 3 8B: FFN 3.5 x 4096 rounded up to 256 = 14336.
+    model = cfg.model.clone(name="model").instantiate(parent=None)
+    params = jax.eval_shape(model.initialize_parameters_recursively, jax.random.PRNGKey(0))
+    layer = params["decoder"]["transformer"]["repeat"]["layer"]
+    assert layer["feed_forward"]["linear1_0"]["weight"].shape == (32, 4096, 14336)
+    total = sum(int(np.prod(x.shape)) for _, x in flatten_items(params))
+    # Hand-summed: embedding + LM head + 32 x (2 norms + qkv (48 heads) + o + 3 ffn) + norm.
+    assert (
+        total
+        == 2 * 128256 * 4096
+        + 32 * (2 * 4096 + 4096 * 48 * 128 + 4096 * 32 * 128 + 3 * 4096 * 14336)
+        + 4096
+        == 8_030_261_248
+    )  # Llama 3 8B's parameter count.
+
+
 def test_values_as_axlearn_states_them():
     cfg = _configs()["fuji-7B-v3"]()
     # VOCAB_SIZE[V3] = 128 * 1024; 128256 is V3_TIKTOKEN's.
