@@ -26,7 +26,7 @@ from absl import app, flags, logging
 
 # `launch` defines the process flags and must come before anything that touches devices.
 from axlearn.common import launch  # isort: skip
-from axlearn.common import experiment_registry, launch_trainer, measurement
+from axlearn.common import experiment_registry, launch_trainer, measurement, measurement_base
 from axlearn.common.checkpointer import (
     CheckpointCorruptionError,
     RestoreStepError,
@@ -56,7 +56,7 @@ def help_text() -> str:
         The text.
     """
     parts = [__doc__.strip(), ""]
-    for module in (launch_trainer, launch):
+    for module in (launch_trainer, measurement_base, launch):
         parts.append(f"Flags of {module.__name__}:")
         parts.append(flags.FLAGS.module_help(module))
         parts.append("")
