@@ -250,8 +250,11 @@ def _tiny_equivalent(name: str, trainer_dir: str, *, max_step: int = 3):
 
 @pytest.mark.slow
 # One run per structural variant (compiles dominate): FlashAttention + single-host batch, and
-# grouped-query attention with an untied LM head; every matched config builds (test below).
-@pytest.mark.parametrize("name", ["fuji-7B-v3-flash-single-host", "fuji-70B-v3"])
+# grouped-query attention with an untied LM head (also with FlashAttention, the tiktoken 8B);
+# every matched config builds (test below).
+@pytest.mark.parametrize(
+    "name", ["fuji-7B-v3-flash-single-host", "fuji-70B-v3", "fuji-8B-v3-tiktoken-flash"]
+)
 def test_tiny_equivalent_trains(name, tmp_path):
     cfg = _tiny_equivalent(name, str(tmp_path))
     trainer = cfg.instantiate(parent=None)
