@@ -26,7 +26,7 @@ from absl import app, flags, logging
 
 # `launch` defines the process flags and must come before anything that touches devices.
 from axlearn.common import launch  # isort: skip
-from axlearn.common import experiment_registry, launch_trainer, measurement
+from axlearn.common import experiment_registry, launch_trainer, measurement, measurement_base
 from axlearn.common.checkpointer import (
     CheckpointCorruptionError,
     RestoreStepError,
@@ -56,7 +56,7 @@ def help_text() -> str:
         The text.
     """
     parts = [__doc__.strip(), ""]
-    for module in (launch_trainer, launch):
+    for module in (launch_trainer, measurement_base, launch):
         parts.append(f"Flags of {module.__name__}:")
         parts.append(flags.FLAGS.module_help(module))
         parts.append("")
@@ -100,9 +100,14 @@ def main(_):
             f"{_PROG}: error: --trainer_dir={fv.trainer_dir} is a file, not a directory: pass a "
             "directory (a new one is created)."
         )
-    if fv.recorder_type == "local" and not fv.trainer_dir and not fv.recorder_spec:
-        # The config sets its own dir: the default recorder has nowhere to write.
-        logging.info("No --trainer_dir: the run's events are not recorded.")
+    if fv.recorder_type == "local" and not fv.recorder_spec and "://" in (fv.trainer_dir or "://"):
+        # The config sets its own dir, or the dir is remote (gs://, which cannot be appended to):
+        # the default recorder has nowhere to write.
+        logging.info(
+            "The run's events are not recorded: the local recorder appends to a local "
+            "directory (--recorder_spec=dir=PATH picks one; --trainer_dir=%s is not).",
+            fv.trainer_dir,
+        )
     else:
         try:
             measurement.initialize(fv)

@@ -136,6 +136,11 @@ class LocalRecorder(Recorder):
                 "--recorder_type=local needs --trainer_dir or --recorder_spec=dir=PATH (where "
                 "the event files go)."
             )
+        if "://" in directory:
+            raise ValueError(
+                f"--recorder_type=local writes local files, not {directory} (object stores "
+                "cannot be appended to): pass --recorder_spec=dir=LOCAL_PATH."
+            )
         cfg = cls.default_config().set(name=spec.get("name", "local"), dir=directory)
         process_id = getattr(fv, "process_id", None) if fv is not None else None
         if isinstance(process_id, int):

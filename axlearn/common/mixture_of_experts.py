@@ -44,7 +44,7 @@ from axlearn.common.layers import Dropout, LayerNorm, StochasticDepth, get_activ
 from axlearn.common.metrics import WeightedScalar
 from axlearn.common.module import Module
 from axlearn.common.param_init import FanAxes
-from axlearn.common.utils import Tensor, with_sharding_constraint
+from axlearn.common.utils import Tensor, current_mesh, with_sharding_constraint
 
 
 class TopKGating(BaseLayer):
@@ -198,10 +198,31 @@ class TransformerFeedForwardMoE(BaseLayer):
             raise NotImplementedError(f"{self.path()}: unsupported structure {cfg.structure}")
         if isinstance(cfg.activation, (tuple, list)) and len(cfg.activation) != 2:
             raise ValueError(f"{self.path()}: gated activation needs 2 names: {cfg.activation}")
+        self._check_expert_sharding()
         self._add_child("norm", cfg.norm.clone(input_dim=cfg.input_dim))
         self._add_child("gating", cfg.gating.clone(num_experts=cfg.num_experts))
         self._add_child("dropout", cfg.dropout)
         self._add_child("stochastic_depth", cfg.stochastic_depth)
+
+    def _check_expert_sharding(self) -> None:
+        """Inside a mesh, num_experts must divide evenly over the mesh axes of the expert dim.
+
+        Raises:
+            ValueError: If it does not (one line naming the config path and the fix).
+        """
+        cfg = self.config
+        mesh = current_mesh()
+        spec = cfg.dim_to_mesh_axis_map.get("emh")
+        if mesh is None or spec is None or not len(spec) or spec[0] is None:
+            return
+        axes = spec[0] if isinstance(spec[0], (tuple, list)) else (spec[0],)
+        size = math.prod(mesh.shape.get(axis, 1) for axis in axes)
+        if cfg.num_experts % size != 0:
+            raise ValueError(
+                f"{self.path()}.num_experts={cfg.num_experts} is not divisible by the {size}-way "
+                f"expert sharding (mesh axes {tuple(axes)} of the expert dim): use a multiple of "
+                f"{size} experts or a smaller expert mesh axis."
+            )
 
     def _hidden_dim(self) -> int:
         cfg = self.config

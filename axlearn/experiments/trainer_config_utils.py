@@ -95,8 +95,8 @@ class V7xFlashConfigModifier(V6eFlashConfigModifier):
 class SplashAttentionConfigModifier(ConfigModifier):
     """Sets the splash-attention (TPU) block sizes of every FlashAttention layer.
 
-    The sizes go into the layer's `backend_overrides` dict (as "splash_block_q" and
-    "splash_block_kv_compute") where the layer config has that field; a config whose
+    The sizes that are set go into the layer's `backend_overrides` dict (under their field names,
+    e.g. "splash_block_q") where the layer config has that field; a config whose
     FlashAttention layers have no such field, or without FlashAttention layers, is left
     unchanged (this package's FlashAttention has no splash backend).
     """
@@ -105,10 +105,18 @@ class SplashAttentionConfigModifier(ConfigModifier):
     class Config(ConfigModifier.Config):
         """Configures SplashAttentionConfigModifier."""
 
-        # The query block size of the splash kernels.
+        # The query block size of the splash kernels (forward).
         splash_block_q: Optional[int] = None
-        # The key/value compute block size of the splash kernels.
+        # The key/value block size (forward).
+        splash_block_kv: Optional[int] = None
+        # The key/value compute block size (forward).
         splash_block_kv_compute: Optional[int] = None
+        # The query block size of the dK/dV backward kernel.
+        splash_block_q_dkv: Optional[int] = None
+        # The key/value block size of the dK/dV backward kernel.
+        splash_block_kv_dkv: Optional[int] = None
+        # The key/value compute block size of the dK/dV backward kernel.
+        splash_block_kv_dkv_compute: Optional[int] = None
 
     def __call__(self, cfg: ConfigBase) -> ConfigBase:
         """Sets the block sizes (in place).
@@ -119,14 +127,16 @@ class SplashAttentionConfigModifier(ConfigModifier):
         Returns:
             The modified config.
         """
-        sizes = {
-            key: value
-            for key, value in (
-                ("splash_block_q", self.config.splash_block_q),
-                ("splash_block_kv_compute", self.config.splash_block_kv_compute),
-            )
-            if value is not None
-        }
+        names = (
+            "splash_block_q",
+            "splash_block_kv",
+            "splash_block_kv_compute",
+            "splash_block_q_dkv",
+            "splash_block_kv_dkv",
+            "splash_block_kv_dkv_compute",
+        )
+        sizes = {name: getattr(self.config, name) for name in names}
+        sizes = {name: value for name, value in sizes.items() if value is not None}
         for layer_cfg in flash_attention_configs(cfg):
             if "backend_overrides" in layer_cfg:
                 layer_cfg.backend_overrides = {**(layer_cfg.backend_overrides or {}), **sizes}

@@ -104,6 +104,8 @@ def test_spec_errors():
         measurement.initialize(_flags(recorder_type="local", recorder_spec=["bad"]))
     with pytest.raises(ValueError, match="needs --trainer_dir"):
         measurement.initialize(_flags(recorder_type="local"))
+    with pytest.raises(ValueError, match="not gs://b/run/events .*--recorder_spec=dir="):
+        measurement.initialize(_flags(recorder_type="local", trainer_dir="gs://b/run"))
 
 
 def test_process_label(monkeypatch):

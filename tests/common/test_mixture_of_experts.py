@@ -216,3 +216,17 @@ def test_moe_aux_loss_enters_the_model_loss():
     np.testing.assert_allclose(
         float(loss), float(summaries["cross_entropy_loss"].mean) + aux, rtol=1e-6
     )
+
+
+def test_num_experts_not_divisible_by_the_expert_axis_is_a_one_line_error():
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("expert", "model"))
+    with jax.set_mesh(mesh):
+        with pytest.raises(ValueError) as e:
+            _moe(num_experts=6, num_groups=1)
+        message = str(e.value)
+        assert "\n" not in message
+        assert message.startswith("moe.num_experts=6 is not divisible by the 4-way expert")
+        assert "use a multiple of 4 experts" in message
+        layer, params = _moe(num_experts=8, num_groups=1)  # 8 experts over 4: fine.
+        assert params["wo_weight"].shape == (8, HIDDEN, DIM)
+    _moe(num_experts=6, num_groups=1)  # Outside a mesh nothing is sharded: fine.

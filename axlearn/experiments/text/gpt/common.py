@@ -50,6 +50,7 @@ from axlearn.common.input_processors import sample_from_datasets, with_processor
 from axlearn.common.layers import set_bias_recursively, set_norm_recursively
 from axlearn.common.param_init import PARAM_REGEXP_WEIGHT, DefaultInitializer, WeightInitializer
 from axlearn.common.trainer import SpmdTrainer
+from axlearn.common.utils import HybridMeshShape
 from axlearn.experiments.text.common import DataMixtureComponent, tfds_text_source
 from axlearn.experiments.trainer_config_utils import TrainerConfigFn
 
@@ -692,9 +693,11 @@ def get_trainer_config_fn(
     """
 
     def config_fn() -> SpmdTrainer.Config:
-        if len(mesh_axis_names) != len(mesh_shape):
+        hybrid = isinstance(mesh_shape, HybridMeshShape)
+        num_axes = len(mesh_shape.ici_mesh_shape) if hybrid else len(mesh_shape)
+        if len(mesh_axis_names) != num_axes:
             raise ValueError(
-                f"mesh_axis_names {tuple(mesh_axis_names)} and mesh_shape {tuple(mesh_shape)} "
+                f"mesh_axis_names {tuple(mesh_axis_names)} and mesh_shape {mesh_shape} "
                 "differ in length"
             )
         cfg = SpmdTrainer.default_config().set(
@@ -704,7 +707,7 @@ def get_trainer_config_fn(
             max_step=max_step,
             train_dtype=STEP_DTYPE,
             mesh_axis_names=tuple(mesh_axis_names),
-            mesh_shape=tuple(mesh_shape),
+            mesh_shape=mesh_shape if hybrid else tuple(mesh_shape),
             batch_axis_names=tuple(a for a in mesh_axis_names if a not in ("model", "pipeline")),
             mesh_rules=mesh_rules,
         )

@@ -450,7 +450,20 @@ def _mesh_rules(model_size: str, *, version: Version) -> tuple:
         return (
             (
                 "tpu-v5p-.*",
-                _chain(_mesh(fsdp=-1), _remat(_save_names(None))),
+                _chain(_mesh(fsdp=-1), _remat(_save_names(None, offloaded=".*input"))),
+            ),
+            (
+                "tpu-7x-.*",
+                _chain(
+                    _mesh(data=-1, fsdp=256),
+                    V7xFlashConfigModifier.default_config().set(tpu_block_size=2048),
+                    SplashAttentionConfigModifier.default_config().set(
+                        splash_block_kv_compute=256,
+                        splash_block_kv_dkv_compute=256,
+                        splash_block_q_dkv=1024,
+                    ),
+                    _remat(_save_names(None, offloaded=".*input")),
+                ),
             ),
         )
     return ()

@@ -100,6 +100,21 @@ def _doc_form(line: str) -> str:
     return re.sub(r"^mesh_rules\[\d+\]", "mesh_rules[*]", line)
 
 
+def test_405b_rules_match_axlearns_405b_dump():
+    """AXLearn's fuji-405B-v3-fp8 has no GPU rules (where its FP8 modifier would go), so its dump
+    is fuji-405B-v3's: ours matches it but for the documented attention_mask line, including the
+    v5p rule and the tpu-7x-.* rule with its splash block sizes."""
+    from axlearn.common.mesh_resolution import resolve_mesh
+
+    ours = _configs()["fuji-405B-v3"]().debug_string().splitlines()
+    with open(os.path.join(_GOLDENS, "fuji-405B-v3-fp8.txt"), encoding="utf-8") as f:
+        theirs = f.read().splitlines()
+    ratio, only_ours, only_theirs = match_ratio(ours, theirs)
+    assert (only_ours, only_theirs) == (["model.decoder.attention_mask: None"], [])
+    cfg, res = resolve_mesh(_configs()["fuji-405B-v3"](), mesh_selector="tpu-7x-256")
+    assert (res.rule, res.rule_index, cfg.mesh_shape) == ("tpu-7x-.*", 1, (1, -1, 1, 256, 1, 1))
+
+
 def test_regularizer_dump_equals_axlearn_current():
     from axlearn.common import golden_config
 
@@ -250,8 +265,11 @@ def _tiny_equivalent(name: str, trainer_dir: str, *, max_step: int = 3):
 
 @pytest.mark.slow
 # One run per structural variant (compiles dominate): FlashAttention + single-host batch, and
-# grouped-query attention with an untied LM head; every matched config builds (test below).
-@pytest.mark.parametrize("name", ["fuji-7B-v3-flash-single-host", "fuji-70B-v3"])
+# grouped-query attention with an untied LM head (also with FlashAttention, the tiktoken 8B);
+# every matched config builds (test below).
+@pytest.mark.parametrize(
+    "name", ["fuji-7B-v3-flash-single-host", "fuji-70B-v3", "fuji-8B-v3-tiktoken-flash"]
+)
 def test_tiny_equivalent_trains(name, tmp_path):
     cfg = _tiny_equivalent(name, str(tmp_path))
     trainer = cfg.instantiate(parent=None)
