@@ -257,8 +257,12 @@ class CompositeLossMetrics(BaseLossMetrics):
         return total, dict(outputs, summaries=summaries)
 
 
-def metrics_config() -> CompositeLossMetrics.Config:
+def metrics_config(*, aux_loss_regex: Optional[str] = None) -> CompositeLossMetrics.Config:
     """The default LM loss metrics: cross-entropy ("lm") plus auxiliary losses ("aux").
+
+    Args:
+        aux_loss_regex: If set, the "aux" metric's regex of module outputs to sum (None: the
+            model's `aux_loss_regex`).
 
     Returns:
         A CompositeLossMetrics config.
@@ -266,7 +270,7 @@ def metrics_config() -> CompositeLossMetrics.Config:
     return CompositeLossMetrics.default_config().set(
         metrics={
             "lm": CrossEntropyLossMetrics.default_config(),
-            "aux": AuxLossMetrics.default_config(),
+            "aux": AuxLossMetrics.default_config().set(aux_loss_regex=aux_loss_regex),
         }
     )
 

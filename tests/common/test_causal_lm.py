@@ -367,3 +367,11 @@ def test_composite_loss_metrics_weights_children():
     bad = cfg.clone(loss_weights={"lmm": 1.0})
     with pytest.raises(ValueError, match=r"metrics.loss_weights names \['lmm'\]"):
         bad.set(name="metrics").instantiate(parent=None)
+
+
+def test_metrics_config_aux_loss_regex():
+    from axlearn.common import causal_lm
+
+    cfg = causal_lm.metrics_config(aux_loss_regex=".*/aux_loss")
+    assert cfg.metrics["aux"].aux_loss_regex == ".*/aux_loss"
+    assert causal_lm.metrics_config().metrics["aux"].aux_loss_regex is None
