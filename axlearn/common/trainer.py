@@ -72,7 +72,8 @@ from axlearn.common.trainer_events import TrainerEvents
 from axlearn.common.trainer_metrics import MetricsRecorder
 from axlearn.common.trainer_profiler import Profiler
 from axlearn.common.trainer_step import TrainStep, TrainStepResult, opt_params  # noqa: F401
-from axlearn.common.trainer_utils import (
+from axlearn.common.trainer_utils import (  # noqa: F401 (NonFiniteLossError: public name)
+    NonFiniteLossError,
     all_finite,
     check_token_ids,
     eval_due,
@@ -95,20 +96,6 @@ from axlearn.common.utils_spmd import (
     batch_partition_spec,
     host_to_global_array,
 )
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite at a step and the learner does not skip such steps."""
-
-    def __init__(self, *, step: int, loss: float):
-        super().__init__(
-            f"Step {step}: the loss is {loss}. The learner does not skip non-finite steps (use "
-            "skip_and_clip_by_global_norm or fp16 loss scaling to skip them); stopping. No state "
-            "of this step or later is checkpointed."
-        )
-        self.step = step
-        self.loss = loss
-
 
 # The config fields that only the launcher sets (left out of the config digest and TensorBoard).
 LAUNCH_FIELDS = ("on_run_start", "verbose_start", "save_and_eval_last_step")

@@ -197,3 +197,16 @@ def check_token_ids(batch: Any, model_cfg: Any, *, path: str) -> None:
                 f"{vocab_size} (ids must be < vocab_size): the input's vocabulary is larger "
                 "than the model's. Set vocab_size to at least the tokenizer's vocabulary size."
             )
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite at a step and the learner does not skip such steps."""
+
+    def __init__(self, *, step: int, loss: float):
+        super().__init__(
+            f"Step {step}: the loss is {loss}. The learner does not skip non-finite steps (use "
+            "skip_and_clip_by_global_norm or fp16 loss scaling to skip them); stopping. No state "
+            "of this step or later is checkpointed."
+        )
+        self.step = step
+        self.loss = loss
