@@ -388,15 +388,6 @@ def run_trainer(
                 os.path.join(trainer_config.dir, PARAMETER_TABLE_FILE),
             )
 
-    if flag_values.is_parsed():
-        cache = compilation_cache.resolve_cache_dir(
-            flag_values.compilation_cache_dir,
-            trainer_dir=trainer_config.dir,
-            platform=jax.default_backend(),
-            process_count=jax.process_count(),
-        )
-        if cache is not None:
-            compilation_cache.enable(cache)
     overrides = flag_values.config_override if flag_values.is_parsed() else []
     # The launcher's fields (trainer.LAUNCH_FIELDS): on a copy, after the dump above.
     trainer_config = trainer_config.clone(
@@ -409,6 +400,16 @@ def run_trainer(
         # Before anything is written: a second run on this dir fails here, naming the owner.
         lock.acquire()
     try:
+        if flag_values.is_parsed():
+            # After the lock: a second run on a busy dir creates nothing (not even the cache).
+            cache = compilation_cache.resolve_cache_dir(
+                flag_values.compilation_cache_dir,
+                trainer_dir=trainer_config.dir,
+                platform=jax.default_backend(),
+                process_count=jax.process_count(),
+            )
+            if cache is not None:
+                compilation_cache.enable(cache)
         try:
             trainer: SpmdTrainer = trainer_config.instantiate(parent=None)
         except ConfigRangeError:
