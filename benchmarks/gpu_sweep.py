@@ -103,7 +103,8 @@ def run_trainer_cell(cell: dict) -> dict:
         trainer.run(jax.random.PRNGKey(0))
         with open(os.path.join(trainer_dir, "metrics.jsonl"), encoding="utf-8") as f:
             records = [json.loads(line) for line in f if line.strip()]
-        compiled = getattr(trainer, "_compiled_memory", None)
+        with open(os.path.join(trainer_dir, "run_summary.json"), encoding="utf-8") as f:
+            compiled = json.load(f).get("compiled_memory")  # CompiledMemory.to_dict() or None.
         trace = _copy_trace(trainer_dir, cell) if traced else None
     finally:
         shutil.rmtree(trainer_dir, ignore_errors=True)
@@ -117,7 +118,7 @@ def run_trainer_cell(cell: dict) -> dict:
         s_per_step=_median_step(times),
         loss_last=records[-1]["loss"],
         peak_memory_bytes=_peak_memory_bytes(),
-        compiled_temp_bytes=compiled.temp_bytes if compiled is not None else None,
+        compiled_temp_bytes=compiled["temp_bytes"] if compiled is not None else None,
         device=device.device_kind,
     )
 

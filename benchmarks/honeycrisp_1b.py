@@ -129,7 +129,7 @@ def run_arm(args, dims: dict, *, save_every: int, device, peak) -> dict:
             records = [json.loads(line) for line in f if line.strip()]
         with open(os.path.join(trainer_dir, "run_summary.json"), encoding="utf-8") as f:
             summary = json.load(f)
-        choice = getattr(trainer, "_snapshot_choice", None)
+        choice = trainer._checkpoints.snapshot_choice  # pylint: disable=protected-access
         return dict(
             records=records,
             summary=summary,
