@@ -7,43 +7,17 @@ import json
 import os
 import shutil
 
-import jax
-import jax.numpy as jnp
 import pytest
 
 from axlearn.cli.main import main
 from axlearn.common import checkpointer as ckpt_lib
 from axlearn.common.checkpointer import (
-    Checkpointer,
     CorruptCheckpointError,
-    every_n_steps_policy,
     layout,
     state_tree,
 )
-from axlearn.common.config import config_for_function
+from tests.common.test_checkpointer_recovery import _checkpointer, _state, _target
 from tests.common.test_path_containment import Sentinel
-
-
-def _checkpointer(ckpt_dir: str, **kwargs) -> Checkpointer:
-    return (
-        Checkpointer.default_config()
-        .set(
-            name="ckpt",
-            dir=ckpt_dir,
-            keep_last_n=1,
-            save_policy=config_for_function(every_n_steps_policy).set(n=1),
-            **kwargs,
-        )
-        .instantiate(parent=None)
-    )
-
-
-def _state(step: int) -> dict:
-    return dict(w=jnp.full((8, 4), float(step)), it=f"pos{step}".encode())
-
-
-def _target() -> dict:
-    return dict(w=jax.ShapeDtypeStruct((8, 4), jnp.float32), it=b"")
 
 
 def _save(ckpt_dir: str, steps) -> None:
