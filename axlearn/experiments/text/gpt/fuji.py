@@ -277,6 +277,25 @@ def _trn2_modifiers(model_size: str, *, version: Version) -> list[InstantiableCo
 _TRN2 = "neuron-(trn2|trn2n).48xlarge-64"
 
 
+def _v4_v5e_rules() -> tuple:
+    """The TPU v4 and v5e rules that 7B and 8B share."""
+    return (
+        ("tpu-v4-(1024|2048)", mesh_shape_from_axes(data=-1, fsdp=16)),
+        (
+            "tpu-v5litepod-256",
+            _chain(_mesh(data=-1, fsdp=256), _remat(offload_dots_saveable_policy), _grad_acc(4)),
+        ),
+        (
+            "tpu-v5litepod-256-2",
+            _chain(_mesh(data=-1, fsdp=256), _remat(offload_dots_saveable_policy)),
+        ),
+        (
+            "tpu-v5litepod-256-4",
+            _chain(_mesh(data=-1, fsdp=256), _remat(jax_remat_policies.dots_saveable)),
+        ),
+    )
+
+
 def _mesh_rules(model_size: str, *, version: Version) -> tuple:
     """AXLearn's mesh rules of a size (instance-type regex -> mesh shape or modifier)."""
     trn2 = _trn2_modifiers(model_size, version=version)
@@ -285,21 +304,7 @@ def _mesh_rules(model_size: str, *, version: Version) -> tuple:
         return ((_TRN2, _chain(_mesh(fsdp=-1, model=4), *trn2, *extra)),)
     if model_size == "7B":
         return (
-            ("tpu-v4-(1024|2048)", mesh_shape_from_axes(data=-1, fsdp=16)),
-            (
-                "tpu-v5litepod-256",
-                _chain(
-                    _mesh(data=-1, fsdp=256), _remat(offload_dots_saveable_policy), _grad_acc(4)
-                ),
-            ),
-            (
-                "tpu-v5litepod-256-2",
-                _chain(_mesh(data=-1, fsdp=256), _remat(offload_dots_saveable_policy)),
-            ),
-            (
-                "tpu-v5litepod-256-4",
-                _chain(_mesh(data=-1, fsdp=256), _remat(jax_remat_policies.dots_saveable)),
-            ),
+            *_v4_v5e_rules(),
             (
                 "tpu-v6e-256-(2|4|8)",
                 _chain(
@@ -339,21 +344,7 @@ def _mesh_rules(model_size: str, *, version: Version) -> tuple:
         )
     if model_size == "8B":
         return (
-            ("tpu-v4-(1024|2048)", mesh_shape_from_axes(data=-1, fsdp=16)),
-            (
-                "tpu-v5litepod-256",
-                _chain(
-                    _mesh(data=-1, fsdp=256), _remat(offload_dots_saveable_policy), _grad_acc(4)
-                ),
-            ),
-            (
-                "tpu-v5litepod-256-2",
-                _chain(_mesh(data=-1, fsdp=256), _remat(offload_dots_saveable_policy)),
-            ),
-            (
-                "tpu-v5litepod-256-4",
-                _chain(_mesh(data=-1, fsdp=256), _remat(jax_remat_policies.dots_saveable)),
-            ),
+            *_v4_v5e_rules(),
             ("tpu-v5p-.*", mesh_shape_from_axes(data=-1, fsdp=8)),
             (
                 "gpu-(p5.48xlarge|p4de.24xlarge|a3-highgpu-8g|a3-megagpu-8g|a3-ultragpu-8g|"
