@@ -60,7 +60,18 @@ from axlearn.common.input_feed import (
     feed_scope,
     local_feed_indices,
 )
+from axlearn.common.input_field_processors import (  # noqa: F401 (public re-exports)
+    extract_from_sequence,
+    preserve_element_spec,
+    ragged_to_tensor,
+    squeeze_fields,
+)
 from axlearn.common.input_iterator import Feed, InputError, InputIterator, InputStateError
+from axlearn.common.input_padding import (  # noqa: F401 (AXLearn's private helpers)
+    _infer_cardinality,
+    _pad_for_evaluation,
+    _pad_logical_to_physical,
+)
 from axlearn.common.input_processors import (
     BuildDatasetFn,
     DatasetToDatasetFn,
@@ -100,17 +111,21 @@ __all__ = [
     "current_feed",
     "default_pad_example_fn",
     "disable_shuffle_recursively",
+    "extract_from_sequence",
     "filter_examples",
     "get_data_dir",
     "handle_malformed",
     "identity",
     "pack_to_batch",
     "pad_to_batch",
+    "preserve_element_spec",
+    "ragged_to_tensor",
     "rekey",
     "remove_fields",
     "sample_from_datasets",
     "select_fields",
     "shuffle",
+    "squeeze_fields",
     "take",
     "tfds_dataset",
     "tfds_read_config",

@@ -36,6 +36,7 @@ from axlearn.common.config import is_named_tuple
 # Dtype and mask helpers live in utils_dtypes and utils_masks (kept apart for length), re-exported.
 from axlearn.common.utils_dtypes import validate_float_dtype  # noqa: F401
 from axlearn.common.utils_masks import safe_not, sequence_mask  # noqa: F401
+from axlearn.common.utils_numpy import as_numpy_array  # noqa: F401
 
 # AXLearn keeps its remat policies in `utils`; ours live in utils_remat and are re-exported here.
 from axlearn.common.utils_remat import (  # noqa: F401
