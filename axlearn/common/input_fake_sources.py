@@ -45,9 +45,15 @@ def _examples_dataset(examples: Sequence[Any], spec: Optional[Any]) -> tf.data.D
             ds = ds.map(relax)
         datasets.append(ds)
     ds = datasets[0]
-    for other in datasets[1:]:
+    for i, other in enumerate(datasets[1:], start=1):
         # Concatenation relaxes differing shapes to their common (partially known) shape.
-        ds = ds.concatenate(other)
+        try:
+            ds = ds.concatenate(other)
+        except TypeError as e:
+            raise ValueError(
+                f"fake_source: example {i} ({other.element_spec}) does not match the examples "
+                f"before it ({ds.element_spec}): give every example the same fields and dtypes"
+            ) from e
     return ds
 
 
@@ -126,7 +132,9 @@ def fake_text_source(
     )
 
 
-def fake_serialized_json_source(examples: Sequence[dict[str, Any]]) -> Callable[[], tf.data.Dataset]:
+def fake_serialized_json_source(
+    examples: Sequence[dict[str, Any]],
+) -> Callable[[], tf.data.Dataset]:
     """Returns a BuildDatasetFn yielding each example as a JSON string (a scalar tf.string).
 
     The examples may have different fields; parse them with `json.loads` (e.g. in a

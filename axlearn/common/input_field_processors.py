@@ -91,9 +91,7 @@ def ragged_to_tensor(
     return fn
 
 
-def extract_from_sequence(
-    in_key: str, out_key: str, idx: Union[int, slice]
-) -> DatasetToDatasetFn:
+def extract_from_sequence(in_key: str, out_key: str, idx: Union[int, slice]) -> DatasetToDatasetFn:
     """Returns a processor setting `ex[out_key] = ex[in_key][idx]` (an element or a slice).
 
     Args:

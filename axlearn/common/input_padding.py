@@ -137,8 +137,7 @@ def _pad_logical_to_physical(
         )
     if logical_feed_index is not None and not 0 <= logical_feed_index < num_logical_feeds:
         raise ValueError(
-            f"logical_feed_index ({logical_feed_index}) must be None or in "
-            f"[0, {num_logical_feeds})"
+            f"logical_feed_index ({logical_feed_index}) must be None or in [0, {num_logical_feeds})"
         )
 
     pad_example = pad_example_fn(ds.element_spec)

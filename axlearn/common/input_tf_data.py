@@ -465,6 +465,12 @@ class Input(Module):
     def _dispatched_batcher(self, batcher: InstantiableConfig) -> InstantiableConfig:
         """The batcher config with this feed's share of the dispatcher's logical batch."""
         cfg = self.config
+        if (
+            "feed_batch_size" not in batcher
+            and "global_logical_batch_size" in batcher
+            and "logical_feed_indices" in cfg.input_dispatcher
+        ):
+            return self._logical_batcher(batcher)
         logical = cfg.input_dispatcher.global_logical_batch_size
         if logical % self._num_feeds != 0:
             raise ValueError(
@@ -475,10 +481,29 @@ class Input(Module):
         if "feed_batch_size" not in batcher:
             raise ValueError(
                 f"{self.path()}.batcher ({describe_source(batcher)}) has no feed_batch_size: "
-                "use input_tf_data.per_feed_batch with an input_dispatcher"
+                "use input_tf_data.per_feed_batch (or input_tf_data.batch under an InputDispatcher)"
             )
         self._per_feed_batch_size = logical // self._num_feeds
         return batcher.clone(feed_batch_size=self._per_feed_batch_size)
+
+    def _logical_batcher(self, batcher: InstantiableConfig) -> InstantiableConfig:
+        """The `batch` config of this feed under an `input_dispatch.InputDispatcher`.
+
+        The dispatcher (a child, `self.input_dispatcher`) resolves the physical feeds, this
+        feed's index and the logical feeds; `batch` pads this feed's logical examples to its
+        physical batch and adds the dispatch tensor, which `input_dispatcher.
+        physical_to_logical_batch` uses on the global batch.
+        """
+        dispatcher = self._add_child("input_dispatcher", self.config.input_dispatcher)
+        dcfg = dispatcher.config
+        self._per_feed_batch_size = dispatcher.feed_physical_batch_size
+        return batcher.clone(
+            global_batch_size=dcfg.global_physical_batch_size,
+            global_logical_batch_size=dcfg.global_logical_batch_size,
+            logical_feed_indices=list(dcfg.logical_feed_indices),
+            num_physical_feeds=dcfg.num_physical_feeds,
+            physical_feed_index=dcfg.physical_feed_index,
+        )
 
     @nowrap
     def partition_specs(self, input_batch: Any) -> Any:
