@@ -9,6 +9,7 @@ TensorFlow is imported lazily: importing this module does not import it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -129,6 +130,9 @@ def batch(
             global_batch_size
         ):
             return _finish(_logical_feed(ds, ctx))
+        if num_physical_feeds is not None:
+            # Set by an InputDispatcher: its physical feeds split the batch.
+            ctx = dataclasses.replace(ctx, num_feeds=num_physical_feeds)
         if global_batch_size % ctx.num_feeds != 0:
             raise ValueError(
                 f"batch: global_batch_size ({global_batch_size}) must be divisible by the number "

@@ -18,6 +18,7 @@ TensorFlow, TFDS and seqio are imported lazily: importing this module does not i
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional, Union
@@ -169,17 +170,25 @@ def tfds_read_config(
         decode_parallelism: Parallel decodes when training.
 
     Returns:
-        A tfds.ReadConfig (sharding is applied by `tfds_dataset` through the split).
+        A tfds.ReadConfig; its `input_context` names the shard (`tfds_dataset` reads it
+        through the split).
     """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 
-    del num_shards, shard_index  # Used by tfds_dataset through `_read_shard`.
+    ctx = current_feed()
     parallel_read = read_parallelism if is_training else 1
     return tfds.ReadConfig(
         interleave_cycle_length=parallel_read,
         num_parallel_calls_for_interleave_files=parallel_read,
         num_parallel_calls_for_decode=decode_parallelism if is_training else 1,
         shuffle_seed=derive_seed("tfds_read_config/shuffle_files"),
+        # Describes the shard (as AXLearn's read config does); `tfds_dataset` reads the shard
+        # through the split and clears it, so that TFDS does not shard the files again.
+        input_context=tf.distribute.InputContext(
+            num_input_pipelines=ctx.num_feeds if num_shards is None else num_shards,
+            input_pipeline_id=ctx.feed_index if shard_index is None else shard_index,
+        ),
     )
 
 
@@ -310,7 +319,8 @@ def tfds_dataset(
             ds = builder.as_dataset(
                 split=per_feed_split,
                 shuffle_files=shuffle_files,
-                read_config=read_config.instantiate(),
+                # The shard is read through the split: no file sharding by TFDS on top.
+                read_config=dataclasses.replace(read_config.instantiate(), input_context=None),
                 decoders=maybe_instantiate(decoders),
             )
             if shuffle_buffer_size > 0:
@@ -328,8 +338,6 @@ def tfds_dataset(
 def _with_seed(ctx: FeedContext, seed: Optional[int]) -> FeedContext:
     if seed is None:
         return ctx
-    import dataclasses  # pylint: disable=import-outside-toplevel
-
     return dataclasses.replace(ctx, seed=seed)
 
 

@@ -452,3 +452,15 @@ def test_global_batcher_under_input_dispatcher_pads_logical_to_physical():
         {k: jnp.asarray(v) for k, v in batch.items()}
     )
     np.testing.assert_array_equal(logical["x"], [0, 1])
+
+
+def test_tfds_read_config_names_the_shard():
+    from axlearn.common.input_feed import FeedContext, feed_scope
+
+    rc = input_tf_data.tfds_read_config(is_training=True, num_shards=16, shard_index=4)
+    assert (rc.input_context.num_input_pipelines, rc.input_context.input_pipeline_id) == (16, 4)
+    assert rc.interleave_cycle_length == 1 and rc.num_parallel_calls_for_decode == 32
+    with feed_scope(FeedContext(num_feeds=3, feed_index=2)):
+        rc = input_tf_data.tfds_read_config(is_training=False)
+    assert (rc.input_context.num_input_pipelines, rc.input_context.input_pipeline_id) == (3, 2)
+    assert rc.num_parallel_calls_for_decode == 1
