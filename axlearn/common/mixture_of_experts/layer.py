@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from axlearn.common.attention.transformer import NormPosition, _add_v2_norms, _maybe_norm
-from axlearn.common.base_layer import BaseLayer, ParameterSpec
+from axlearn.common.base_layer import ParameterSpec
 from axlearn.common.config import (
     REQUIRED,
     FunctionConfigBase,
@@ -33,10 +33,12 @@ from axlearn.common.config import (
     Required,
     config_class,
 )
+from axlearn.common.invocation_context import child_context
 from axlearn.common.layers import Dropout, LayerNorm, StochasticDepth, get_activation_fn
 from axlearn.common.mixture_of_experts.gating import BaseGating, Top2Gating, TopKGating
 from axlearn.common.module import Module
 from axlearn.common.param_init import ConstantInitializer, FanAxes
+from axlearn.common.quantized_dot_general.layers import DenseGeneralBaseLayer
 from axlearn.common.utils import Tensor, current_mesh, with_sharding_constraint
 
 # Activations whose output is 0 (or nearly) for inputs <= 0: a hidden unit whose pre-activation
@@ -44,11 +46,11 @@ from axlearn.common.utils import Tensor, current_mesh, with_sharding_constraint
 _DEAD_ZONE_ACTIVATIONS = ("nn.relu", "nn.silu", "nn.gelu", "quick_gelu", "exact_gelu")
 
 
-class TransformerFeedForwardMoE(BaseLayer):
+class TransformerFeedForwardMoE(DenseGeneralBaseLayer):
     """A mixture-of-experts feed-forward block with a residual connection (see module doc)."""
 
     @config_class
-    class Config(BaseLayer.Config):
+    class Config(DenseGeneralBaseLayer.Config):
         """Configures TransformerFeedForwardMoE."""
 
         input_dim: Required[int] = REQUIRED  # Input (and output) feature dim.
@@ -91,8 +93,6 @@ class TransformerFeedForwardMoE(BaseLayer):
         }
         # Optional initial value of a trained residual gate theta (branch * sigmoid(theta)).
         residual_gate_init: Optional[float] = None
-        # Optional quantized einsum for the expert matmuls (a QuantizedDotGeneral config).
-        quantized_dot_general: Optional[InstantiableConfig] = None
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
@@ -112,8 +112,6 @@ class TransformerFeedForwardMoE(BaseLayer):
         self._add_child("gating", cfg.gating.clone(num_experts=cfg.num_experts))
         self._add_child("dropout", cfg.dropout)
         self._add_child("stochastic_depth", cfg.stochastic_depth)
-        if cfg.quantized_dot_general is not None:
-            self._add_child("quantized_dot_general", cfg.quantized_dot_general)
 
     def _check_expert_sharding(self) -> None:
         """Inside a mesh, num_experts must divide evenly over the mesh axes of the expert dim.
@@ -181,12 +179,14 @@ class TransformerFeedForwardMoE(BaseLayer):
         spec = self.config.dim_to_mesh_axis_map.get(dims)
         return x if spec is None or current_mesh() is None else with_sharding_constraint(x, spec)
 
-    def _einsum(self, subscripts: str, activation: Tensor, kernel: Tensor) -> Tensor:
-        if "quantized_dot_general" in self.children:
+    def _einsum(self, name: str, subscripts: str, activation: Tensor, kernel: Tensor) -> Tensor:
+        """An expert matmul, quantized if configured (the child runs in context `name`)."""
+        if "quantized_dot_general" not in self.children:
+            return jnp.einsum(subscripts, activation, kernel)
+        with child_context(name, module=self.quantized_dot_general):
             return self.quantized_dot_general.einsum_maybe_quantized(
                 subscripts, activation=activation, kernel=kernel
             )
-        return jnp.einsum(subscripts, activation, kernel)
 
     def _residual_branch(self, x: Tensor) -> Tensor:
         cfg = self.config
@@ -250,7 +250,7 @@ class TransformerFeedForwardMoE(BaseLayer):
             activations = (activations,)
         hidden = None
         for name, act in zip(self._wi_names(), activations):
-            h = self._einsum("oegcm,emh->oegch", x, self.parameters[name])
+            h = self._einsum(f"einsum_{name}", "oegcm,emh->oegch", x, self.parameters[name])
             h = self._remat_name(h, name.replace("_weight", "").replace("wi", "linear1"))
             if name in ("wi_weight", "wi_0_weight") and act in _DEAD_ZONE_ACTIVATIONS:
                 alive = jnp.max(h, axis=(0, 2, 3)) > 0  # [E, H].
@@ -272,7 +272,9 @@ class TransformerFeedForwardMoE(BaseLayer):
         dispatched = jnp.einsum("ogsec,ogsm->oegcm", dispatch, groups)
         dispatched = self._constrain(dispatched, "oegcm")
         hidden = self._wi_activation(dispatched)
-        out = self._einsum("oegch,ehm->oegcm", hidden, self.parameters["wo_weight"])
+        out = self._einsum(
+            "einsum_wo_weight", "oegch,ehm->oegcm", hidden, self.parameters["wo_weight"]
+        )
         out = self._constrain(out, "oegcm")
         rms = jnp.sqrt(jnp.mean(jnp.square(out.astype(jnp.float32)), where=None))
         self.add_summary("rms_norm/linear2_outputs", rms)
