@@ -31,7 +31,19 @@ import numpy as np
 from jax import numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from axlearn.common.config import is_named_tuple
+from axlearn.common.utils_data import (  # noqa: F401
+    DataPartitionType,
+    StackedKeyArray,
+    canonicalize_per_param_dtype,
+    cast_floats_per_param,
+    data_partition_type_to_spec,
+    host_to_global_device_array,
+    host_to_global_specs,
+    input_partition_spec,
+    replicate_to_local_data,
+    runtime_checks,
+    split_prng_key,
+)
 
 # Dtype and mask helpers live in utils_dtypes and utils_masks (kept apart for length), re-exported.
 from axlearn.common.utils_dtypes import validate_float_dtype  # noqa: F401
@@ -53,6 +65,20 @@ from axlearn.common.utils_spmd import (  # noqa: F401
     MeshShape,
     create_device_mesh,
     infer_mesh_shape,
+)
+from axlearn.common.utils_tree import (  # noqa: F401
+    as_numpy_array,
+    check_param_shape_alignment,
+    complete_partition_spec_tree,
+    copy_recursively,
+    expand_vdicts,
+    find_cycles,
+    non_empty_leaf_merge_fn,
+    own_fields,
+    pytree_children,
+    replace_layer_config_recursively,
+    tree_merge,
+    tree_paths,
 )
 
 Tensor = jax.Array
@@ -143,38 +169,6 @@ class VDict(dict):
 
 def _concat_path(prefix: str, key: Any, separator: str) -> str:
     return f"{prefix}{separator}{key}" if prefix else f"{key}"
-
-
-def tree_paths(tree: NestedTree, separator: str = "/") -> NestedTree:
-    """Returns a tree of the same structure as `tree` whose leaves are their paths.
-
-    Example: `tree_paths({"a": 1, "b": [2, {"c": 3}]}) == {"a": "a", "b": ["b/0", {"c": "b/1/c"}]}`.
-    None is structure (not a leaf) and is kept as None.
-
-    Args:
-        tree: A nested structure of dicts, lists, tuples and named tuples.
-        separator: Joins the keys of a path.
-
-    Returns:
-        The tree of paths.
-    """
-
-    def visit(node, prefix):
-        if node is None:
-            return None
-        if isinstance(node, Mapping):
-            return type(node)(
-                (k, visit(v, _concat_path(prefix, k, separator))) for k, v in node.items()
-            )
-        if is_named_tuple(node):
-            return type(node)(**visit(node._asdict(), prefix))
-        if isinstance(node, (list, tuple)):
-            return type(node)(
-                [visit(v, _concat_path(prefix, i, separator)) for i, v in enumerate(node)]
-            )
-        return prefix
-
-    return visit(tree, "")
 
 
 def flatten_items(
