@@ -47,6 +47,11 @@ from axlearn.common.utils_data import (  # noqa: F401
 
 # Dtype and mask helpers live in utils_dtypes and utils_masks (kept apart for length), re-exported.
 from axlearn.common.utils_dtypes import validate_float_dtype  # noqa: F401
+from axlearn.common.utils_manual import (  # noqa: F401
+    _manual_axes,
+    _manual_axes_to_unconstrained,
+    manual_axes_to_none,
+)
 from axlearn.common.utils_masks import safe_not, sequence_mask  # noqa: F401
 
 # AXLearn keeps its remat policies in `utils`; ours live in utils_remat and are re-exported here.
@@ -658,6 +663,13 @@ def maybe_shard(x: Tensor, partition_spec: Optional[Sequence]) -> Tensor:
             f"Partition spec {tuple(partition_spec)} has {len(partition_spec)} entries but the "
             f"tensor has shape {x.shape}"
         )
+    manual, axes = _manual_axes()
+    if manual:
+        # Inside a partly Manual shard_map: constrain only the Auto axes (best effort).
+        if manual == axes:
+            return x
+        spec = _manual_axes_to_unconstrained(PartitionSpec(*partition_spec))
+        return jax.lax.with_sharding_constraint(x, spec)
     return with_sharding_constraint(x, PartitionSpec(*partition_spec))
 
 
