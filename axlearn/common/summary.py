@@ -38,7 +38,9 @@ class Summary:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        jax.tree_util.register_pytree_node(cls, cls._tree_flatten, cls._tree_unflatten)
+        jax.tree_util.register_pytree_with_keys(
+            cls, cls._tree_flatten_with_keys, cls._tree_unflatten, cls._tree_flatten
+        )
 
     def __init__(self, *args: Any, **kwargs: Any):
         names = _field_names(type(self))
@@ -58,6 +60,17 @@ class Summary:
     def _tree_flatten(self):
         names = _field_names(type(self))
         return tuple(getattr(self, n) for n in names), None
+
+    def _tree_flatten_with_keys(self):
+        # Children are keyed by field name (paths read "loss/mean"), or by index when a
+        # subclass flattens other than one child per field.
+        children, aux_data = self._tree_flatten()
+        names = _field_names(type(self))
+        if len(children) == len(names):
+            keys = [jax.tree_util.GetAttrKey(n.lstrip("_")) for n in names]
+        else:
+            keys = [jax.tree_util.FlattenedIndexKey(i) for i in range(len(children))]
+        return list(zip(keys, children)), aux_data
 
     @classmethod
     def _tree_unflatten(cls, aux_data, children):

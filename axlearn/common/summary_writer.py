@@ -366,10 +366,14 @@ class SummaryWriter(BaseWriter):
         return step % self.config.write_every_n_steps == 0
 
     def log_config(self, config: ConfigBase, step: int = 0) -> None:
-        """Writes the config dump as one text summary "trainer_config" (one row per line)."""
-        lines = config.debug_string().split("\n")
+        """Writes the config dump as text: "trainer_config" (one row per line), and one
+        "trainer_config/<path>" summary per field holding the value's repr (as AXLearn does)."""
+        dump = config.debug_string()
+        lines = dump.split("\n")
         with self._writer.as_default():
             self._tf_summary.text("trainer_config", lines, step=step)
+            for path, value in parse_config_dump(dump, strict=False).items():
+                self._tf_summary.text(f"trainer_config/{path}", value, step=step)
         self._writer.flush()
 
     def flush(self) -> None:

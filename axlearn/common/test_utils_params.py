@@ -6,7 +6,8 @@ AXLearn's `test_utils.read_param_init_specs_recursively` / `read_per_param_setti
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+import dataclasses
+from typing import Any, Optional
 from unittest import mock
 
 import jax
@@ -18,8 +19,9 @@ from axlearn.common.param_init import FanAxes, Initializer
 from axlearn.common.utils import Nested, tree_paths
 
 
-class ParamInitSpec(NamedTuple):
-    """How one parameter is initialized: its shape, initializer and fan axes."""
+@dataclasses.dataclass(frozen=True)
+class ParamInitSpec:
+    """How one parameter is initialized: its shape, initializer and fan axes (a tree leaf)."""
 
     shape: Optional[Any]
     initializer: Initializer

@@ -84,6 +84,7 @@ from axlearn.common.utils_tree import (  # noqa: F401
     replace_layer_config_recursively,
     tree_merge,
     tree_paths,
+    validate_contains_paths,
 )
 
 Tensor = jax.Array
@@ -270,7 +271,12 @@ def get_or_none(x: Optional[Mapping], key: Any) -> Any:
     return None if x is None else x.get(key)
 
 
-def prune_tree(in_tree: NestedTree, should_prune: Callable[[str, NestedTree], bool], prefix=""):
+def prune_tree(
+    in_tree: NestedTree,
+    should_prune: Callable[[str, NestedTree], bool],
+    prefix: str = "",
+    separator: str = "/",
+):
     """Returns a shallow copy of `in_tree` without the dict entries for which `should_prune` holds.
 
     Args:
@@ -278,6 +284,7 @@ def prune_tree(in_tree: NestedTree, should_prune: Callable[[str, NestedTree], bo
         should_prune: Called with (path, subtree) after the subtree itself was pruned; True drops
             the entry.
         prefix: Path of `in_tree` (used in recursion).
+        separator: Joins the keys of a path.
 
     Returns:
         The pruned tree.
@@ -285,8 +292,8 @@ def prune_tree(in_tree: NestedTree, should_prune: Callable[[str, NestedTree], bo
     if isinstance(in_tree, dict):
         out = type(in_tree)()
         for k, v in in_tree.items():
-            path = _concat_path(prefix, k, "/")
-            v = prune_tree(v, should_prune, prefix=path)
+            path = _concat_path(prefix, k, separator)
+            v = prune_tree(v, should_prune, prefix=path, separator=separator)
             if not should_prune(path, v):
                 out[k] = v
         return out
@@ -519,6 +526,8 @@ def as_tensor(x: Any) -> NestedTensor:
         return jnp.asarray(x)
     if isinstance(x, (Mapping, list, tuple)):
         return jax.tree.map(as_tensor, x)
+    if type(x).__module__.startswith("tensorflow") and hasattr(x, "numpy"):
+        return jnp.asarray(x.numpy())
     raise NotImplementedError(f"Cannot convert {type(x)} to a Tensor: {x}")
 
 
@@ -543,8 +552,24 @@ def cast_floats(in_tree: NestedTensor, to_dtype: Optional[Any]) -> NestedTensor:
     return jax.tree.map(cast, in_tree)
 
 
-def check_jax_type(*, args: Sequence = (), kwargs: Optional[dict] = None, msg: str = "") -> None:
-    """Raises ValueError if a leaf of (args, kwargs) is not a JAX/NumPy array or scalar."""
+def check_jax_type(
+    *,
+    args: Sequence = (),
+    kwargs: Optional[dict] = None,
+    pretty_named_args: Optional[dict] = None,
+    msg: str = "",
+) -> None:
+    """Raises ValueError if a leaf of the arguments is not a JAX/NumPy array or scalar.
+
+    `pretty_named_args` ({name: value}) report as "Argument <name> has leaf with non-JAX type".
+    """
+    for name, value in (pretty_named_args or {}).items():
+        for path, leaf in flatten_items(value):
+            if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):
+                where = f"{name}/{path}" if path else name
+                raise ValueError(
+                    f"Argument {where} has leaf with non-JAX type {type(leaf)}: {leaf!r}. {msg}"
+                )
     for path, leaf in flatten_items(dict(args=list(args), kwargs=kwargs or {})):
         if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):
             raise ValueError(f"{msg} Leaf {path} has non-JAX type {type(leaf)}: {leaf!r}")
@@ -751,26 +776,3 @@ def vectorized_tree_map(fn: Callable, tree: Any, *rest: Any) -> Any:
         return fn(node, *others)
 
     return jax.tree.map(apply, tree, *rest, is_leaf=lambda x: isinstance(x, VDict))
-
-
-def validate_contains_paths(x: Nested, paths: Sequence[str]) -> None:
-    """Raises a KeyError naming the missing paths if `x` lacks any of `paths`.
-
-    Args:
-        x: A nested dict (e.g. an input batch).
-        paths: "/"-separated paths, e.g. ["prefix"] or ["inputs/input_ids"].
-
-    Raises:
-        KeyError: If a path is missing.
-    """
-    missing = []
-    for path in paths:
-        node = x
-        for part in path.split("/"):
-            if not isinstance(node, Mapping) or part not in node:
-                missing.append(path)
-                break
-            node = node[part]
-    if missing:
-        keys = sorted(x) if isinstance(x, Mapping) else type(x).__name__
-        raise KeyError(f"Input is missing required path(s) {missing}; it has keys {keys}.")

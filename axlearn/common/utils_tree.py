@@ -424,3 +424,33 @@ def replace_layer_config_recursively(
 
     visit(config, "")
     return replaced
+
+
+class MissingPathsError(KeyError, ValueError):
+    """Paths an input must hold are missing (a KeyError, and a ValueError as in AXLearn)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def validate_contains_paths(x: Any, paths: Sequence[str]) -> None:
+    """Raises `MissingPathsError` naming the missing paths if `x` lacks any of `paths`.
+
+    Args:
+        x: A nested dict (e.g. an input batch).
+        paths: "/"-separated paths, e.g. ["prefix"] or ["inputs/input_ids"].
+
+    Raises:
+        MissingPathsError: (a KeyError and ValueError) If a path is missing.
+    """
+    missing = []
+    for path in paths:
+        node = x
+        for part in path.split("/"):
+            if not isinstance(node, Mapping) or part not in node:
+                missing.append(path)
+                break
+            node = node[part]
+    if missing:
+        keys = sorted(x) if isinstance(x, Mapping) else type(x).__name__
+        raise MissingPathsError(f"Input is missing required path(s) {missing}; it has keys {keys}.")
