@@ -468,7 +468,10 @@ class Embedding(BaseLayer):
         super().__init__(cfg, parent=parent)
         cfg = self.config
         if cfg.scale == Embedding.Scale.CONSTANT and cfg.scale_constant is None:
-            raise ValueError(f"{self.path()}: scale_constant must be set for Scale.CONSTANT")
+            raise ValueError(
+                f"{self.path()}: scale_constant must be specified for Scale.CONSTANT; set "
+                "scale_constant to the multiplier."
+            )
 
     def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
         cfg = self.config
