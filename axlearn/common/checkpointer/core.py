@@ -19,6 +19,7 @@ from axlearn.common.checkpointer import (
     tf_iterators,
     verify,
 )
+from axlearn.common.checkpointer.base import BaseCheckpointer
 from axlearn.common.checkpointer.policies import CheckpointPolicy, every_n_steps_policy
 from axlearn.common.checkpointer.storage import (
     SaveResult,
@@ -37,7 +38,7 @@ from axlearn.common.config import (
 from axlearn.common.module import Module, nowrap
 
 
-class Checkpointer(Module):
+class Checkpointer(BaseCheckpointer):
     """Saves state trees by policy, asynchronously; restores the newest committed one.
 
     Usage:
@@ -51,7 +52,7 @@ class Checkpointer(Module):
     """
 
     @config_class
-    class Config(Module.Config):
+    class Config(BaseCheckpointer.Config):
         """Configures Checkpointer."""
 
         # The checkpoint directory; step `s` goes to `dir/step_%08d`.
