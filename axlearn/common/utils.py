@@ -53,7 +53,6 @@ from axlearn.common.utils_manual import (  # noqa: F401
     manual_axes_to_none,
 )
 from axlearn.common.utils_masks import safe_not, sequence_mask  # noqa: F401
-from axlearn.common.utils_numpy import as_numpy_array  # noqa: F401
 
 # AXLearn keeps its remat policies in `utils`; ours live in utils_remat and are re-exported here.
 from axlearn.common.utils_remat import (  # noqa: F401
