@@ -639,8 +639,20 @@ class Input(Module):
 
     @nowrap
     def element_spec(self) -> Any:
-        """Returns the (nested) tf.TensorSpec of this process's batches."""
-        return self.dataset().element_spec
+        """Returns the (nested) `jax.ShapeDtypeStruct`s of this process's batches.
+
+        Shapes and dtypes are those of the NumPy batches iteration yields (strings: dtype
+        object). No data is read.
+        """
+        import jax  # pylint: disable=import-outside-toplevel
+        import numpy as np  # pylint: disable=import-outside-toplevel
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        def to_struct(spec):
+            dtype = object if spec.dtype == tf.string else np.dtype(spec.dtype.as_numpy_dtype)
+            return jax.ShapeDtypeStruct(tuple(spec.shape), dtype)
+
+        return tf.nest.map_structure(to_struct, self.dataset().element_spec)
 
     def __iter__(self) -> InputIterator:
         """Returns a new iterator from the beginning of the input."""
