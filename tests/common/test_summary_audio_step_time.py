@@ -64,3 +64,14 @@ def test_audio_summary(tmp_path):
     written = _tensors(str(tmp_path), "speech")
     assert list(written) == [3]  # One encoded clip (WAV bytes and a label) at step 3.
     assert written[3].reshape(-1)[0][:4] == b"RIFF"
+
+
+def test_summaries_compare_by_value():
+    from axlearn.common.metrics import WeightedSummary
+
+    assert WeightedSummary(2.0, 3) == WeightedSummary(2.0, 3)
+    assert WeightedSummary(2.0, 3) != WeightedSummary(2.0, 4)
+    assert WeightedSummary(np.ones(2), 1) == WeightedSummary(np.ones(2), 1)
+    assert WeightedSummary(np.ones(2), 1) != WeightedSummary(np.zeros(2), 1)
+    assert AudioSummary(np.ones(2), sample_rate=8) != AudioSummary(np.ones(2), sample_rate=16)
+    assert len({WeightedSummary(1, 1), WeightedSummary(1, 1)}) == 2  # Hashable by identity.
