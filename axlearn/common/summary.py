@@ -108,7 +108,8 @@ class Summary:
             if a is b:
                 continue
             if hasattr(a, "shape") or hasattr(b, "shape"):
-                if np.shape(a) != np.shape(b) or not np.all(np.asarray(a) == np.asarray(b)):
+                # `==` of the arrays themselves: a Python number compares at the array's dtype.
+                if np.shape(a) != np.shape(b) or not np.all(np.asarray(a == b)):
                     return False
             elif a != b:
                 return False

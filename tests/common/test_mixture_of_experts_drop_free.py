@@ -18,6 +18,7 @@ from axlearn.common.megablock.ops import gmm, select_tiling_fn
 from axlearn.common.mixture_of_experts import (
     GMMBackend,
     TopKBiasGating,
+    TopKDropFreeGating,
     TopKGating,
     TransformerFeedForwardDropFreeMoE,
     TransformerFeedForwardMoE,
@@ -65,9 +66,9 @@ def _drop_free(backend=None, **kwargs):
         activation=("nn.silu", "linear"),
         norm=RMSNorm.default_config(),
         gmm_backend=backend,
+        gating=TopKDropFreeGating.default_config().set(num_experts_per_token=2),
         **kwargs,
     )
-    cfg.gating.set(num_experts_per_token=2)
     layer = cfg.instantiate(parent=None)
     params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
     params["gate_weight"] = jax.random.normal(jax.random.PRNGKey(5), (DIM, EXPERTS)) * 2
@@ -282,3 +283,11 @@ def test_outer_batch_from_mesh():
         get_outer_batch_from_mesh(
             mesh_axis_names=names, outer_batch_axis_names=("data",), mesh_shape=hybrid
         )
+
+
+def test_drop_free_needs_a_drop_free_router():
+    cfg = TransformerFeedForwardDropFreeMoE.default_config().set(
+        name="moe", input_dim=DIM, hidden_dim=HIDDEN, num_experts=EXPERTS, num_groups=1
+    )
+    with pytest.raises(ValueError, match="moe.gating is a Top2Gating: set a TopKDropFreeGating"):
+        cfg.instantiate(parent=None)

@@ -16,6 +16,7 @@ from axlearn.common.checkpointer import (
     multihost,
     recovery,
     tensorstore_save,
+    tf_iterators,
     verify,
 )
 from axlearn.common.checkpointer.base import BaseCheckpointer
@@ -234,7 +235,7 @@ class Checkpointer(BaseCheckpointer):
             return None
         stats = self._storage.save_to_dir(
             step=step,
-            state=state,
+            state=tf_iterators.to_saved_state(state),
             ckpt_dir=ckpt_dir,
             on_commit_callback=self._on_commit,
             async_save=cfg.async_save is None or bool(cfg.async_save),
@@ -450,7 +451,10 @@ class Checkpointer(BaseCheckpointer):
             )
         start = time.perf_counter()
         try:
-            restored = self._storage.restore_from_dir(step, state, ckpt_dir=ckpt_dir, index=index)
+            restored = self._storage.restore_from_dir(
+                step, tf_iterators.to_restore_target(state), ckpt_dir=ckpt_dir, index=index
+            )
+            restored = tf_iterators.restore_iterators(state, restored)
         except recovery.CorruptCheckpointError:
             raise
         except CheckpointCorruptionError as e:

@@ -11,6 +11,7 @@ between the ranks of the "expert" mesh axis, each rank receiving at most
 
 import enum
 import functools
+from collections.abc import Sequence
 from typing import Any, Optional, Union
 
 import jax
@@ -28,9 +29,9 @@ from axlearn.common.utils import Tensor, current_mesh
 class GMMBackend(enum.Enum):
     """Grouped-matmul implementations (`TransformerFeedForwardDropFreeMoE.gmm_backend`)."""
 
-    PALLAS = "pallas"
-    RAGGED_DOT = "ragged_dot"
-    TOKAMAX = "tokamax"
+    PALLAS = "PALLAS"
+    RAGGED_DOT = "RAGGED_DOT"
+    TOKAMAX = "TOKAMAX"
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=())
@@ -73,35 +74,47 @@ class TransformerFeedForwardDropFreeMoE(TransformerFeedForwardMoE):
     class Config(TransformerFeedForwardMoE.Config):
         """Configures TransformerFeedForwardDropFreeMoE."""
 
-        gating: TopKDropFreeGating.Config = TopKDropFreeGating.default_config()  # The router.
+        # The router (inherited default Top2Gating, as AXLearn's; set a TopKDropFreeGating).
         # Partition specs by dims of the expert weights ("me", "emh", "ehm").
         dim_to_mesh_axis_map: dict[str, Optional[PartitionSpec]] = {
             "me": PartitionSpec(None, None),
-            "emh": PartitionSpec("expert", "fsdp", "model"),
-            "ehm": PartitionSpec("expert", "model", "fsdp"),
+            "emh": PartitionSpec(None, ("fsdp", "seq"), "model"),
+            "ehm": PartitionSpec(None, "model", ("fsdp", "seq")),
         }
         # Partition specs of the layer's input ("bsm": [batch, seq, model]).
         input_dim_to_partition_spec: dict[str, Optional[PartitionSpec]] = {
-            "bsm": PartitionSpec(("data", "fsdp", "expert"), "seq", None),
+            "bsm": PartitionSpec(("data", "fsdp"), "seq", None),
         }
         # Partition specs of the output ("bsm") and of the expert weights inside the matmuls.
         output_dim_to_partition_spec: dict[str, Optional[PartitionSpec]] = {
-            "bsm": PartitionSpec(("data", "fsdp", "expert"), "seq", "model"),
-            "emh": PartitionSpec("expert", None, "model"),
-            "ehm": PartitionSpec("expert", "model", None),
+            "bsm": PartitionSpec(("data", "fsdp"), "seq", "model"),
+            "emh": PartitionSpec(None, None, "model"),
+            "ehm": PartitionSpec(None, "model", None),
         }
-        # GMM tiling (tm, tk, tn) or a config of a selector (see megablock.ops.select_tiling_fn).
-        tiling: Union[tuple[int, int, int], Any] = (128, 128, 128)
+        # GMM tiling (tm, tk, tn), a config of a selector (see megablock.ops.select_tiling_fn),
+        # or None: (128, 128, 128).
+        tiling: Optional[Union[tuple[int, int, int], Any]] = None
         interpret: bool = False  # Interpret the GMM kernel (CPU testing of Pallas kernels).
         # Accumulation/output dtype of the grouped matmuls; None: the input dtype.
         preferred_element_type: Optional[Any] = None
         gmm_backend: Optional[GMMBackend] = None  # GMM implementation; None: PALLAS.
-        tokamax_implementation: Optional[str] = None  # Kernel choice of the TOKAMAX backend.
+        # Kernel choice(s) of the TOKAMAX backend, e.g. ["triton", "xla"].
+        tokamax_implementation: Optional[Union[str, Sequence[str]]] = None
         # Weight of the sequence-wise load balance loss in "aux_loss"; None/0 disables it.
         seq_load_balance_loss_weight: Optional[float] = None
 
+    def __init__(self, cfg: Config, *, parent):
+        super().__init__(cfg, parent=parent)
+        if not isinstance(self.gating, TopKDropFreeGating):
+            raise ValueError(
+                f"{self.path()}.gating is a {type(self.gating).__name__}: set a "
+                "TopKDropFreeGating (or TopKBiasGating) config"
+            )
+
     def _tiling(self):
         tiling = self.config.tiling
+        if tiling is None:
+            return (128, 128, 128)
         if hasattr(tiling, "instantiate"):
             return tiling.instantiate()
         return tiling
