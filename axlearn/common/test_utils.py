@@ -42,7 +42,14 @@ from axlearn.common.invocation_context import (
     new_output_collection,
     set_current_context,
 )
-from axlearn.common.utils import (
+from axlearn.common.test_utils_params import (  # noqa: F401
+    ParamInitSpec,
+    ThirdPartyInitializer,
+    read_param_init_specs_recursively,
+    read_per_param_settings,
+)
+from axlearn.common.utils import (  # noqa: F401
+    Nested,
     NestedTensor,
     Tensor,
     as_tensor,

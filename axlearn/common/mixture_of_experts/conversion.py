@@ -151,11 +151,11 @@ def get_outer_batch_from_mesh(
         mesh_shape: A mesh shape, a HybridMeshShape (sizes are ici * dcn), or None.
 
     Returns:
-        The outer batch, or None without a mesh shape.
+        The outer batch; -1 if a needed axis is -1 (inferred from the mesh at run time); None
+        without a mesh shape.
 
     Raises:
         NotImplementedError: If a needed DCN size is -1 (unknown number of granules).
-        ValueError: If a needed size is -1 in a plain mesh shape.
     """
     if mesh_shape is None:
         return None
@@ -174,9 +174,6 @@ def get_outer_batch_from_mesh(
         sizes = dict(zip(mesh_axis_names, mesh_shape))
     result = 1
     for name in outer_batch_axis_names:
-        if sizes.get(name, 1) == -1:
-            raise ValueError(
-                f"outer batch: mesh axis {name!r} of {mesh_shape} is -1; infer the mesh shape first"
-            )
         result *= sizes.get(name, 1)
-    return result
+    # Negative (an axis is -1): resolved from the mesh at run time (TransformerFeedForwardMoE).
+    return -1 if result < 0 else result

@@ -56,7 +56,8 @@ class TransformerFeedForwardMoE(DenseGeneralBaseLayer):
         input_dim: Required[int] = REQUIRED  # Input (and output) feature dim.
         # Hidden dim of each expert: an int or a function config of input_dim.
         hidden_dim: Required[Union[int, FunctionConfigBase]] = REQUIRED
-        # Outer batch O of the [O, G, S, M] token groups.
+        # Outer batch O of the [O, G, S, M] token groups; -1: the current mesh's size of the
+        # axes of dim 0 of dim_to_mesh_axis_map["ogsm"] (1 outside a mesh).
         outer_batch: int = 1
         # The normalization layer; with structure="v2", a dict {NormPosition: norm config}.
         norm: Union[InstantiableConfig, dict] = LayerNorm.default_config()
@@ -231,16 +232,27 @@ class TransformerFeedForwardMoE(DenseGeneralBaseLayer):
             aux_loss = aux_loss + cfg.corr_loss_weight * self._expert_correlation_loss()
         return aux_loss
 
+    def _outer_batch(self) -> int:
+        cfg = self.config
+        if cfg.outer_batch != -1:
+            return cfg.outer_batch
+        mesh, spec = current_mesh(), cfg.dim_to_mesh_axis_map.get("ogsm")
+        if mesh is None or spec is None or spec[0] is None:
+            return 1
+        axes = spec[0] if isinstance(spec[0], (tuple, list)) else (spec[0],)
+        return math.prod(mesh.shape.get(axis, 1) for axis in axes)
+
     def _group(self, x: Tensor) -> Tensor:
         """[..., M] -> [O, G, S, M]."""
         cfg = self.config
+        outer_batch = self._outer_batch()
         num_tokens = math.prod(x.shape[:-1])
-        if num_tokens % (cfg.outer_batch * cfg.num_groups):
+        if outer_batch < 1 or num_tokens % (outer_batch * cfg.num_groups):
             raise ValueError(
-                f"{self.path()}: outer_batch * num_groups = {cfg.outer_batch} * {cfg.num_groups} "
+                f"{self.path()}: outer_batch * num_groups = {outer_batch} * {cfg.num_groups} "
                 f"must divide the {num_tokens} tokens"
             )
-        return x.reshape(cfg.outer_batch, cfg.num_groups, -1, x.shape[-1])
+        return x.reshape(outer_batch, cfg.num_groups, -1, x.shape[-1])
 
     def _wi_activation(self, x: Tensor) -> Tensor:
         """Applies the expert input projections and activation(s) to dispatched x [O,E,G,C,M]."""
