@@ -86,3 +86,36 @@ def test_training_crops_are_seeded_per_feed():
             return next(iter(fn(ds)))["image"].numpy()
 
     np.testing.assert_array_equal(first_image(), first_image())
+
+
+def test_replace_inputs_with_fake_keeps_imagenet_inputs():
+    """--data_dir=FAKE on a trainer-like tree: ImagenetInputs keep their class, get fake images."""
+    from axlearn.common.config import config_for_function
+    from axlearn.common.input_fake import FakeLmInput, replace_inputs_with_fake
+    from axlearn.common.input_tf_data import Input, tfds_dataset
+
+    lm = Input.default_config().set(
+        is_training=True,
+        source=config_for_function(tfds_dataset).set(dataset_name="x", split="train"),
+        processor=config_for_function(input_image._process_example).set(image_size=(8, 8)),
+    )
+    lm.batcher.global_batch_size = 4
+    tree = {"train": _input(True), "eval": _input(False, batch_size=2)}
+    tree = replace_inputs_with_fake(tree)
+    for name, batch in (("train", 4), ("eval", 2)):
+        cfg = tree[name]
+        assert cfg.klass is input_image.ImagenetInput
+        assert cfg.source.fn is input_image.fake_image_dataset
+        assert tuple(cfg.source.image_size) == (8, 8)
+        assert cfg.source.eval_num_examples == 2 * batch
+    evaluation = list(iter(tree["eval"].instantiate(parent=None)))
+    assert len(evaluation) == 2 and evaluation[0]["image"].shape == (2, 8, 8, 3)
+    # Other inputs still become fake LM inputs.
+    assert replace_inputs_with_fake(lm, source_length=16).klass is FakeLmInput
+
+
+def test_fake_source_needs_a_batch_size():
+    cfg = _input(False)
+    cfg.batcher.global_batch_size = None
+    with pytest.raises(ValueError, match=r"ImagenetInput.batcher.global_batch_size=None must be"):
+        input_image.ImagenetInput.with_fake_source(cfg)

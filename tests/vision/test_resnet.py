@@ -161,3 +161,24 @@ def test_bad_config_errors_name_the_field():
     cfg = resnet.ResNet.resnet18_config().set(name="r", num_blocks_per_stage=[2, 0])
     with pytest.raises(ValueError, match=r"r\.num_blocks_per_stage=\[2, 0\] must hold positive"):
         cfg.instantiate(parent=None)
+
+
+def test_maxpool_downsample_and_resnet_d_stem():
+    cfg = resnet.Downsample.default_config().set(
+        name="d", input_dim=2, output_dim=3, stride=2, downsample_op="maxpool"
+    )
+    layer = cfg.instantiate(parent=None)
+    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    x = np.random.default_rng(0).normal(size=(1, 4, 4, 2)).astype(np.float32)
+    out, _ = F(layer, prng_key=jax.random.PRNGKey(1), state=params, inputs=(x,), is_training=False)
+    pooled = x.reshape(1, 2, 2, 2, 2, 2).max(axis=(2, 4))  # 2x2 max pool, stride 2.
+    p = jax.tree_util.tree_map(np.asarray, params)
+    expected = _np_bn_eval(_np_conv(pooled, p["conv"]["weight"], 1, 0), p["norm"])
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-4, atol=1e-5)
+
+    stem = resnet.StemV1.default_config().set(name="s", hidden_dim=8).instantiate(parent=None)
+    shapes = {
+        path: tuple(spec.shape)
+        for path, spec in flatten_items(stem.create_parameter_specs_recursively())
+    }
+    assert shapes["conv1_a/weight"] == (3, 3, 3, 4) and shapes["conv1_d/weight"] == (3, 3, 8, 8)
