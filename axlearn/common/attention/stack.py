@@ -38,7 +38,9 @@ def _aggregate(outputs: Sequence[BaseTransformerLayer.Output]) -> BaseTransforme
         if name == "data":
             continue
         values = [getattr(o, name) for o in outputs]
-        fields[name] = None if values[0] is None else jnp.stack(values, axis=0)
+        fields[name] = (
+            None if values[0] is None else jax.tree.map(lambda *xs: jnp.stack(xs), *values)
+        )
     return BaseTransformerLayer.Output(data=outputs[-1].data, **fields)
 
 
