@@ -393,3 +393,42 @@ def write_report(report: AotReport, path: str) -> str:
     with open(path, "w", encoding="utf-8") as f:
         f.write(report.to_json() + "\n")
     return path
+
+
+def aot_model_analysis(compiled: Any) -> str:
+    """A text summary of a compiled step's memory (AXLearn's `trainer.aot_model_analysis`).
+
+    Lines for argument, output, aliased input/output, temporary and generated-code memory, and
+    the total, in MB (2**20 bytes). The total counts a donated buffer that the output aliases
+    once: argument + output - aliased + temp + generated code.
+
+    Args:
+        compiled: A `jax.stages.Compiled` (e.g. `jax.jit(f).lower(...).compile()`).
+
+    Returns:
+        The text; "Memory analysis is not available." when the platform gives none.
+    """
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return "Memory analysis is not available."
+    mb = 1024**2
+    parts = dict(
+        argument=stats.argument_size_in_bytes,
+        output=stats.output_size_in_bytes,
+        alias=stats.alias_size_in_bytes,
+        temp=stats.temp_size_in_bytes,
+        code=stats.generated_code_size_in_bytes,
+    )
+    total = parts["argument"] + parts["output"] - parts["alias"] + parts["temp"] + parts["code"]
+    lines = [
+        f"Argument memory: {parts['argument'] / mb:.1f}MB",
+        f"Output memory: {parts['output'] / mb:.1f}MB",
+        f"Aliased input/output memory: {parts['alias'] / mb:.1f}MB",
+        f"Temp memory: {parts['temp'] / mb:.1f}MB",
+        f"Generated code memory: {parts['code'] / mb:.1f}MB",
+        f"Total HBM memory: {total / mb:.1f}MB",
+    ]
+    flops = _cost_analysis(compiled).get("flops")
+    if flops is not None:
+        lines.append(f"FLOPs: {flops:.4g}")
+    return "\n".join(lines)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, Union
 
 import jax
 import jax.ad_checkpoint
+import jax.extend  # noqa: F401  (AXLearn code and tests use jax.extend.core after importing this)
 import numpy as np
 from absl import logging
 from jax import numpy as jnp
@@ -290,7 +291,11 @@ class BaseLayer(Module):
             spec,
             dtype=spec.dtype if spec.dtype is not None else self.dtype(),
             mesh_axes=PartitionSpec(*mesh_axes),
-            fan_axes=self._compute_fan_axes(name=name, parameter_spec=spec),
+            fan_axes=(
+                spec.fan_axes
+                if spec.fan_axes is not None
+                else self._compute_fan_axes(name=name, parameter_spec=spec)
+            ),
         )
 
     def _local_parameter_specs(self) -> dict[str, ParameterSpec]:
@@ -604,7 +609,9 @@ def read_param_init_specs_recursively(
             return delegates[rel_path](node)
         out: dict[str, Any] = {}
         for name, spec in node._create_layer_parameter_specs().items():  # pylint: disable=protected-access
-            fan_axes = node._compute_fan_axes(name=name, parameter_spec=spec)  # pylint: disable=protected-access
+            fan_axes = spec.fan_axes
+            if fan_axes is None:
+                fan_axes = node._compute_fan_axes(name=name, parameter_spec=spec)  # pylint: disable=protected-access
             out[name] = ParamInitSpec(
                 shape=spec.shape,
                 initializer=spec.initializer or node.param_init(),

@@ -302,6 +302,9 @@ class Decoder(BaseLayer):
         logits_partition_spec: tuple = ("data", None, "model")
         # The decoding algorithms (sample_decode, beam_search_decode).
         decoding: InstantiableConfig = DecodingLayer.default_config()
+        # None, or jnp.float32 to run the LM head's matmul in float32 (the head input is upcast;
+        # the logits are cast back to the head input's dtype).
+        logits_forward_dtype: Optional[jnp.dtype] = None
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
@@ -324,6 +327,11 @@ class Decoder(BaseLayer):
         self._pad_token_id = cfg.pad_token_id
         self._eos_token_id = cfg.eos_token_id
         self._logits_partition_spec = cfg.logits_partition_spec
+        if cfg.logits_forward_dtype is not None and cfg.logits_forward_dtype != jnp.float32:
+            raise ValueError(
+                f"{self.path()}.logits_forward_dtype must be None or jnp.float32, got "
+                f"{jnp.dtype(cfg.logits_forward_dtype).name}; set it to None or jnp.float32."
+            )
 
     def _head_input(self, x: Tensor) -> Tensor:
         """The transformer output after the output norm and dropout: what the LM head reads."""
@@ -365,14 +373,44 @@ class Decoder(BaseLayer):
 
     def _logits(self, x: Tensor) -> dict[str, Tensor]:
         x = self._head_input(x)
+        return dict(logits=self._head_logits(x), hidden_states=x)
+
+    def _head_logits(self, x: Tensor) -> Tensor:
+        """The LM head (untied `lm_head` or tied `emb.attend`) applied to head inputs `x`."""
+        forward_dtype = self.config.logits_forward_dtype
+        out_dtype = x.dtype
+        if forward_dtype is not None:
+            x = x.astype(forward_dtype)
         if "lm_head" in self.children:
             logits = self.lm_head(x)
         else:
             with child_context("emb_attend", module=self.emb):
                 logits = self.emb.attend(x)
+        if forward_dtype is not None:
+            logits = logits.astype(out_dtype)
         if logits.ndim == len(self._logits_partition_spec):
             logits = with_sharding_constraint(logits, PartitionSpec(*self._logits_partition_spec))
-        return dict(logits=logits, hidden_states=x)
+        return logits
+
+    def compute_logits(self, forward_outputs: dict[str, Tensor]) -> Tensor:
+        """Logits [batch, seq_len, vocab] from `forward`'s outputs (AXLearn's two-step form).
+
+        Args:
+            forward_outputs: The dict `forward` returns; its "hidden_states" (the LM head's
+                input) are projected by the head again.
+
+        Returns:
+            The logits, equal to forward_outputs["logits"].
+
+        Raises:
+            KeyError: If forward_outputs has no "hidden_states".
+        """
+        if "hidden_states" not in forward_outputs:
+            raise KeyError(
+                f"{self.path()}.compute_logits: forward_outputs has no 'hidden_states' (keys "
+                f"{sorted(forward_outputs)}); pass the dict Decoder.forward returns."
+            )
+        return self._head_logits(forward_outputs["hidden_states"])
 
     def forward(
         self,

@@ -117,10 +117,11 @@ class TransformerTextEmbeddings(BaseLayer):
 
     def forward(
         self,
-        inputs: Tensor,
+        inputs: Optional[Tensor] = None,
         *,
         token_type_ids: Optional[Tensor] = None,
         positions: Optional[Tensor] = None,
+        input_batch: Optional[dict[str, Tensor]] = None,
     ) -> Tensor:
         """Embeds token ids.
 
@@ -129,10 +130,24 @@ class TransformerTextEmbeddings(BaseLayer):
             token_type_ids: Optional int tensor [batch, seq_len] (used if `type_emb` is set).
             positions: Optional int tensor [batch, seq_len] (used if `pos_emb` is set); None
                 means arange(seq_len).
+            input_batch: AXLearn's calling form, instead of the arguments above: a dict with
+                "inputs" and optionally "token_type_ids" and "positions".
 
         Returns:
             Float tensor [batch, seq_len, dim].
+
+        Raises:
+            ValueError: If both or neither of `inputs` and `input_batch` are given.
         """
+        if (inputs is None) == (input_batch is None):
+            raise ValueError(
+                f"{self.path()}: pass either inputs or input_batch=dict(inputs=...), not "
+                f"{'both' if inputs is not None else 'neither'}."
+            )
+        if input_batch is not None:
+            inputs = input_batch["inputs"]
+            token_type_ids = input_batch.get("token_type_ids", token_type_ids)
+            positions = input_batch.get("positions", positions)
         x = self.token_emb(inputs)
         if "type_emb" in self.children:
             if token_type_ids is None:

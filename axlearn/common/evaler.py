@@ -22,9 +22,11 @@ returned as host values (so the eval's device work has finished when `eval_step`
 from __future__ import annotations
 
 import contextlib
+import graphlib
+import re
 import time
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import numpy as np
@@ -34,6 +36,7 @@ from jax.sharding import PartitionSpec
 from axlearn.common import utils
 from axlearn.common.config import (
     REQUIRED,
+    ConfigBase,
     InstantiableConfig,
     Required,
     config_class,
@@ -257,6 +260,226 @@ class ModelSummaryAccumulator(BaseMetricCalculator):
         if self.config.prefix is None:
             return summaries
         return {self.formatted_metric_name(k): v for k, v in summaries.items()}
+
+
+class CompositeMetricCalculator(BaseMetricCalculator):
+    """Runs several named metric calculators on each batch, optionally feeding one to another.
+
+    Summaries are those of each calculator, named "<calculator name>/<summary name>". A
+    `Dependency(src, dst, dst_key)` adds calculator `src`'s per-batch output to the input batch
+    of every calculator whose name fully matches the regex `dst`, under `dst_key` (default: the
+    src name); calculators run in an order where sources come first.
+    """
+
+    @config_class
+    class Dependency(ConfigBase):
+        """An edge: `src`'s outputs go into the input batch of calculators matching `dst`."""
+
+        # The source calculator's name.
+        src: Required[str] = REQUIRED
+        # A regex fully matching the destination calculators' names.
+        dst: Required[str] = REQUIRED
+        # The input batch key of the outputs; None: the src name.
+        dst_key: Optional[str] = None
+
+    @config_class
+    class Config(BaseMetricCalculator.Config):
+        """Configures CompositeMetricCalculator."""
+
+        # The calculators by name.
+        metric_calculators: Required[dict[str, BaseMetricCalculator.Config]] = REQUIRED
+        # Edges feeding one calculator's outputs to others (see the class docstring).
+        dependencies: Sequence[Any] = []
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        parent: Optional[Module],
+        model: Module,
+        model_param_partition_specs: NestedPartitionSpec,
+    ):
+        super().__init__(
+            cfg, parent=parent, model=model, model_param_partition_specs=model_param_partition_specs
+        )
+        cfg = self.config
+        self._calculators: dict[str, BaseMetricCalculator] = {}
+        for name, calc_cfg in cfg.metric_calculators.items():
+            self._calculators[name] = self._add_child(
+                name,
+                calc_cfg,
+                model=model,
+                model_param_partition_specs=model_param_partition_specs,
+            )
+        # {dst: {dst_key: src}}.
+        self._inputs: dict[str, dict[str, str]] = {name: {} for name in self._calculators}
+        key_sources: dict[str, str] = {}
+        edges = set()
+        for dep in cfg.dependencies:
+            if dep.src not in self._calculators:
+                raise ValueError(f"{self.path()}.dependencies: unknown src calculator {dep.src}")
+            key = dep.dst_key or dep.src
+            if key_sources.setdefault(key, dep.src) != dep.src:
+                raise ValueError(
+                    f"{self.path()}.dependencies: {key_sources[key]} and {dep.src} produce key "
+                    f"{key}; give the edges different dst_key values"
+                )
+            dsts = [n for n in self._calculators if re.fullmatch(dep.dst, n)]
+            if not dsts:
+                raise ValueError(
+                    f"{self.path()}.dependencies: dst {dep.dst!r} matches no calculator"
+                )
+            for dst in dsts:
+                if (dep.src, dst) in edges:
+                    raise ValueError(
+                        f"{self.path()}.dependencies: duplicate edge ({dep.src}, {dst})"
+                    )
+                edges.add((dep.src, dst))
+                self._inputs[dst][key] = dep.src
+        sorter = graphlib.TopologicalSorter(
+            {dst: set(srcs.values()) for dst, srcs in self._inputs.items()}
+        )
+        self._order = list(sorter.static_order())  # Raises graphlib.CycleError on a cycle.
+
+    def init_state(self, *, prng_key: Tensor, model_params: NestedTensor) -> NestedTensor:
+        return {
+            name: calc.init_state(prng_key=prng_key, model_params=model_params)
+            for name, calc in self._calculators.items()
+        }
+
+    def forward(
+        self, input_batch: NestedTensor, *, model_params: NestedTensor, state: NestedTensor
+    ) -> dict[str, NestedTensor]:
+        outputs, new_state = {}, {}
+        for name in self._order:
+            batch = dict(input_batch)
+            for key, src in self._inputs[name].items():
+                if key in batch:
+                    raise ValueError(
+                        f"{self.path()}: {name} already has key {key}; set dst_key of the "
+                        f"dependency on {src} to another name"
+                    )
+                batch[key] = outputs[src]
+            out = self._calculators[name].forward(
+                batch, model_params=model_params, state=state[name]
+            )
+            outputs[name], new_state[name] = out["output"], out["state"]
+        return dict(output=outputs, state=new_state)
+
+    def get_summaries(
+        self,
+        *,
+        model_params: NestedTensor,
+        state: NestedTensor,
+        all_forward_outputs: list[NestedTensor],
+    ) -> dict[str, Any]:
+        summaries = {}
+        for name, calc in self._calculators.items():
+            calc_summaries = calc.get_summaries(
+                model_params=model_params,
+                state=state[name],
+                all_forward_outputs=[out[name] for out in all_forward_outputs],
+            )
+            for key, value in calc_summaries.items():
+                summaries[f"{name}/{key}"] = value
+        return summaries
+
+
+class PredictionOutputs(NamedTuple):
+    """One batch's inputs and the model's predictions (GlobalMetricCalculator's outputs)."""
+
+    input_batch: NestedTensor
+    predict_outputs: NestedTensor
+
+
+class GlobalMetricCalculator(BaseMetricCalculator):
+    """Collects the model's predictions over all eval batches, then computes metrics on them.
+
+    Each batch runs `model.<predict_method>(input_batch=...)` (on `input_batch[
+    predict_input_field]` if set); `get_summaries` concatenates the host copies of all batches
+    and calls `_calculate_metrics`, which subclasses implement (e.g. AUC or retrieval metrics
+    that need every example at once).
+    """
+
+    @config_class
+    class Config(BaseMetricCalculator.Config):
+        """Configures GlobalMetricCalculator."""
+
+        # The model method computing predictions.
+        predict_method: str = "predict"
+        # If set, the model method gets input_batch[predict_input_field] instead of the batch.
+        predict_input_field: Optional[str] = None
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        parent: Optional[Module],
+        model: Module,
+        model_param_partition_specs: NestedPartitionSpec,
+    ):
+        super().__init__(
+            cfg, parent=parent, model=model, model_param_partition_specs=model_param_partition_specs
+        )
+        self._jit_predict = jax.jit(self._predict_in_jit)
+
+    def init_state(self, *, prng_key: Tensor, model_params: NestedTensor) -> NestedTensor:
+        del model_params
+        return dict(prng_key=prng_key)
+
+    def _predict_in_jit(
+        self, model_params: NestedTensor, prng_key: Tensor, input_batch: NestedTensor
+    ) -> tuple[Tensor, NestedTensor]:
+        cfg = self.config
+        next_key, predict_key = jax.random.split(prng_key)
+        model_inputs = input_batch
+        if cfg.predict_input_field is not None:
+            model_inputs = input_batch[cfg.predict_input_field]
+        outputs, _ = self._call_model(
+            method=cfg.predict_method,
+            prng_key=predict_key,
+            model_params=model_params,
+            input_batch=model_inputs,
+        )
+        return next_key, outputs
+
+    def forward(
+        self, input_batch: NestedTensor, *, model_params: NestedTensor, state: NestedTensor
+    ) -> dict[str, NestedTensor]:
+        with _mesh_context(self._mesh):
+            next_key, outputs = self._jit_predict(model_params, state["prng_key"], input_batch)
+        return dict(
+            state=dict(prng_key=next_key),
+            output=PredictionOutputs(
+                input_batch=utils.replicate_to_local_data(input_batch),
+                predict_outputs=utils.replicate_to_local_data(outputs),
+            ),
+        )
+
+    def get_summaries(
+        self,
+        *,
+        model_params: NestedTensor,
+        state: NestedTensor,
+        all_forward_outputs: list[NestedTensor],
+    ) -> dict[str, Any]:
+        del model_params, state
+        if not all_forward_outputs:
+            return {}
+        merged = jax.tree.map(
+            lambda *xs: np.concatenate([np.atleast_1d(x) for x in xs], axis=0),
+            *all_forward_outputs,
+        )
+        summaries = self._calculate_metrics(merged)
+        return {self.formatted_metric_name(k): v for k, v in summaries.items()}
+
+    def _calculate_metrics(self, outputs: PredictionOutputs) -> dict[str, Any]:
+        """Computes the summaries from all batches' inputs and predictions (concatenated).
+
+        Raises:
+            NotImplementedError: Subclasses implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement _calculate_metrics")
 
 
 def _iterate_input(input_module: Any):

@@ -77,8 +77,8 @@ def pack_to_batch(batch_size: int, pad_value: Any = 0) -> DatasetToDatasetFn:
 
     A new batch starts when some field of the next element no longer fits; the rows left over
     are `pad_value`. Elements are never split, and one with more than `batch_size` rows is an
-    error (trim it first with `trim_to_batch`). Fields must have fully defined trailing shapes
-    and a flat dict structure.
+    error (trim it first with `trim_to_batch`). Fields form a flat dict; trailing dimensions
+    unknown statically must be equal across elements (checked while packing).
 
     Args:
         batch_size: Rows per batch.
@@ -91,9 +91,8 @@ def pack_to_batch(batch_size: int, pad_value: Any = 0) -> DatasetToDatasetFn:
 
     def fn(ds: tf.data.Dataset) -> tf.data.Dataset:
         spec = ds.element_spec
-        for key, s in spec.items():
-            if not s.shape[1:].is_fully_defined():
-                raise ValueError(f"pack_to_batch needs static trailing shapes; {key}: {s.shape}")
+        if not all(s.shape[1:].is_fully_defined() for s in spec.values()):
+            return _pack_to_batch_dynamic(ds, batch_size=batch_size, pad_value=pad_value)
 
         def empty(s):
             return tf.fill([batch_size, *s.shape[1:]], tf.cast(pad_value, s.dtype))
@@ -136,6 +135,59 @@ def pack_to_batch(batch_size: int, pad_value: Any = 0) -> DatasetToDatasetFn:
         return out.filter(lambda batch, emit: emit).map(lambda batch, emit: batch)
 
     return fn
+
+
+def _pack_to_batch_dynamic(ds: tf.data.Dataset, *, batch_size: int, pad_value: Any):
+    """pack_to_batch for fields whose trailing dimensions are known only at run time.
+
+    The buffers grow by concatenation (the scan state's shape is relaxed to unknown dimensions)
+    and are padded to `batch_size` rows when emitted.
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    spec = ds.element_spec
+
+    def zeros(s):
+        return tf.zeros([0] + [d if d is not None else 0 for d in s.shape.as_list()[1:]], s.dtype)
+
+    init = {k: zeros(s) for k, s in spec.items()}
+    tagged = ds.map(lambda ex: (ex, False)).concatenate(
+        tf.data.Dataset.from_tensors(({k: zeros(s) for k, s in spec.items()}, True))
+    )
+
+    def scan_fn(state, inp):
+        ex, is_end = inp
+        checks = [
+            tf.debugging.assert_less_equal(
+                tf.shape(x)[0], batch_size, message=f"pack_to_batch: {k} exceeds batch_size"
+            )
+            for k, x in ex.items()
+        ]
+        with tf.control_dependencies(checks):
+            overflow = tf.reduce_any(
+                tf.stack(
+                    [tf.shape(state[k])[0] + tf.shape(x)[0] > batch_size for k, x in ex.items()]
+                )
+            )
+        flush = tf.logical_or(is_end, overflow)
+        nonempty = tf.reduce_any(tf.stack([tf.shape(b)[0] > 0 for b in state.values()]))
+        emitted, new_state = {}, {}
+        for k, x in ex.items():
+            buffer = state[k]
+            rows = tf.shape(buffer)[0]
+            paddings = tf.concat(
+                [[[0, batch_size - rows]], tf.zeros([tf.rank(buffer) - 1, 2], tf.int32)], 0
+            )
+            emitted[k] = tf.pad(buffer, paddings, constant_values=tf.cast(pad_value, buffer.dtype))
+            new_state[k] = tf.cond(
+                tf.logical_or(flush, rows == 0),
+                lambda x=x: x,
+                lambda x=x, buffer=buffer: tf.concat([buffer, x], 0),
+            )
+        return new_state, (emitted, tf.logical_and(flush, nonempty))
+
+    out = tagged.scan(init, scan_fn)
+    return out.filter(lambda batch, emit: emit).map(lambda batch, emit: batch)
 
 
 @_public

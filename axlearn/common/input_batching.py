@@ -9,6 +9,8 @@ TensorFlow is imported lazily: importing this module does not import it.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from axlearn.common.config import ConfigOr, maybe_instantiate
@@ -78,6 +80,10 @@ def batch(
     prefetch_buffer_size: Optional[int] = -1,
     post_batch_processor: Optional[ConfigOr[DatasetToDatasetFn]] = None,
     repeat: Optional[int] = None,
+    global_logical_batch_size: Optional[int] = None,
+    logical_feed_indices: Optional[Sequence[int]] = None,
+    num_physical_feeds: Optional[int] = None,
+    physical_feed_index: Optional[int] = None,
 ) -> DatasetToDatasetFn:
     """Returns a batcher producing this feed's `global_batch_size // num_feeds` examples per batch.
 
@@ -93,6 +99,17 @@ def batch(
             disables prefetching.
         post_batch_processor: Optional processor applied to batches.
         repeat: Times to repeat the batches; None: forever when training, once otherwise.
+        global_logical_batch_size: If set and different from `global_batch_size` (then the
+            physical batch size), only the feeds in `logical_feed_indices` read examples,
+            `global_logical_batch_size // len(logical_feed_indices)` per batch, padded to the
+            physical batch; every example gets the dispatch tensor
+            `utils.PHYSICAL_TO_LOGICAL_DISPATCH_KEY` (see `axlearn.common.input_padding`).
+            Evaluation inputs are padded to whole logical batches per feed.
+        logical_feed_indices: The feeds that read examples; None: the first
+            `min(global_logical_batch_size, num_physical_feeds)` feeds.
+        num_physical_feeds: The number of feeds; None: the current feed context's (the process
+            count outside an Input).
+        physical_feed_index: This feed's index; None: the current feed context's.
 
     Returns:
         A DatasetToDatasetFn.
@@ -109,6 +126,13 @@ def batch(
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
         ctx = current_feed()
+        if global_logical_batch_size is not None and global_logical_batch_size != (
+            global_batch_size
+        ):
+            return _finish(_logical_feed(ds, ctx))
+        if num_physical_feeds is not None:
+            # Set by an InputDispatcher: its physical feeds split the batch.
+            ctx = dataclasses.replace(ctx, num_feeds=num_physical_feeds)
         if global_batch_size % ctx.num_feeds != 0:
             raise ValueError(
                 f"batch: global_batch_size ({global_batch_size}) must be divisible by the number "
@@ -128,7 +152,50 @@ def batch(
             if num_pad > 0:
                 pad = tf.data.Dataset.from_tensors(pad_example_fn(ds.element_spec))
                 ds = ds.concatenate(pad.repeat(num_pad))
-        ds = ds.batch(per_feed, drop_remainder=True)
+        return _finish(ds.batch(per_feed, drop_remainder=True))
+
+    def _logical_feed(ds: tf.data.Dataset, ctx: Any) -> tf.data.Dataset:
+        # pylint: disable-next=import-outside-toplevel
+        from axlearn.common.input_padding import _pad_for_evaluation, _pad_logical_to_physical
+
+        num_feeds = ctx.num_feeds if num_physical_feeds is None else num_physical_feeds
+        feed_index = ctx.feed_index if physical_feed_index is None else physical_feed_index
+        indices = logical_feed_indices
+        if indices is None:
+            indices = range(min(global_logical_batch_size, num_feeds))
+        indices = list(indices)
+        if not indices or global_logical_batch_size % len(indices):
+            raise ValueError(
+                f"batch: global_logical_batch_size ({global_logical_batch_size}) must be "
+                f"divisible by the number of logical feeds ({len(indices)}: "
+                f"logical_feed_indices={indices})"
+            )
+        if global_batch_size % num_feeds:
+            raise ValueError(
+                f"batch: global_batch_size ({global_batch_size}) must be divisible by the number "
+                f"of physical feeds ({num_feeds})"
+            )
+        logical_index = indices.index(feed_index) if feed_index in indices else None
+        if not is_training:
+            ds = _pad_for_evaluation(
+                ds,
+                per_feed_batch_size=global_logical_batch_size // len(indices),
+                pad_example_fn=pad_example_fn,
+            )
+        ds = _pad_logical_to_physical(
+            ds,
+            global_batch_size=global_batch_size,
+            global_logical_batch_size=global_logical_batch_size,
+            num_logical_feeds=len(indices),
+            logical_feed_index=logical_index,
+            pad_example_fn=pad_example_fn,
+            num_physical_feeds=num_feeds,
+        )
+        return ds.batch(global_batch_size // num_feeds, drop_remainder=True)
+
+    def _finish(ds: tf.data.Dataset) -> tf.data.Dataset:
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
         if post_batch_processor is not None:
             ds = maybe_instantiate(post_batch_processor)(ds)
         if repeat is not None:

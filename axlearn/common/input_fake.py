@@ -25,6 +25,11 @@ from axlearn.common.config import (
     config_class,
     config_for_function,
 )
+from axlearn.common.input_fake_sources import (  # noqa: F401 (public re-exports)
+    fake_serialized_json_source,
+    fake_source,
+    fake_text_source,
+)
 from axlearn.common.module import Module, nowrap
 
 # Rows are seeded with (this, batch index, row index).

@@ -22,6 +22,17 @@ import numpy as np
 
 from axlearn.common.config import InstantiableConfig, maybe_instantiate
 from axlearn.common.input_feed import derive_seed
+from axlearn.common.input_lm_seq2seq import (  # noqa: F401 (public re-exports)
+    InputDataType,
+    ModelType,
+    PackingMethodType,
+    augment_text_from_inputs_targets_pretokenized,
+    joint_truncation_for_seq2seq_lm_input,
+    lm_from_seq2seq_text_preprocessor,
+    make_autoregressive_inputs,
+    text2text_lm_input,
+)
+from axlearn.common.input_packing import _trim_and_pack_with_segments  # noqa: F401
 from axlearn.common.input_tf_data import DatasetToDatasetFn, handle_malformed
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -361,6 +372,7 @@ def text_to_lm_training_input(
     shuffle_buffer_size: int = 1024,
     is_training: bool = True,
     packing: bool = False,
+    packing_method: Optional[PackingMethodType] = None,
 ) -> DatasetToDatasetFn:
     """Returns a processor turning `{"text"}` documents into training examples of `max_len`.
 
@@ -377,10 +389,24 @@ def text_to_lm_training_input(
         shuffle_buffer_size: Shuffle buffer of the produced pieces (0: no shuffling).
         is_training: Whether for training (repeats the data).
         packing: Pack documents with segment ids and positions instead of concatenating.
+        packing_method: AXLearn's name for the choice: `EOS_DELIM_NO_MASK` concatenates
+            (packing=False), `EOS_DELIM_MASK` packs with segment ids (packing=True); None:
+            `packing` decides.
 
     Returns:
         A DatasetToDatasetFn.
+
+    Raises:
+        ValueError: If packing_method contradicts packing=True.
     """
+    if packing_method is not None:
+        packing_method = PackingMethodType(packing_method)
+        if packing and packing_method == PackingMethodType.EOS_DELIM_NO_MASK:
+            raise ValueError(
+                "text_to_lm_training_input: packing=True contradicts "
+                "packing_method=EOS_DELIM_NO_MASK; set only one of them"
+            )
+        packing = packing_method == PackingMethodType.EOS_DELIM_MASK
     vocab = maybe_instantiate(vocab_cfg)
     tokenizer = tokenize(vocab, replace_newlines_with=replace_newlines_with)
     if packing:

@@ -67,7 +67,8 @@ def sample_from_datasets(
         A BuildDatasetFn.
 
     Raises:
-        ValueError: If `sources` is empty, lengths differ or a weight is negative.
+        ValueError: If `sources` is empty, lengths differ or a weight is negative; when the
+            dataset is built, if a source is known to have no examples.
     """
     if not sources:
         raise ValueError("sample_from_datasets: expected at least one source")
@@ -82,7 +83,14 @@ def sample_from_datasets(
     def fn() -> tf.data.Dataset:
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-        datasets = [source_fn().repeat() for source_fn in source_fns]
+        datasets = [source_fn() for source_fn in source_fns]
+        for i, ds in enumerate(datasets):
+            if int(ds.cardinality()) == 0:
+                raise ValueError(
+                    f"sample_from_datasets: source {i} ({describe_source(sources[i])}) has no "
+                    "examples; remove it or give it data"
+                )
+        datasets = [ds.repeat() for ds in datasets]
         total = float(sum(weights))
         return tf.data.Dataset.sample_from_datasets(
             datasets,
@@ -192,7 +200,11 @@ def remove_fields(fields: Sequence[str]) -> DatasetToDatasetFn:
 
 @_public
 def rekey(
-    key_map: dict[str, str], *, default_value: Any = "", retain_original_inputs: bool = False
+    key_map: dict[str, str],
+    *,
+    default_value: Any = "",
+    retain_original_inputs: bool = False,
+    separator: Optional[str] = None,
 ) -> DatasetToDatasetFn:
     """Returns a processor renaming fields: `{new_key: old_key}`.
 
@@ -201,18 +213,36 @@ def rekey(
             (or is left out when `default_value` is None).
         default_value: Value for missing keys.
         retain_original_inputs: Whether to keep the fields not named in `key_map`.
+        separator: If set, keys are paths into nested dicts split by it (e.g. with ".",
+            "a.b" is `ex["a"]["b"]`, read or written); None: keys are literal.
 
     Returns:
         A DatasetToDatasetFn.
     """
 
+    def split(key: str) -> list[str]:
+        return key.split(separator) if separator else [key]
+
+    def lookup(ex: dict, path: list[str]) -> tuple[bool, Any]:
+        for part in path:
+            if not isinstance(ex, dict) or part not in ex:
+                return False, None
+            ex = ex[part]
+        return True, ex
+
+    def assign(out: dict, path: list[str], value: Any) -> None:
+        for part in path[:-1]:
+            out = out.setdefault(part, {})
+        out[path[-1]] = value
+
     def map_fn(ex: dict) -> dict:
         out = dict(ex) if retain_original_inputs else {}
         for new_key, old_key in key_map.items():
-            if old_key and old_key in ex:
-                out[new_key] = ex[old_key]
+            found, value = lookup(ex, split(old_key)) if old_key else (False, None)
+            if found:
+                assign(out, split(new_key), value)
             elif default_value is not None:
-                out[new_key] = default_value
+                assign(out, split(new_key), default_value)
         return out
 
     return lambda ds: ds.map(map_fn) if key_map else ds

@@ -18,6 +18,7 @@ TensorFlow, TFDS and seqio are imported lazily: importing this module does not i
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional, Union
@@ -60,7 +61,18 @@ from axlearn.common.input_feed import (
     feed_scope,
     local_feed_indices,
 )
+from axlearn.common.input_field_processors import (  # noqa: F401 (public re-exports)
+    extract_from_sequence,
+    preserve_element_spec,
+    ragged_to_tensor,
+    squeeze_fields,
+)
 from axlearn.common.input_iterator import Feed, InputError, InputIterator, InputStateError
+from axlearn.common.input_padding import (  # noqa: F401 (AXLearn's private helpers)
+    _infer_cardinality,
+    _pad_for_evaluation,
+    _pad_logical_to_physical,
+)
 from axlearn.common.input_processors import (
     BuildDatasetFn,
     DatasetToDatasetFn,
@@ -100,17 +112,21 @@ __all__ = [
     "current_feed",
     "default_pad_example_fn",
     "disable_shuffle_recursively",
+    "extract_from_sequence",
     "filter_examples",
     "get_data_dir",
     "handle_malformed",
     "identity",
     "pack_to_batch",
     "pad_to_batch",
+    "preserve_element_spec",
+    "ragged_to_tensor",
     "rekey",
     "remove_fields",
     "sample_from_datasets",
     "select_fields",
     "shuffle",
+    "squeeze_fields",
     "take",
     "tfds_dataset",
     "tfds_read_config",
@@ -154,17 +170,25 @@ def tfds_read_config(
         decode_parallelism: Parallel decodes when training.
 
     Returns:
-        A tfds.ReadConfig (sharding is applied by `tfds_dataset` through the split).
+        A tfds.ReadConfig; its `input_context` names the shard (`tfds_dataset` reads it
+        through the split).
     """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 
-    del num_shards, shard_index  # Used by tfds_dataset through `_read_shard`.
+    ctx = current_feed()
     parallel_read = read_parallelism if is_training else 1
     return tfds.ReadConfig(
         interleave_cycle_length=parallel_read,
         num_parallel_calls_for_interleave_files=parallel_read,
         num_parallel_calls_for_decode=decode_parallelism if is_training else 1,
         shuffle_seed=derive_seed("tfds_read_config/shuffle_files"),
+        # Describes the shard (as AXLearn's read config does); `tfds_dataset` reads the shard
+        # through the split and clears it, so that TFDS does not shard the files again.
+        input_context=tf.distribute.InputContext(
+            num_input_pipelines=ctx.num_feeds if num_shards is None else num_shards,
+            input_pipeline_id=ctx.feed_index if shard_index is None else shard_index,
+        ),
     )
 
 
@@ -295,7 +319,8 @@ def tfds_dataset(
             ds = builder.as_dataset(
                 split=per_feed_split,
                 shuffle_files=shuffle_files,
-                read_config=read_config.instantiate(),
+                # The shard is read through the split: no file sharding by TFDS on top.
+                read_config=dataclasses.replace(read_config.instantiate(), input_context=None),
                 decoders=maybe_instantiate(decoders),
             )
             if shuffle_buffer_size > 0:
@@ -313,8 +338,6 @@ def tfds_dataset(
 def _with_seed(ctx: FeedContext, seed: Optional[int]) -> FeedContext:
     if seed is None:
         return ctx
-    import dataclasses  # pylint: disable=import-outside-toplevel
-
     return dataclasses.replace(ctx, seed=seed)
 
 
@@ -450,6 +473,12 @@ class Input(Module):
     def _dispatched_batcher(self, batcher: InstantiableConfig) -> InstantiableConfig:
         """The batcher config with this feed's share of the dispatcher's logical batch."""
         cfg = self.config
+        if (
+            "feed_batch_size" not in batcher
+            and "global_logical_batch_size" in batcher
+            and "logical_feed_indices" in cfg.input_dispatcher
+        ):
+            return self._logical_batcher(batcher)
         logical = cfg.input_dispatcher.global_logical_batch_size
         if logical % self._num_feeds != 0:
             raise ValueError(
@@ -460,10 +489,29 @@ class Input(Module):
         if "feed_batch_size" not in batcher:
             raise ValueError(
                 f"{self.path()}.batcher ({describe_source(batcher)}) has no feed_batch_size: "
-                "use input_tf_data.per_feed_batch with an input_dispatcher"
+                "use input_tf_data.per_feed_batch (or input_tf_data.batch under an InputDispatcher)"
             )
         self._per_feed_batch_size = logical // self._num_feeds
         return batcher.clone(feed_batch_size=self._per_feed_batch_size)
+
+    def _logical_batcher(self, batcher: InstantiableConfig) -> InstantiableConfig:
+        """The `batch` config of this feed under an `input_dispatch.InputDispatcher`.
+
+        The dispatcher (a child, `self.input_dispatcher`) resolves the physical feeds, this
+        feed's index and the logical feeds; `batch` pads this feed's logical examples to its
+        physical batch and adds the dispatch tensor, which `input_dispatcher.
+        physical_to_logical_batch` uses on the global batch.
+        """
+        dispatcher = self._add_child("input_dispatcher", self.config.input_dispatcher)
+        dcfg = dispatcher.config
+        self._per_feed_batch_size = dispatcher.feed_physical_batch_size
+        return batcher.clone(
+            global_batch_size=dcfg.global_physical_batch_size,
+            global_logical_batch_size=dcfg.global_logical_batch_size,
+            logical_feed_indices=list(dcfg.logical_feed_indices),
+            num_physical_feeds=dcfg.num_physical_feeds,
+            physical_feed_index=dcfg.physical_feed_index,
+        )
 
     @nowrap
     def partition_specs(self, input_batch: Any) -> Any:
@@ -591,8 +639,20 @@ class Input(Module):
 
     @nowrap
     def element_spec(self) -> Any:
-        """Returns the (nested) tf.TensorSpec of this process's batches."""
-        return self.dataset().element_spec
+        """Returns the (nested) `jax.ShapeDtypeStruct`s of this process's batches.
+
+        Shapes and dtypes are those of the NumPy batches iteration yields (strings: dtype
+        object). No data is read.
+        """
+        import jax  # pylint: disable=import-outside-toplevel
+        import numpy as np  # pylint: disable=import-outside-toplevel
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        def to_struct(spec):
+            dtype = object if spec.dtype == tf.string else np.dtype(spec.dtype.as_numpy_dtype)
+            return jax.ShapeDtypeStruct(tuple(spec.shape), dtype)
+
+        return tf.nest.map_structure(to_struct, self.dataset().element_spec)
 
     def __iter__(self) -> InputIterator:
         """Returns a new iterator from the beginning of the input."""

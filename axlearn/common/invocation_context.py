@@ -20,6 +20,7 @@ from typing import Any, Callable, NamedTuple, Optional, Protocol
 import jax
 import numpy as np
 
+from axlearn.common.summary import Summary
 from axlearn.common.utils import NestedTensor, Tensor
 
 
@@ -105,7 +106,8 @@ class OutputCollection(NamedTuple):
         _validate_name(name, "child context")
         if name in self:
             raise OutputConflictError(
-                f"Context '{name}' was already entered in this invocation (module called twice?)"
+                f"Context '{name}' was already entered in this invocation ({name} already present; "
+                "module called twice?)"
             )
         child = new_output_collection()
         self.summaries[name] = child.summaries
@@ -130,17 +132,21 @@ def propagate_repeated_output_collections(
     *,
     child_name_prefix: str,
     target_output_collection: OutputCollection,
+    merge_summaries: bool = False,
 ) -> None:
     """Adds the outputs of a vmapped/scanned computation to `target_output_collection`.
 
     `module_outputs` and `state_updates` (leaves of shape [N, ...]) go under
     `target[child_name_prefix]`; summaries are split so that `v[i]` goes under
-    `target[f"{child_name_prefix}{i}"]`.
+    `target[f"{child_name_prefix}{i}"]`, or, with `merge_summaries`, combined over the N
+    iterations under `target[child_name_prefix]`: a summary object (e.g. `WeightedSummary`) by
+    its `accumulate`, a plain tensor by summation.
 
     Args:
         repeated_output_collection: Collection whose leaves have a leading axis of size N.
         child_name_prefix: The child name (prefix) to add outputs under.
         target_output_collection: The collection to add to.
+        merge_summaries: Whether to merge the N iterations' summaries into one.
     """
     child = target_output_collection.add_child(child_name_prefix)
     child.module_outputs.update(repeated_output_collection.module_outputs)
@@ -149,11 +155,28 @@ def propagate_repeated_output_collections(
     if not leaves:
         return
     num = leaves[0].shape[0]
+    if merge_summaries:
+        child.summaries.update(_merge_repeated(repeated_output_collection.summaries, num))
+        return
     for i in range(num):
         child_i = target_output_collection.add_child(f"{child_name_prefix}{i}")
         child_i.summaries.update(
             jax.tree.map(lambda x, i=i: x[i], repeated_output_collection.summaries)
         )
+
+
+def _merge_repeated(summaries: Any, num: int) -> Any:
+    """Combines summaries whose leaves have a leading axis of size `num` over that axis."""
+
+    def merge(value):
+        if isinstance(value, Summary):
+            merged = jax.tree.map(lambda x: x[0], value)
+            for i in range(1, num):
+                merged = merged.accumulate(jax.tree.map(lambda x, i=i: x[i], value))
+            return merged
+        return value.sum(axis=0)
+
+    return jax.tree.map(merge, summaries, is_leaf=lambda x: isinstance(x, Summary))
 
 
 # --------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from axlearn.common.layers_norm import (  # noqa: F401
 )
 from axlearn.common.module import Module, child_context
 from axlearn.common.param_init import PARAM_REGEXP_WEIGHT, DefaultInitializer, WeightInitializer
+from axlearn.common.quantized_dot_general.layers import DenseGeneralBaseLayer
 from axlearn.common.utils import Tensor, maybe_shard, with_sharding_constraint
 
 # --------------------------------------------------------------------------------------------
@@ -353,11 +354,14 @@ def set_layer_norm_eps_recursively(
 # --------------------------------------------------------------------------------------------
 
 
-class Linear(BaseLayer):
-    """y = x @ weight (+ bias), weight of shape [input_dim, output_dim]."""
+class Linear(DenseGeneralBaseLayer):
+    """y = x @ weight (+ bias), weight of shape [input_dim, output_dim].
+
+    The matmul runs quantized (int8/fp8) when `quantized_dot_general` is set.
+    """
 
     @config_class
-    class Config(BaseLayer.Config):
+    class Config(DenseGeneralBaseLayer.Config):
         """Configures Linear."""
 
         # Input feature dim.
@@ -405,7 +409,9 @@ class Linear(BaseLayer):
 
     def forward(self, x: Tensor) -> Tensor:
         """Returns x @ weight (+ bias) for x of shape [..., input_dim]."""
-        output = jnp.einsum("...d,dh->...h", x, self.parameters["weight"])
+        output = self.einsum_maybe_quantized(
+            "...d,dh->...h", activation=x, kernel=self.parameters["weight"]
+        )
         if self.config.bias:
             output = output + self.parameters["bias"]
         return self._maybe_shard(output)
@@ -462,7 +468,10 @@ class Embedding(BaseLayer):
         super().__init__(cfg, parent=parent)
         cfg = self.config
         if cfg.scale == Embedding.Scale.CONSTANT and cfg.scale_constant is None:
-            raise ValueError(f"{self.path()}: scale_constant must be set for Scale.CONSTANT")
+            raise ValueError(
+                f"{self.path()}: scale_constant must be specified for Scale.CONSTANT; set "
+                "scale_constant to the multiplier."
+            )
 
     def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
         cfg = self.config

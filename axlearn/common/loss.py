@@ -43,7 +43,9 @@ def _reduce_loss(
 ) -> Tensor:
     """Reduces a per-element loss, weighting elements by `sample_weight` if given.
 
-    MEAN with weights divides the weighted sum by the weights' sum (its magnitude at least eps).
+    MEAN with weights divides the weighted sum by the sum of `sample_weight` as given (AXLearn's
+    convention: a [batch, 1] weight counts once per row, not once per broadcast element; its
+    magnitude at least eps).
 
     Args:
         loss: A float tensor.
@@ -62,7 +64,7 @@ def _reduce_loss(
         return jnp.sum(loss)
     if sample_weight is None:
         return jnp.mean(loss)
-    total = jnp.sum(jnp.broadcast_to(sample_weight, loss.shape))
+    total = jnp.sum(sample_weight)
     sign = jnp.where(total < 0, -1.0, 1.0)
     return jnp.sum(loss) / (sign * jnp.maximum(jnp.abs(total), eps))
 

@@ -100,15 +100,47 @@ def _call_method_in_context(
     """Calls `method_fn(module, *args, **kwargs)` in `module`'s context.
 
     If the current context belongs to an ancestor of `module`, child contexts are entered along
-    the path from that ancestor; if it belongs to `module` itself, none is entered.
+    the path from that ancestor; if it belongs to `module` itself, none is entered. If `module`
+    is a module shared (`_share_with_descendants`) by an ancestor of the current context, one
+    child context named by its shared name is entered, with the shared module's state.
     """
     with contextlib.ExitStack() as stack:
         context = current_context()
         if context is not None and context.module is not module:
-            for name in context.module.path_to_descendant_module(module):
-                stack.enter_context(child_context(name))
+            shared = _find_shared_module(context, module)
+            if shared is not None:
+                stack.enter_context(child_context(shared[0], module=module, state=shared[1]))
+            else:
+                for name in context.module.path_to_descendant_module(module):
+                    stack.enter_context(child_context(name))
         thunk = module._call_thunk(*args, method_fn=method_fn, **kwargs)  # pylint: disable=protected-access
         return thunk()
+
+
+def _find_shared_module(context: InvocationContext, module: Module) -> Optional[tuple[str, Any]]:
+    """(shared name, state) if an ancestor context's module shares `module`, else None.
+
+    Only used when `module` is not a descendant of the current context's module.
+    """
+    node = module
+    while node is not None and node is not context.module:
+        node = node.parent
+    if node is context.module:
+        return None  # A plain descendant.
+    ancestor = context
+    while ancestor is not None:
+        owner = ancestor.module
+        for shared_name, path in owner._paths_to_shared_modules.items():  # pylint: disable=protected-access
+            target, state = owner, ancestor.state
+            for part in path:
+                target = target.children.get(part)
+                state = state.get(part) if isinstance(state, dict) else None
+                if target is None:
+                    break
+            if target is module:
+                return shared_name, state
+        ancestor = ancestor.parent
+    return None
 
 
 def _wrap_method_with_auto_child_context(*, method_fn: Callable, method_name: str) -> Callable:
@@ -332,7 +364,7 @@ class Module(Configurable, metaclass=_PostInitMeta):
         """Returns the module (and state) shared under `shared_module_name` by the nearest ancestor.
 
         Raises:
-            ValueError: If no ancestor shares that name.
+            ValueError: If no ancestor shares that name, or the state lacks the path to it.
         """
         context = self.get_invocation_context()
         while context is not None and shared_module_name not in (
@@ -345,6 +377,11 @@ class Module(Configurable, metaclass=_PostInitMeta):
             )
         target, state = context.module, context.state
         for part in context.module._paths_to_shared_modules[shared_module_name]:  # pylint: disable=protected-access
+            if not isinstance(state, dict) or part not in state:
+                raise ValueError(
+                    f"Module '{target.path()}': state does not contain '{part}', the path to "
+                    f"shared module '{shared_module_name}'; pass state with an entry per child."
+                )
             target, state = target.children[part], state[part]
         return Module.SharedModuleInfo(module=target, state=state)
 
@@ -472,6 +509,8 @@ def scan_in_context(
     drop_output: Optional[Callable[[str], bool]] = None,
     child_name_prefix: str = "iter",
     unroll: Union[int, bool] = 1,
+    remat_kwargs: Optional[dict[str, Any]] = None,
+    merge_summaries: bool = False,
 ) -> tuple[NestedTensor, NestedTensor]:
     """`jax.lax.scan` of `fn(carry, x) -> (carry, y)` in a child context of the current module.
 
@@ -487,12 +526,17 @@ def scan_in_context(
         drop_output: Optional predicate over output paths ("summaries/..."); True drops it.
         child_name_prefix: Child name for the iteration outputs.
         unroll: `jax.lax.scan`'s unroll: iterations per loop step (True: all, False: 1).
+        remat_kwargs: If set, the scan body is wrapped in `jax.checkpoint(**remat_kwargs)`
+            (e.g. dict(policy=...)); `prevent_cse=True` is refused (a scan needs no CSE guard).
+        merge_summaries: If True, the iterations' summaries are combined under
+            `child_name_prefix` (see `propagate_repeated_output_collections`) instead of being
+            kept per iteration.
 
     Returns:
         (final carry, stacked ys).
 
     Raises:
-        ValueError: Outside an invocation context.
+        ValueError: Outside an invocation context, or remat_kwargs with prevent_cse=True.
     """
     ctx = current_context()
     if ctx is None:
@@ -516,10 +560,19 @@ def scan_in_context(
             )
         return carry_i, dict(y_i=y_i, output_collection=collection_i)
 
+    if remat_kwargs is not None:
+        remat_kwargs = dict(remat_kwargs)
+        if remat_kwargs.setdefault("prevent_cse", False):
+            raise ValueError(
+                "scan_in_context: remat_kwargs prevent_cse=True is not supported inside a scan "
+                "(scan already prevents CSE); drop prevent_cse or set it to False."
+            )
+        body = jax.checkpoint(body, **remat_kwargs)
     carry, ys = jax.lax.scan(body, carry, xs, unroll=unroll)
     propagate_repeated_output_collections(
         ys["output_collection"],
         child_name_prefix=child_name_prefix,
         target_output_collection=ctx.output_collection,
+        merge_summaries=merge_summaries,
     )
     return carry, ys["y_i"]

@@ -132,6 +132,26 @@ class GPipeSchedule(BaseSchedule):
     """
 
 
+class StreamSchedule(BaseSchedule):
+    """A GPipe-ordered schedule for num_microbatches divisible by num_stages.
+
+    Each stage holds one chunk of layers and works on the same (microbatch, step) items as
+    `GPipeSchedule`, so the pipeline computes the same function with the same bubble
+    (S - 1) / (M + S - 1). AXLearn's stream schedule streams microbatches through a buffer of
+    S slots, which needs M % S == 0; ours keeps GPipe's data layout and only enforces that
+    constraint, so configs written for it run unchanged.
+    """
+
+    def _validate(self):
+        super()._validate()
+        cfg = self.config
+        if cfg.num_microbatches % cfg.num_stages:
+            raise ValueError(
+                f"StreamSchedule: num_microbatches={cfg.num_microbatches} must be a multiple of "
+                f"num_stages={cfg.num_stages}; change num_microbatches or use GPipeSchedule."
+            )
+
+
 class CircularSchedule(BaseSchedule):
     """The circular (interleaved) schedule: each stage holds V non-adjacent chunks of layers.
 
@@ -586,6 +606,7 @@ __all__ = [
     "BaseSchedule",
     "CircularSchedule",
     "GPipeSchedule",
+    "StreamSchedule",
     "Pipeline",
     "chunk_order_to_rows",
     "find_pipelines",

@@ -38,7 +38,9 @@ class Summary:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        jax.tree_util.register_pytree_node(cls, cls._tree_flatten, cls._tree_unflatten)
+        jax.tree_util.register_pytree_with_keys(
+            cls, cls._tree_flatten_with_keys, cls._tree_unflatten, cls._tree_flatten
+        )
 
     def __init__(self, *args: Any, **kwargs: Any):
         names = _field_names(type(self))
@@ -58,6 +60,17 @@ class Summary:
     def _tree_flatten(self):
         names = _field_names(type(self))
         return tuple(getattr(self, n) for n in names), None
+
+    def _tree_flatten_with_keys(self):
+        # Children are keyed by field name (paths read "loss/mean"), or by index when a
+        # subclass flattens other than one child per field.
+        children, aux_data = self._tree_flatten()
+        names = _field_names(type(self))
+        if len(children) == len(names):
+            keys = [jax.tree_util.GetAttrKey(n.lstrip("_")) for n in names]
+        else:
+            keys = [jax.tree_util.FlattenedIndexKey(i) for i in range(len(children))]
+        return list(zip(keys, children)), aux_data
 
     @classmethod
     def _tree_unflatten(cls, aux_data, children):
@@ -150,3 +163,45 @@ class CallbackSummary(Summary):
         """Raises ValueError unless `fn` is callable."""
         if not callable(self.fn):
             raise ValueError(f"CallbackSummary.fn must be callable, got {self.fn!r}.")
+
+
+class AudioSummary(Summary):
+    """Audio: [num_samples] or [num_samples, channels] floats in [-1, 1], at `sample_rate` Hz.
+
+    `sample_rate` is static (not traced under jit).
+    """
+
+    _value: typing.Any
+    sample_rate: typing.Any
+
+    def _tree_flatten(self):
+        return (self._value,), self.sample_rate
+
+    @classmethod
+    def _tree_unflatten(cls, aux_data, children):
+        obj = object.__new__(cls)
+        object.__setattr__(obj, "_value", children[0])
+        object.__setattr__(obj, "sample_rate", aux_data)
+        return obj
+
+    def value(self) -> Any:
+        """The audio with a channel axis ([num_samples, channels])."""
+        v = self._value
+        return v[:, None] if v.ndim == 1 else v
+
+    def validate(self) -> None:
+        """Checks rank and sample rate.
+
+        Raises:
+            ValueError: If the value is not an array of rank 1/2, or sample_rate is not > 0.
+        """
+        v = self._value
+        if not _is_concrete_array(v) or v.ndim not in (1, 2):
+            raise ValueError(
+                "AudioSummary value must be an array of shape [num_samples] or "
+                f"[num_samples, channels], got {getattr(v, 'shape', type(v))}."
+            )
+        if not isinstance(self.sample_rate, int) or self.sample_rate <= 0:
+            raise ValueError(
+                f"AudioSummary.sample_rate must be a positive int, got {self.sample_rate!r}."
+            )

@@ -36,6 +36,7 @@ import numbers
 import os
 import secrets
 import time
+from collections.abc import Sequence
 from functools import wraps
 from typing import Any, Callable, Optional
 
@@ -48,6 +49,7 @@ from axlearn.common.config_diff import parse_config_dump
 from axlearn.common.metrics import WeightedSummary
 from axlearn.common.module import Module
 from axlearn.common.path_containment import PathContainmentError, open_no_follow
+from axlearn.common.summary import AudioSummary, ImageSummary, Summary
 from axlearn.common.utils import NestedTensor, flatten_items
 
 
@@ -83,7 +85,23 @@ def processor_zero_only(fn: Callable) -> Callable:
 
 
 def _is_summary_leaf(x: Any) -> bool:
-    return isinstance(x, WeightedSummary)
+    return isinstance(x, (WeightedSummary, Summary))
+
+
+def _average_step_time(step_times: Sequence[float], window: int) -> Optional[float]:
+    """The mean of the last `window` step times (all of them if fewer).
+
+    Args:
+        step_times: Step durations in seconds, oldest first.
+        window: How many of the latest to average.
+
+    Returns:
+        The mean, or None when there are no step times or `window` is not positive.
+    """
+    if window <= 0 or not step_times:
+        return None
+    recent = list(step_times)[-window:]
+    return sum(recent) / len(recent)
 
 
 def fetch_to_host(values: NestedTensor) -> NestedTensor:
@@ -180,6 +198,27 @@ class BaseWriter(Module):
     def flush(self) -> None:
         """Flushes buffered output. The default does nothing."""
 
+    def _average_step_time_window(self) -> int:
+        """Steps between `average_step_time` records, and how many step times each averages."""
+        return getattr(self.config, "write_every_n_steps", None) or 100
+
+    def log_average_step_time(self, *, step: int, step_times: Sequence[float]) -> None:
+        """Writes "average_step_time", the mean of the latest step times, every N steps.
+
+        N is the writer's `write_every_n_steps` (100 for writers without one); the mean is over
+        the last N entries of `step_times`.
+
+        Args:
+            step: The current step (a record is written when it is a multiple of N).
+            step_times: Recent step durations in seconds, oldest first.
+        """
+        window = self._average_step_time_window()
+        if step % window != 0:
+            return
+        average = _average_step_time(step_times, window)
+        if average is not None:
+            self(step, {"average_step_time": average})
+
     # pylint: disable-next=arguments-differ
     def __call__(self, step: int, values: dict[str, Any]) -> None:
         """Writes `values` for `step`.
@@ -241,6 +280,10 @@ class CompositeWriter(BaseWriter):
 
     def writing_at_step(self, step: int) -> bool:
         return any(w.writing_at_step(step) for w in self._writers)
+
+    def log_average_step_time(self, *, step: int, step_times: Sequence[float]) -> None:
+        for writer in self.writers:
+            writer.log_average_step_time(step=step, step_times=step_times)
 
     def flush(self) -> None:
         for writer in self._writers:
@@ -323,10 +366,14 @@ class SummaryWriter(BaseWriter):
         return step % self.config.write_every_n_steps == 0
 
     def log_config(self, config: ConfigBase, step: int = 0) -> None:
-        """Writes the config dump as one text summary "trainer_config" (one row per line)."""
-        lines = config.debug_string().split("\n")
+        """Writes the config dump as text: "trainer_config" (one row per line), and one
+        "trainer_config/<path>" summary per field holding the value's repr (as AXLearn does)."""
+        dump = config.debug_string()
+        lines = dump.split("\n")
         with self._writer.as_default():
             self._tf_summary.text("trainer_config", lines, step=step)
+            for path, value in parse_config_dump(dump, strict=False).items():
+                self._tf_summary.text(f"trainer_config/{path}", value, step=step)
         self._writer.flush()
 
     def flush(self) -> None:
@@ -344,8 +391,15 @@ class SummaryWriter(BaseWriter):
         scalars = _summary_pb2().Summary()
         with self._writer.as_default(step=step):
             for path, value in flatten_items(values, is_leaf=_is_summary_leaf):
+                if isinstance(value, AudioSummary):
+                    audio = np.asarray(value.value(), dtype=np.float32)
+                    tf_summary.audio(path, audio[None], value.sample_rate, step=step)
+                    continue
+                if isinstance(value, ImageSummary):
+                    tf_summary.image(path, np.asarray(value.value()), step=step)
+                    continue
                 value = _host_value(value)
-                if value is None:
+                if value is None or isinstance(value, Summary):
                     continue
                 if isinstance(value, (str, bytes)):
                     tf_summary.text(path, value, step=step)

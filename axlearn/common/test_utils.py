@@ -42,7 +42,14 @@ from axlearn.common.invocation_context import (
     new_output_collection,
     set_current_context,
 )
-from axlearn.common.utils import (
+from axlearn.common.test_utils_params import (  # noqa: F401
+    ParamInitSpec,
+    ThirdPartyInitializer,
+    read_param_init_specs_recursively,
+    read_per_param_settings,
+)
+from axlearn.common.utils import (  # noqa: F401
+    Nested,
     NestedTensor,
     Tensor,
     as_tensor,
@@ -383,3 +390,38 @@ def bind_layer(
     )
     with set_current_context(context, require_parent=False):
         yield layer
+
+
+def dummy_segments_positions(
+    batch: int, seq_len: int, *, num_segments: int, seed: int = 123
+) -> tuple[Tensor, Tensor]:
+    """Random packed-sequence segment ids and the positions within each segment.
+
+    Each row's segment ids are non-decreasing values in [0, num_segments) (some ids may be
+    absent, i.e. empty segments); positions count 0, 1, ... from the start of each segment.
+
+    Example: segment ids [[0, 1, 1, 1], [1, 1, 2, 2]] have positions [[0, 0, 1, 2], [0, 1, 0, 1]].
+
+    Args:
+        batch: Batch size.
+        seq_len: Sequence length.
+        num_segments: Number of segment ids (>= 1).
+        seed: Seed of the NumPy generator drawing the ids.
+
+    Returns:
+        (segment_ids, positions), both int32 [batch, seq_len].
+
+    Raises:
+        ValueError: If num_segments < 1.
+    """
+    if num_segments < 1:
+        raise ValueError(f"dummy_segments_positions: num_segments={num_segments} must be >= 1.")
+    rng = np.random.default_rng(seed)
+    segment_ids = np.sort(rng.integers(0, num_segments, size=(batch, seq_len)), axis=-1)
+    index = np.arange(seq_len)[None, :]
+    starts = np.concatenate(
+        [np.ones((batch, 1), dtype=bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=-1
+    )
+    # Position = index - index of the current segment's first token.
+    first = np.maximum.accumulate(np.where(starts, index, 0), axis=-1)
+    return jnp.asarray(segment_ids, jnp.int32), jnp.asarray(index - first, jnp.int32)

@@ -35,6 +35,7 @@ from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common import utils
+from axlearn.common.aot_results import aot_model_analysis  # noqa: F401 (AXLearn: trainer.aot_model_analysis)
 from axlearn.common.checkpointer import Checkpointer
 from axlearn.common.compilation_cache import CacheLookups
 from axlearn.common.config import (
@@ -74,6 +75,7 @@ from axlearn.common.trainer_profiler import Profiler
 from axlearn.common.trainer_step import TrainStep, TrainStepResult, opt_params  # noqa: F401
 from axlearn.common.trainer_utils import (  # noqa: F401 (NonFiniteLossError: public name)
     NonFiniteLossError,
+    UndefinedLossException,
     all_finite,
     check_token_ids,
     eval_due,

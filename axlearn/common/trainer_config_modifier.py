@@ -22,7 +22,7 @@ naming the path: a modifier never silently does nothing.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Optional
 
 from axlearn.common.config import (
     REQUIRED,
@@ -40,6 +40,7 @@ from axlearn.common.metrics import MetricAccumulator
 
 __all__ = [
     "ChainConfigModifier",
+    "FP8ConfigModifier",
     "GradientAccumulationModifier",
     "MeshShapeModifier",
     "ModuleConfigModifier",
@@ -363,4 +364,73 @@ class PipelineModifier(ConfigModifier):
                 num_virtual_stages=mcfg.num_virtual_stages,
             ),
         )
+        return cfg
+
+
+class FP8ConfigModifier(ConfigModifier):
+    """Trains the model's dense matmuls in fp8 with delayed scaling.
+
+    Sets `quantized_dot_general` (FP_8, `fp8_amax_history_length`) on every
+    `DenseGeneralBaseLayer` config under `model` (e.g. `Linear`), and wraps
+    `learner.optimizer` in an `OverrideInplaceUpdateTransformation` whose rules
+    (`.*/<name>` for `get_all_fp8_param_names()`) make the fp8 scales and amax histories take
+    their new values each step instead of being optimized.
+    """
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        """Configures FP8ConfigModifier."""
+
+        # Length of the amax histories (delayed scaling); None: in-batch scaling.
+        fp8_amax_history_length: Optional[int] = None
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        """Installs fp8 matmuls and the fp8 state update rule.
+
+        Args:
+            cfg: The trainer config.
+
+        Returns:
+            The modified config.
+
+        Raises:
+            ValueError: If the model has no DenseGeneralBaseLayer or the learner has no
+                `optimizer` field.
+        """
+        # pylint: disable=import-outside-toplevel
+        from axlearn.common.quantized_dot_general.layers import (
+            DotGeneralQuantizationType,
+            QuantizedDotGeneral,
+            get_all_fp8_param_names,
+            set_quantized_dot_general_recursively,
+        )
+        from axlearn.common.update_transformation import OverrideInplaceUpdateTransformation
+
+        # pylint: enable=import-outside-toplevel
+        length = self.config.fp8_amax_history_length
+        fp8_cfg = QuantizedDotGeneral.default_config().set(
+            quantization_type=DotGeneralQuantizationType.FP_8, fp8_amax_history_length=length
+        )
+        model = find_config(cfg, "model")
+        if set_quantized_dot_general_recursively(model, fp8_cfg) == 0:
+            raise ValueError(
+                f"FP8ConfigModifier: model ({getattr(model, 'klass', type(model)).__name__}) has "
+                "no matmul layer to quantize (no DenseGeneralBaseLayer config such as Linear "
+                "under `model`); remove FP8ConfigModifier from this config's mesh rules or build "
+                "the model from Linear layers"
+            )
+        learner = find_config(cfg, "learner")
+        if not _has_field(learner, "optimizer"):
+            raise ValueError(
+                f"FP8ConfigModifier: learner ({type(learner).__name__}) has no `optimizer` field "
+                "to wrap; use a Learner (not a CompositeLearner) with fp8"
+            )
+        rules = [f".*/{name}" for name in get_all_fp8_param_names()]
+        optimizer = learner.optimizer
+        if isinstance(optimizer, OverrideInplaceUpdateTransformation.Config):
+            optimizer.rules = list(optimizer.rules) + [r for r in rules if r not in optimizer.rules]
+        else:
+            learner.optimizer = OverrideInplaceUpdateTransformation.default_config().set(
+                transformation=optimizer, rules=rules
+            )
         return cfg

@@ -210,3 +210,7 @@ class NonFiniteLossError(RuntimeError):
         )
         self.step = step
         self.loss = loss
+
+
+# AXLearn's name for the same error.
+UndefinedLossException = NonFiniteLossError

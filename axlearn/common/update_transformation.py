@@ -18,6 +18,7 @@ gradients into parameter deltas). `Learner.Config.optimizer` accepts either a co
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Any, Callable, Literal, NamedTuple, Optional, Protocol, Union
 
@@ -27,7 +28,14 @@ import optax
 from axlearn.common.config import REQUIRED, ConfigOr, Required, config_class, maybe_instantiate
 from axlearn.common.module import Module
 from axlearn.common.optimizer_base import OptParam, PartitionedGradientTransformation
-from axlearn.common.utils import Nested, Tensor, TensorSpec
+from axlearn.common.utils import (
+    Nested,
+    Tensor,
+    TensorSpec,
+    flatten_items,
+    set_recursively,
+    tree_paths,
+)
 
 
 class ForwardOutputs(NamedTuple):
@@ -244,3 +252,74 @@ class WrappedPartitionedGradientTransformation(UpdateTransformation):
         # The state may be a tuple: replace the whole state update of this context.
         self.get_invocation_context().set_state_update(state)
         return dataclasses.replace(updates, delta_updates=param_updates)
+
+
+class OverrideInplaceUpdateTransformation(WrappedPartitionedGradientTransformation):
+    """Replaces the parameters matching `rules` by their gradients; optimizes the others.
+
+    For a parameter whose path ("a/b/c") fully matches one of `rules`, the incoming
+    `delta_updates` value (its "gradient") becomes its `inplace_updates` value, i.e. its next
+    value, and its delta becomes zero; it gets no optimizer state. The other parameters go
+    through `transformation` as in `WrappedPartitionedGradientTransformation`. Used for state
+    carried through gradients, e.g. the fp8 scales and amax histories of
+    `quantized_dot_general` (rules `.*/<name>` for `get_all_fp8_param_names()`).
+    """
+
+    @config_class
+    class Config(WrappedPartitionedGradientTransformation.Config):
+        """Configures OverrideInplaceUpdateTransformation."""
+
+        # Regexes (re.fullmatch on "/"-joined parameter paths) of the parameters to replace.
+        rules: Required[Sequence[str]] = REQUIRED
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module] = None):
+        super().__init__(cfg, parent=parent)
+        for i, rule in enumerate(self.config.rules):
+            try:
+                re.compile(rule)
+            except re.error as e:
+                raise ValueError(f"{self.path()}.rules[{i}]: bad regex {rule!r}: {e}") from e
+
+    def _is_override(self, tree: Nested[Any]) -> Nested[bool]:
+        """True for the leaves of `tree` whose path matches one of the rules."""
+        rules = self.config.rules
+        return jax.tree.map(
+            lambda path: any(re.fullmatch(rule, path) for rule in rules), tree_paths(tree)
+        )
+
+    def _passthrough(self, tree: Nested[Any]) -> Nested[Any]:
+        """`tree` with the overridden leaves replaced by None."""
+        return jax.tree.map(lambda o, x: None if o else x, self._is_override(tree), tree)
+
+    def create_state_partition_specs(self, model_param_specs: Nested[Any]) -> Any:
+        return super().create_state_partition_specs(self._passthrough(model_param_specs))
+
+    def init(self, model_params: Nested[OptParam]) -> Any:
+        return super().init(self._passthrough(model_params))
+
+    def transform_update(self, updates: Updates) -> Updates:
+        grads = updates.delta_updates
+        override = self._is_override(grads)
+        inner = super().transform_update(
+            dataclasses.replace(
+                updates,
+                opt_params=self._passthrough(updates.opt_params),
+                delta_updates=self._passthrough(grads),
+            )
+        )
+        # Zero deltas for the overridden parameters (None where the optimizer returned None).
+        deltas = jax.tree.map(
+            lambda o, g, d: jax.numpy.zeros_like(g) if o else d,
+            override,
+            grads,
+            inner.delta_updates,
+            is_leaf=lambda x: x is None,
+        )
+        inplace = dict(flatten_items(updates.inplace_updates or {}))
+        for (path, g), (_, o) in zip(flatten_items(grads), flatten_items(override)):
+            if o:
+                inplace[path] = g
+        nested: dict[str, Any] = {}
+        for path, value in inplace.items():
+            set_recursively(nested, path=path, value=value)
+        return dataclasses.replace(inner, delta_updates=deltas, inplace_updates=nested)

@@ -31,10 +31,27 @@ import numpy as np
 from jax import numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from axlearn.common.config import is_named_tuple
+from axlearn.common.utils_data import (  # noqa: F401
+    DataPartitionType,
+    StackedKeyArray,
+    canonicalize_per_param_dtype,
+    cast_floats_per_param,
+    data_partition_type_to_spec,
+    host_to_global_device_array,
+    host_to_global_specs,
+    input_partition_spec,
+    replicate_to_local_data,
+    runtime_checks,
+    split_prng_key,
+)
 
 # Dtype and mask helpers live in utils_dtypes and utils_masks (kept apart for length), re-exported.
 from axlearn.common.utils_dtypes import validate_float_dtype  # noqa: F401
+from axlearn.common.utils_manual import (  # noqa: F401
+    _manual_axes,
+    _manual_axes_to_unconstrained,
+    manual_axes_to_none,
+)
 from axlearn.common.utils_masks import safe_not, sequence_mask  # noqa: F401
 
 # AXLearn keeps its remat policies in `utils`; ours live in utils_remat and are re-exported here.
@@ -53,6 +70,21 @@ from axlearn.common.utils_spmd import (  # noqa: F401
     MeshShape,
     create_device_mesh,
     infer_mesh_shape,
+)
+from axlearn.common.utils_tree import (  # noqa: F401
+    as_numpy_array,
+    check_param_shape_alignment,
+    complete_partition_spec_tree,
+    copy_recursively,
+    expand_vdicts,
+    find_cycles,
+    non_empty_leaf_merge_fn,
+    own_fields,
+    pytree_children,
+    replace_layer_config_recursively,
+    tree_merge,
+    tree_paths,
+    validate_contains_paths,
 )
 
 Tensor = jax.Array
@@ -143,38 +175,6 @@ class VDict(dict):
 
 def _concat_path(prefix: str, key: Any, separator: str) -> str:
     return f"{prefix}{separator}{key}" if prefix else f"{key}"
-
-
-def tree_paths(tree: NestedTree, separator: str = "/") -> NestedTree:
-    """Returns a tree of the same structure as `tree` whose leaves are their paths.
-
-    Example: `tree_paths({"a": 1, "b": [2, {"c": 3}]}) == {"a": "a", "b": ["b/0", {"c": "b/1/c"}]}`.
-    None is structure (not a leaf) and is kept as None.
-
-    Args:
-        tree: A nested structure of dicts, lists, tuples and named tuples.
-        separator: Joins the keys of a path.
-
-    Returns:
-        The tree of paths.
-    """
-
-    def visit(node, prefix):
-        if node is None:
-            return None
-        if isinstance(node, Mapping):
-            return type(node)(
-                (k, visit(v, _concat_path(prefix, k, separator))) for k, v in node.items()
-            )
-        if is_named_tuple(node):
-            return type(node)(**visit(node._asdict(), prefix))
-        if isinstance(node, (list, tuple)):
-            return type(node)(
-                [visit(v, _concat_path(prefix, i, separator)) for i, v in enumerate(node)]
-            )
-        return prefix
-
-    return visit(tree, "")
 
 
 def flatten_items(
@@ -271,7 +271,12 @@ def get_or_none(x: Optional[Mapping], key: Any) -> Any:
     return None if x is None else x.get(key)
 
 
-def prune_tree(in_tree: NestedTree, should_prune: Callable[[str, NestedTree], bool], prefix=""):
+def prune_tree(
+    in_tree: NestedTree,
+    should_prune: Callable[[str, NestedTree], bool],
+    prefix: str = "",
+    separator: str = "/",
+):
     """Returns a shallow copy of `in_tree` without the dict entries for which `should_prune` holds.
 
     Args:
@@ -279,6 +284,7 @@ def prune_tree(in_tree: NestedTree, should_prune: Callable[[str, NestedTree], bo
         should_prune: Called with (path, subtree) after the subtree itself was pruned; True drops
             the entry.
         prefix: Path of `in_tree` (used in recursion).
+        separator: Joins the keys of a path.
 
     Returns:
         The pruned tree.
@@ -286,8 +292,8 @@ def prune_tree(in_tree: NestedTree, should_prune: Callable[[str, NestedTree], bo
     if isinstance(in_tree, dict):
         out = type(in_tree)()
         for k, v in in_tree.items():
-            path = _concat_path(prefix, k, "/")
-            v = prune_tree(v, should_prune, prefix=path)
+            path = _concat_path(prefix, k, separator)
+            v = prune_tree(v, should_prune, prefix=path, separator=separator)
             if not should_prune(path, v):
                 out[k] = v
         return out
@@ -520,6 +526,8 @@ def as_tensor(x: Any) -> NestedTensor:
         return jnp.asarray(x)
     if isinstance(x, (Mapping, list, tuple)):
         return jax.tree.map(as_tensor, x)
+    if type(x).__module__.startswith("tensorflow") and hasattr(x, "numpy"):
+        return jnp.asarray(x.numpy())
     raise NotImplementedError(f"Cannot convert {type(x)} to a Tensor: {x}")
 
 
@@ -544,8 +552,24 @@ def cast_floats(in_tree: NestedTensor, to_dtype: Optional[Any]) -> NestedTensor:
     return jax.tree.map(cast, in_tree)
 
 
-def check_jax_type(*, args: Sequence = (), kwargs: Optional[dict] = None, msg: str = "") -> None:
-    """Raises ValueError if a leaf of (args, kwargs) is not a JAX/NumPy array or scalar."""
+def check_jax_type(
+    *,
+    args: Sequence = (),
+    kwargs: Optional[dict] = None,
+    pretty_named_args: Optional[dict] = None,
+    msg: str = "",
+) -> None:
+    """Raises ValueError if a leaf of the arguments is not a JAX/NumPy array or scalar.
+
+    `pretty_named_args` ({name: value}) report as "Argument <name> has leaf with non-JAX type".
+    """
+    for name, value in (pretty_named_args or {}).items():
+        for path, leaf in flatten_items(value):
+            if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):
+                where = f"{name}/{path}" if path else name
+                raise ValueError(
+                    f"Argument {where} has leaf with non-JAX type {type(leaf)}: {leaf!r}. {msg}"
+                )
     for path, leaf in flatten_items(dict(args=list(args), kwargs=kwargs or {})):
         if not isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):
             raise ValueError(f"{msg} Leaf {path} has non-JAX type {type(leaf)}: {leaf!r}")
@@ -664,6 +688,13 @@ def maybe_shard(x: Tensor, partition_spec: Optional[Sequence]) -> Tensor:
             f"Partition spec {tuple(partition_spec)} has {len(partition_spec)} entries but the "
             f"tensor has shape {x.shape}"
         )
+    manual, axes = _manual_axes()
+    if manual:
+        # Inside a partly Manual shard_map: constrain only the Auto axes (best effort).
+        if manual == axes:
+            return x
+        spec = _manual_axes_to_unconstrained(PartitionSpec(*partition_spec))
+        return jax.lax.with_sharding_constraint(x, spec)
     return with_sharding_constraint(x, PartitionSpec(*partition_spec))
 
 
@@ -745,26 +776,3 @@ def vectorized_tree_map(fn: Callable, tree: Any, *rest: Any) -> Any:
         return fn(node, *others)
 
     return jax.tree.map(apply, tree, *rest, is_leaf=lambda x: isinstance(x, VDict))
-
-
-def validate_contains_paths(x: Nested, paths: Sequence[str]) -> None:
-    """Raises a KeyError naming the missing paths if `x` lacks any of `paths`.
-
-    Args:
-        x: A nested dict (e.g. an input batch).
-        paths: "/"-separated paths, e.g. ["prefix"] or ["inputs/input_ids"].
-
-    Raises:
-        KeyError: If a path is missing.
-    """
-    missing = []
-    for path in paths:
-        node = x
-        for part in path.split("/"):
-            if not isinstance(node, Mapping) or part not in node:
-                missing.append(path)
-                break
-            node = node[part]
-    if missing:
-        keys = sorted(x) if isinstance(x, Mapping) else type(x).__name__
-        raise KeyError(f"Input is missing required path(s) {missing}; it has keys {keys}.")

@@ -45,6 +45,19 @@ def test_pack_to_batch():
     assert _as_lists(input_tf_data.pack_to_batch(5)(_ds([]))) == []
 
 
+def test_pack_to_batch_unknown_trailing_dims():
+    # The same elements with trailing dimensions unknown statically pack the same way.
+    def gen():
+        yield from _ELEMENTS
+
+    sig = {"a": tf.TensorSpec([None, None], tf.int64), "b": tf.TensorSpec([None], tf.int64)}
+    ds = tf.data.Dataset.from_generator(gen, output_signature=sig)
+    static = _as_lists(input_tf_data.pack_to_batch(5, pad_value=-1)(_ds(_ELEMENTS)))
+    assert _as_lists(input_tf_data.pack_to_batch(5, pad_value=-1)(ds)) == static
+    with pytest.raises(tf.errors.InvalidArgumentError, match="exceeds batch_size"):
+        _as_lists(input_tf_data.pack_to_batch(2)(ds))
+
+
 def test_pad_and_trim_to_batch():
     padded = _as_lists(input_tf_data.pad_to_batch(4, pad_value=9)(_ds(_ELEMENTS[:2])))
     assert padded[0]["b"] == [1, 2, 9, 9] and padded[1]["a"][1:] == [[9, 9, 9]] * 3

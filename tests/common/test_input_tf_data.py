@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -316,6 +317,25 @@ def test_sample_from_datasets_weights_and_determinism():
     assert abs(frac - 0.75) < 0.03, frac
 
 
+def test_sample_from_datasets_rejects_empty_source():
+    def texts(values):
+        def fn():
+            import tensorflow as tf
+
+            return tf.data.Dataset.from_tensor_slices(tf.constant(values, tf.string))
+
+        return fn
+
+    mixture = config_for_function(input_tf_data.sample_from_datasets).set(
+        is_training=False,
+        sources=[config_for_function(texts).set(values=["a"]), config_for_function(texts)],
+        weights=[1.0, 1.0],
+    )
+    mixture.sources[1].values = []
+    with pytest.raises(ValueError, match=r"source 1 \(texts\(.*\)\) has no examples"):
+        mixture.instantiate()()
+
+
 # ------------------------------------------------------------------------------------------------
 # Malformed records.
 # ------------------------------------------------------------------------------------------------
@@ -427,7 +447,70 @@ def test_dispatcher_batch_must_divide_over_feeds():
         _dispatched_input(6, num_feeds=4).instantiate(parent=None)
     cfg = _range_input(processor=config_for_function(input_tf_data.identity))
     cfg.input_dispatcher = _dispatched_input(8).input_dispatcher
+    # A batcher with neither feed_batch_size (per_feed_batch) nor global_logical_batch_size.
+    cfg.batcher = config_for_function(input_tf_data.identity)
     with pytest.raises(
         ValueError, match="has no feed_batch_size: use input_tf_data.per_feed_batch"
     ):
         cfg.instantiate(parent=None)
+
+
+def test_global_batcher_under_input_dispatcher_pads_logical_to_physical():
+    # AXLearn's way: the `batch` batcher under an InputDispatcher batches the dispatcher's
+    # physical batch (here 8, the device count), holding the logical batch (2) first.
+    from axlearn.common.input_dispatch import InputDispatcher
+
+    cfg = _range_input(processor=config_for_function(input_tf_data.identity), batch_size=2)
+    cfg.input_dispatcher = InputDispatcher.default_config().set(
+        global_logical_batch_size=2, global_physical_batch_size=8
+    )
+    inp = cfg.instantiate(parent=None)
+    batch = next(iter(inp))
+    np.testing.assert_array_equal(batch["x"], [0, 1, 0, 0, 0, 0, 0, 0])
+    logical = inp.input_dispatcher.physical_to_logical_batch(
+        {k: jnp.asarray(v) for k, v in batch.items()}
+    )
+    np.testing.assert_array_equal(logical["x"], [0, 1])
+
+
+def test_tfds_read_config_names_the_shard():
+    from axlearn.common.input_feed import FeedContext, feed_scope
+
+    rc = input_tf_data.tfds_read_config(is_training=True, num_shards=16, shard_index=4)
+    assert (rc.input_context.num_input_pipelines, rc.input_context.input_pipeline_id) == (16, 4)
+    assert rc.interleave_cycle_length == 1 and rc.num_parallel_calls_for_decode == 32
+    with feed_scope(FeedContext(num_feeds=3, feed_index=2)):
+        rc = input_tf_data.tfds_read_config(is_training=False)
+    assert (rc.input_context.num_input_pipelines, rc.input_context.input_pipeline_id) == (3, 2)
+    assert rc.num_parallel_calls_for_decode == 1
+
+
+def test_rekey_paths_with_separator():
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensors({"a/b": "x", "n": {"m": "y"}, "k": "z"})
+    fn = input_tf_data.rekey(
+        {"p.q": "a/b", "flat": "n.m", "new.deep": "missing", "k": "k"},
+        separator=".",
+        default_value="d",
+    )
+    got = tf.nest.map_structure(lambda t: t.numpy(), next(iter(fn(ds))))
+    assert got == {"p": {"q": b"x"}, "flat": b"y", "new": {"deep": b"d"}, "k": b"z"}
+    # Without a separator the same keys are literal.
+    literal = next(iter(input_tf_data.rekey({"n.m": "n.m"}, default_value="d")(ds)))
+    assert literal["n.m"].numpy() == b"d"
+
+
+def test_element_spec_is_shape_dtype_structs():
+    import jax
+
+    from axlearn.common.input_fake import fake_text_source
+
+    cfg = _range_input(processor=config_for_function(input_tf_data.identity), batch_size=4)
+    assert input_tf_data.Input.element_spec(cfg.instantiate(parent=None)) == {
+        "x": jax.ShapeDtypeStruct((4,), np.int32)
+    }
+    cfg.source = config_for_function(fake_text_source)
+    assert cfg.instantiate(parent=None).element_spec() == {
+        "text": jax.ShapeDtypeStruct((4,), object)
+    }

@@ -101,6 +101,12 @@ def test_binary_and_regression_losses():
         loss=per, reduction=L.ReductionMethod.MEAN, sample_weight=jnp.asarray([1.0, 1.0, 0.0])
     )
     assert float(got) == pytest.approx(1.5)
+    # A [rows, 1] weight counts once per row: (1*(1+3+10) + 5*(2+3+0)) / (1 + 5).
+    rows = jnp.asarray([[1.0, 3.0, 10.0], [2.0, 3.0, 0.0]])
+    got = L._reduce_loss(
+        loss=rows, reduction=L.ReductionMethod.MEAN, sample_weight=jnp.asarray([[1.0], [5.0]])
+    )
+    assert float(got) == pytest.approx(39 / 6)
 
 
 def test_contrastive_and_hinge_losses():

@@ -121,6 +121,10 @@ def test_log_config_written_once_as_text(tmp_path):
     lines = [s.decode() for s in _tensor(events[0]).tolist()]
     assert lines == Thing.default_config().debug_string().split("\n")
     assert "x: 3" in lines
+    # One text summary per field too, holding the value's repr.
+    acc = _accumulator(d)
+    assert _tensor(acc.Tensors("trainer_config/x")[0]) == b"3"
+    assert _tensor(acc.Tensors("trainer_config/y")[0]) == b"'a'"
 
 
 def test_jsonl_writer_every_step(tmp_path):

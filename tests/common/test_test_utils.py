@@ -119,3 +119,18 @@ def test_set_threefry_partitionable():
 
     assert flag() == (not before)
     assert jax.config.jax_threefry_partitionable == before
+
+
+def test_dummy_segments_positions():
+    segments, positions = test_utils.dummy_segments_positions(4, 9, num_segments=3)
+    segments, positions = np.asarray(segments), np.asarray(positions)
+    assert segments.shape == positions.shape == (4, 9)
+    assert segments.min() >= 0 and segments.max() < 3
+    assert np.all(np.diff(segments, axis=-1) >= 0)
+    for row_seg, row_pos in zip(segments, positions):
+        count = {}
+        for seg, pos in zip(row_seg, row_pos):
+            assert pos == count.get(seg, 0)
+            count[seg] = pos + 1
+    with pytest.raises(ValueError, match="num_segments=0"):
+        test_utils.dummy_segments_positions(1, 2, num_segments=0)

@@ -246,3 +246,40 @@ def test_flash_block_size_modifiers():
     before = plain.debug_string()
     FlashBlockSizeModifier.default_config().instantiate()(plain)
     assert plain.debug_string() == before
+
+
+def test_fp8_config_modifier():
+    from axlearn.common.quantized_dot_general.layers import (
+        DotGeneralQuantizationType,
+        get_all_fp8_param_names,
+    )
+    from axlearn.common.trainer_config_modifier import FP8ConfigModifier
+    from axlearn.common.update_transformation import OverrideInplaceUpdateTransformation
+
+    cfg = _trainer_config()
+    inner = cfg.learner.optimizer
+    modifier = FP8ConfigModifier.default_config().set(fp8_amax_history_length=16).instantiate()
+    cfg = modifier(cfg)
+    opt = cfg.learner.optimizer
+    assert isinstance(opt, OverrideInplaceUpdateTransformation.Config)
+    assert opt.rules == [f".*/{x}" for x in get_all_fp8_param_names()]
+    assert opt.transformation is inner
+    q = find_config(cfg, f"{LAYER}.feed_forward.linear1").quantized_dot_general
+    assert q.quantization_type == DotGeneralQuantizationType.FP_8
+    assert q.fp8_amax_history_length == 16
+    # Applying it twice does not nest the wrapper or repeat rules.
+    cfg = modifier(cfg)
+    assert cfg.learner.optimizer.transformation is inner
+    assert len(cfg.learner.optimizer.rules) == len(get_all_fp8_param_names())
+    assert "FP8ConfigModifier" in modifier.config.debug_string()
+
+
+def test_fp8_config_modifier_without_matmul_layers():
+    from axlearn.common.base_model import BaseModel
+    from axlearn.common.trainer_config_modifier import FP8ConfigModifier
+
+    cfg = _trainer_config()
+    cfg.model = BaseModel.default_config()
+    modifier = FP8ConfigModifier.default_config().set(fp8_amax_history_length=16).instantiate()
+    with pytest.raises(ValueError, match=r"FP8ConfigModifier: model \(BaseModel\) has no matmul"):
+        modifier(cfg)

@@ -223,3 +223,53 @@ def test_bad_optimizer_is_rejected():
         WrappedPartitionedGradientTransformation.default_config().set(
             name="w", transformation=config_for_function(lambda: 3)
         ).instantiate(parent=None)
+
+
+def test_override_inplace_replaces_matching_params_by_their_gradients():
+    """ "b" takes its gradient as its value; the others follow the wrapped optimizer exactly."""
+    from axlearn.common.update_transformation import OverrideInplaceUpdateTransformation
+
+    sgd = config_for_function(optimizers.sgd_optimizer).set(
+        learning_rate=0.1, decouple_weight_decay=True
+    )
+    override = _learner(
+        OverrideInplaceUpdateTransformation.default_config().set(transformation=sgd, rules=["b"])
+    ).instantiate(parent=None)
+    plain = _learner(sgd).instantiate(parent=None)
+    params = _params()
+    p_over, _, _, _ = _run(override, params, steps=1)
+    p_plain, _, _, _ = _run(plain, params, steps=1)
+    np.testing.assert_array_equal(np.asarray(p_over["w"]), np.asarray(p_plain["w"]))
+    # The gradient of the mean squared error w.r.t. b.
+    batch = _batch()
+    pred = batch["x"] @ params["w"] + params["b"]
+    grad_b = np.sum(2 * (pred - batch["y"]), axis=0) / pred.size
+    np.testing.assert_allclose(np.asarray(p_over["b"]), grad_b, rtol=1e-5)
+    # Forward state updates are still applied.
+    np.testing.assert_allclose(
+        np.asarray(p_over["stats"]["mean"]), np.asarray(p_plain["stats"]["mean"])
+    )
+    # No optimizer state for the overridden parameter.
+    adam = _adamw()
+    adam_override = (
+        OverrideInplaceUpdateTransformation.default_config()
+        .set(name="o", transformation=adam, rules=[".*b"])
+        .instantiate(parent=None)
+    )
+    state = adam_override.init(opt_params(params))
+    assert not any("b" == k for k in jax.tree_util.tree_flatten_with_path(state)[0][0][0])
+    sizes = sum(np.size(x) for x in jax.tree.leaves(state))
+    full = sum(
+        np.size(x) for x in jax.tree.leaves(adam_override.transformation.init(opt_params(params)))
+    )
+    assert full - sizes == 2 * params["b"].size  # Adam's mu and nu of "b" are gone.
+
+
+def test_override_inplace_bad_rule():
+    from axlearn.common.update_transformation import OverrideInplaceUpdateTransformation
+
+    cfg = OverrideInplaceUpdateTransformation.default_config().set(
+        name="o", transformation=_adamw(), rules=["(unclosed"]
+    )
+    with pytest.raises(ValueError, match=r"o\.rules\[0\]: bad regex"):
+        cfg.instantiate(parent=None)

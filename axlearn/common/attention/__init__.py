@@ -11,6 +11,7 @@ Parameter paths follow child names, e.g. for a decoder layer:
 `feed_forward/linear1_1/weight`, `feed_forward/linear2/weight`, `feed_forward/norm/scale`.
 """
 
+from axlearn.common.attention.adapter import BottleNeckAdapterTransformerLayer
 from axlearn.common.attention.bias_layers import (
     ALiBiAttentionLogitBiasLayer,
     AttentionLogitBiasLayer,
@@ -24,6 +25,7 @@ from axlearn.common.attention.multihead import (
     GroupedQueryAttention,
     MultiheadAttention,
 )
+from axlearn.common.attention.parallel import ParallelTransformerLayer
 from axlearn.common.attention.pipelined import (
     PipelinedTransformerLayer,
     _TransformerPipeline,
@@ -59,6 +61,7 @@ from axlearn.common.attention.sharding import (
     set_feed_forward_partition_specs,
 )
 from axlearn.common.attention.sigmoid import SigmoidAttention
+from axlearn.common.attention.skip import update_data_with_skip_connection
 from axlearn.common.attention.stack import (
     REMAT_CHOICES,
     BaseStackedTransformerLayer,
@@ -78,6 +81,13 @@ from axlearn.common.attention.transformer import (
     TransformerFeedForwardLayer,
     TransformerLayer,
     scaled_hidden_dim,
+)
+from axlearn.common.attention.xl import (
+    MultiheadAttentionXL,
+    MultiheadRelativePositionLinear,
+    SinusoidalPositionalEmbedding,
+    rel_pos_to_abs_pos,
+    xl_attention_logits,
 )
 from axlearn.common.attention_bias import (
     NEG_INF,
@@ -118,6 +128,14 @@ def _next_power_of_two(x: float) -> int:
 
 
 __all__ = [
+    "BottleNeckAdapterTransformerLayer",
+    "MultiheadAttentionXL",
+    "MultiheadRelativePositionLinear",
+    "ParallelTransformerLayer",
+    "SinusoidalPositionalEmbedding",
+    "rel_pos_to_abs_pos",
+    "update_data_with_skip_connection",
+    "xl_attention_logits",
     "LearnedPositionalEmbedding",
     "ALiBiAttentionLogitBiasLayer",
     "ForwardMode",

@@ -68,6 +68,10 @@ class StackedTransformerLayer(BaseStackedTransformerLayer):
         layer: Union[InstantiableConfig, Sequence[InstantiableConfig]] = (
             TransformerLayer.default_config()
         )
+        # Optional config of a function returning `merge(data, all_layer_outputs) -> data`, the
+        # input of the next layer from the previous layer's output data and the outputs so far
+        # (e.g. `update_data_with_skip_connection`); None: the previous layer's output data.
+        data_merger: Optional[InstantiableConfig] = None
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
@@ -84,6 +88,7 @@ class StackedTransformerLayer(BaseStackedTransformerLayer):
             self._add_child(f"layer{i}", layer_cfg.clone(input_dim=cfg.input_dim))
             for i, layer_cfg in enumerate(layer_cfgs)
         ]
+        self._data_merger = None if cfg.data_merger is None else cfg.data_merger.instantiate()
 
     def forward(self, data: Tensor, **layer_kwargs) -> BaseTransformerLayer.Output:
         """Runs the layers in order; see `TransformerLayer.forward` for `layer_kwargs`."""
@@ -92,7 +97,15 @@ class StackedTransformerLayer(BaseStackedTransformerLayer):
             out = layer(data, **layer_kwargs)
             outputs.append(out)
             data = out.data
-        return _aggregate(outputs)
+            if self._data_merger is not None:
+                data = self._data_merger(data, outputs)
+        return self._aggregate_layer_outputs(outputs)
+
+    def _aggregate_layer_outputs(
+        self, layer_outputs: Sequence[BaseTransformerLayer.Output]
+    ) -> BaseTransformerLayer.Output:
+        """The stack's Output: the last layer's data, aux outputs stacked on a layer axis."""
+        return _aggregate(layer_outputs)
 
     @accepts_empty_cache_kwargs(input_name="data", dim_field="input_dim")
     def init_states(

@@ -10,6 +10,15 @@ and reports `axlearn.common.checkpointer` as its module, so config dumps show th
 (e.g. 'axlearn.common.checkpointer.Checkpointer').
 """
 
+from axlearn.common.checkpointer.base import (
+    BaseCheckpointer,
+    PythonSavable,
+    async_save_tf_savables,
+    check_state_structure,
+    drop_learner_optimizer_cfg,
+    drop_paths_filter,
+    restore_tf_savables,
+)
 from axlearn.common.checkpointer.core import Checkpointer
 from axlearn.common.checkpointer.faults import (
     FAULT_ACTION_ENV,
@@ -34,6 +43,7 @@ from axlearn.common.checkpointer.multihost import BarrierTimeoutError
 from axlearn.common.checkpointer.policies import (
     BestMetricPolicy,
     CheckpointPolicy,
+    EvalMetric,
     every_n_steps_and_last_policy,
     every_n_steps_policy,
 )
@@ -65,6 +75,14 @@ from axlearn.common.checkpointer.verify import (
 )
 
 __all__ = [
+    "BaseCheckpointer",
+    "EvalMetric",
+    "PythonSavable",
+    "async_save_tf_savables",
+    "check_state_structure",
+    "drop_learner_optimizer_cfg",
+    "drop_paths_filter",
+    "restore_tf_savables",
     "BarrierTimeoutError",
     "BestMetricPolicy",
     "CheckpointCorruptionError",

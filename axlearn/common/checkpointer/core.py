@@ -16,8 +16,10 @@ from axlearn.common.checkpointer import (
     multihost,
     recovery,
     tensorstore_save,
+    tf_iterators,
     verify,
 )
+from axlearn.common.checkpointer.base import BaseCheckpointer
 from axlearn.common.checkpointer.policies import CheckpointPolicy, every_n_steps_policy
 from axlearn.common.checkpointer.storage import (
     SaveResult,
@@ -36,7 +38,7 @@ from axlearn.common.config import (
 from axlearn.common.module import Module, nowrap
 
 
-class Checkpointer(Module):
+class Checkpointer(BaseCheckpointer):
     """Saves state trees by policy, asynchronously; restores the newest committed one.
 
     Usage:
@@ -50,7 +52,7 @@ class Checkpointer(Module):
     """
 
     @config_class
-    class Config(Module.Config):
+    class Config(BaseCheckpointer.Config):
         """Configures Checkpointer."""
 
         # The checkpoint directory; step `s` goes to `dir/step_%08d`.
@@ -230,7 +232,7 @@ class Checkpointer(Module):
             return None
         stats = self._storage.save_to_dir(
             step=step,
-            state=state,
+            state=tf_iterators.to_saved_state(state),
             ckpt_dir=ckpt_dir,
             on_commit_callback=self._on_commit,
             async_save=cfg.async_save is None or bool(cfg.async_save),
@@ -446,7 +448,10 @@ class Checkpointer(Module):
             )
         start = time.perf_counter()
         try:
-            restored = self._storage.restore_from_dir(step, state, ckpt_dir=ckpt_dir, index=index)
+            restored = self._storage.restore_from_dir(
+                step, tf_iterators.to_restore_target(state), ckpt_dir=ckpt_dir, index=index
+            )
+            restored = tf_iterators.restore_iterators(state, restored)
         except recovery.CorruptCheckpointError:
             raise
         except CheckpointCorruptionError as e:

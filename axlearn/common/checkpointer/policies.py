@@ -7,7 +7,7 @@ A policy is built from a config, e.g.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol
+from typing import Any, NamedTuple, Optional, Protocol, Union
 
 import numpy as np
 
@@ -94,6 +94,15 @@ for _fn in (every_n_steps_policy, every_n_steps_and_last_policy):
 del _fn
 
 
+class EvalMetric(NamedTuple):
+    """Names one metric of one evaler (AXLearn's `BestMetricPolicy.metric` value)."""
+
+    # The evaler's name (a key of the trainer's evalers).
+    evaler_name: str
+    # The metric's name in that evaler's summaries.
+    metric_name: str
+
+
 class BestMetricPolicy(Configurable):
     """Saves when an evaler's metric is the best seen so far (AXLearn's BestMetricPolicy).
 
@@ -105,15 +114,31 @@ class BestMetricPolicy(Configurable):
     class Config(Configurable.Config):
         """Configures BestMetricPolicy."""
 
-        # The evaler's name (a key of the trainer's evalers).
-        evaler: Required[str] = REQUIRED
-        # The metric's name in that evaler's summaries (a scalar or WeightedScalar).
-        metric: Required[str] = REQUIRED
+        # The evaler's name (a key of the trainer's evalers); None when `metric` is an EvalMetric.
+        evaler: Optional[str] = None
+        # The metric: its name in `evaler`'s summaries (a scalar or WeightedScalar), or an
+        # EvalMetric(evaler_name, metric_name) naming both (AXLearn's form).
+        metric: Required[Union[str, EvalMetric]] = REQUIRED
         # "max" (higher is better) or "min".
         mode: Required[str] = REQUIRED
 
     def __init__(self, cfg: Config):
         super().__init__(cfg)
+        cfg = self.config
+        if isinstance(cfg.metric, tuple):
+            if cfg.evaler is not None and cfg.evaler != cfg.metric[0]:
+                raise ValueError(
+                    f"BestMetricPolicy.evaler={cfg.evaler} differs from metric={cfg.metric}; "
+                    "leave evaler unset when metric is an EvalMetric."
+                )
+            self._evaler, self._metric = cfg.metric[0], cfg.metric[1]
+        elif cfg.evaler is None:
+            raise ValueError(
+                f"BestMetricPolicy.metric={cfg.metric!r} needs evaler= (or pass "
+                "metric=EvalMetric(evaler_name=..., metric_name=...))."
+            )
+        else:
+            self._evaler, self._metric = cfg.evaler, cfg.metric
         if self.config.mode not in ("max", "min"):
             raise ValueError(
                 f"BestMetricPolicy.mode must be 'max' or 'min', got {self.config.mode!r}"
@@ -127,27 +152,27 @@ class BestMetricPolicy(Configurable):
             ValueError: If the evaler or metric is missing, or the metric is not a scalar.
         """
         cfg = self.config
-        if cfg.evaler not in evaler_summaries:
+        if self._evaler not in evaler_summaries:
             raise ValueError(
-                f"BestMetricPolicy.evaler={cfg.evaler} not found in evaler_summaries: "
+                f"BestMetricPolicy.evaler={self._evaler} not found in evaler_summaries: "
                 f"{sorted(evaler_summaries)}; set it to one of the trainer's evalers."
             )
-        summaries = evaler_summaries[cfg.evaler]
+        summaries = evaler_summaries[self._evaler]
         if summaries is None:
             return False
-        if cfg.metric not in summaries:
+        if self._metric not in summaries:
             raise ValueError(
-                f"BestMetricPolicy.metric={cfg.metric} not found in {cfg.evaler}'s summaries: "
+                f"BestMetricPolicy.metric={self._metric} not found in {self._evaler}'s summaries: "
                 f"{sorted(summaries)}; set it to one of them."
             )
-        metric = summaries[cfg.metric]
+        metric = summaries[self._metric]
         if isinstance(metric, WeightedValue):
             metric = metric.mean
         metric = np.asarray(metric)
         if metric.shape != ():
             raise ValueError(
-                f"BestMetricPolicy.metric: {cfg.evaler}/{cfg.metric} must be a scalar, got shape "
-                f"{metric.shape}; pick a scalar summary."
+                f"BestMetricPolicy.metric: {self._evaler}/{self._metric} must be a scalar, got "
+                f"shape {metric.shape}; pick a scalar summary."
             )
         value = float(metric)
         better = (

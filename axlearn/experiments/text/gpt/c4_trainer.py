@@ -19,7 +19,7 @@ from axlearn.common.config import InstantiableConfig, config_for_class, config_f
 from axlearn.common.input_lm import lm_text_preprocessor
 from axlearn.common.utils import get_data_dir
 from axlearn.experiments.text.common import DataMixtureComponent, vocab
-from axlearn.experiments.text.gpt import fuji, gspmd
+from axlearn.experiments.text.gpt import envy, fuji, gspmd
 from axlearn.experiments.text.gpt.common import mixture_train_input_source, tfds_input
 from axlearn.experiments.text.gpt.vocabulary_fuji_v3 import FujiV3Vocabulary
 from axlearn.experiments.trainer_config_utils import TrainerConfigFn
@@ -79,4 +79,5 @@ def named_trainer_configs() -> dict[str, TrainerConfigFn]:
     return {
         **fuji.trainer_configs(_train_input_source, _eval_input_sources),
         **gspmd.trainer_configs(_train_input_source, _eval_input_sources),
+        **envy.trainer_configs(_train_input_source, _eval_input_sources),
     }

@@ -5,11 +5,10 @@ given input sources (AXLearn's `axlearn.experiments.text.gpt.c4_trainer` registe
 data), with AXLearn's names:
 
     fuji-{test,7B,70B}-v1, fuji-{test,7B,70B}-v2, fuji-{test,1B,3B,7B,70B,405B}-v3,
-    fuji-{1B,3B,8B,70B,405B}-v3-tiktoken (Llama 3's tokenizer; pad 128004, EOS 128001),
-    each also as "-flash" (FlashAttention), plus "-single-host" variants of the 1B/3B/7B configs
-    (batch / 128) and "fuji-golden-run-test-v{1,2,3}".
-
-AXLearn's "-fp8" variants are not registered (see docs/axlearn_differences.md).
+    fuji-{test,1B,3B,8B,70B,405B}-v3-tiktoken (Llama 3's tokenizer; pad 128004, EOS 128001),
+    each also as "-flash" (FlashAttention); every non-test one also as "-fp8"
+    (FP8ConfigModifier on its GPU mesh rules); "-single-host" variants of the 1B/3B/7B/8B
+    configs and of their "-fp8" ones (batch / 128); "fuji-golden-run-test-v{1,2,3,3-tiktoken}".
 
 Every model is a pre-norm RMSNorm decoder with RoPE grouped-query attention (8 KV heads from v2
 70B and v3; fused QKV projection), a SwiGLU feed-forward and decoupled AdamW; v3 uses a
@@ -57,6 +56,7 @@ from axlearn.common.flash_attention.remat import save_or_offload_flash_attention
 from axlearn.common.layers import RMSNorm
 from axlearn.common.trainer_config_modifier import (
     ChainConfigModifier,
+    FP8ConfigModifier,
     GradientAccumulationModifier,
     MeshShapeModifier,
     ModuleConfigModifier,
@@ -130,7 +130,9 @@ TOTAL_TOKENS = {
     Version.V2: {"test": 2 * (1024**4), "7B": 2 * (1024**4), "70B": 2 * (1024**4)},
     Version.V3: {size: 15 * (1024**4) for size in MODEL_SIZES if size != "8B"},
     # Llama 3's tokenizer (`vocabulary_fuji_v3.FujiV3Vocabulary`); 8B is Llama 3 8B's shape.
-    Version.V3_TIKTOKEN: {size: 15 * (1024**4) for size in ("1B", "3B", "8B", "70B", "405B")},
+    Version.V3_TIKTOKEN: {
+        size: 15 * (1024**4) for size in ("test", "1B", "3B", "8B", "70B", "405B")
+    },
 }
 
 # Padding and end-of-sequence ids of the tiktoken vocabulary (Llama 3's special tokens
@@ -644,6 +646,47 @@ def _single_host(base: TrainerConfigFn, *, divisor: int) -> TrainerConfigFn:
     return config_fn
 
 
+# Instance types whose mesh rules the "-fp8" configs extend with FP8ConfigModifier (GPUs with
+# fp8 matmuls: H100, H200, B200 and A100 hosts, as AXLearn lists them).
+FP8_ACCELERATORS = (
+    "a3-highgpu-8g",
+    "a3-megagpu-8g",
+    "a3-ultragpu-8g",
+    "a4-highgpu-8g",
+    "p5.48xlarge",
+    "p4de.24xlarge",
+)
+
+# The amax history length of the "-fp8" configs.
+FP8_AMAX_HISTORY_LENGTH = 128
+
+
+def _fp8(base: TrainerConfigFn) -> TrainerConfigFn:
+    """AXLearn's "-fp8" variant of `base`: FP8ConfigModifier appended to its GPU mesh rules.
+
+    Every mesh rule whose selector names one of FP8_ACCELERATORS and whose value is a
+    ChainConfigModifier gets `FP8ConfigModifier(fp8_amax_history_length=128)` appended; fp8 then
+    applies when `--mesh_selector` picks such a rule. As in AXLearn, a matching rule that is a
+    plain mesh shape (no chain) is left as it is, and configs without such rules (e.g. 405B)
+    equal their base.
+    """
+
+    def config_fn():
+        cfg = base().clone()
+        for selector, rule in cfg.mesh_rules:
+            if isinstance(rule, ChainConfigModifier.Config) and any(
+                accelerator in selector for accelerator in FP8_ACCELERATORS
+            ):
+                rule.config_modifiers.append(
+                    FP8ConfigModifier.default_config().set(
+                        fp8_amax_history_length=FP8_AMAX_HISTORY_LENGTH
+                    )
+                )
+        return cfg
+
+    return config_fn
+
+
 def _golden_run_test(base: TrainerConfigFn) -> TrainerConfigFn:
     """AXLearn's golden-run variant of the test size: 5 steps at a large constant rate."""
 
@@ -692,14 +735,19 @@ def trainer_configs(
             evalers=evaler_config_dict(eval_input_sources(**sources)),
             **kwargs,
         )
+        if model_size != "test":
+            config_map[f"{name}-fp8"] = _fp8(config_map[name])
         if model_size == "test":
             golden = make_config_name(
                 arch="fuji", model_size="golden-run-test", version=f"v{version.value}"
             )
             config_map[golden] = _golden_run_test(config_map[name])
-        if model_size in ("1B", "3B", "7B"):
+        if model_size in ("1B", "3B", "7B", "8B"):
             divisor = 128
             config_map[f"{name}-single-host"] = _single_host(config_map[name], divisor=divisor)
+            config_map[f"{name}-fp8-single-host"] = _single_host(
+                config_map[f"{name}-fp8"], divisor=divisor
+            )
     return config_map
 
 

@@ -8,10 +8,9 @@ batches of 512 for 100K steps. The 64 layers are a `PipelinedTransformerLayer` o
 16 microbatches (GPipe schedule); the mesh is hybrid: 8-way "model" within a slice, 2-way
 "pipeline" across slices, data over the rest. These configs are for performance testing.
 
-`trainer_configs(train_input_source, eval_input_sources)` returns them under AXLearn's name
-`gspmd-16B-2x16x8`; `axlearn.experiments.text.gpt.c4_trainer` registers them with C4 inputs.
-(AXLearn's `gspmd-16B-2x16x8-stream`, with a streaming pipeline schedule, is not registered: this
-package has no streaming schedule.)
+`trainer_configs(train_input_source, eval_input_sources)` returns them under AXLearn's names
+`gspmd-16B-2x16x8` and `gspmd-16B-2x16x8-stream` (the same with `pipeline.StreamSchedule`);
+`axlearn.experiments.text.gpt.c4_trainer` registers them with C4 inputs.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from axlearn.common.embedding import TransformerTextEmbeddings
 from axlearn.common.layers import RMSNorm
 from axlearn.common.learner import Learner
 from axlearn.common.optimizers import adafactor_optimizer
-from axlearn.common.pipeline import GPipeSchedule
+from axlearn.common.pipeline import GPipeSchedule, StreamSchedule
 from axlearn.common.schedule import adafactor, adafactor_decay_rate
 from axlearn.common.utils import HybridMeshShape
 from axlearn.experiments.text.gpt.common import (
@@ -109,16 +108,22 @@ def _trainer_kwargs() -> dict[str, dict[str, Any]]:
             weight_decay_scale_by_learning_rate_exponent=1,
         )
     )
+    common = dict(
+        learner_cfg=learner_cfg,
+        train_batch_size=512,
+        max_step=MAX_STEP,
+        mesh_shape=HybridMeshShape(
+            ici_mesh_shape=mesh_shape_from_axes(data=-1, model=8),
+            dcn_mesh_shape=mesh_shape_from_axes(data=-1, pipeline=2),
+        ),
+    )
     return {
         make_config_name("gspmd", "16B", suffix="-2x16x8"): dict(
-            model_cfg=model_config(GPipeSchedule.default_config()),
-            learner_cfg=learner_cfg,
-            train_batch_size=512,
-            max_step=MAX_STEP,
-            mesh_shape=HybridMeshShape(
-                ici_mesh_shape=mesh_shape_from_axes(data=-1, model=8),
-                dcn_mesh_shape=mesh_shape_from_axes(data=-1, pipeline=2),
-            ),
+            model_cfg=model_config(GPipeSchedule.default_config()), **common
+        ),
+        # The same with the streaming schedule.
+        make_config_name("gspmd", "16B", suffix="-2x16x8-stream"): dict(
+            model_cfg=model_config(StreamSchedule.default_config()), **common
         ),
     }
 

@@ -165,6 +165,39 @@ def test_tiktoken_configs_use_llama3_tokenizer():
     )  # Llama 3 8B's parameter count.
 
 
+def test_fp8_variants():
+    """Every non-test size has "-fp8" (and 1B/3B/7B/8B "-fp8-single-host"): FP8ConfigModifier
+    (history 128) appended to the chains of its a3/a4/p5/p4de GPU rules, nothing else changed."""
+    from axlearn.common.trainer_config_modifier import FP8ConfigModifier
+
+    names = set(_configs())
+    bases = [n for n in names if "fuji-" in n and not n.endswith(("-fp8", "-single-host"))]
+    bases = [n for n in bases if "test" not in n]
+    assert len(bases) == 28
+    for base in bases:
+        assert f"{base}-fp8" in names
+    assert len([n for n in names if n.endswith("-fp8-single-host")]) == 16
+    assert "fuji-test-v3-fp8" not in names and "fuji-70B-v3-fp8-single-host" not in names
+    base, fp8 = _configs()["fuji-7B-v3-flash"](), _configs()["fuji-7B-v3-flash-fp8"]()
+    changed = []
+    for (selector, rule), (_, fp8_rule) in zip(base.mesh_rules, fp8.mesh_rules):
+        extra = list(getattr(fp8_rule, "config_modifiers", []))[
+            len(getattr(rule, "config_modifiers", [])) :
+        ]
+        if extra:
+            assert extra[0].klass is FP8ConfigModifier
+            assert extra[0].fp8_amax_history_length == 128
+            changed.append(selector)
+    assert changed == [
+        "gpu-(a3-highgpu-8g|a3-megagpu-8g|a3-ultragpu-8g)-(256|512|1024)",
+        "gpu-(a4-highgpu-8g)-(256|512|1024)",
+    ]
+    fp8.mesh_rules = base.mesh_rules
+    assert fp8.debug_string() == base.debug_string()
+    single = _configs()["fuji-8B-v3-tiktoken-fp8-single-host"]()
+    assert single.input.input_dispatcher.global_logical_batch_size == 2048 // 128
+
+
 def test_values_as_axlearn_states_them():
     cfg = _configs()["fuji-7B-v3"]()
     # VOCAB_SIZE[V3] = 128 * 1024; 128256 is V3_TIKTOKEN's.

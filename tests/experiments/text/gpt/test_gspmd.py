@@ -28,6 +28,22 @@ def test_gspmd_16b_values():
     )
 
 
+def test_gspmd_16b_stream_differs_only_in_schedule():
+    from axlearn.common.pipeline import StreamSchedule
+
+    configs = c4_trainer.named_trainer_configs()
+    gpipe = configs["gspmd-16B-2x16x8"]()
+    stream = configs["gspmd-16B-2x16x8-stream"]()
+    assert stream.model.decoder.transformer.pipeline.schedule.klass is StreamSchedule
+    # 16 microbatches over 2 stages: the stream schedule needs num_stages | num_microbatches.
+    schedule = stream.model.decoder.transformer.pipeline.schedule.clone(
+        num_stages=2, num_microbatches=16
+    ).instantiate()
+    assert schedule.num_steps() == 16 + 2 - 1
+    stream.model.decoder.transformer.pipeline.schedule = GPipeSchedule.default_config()
+    assert stream.debug_string() == gpipe.debug_string()
+
+
 @pytest.mark.slow  # Compiling the pipelined step takes about a minute on 2 busy cores.
 def test_tiny_gspmd_model_trains_over_two_pipeline_stages():
     """The 16B model's structure at tiny shapes: 4 layers over 2 stages on a (pipeline=2, data=4)

@@ -1,0 +1,1 @@
+"""Grouped matrix multiplication (GMM) for mixture-of-experts layers (AXLearn's `megablock`)."""
