@@ -12,6 +12,8 @@ from typing import Any, Callable, Optional
 
 import jax
 
+from axlearn.common.module import current_context, functional
+
 
 def accepts_empty_cache_kwargs(*, input_name: str, dim_field: str) -> Callable:
     """Decorates `init_states(self, *, time_step, <input_name>, **kwargs)`.
@@ -48,13 +50,23 @@ def accepts_empty_cache_kwargs(*, input_name: str, dim_field: str) -> Callable:
                     f"do not also pass time_step or {input_name}"
                 )
             kwargs.update(time_step=None)
-            dim = getattr(self.config, dim_field)
-            kwargs[input_name] = jax.ShapeDtypeStruct(
-                (batch_size, max_len, dim), dtype or self.dtype()
-            )
+            kwargs.update(_sizes_input(self, input_name, dim_field, batch_size, max_len, dtype))
+            if current_context() is None:
+                # Called directly on the layer (not inside `functional`): an empty cache needs
+                # no parameters, so it runs in a parameterless root context.
+                (state, _), _ = functional(
+                    self, None, None, kwargs, method=fn.__name__, is_training=False
+                )
+                return state
             state, _ = fn(self, **kwargs)
             return state
 
         return init_states
 
     return decorator
+
+
+def _sizes_input(layer, input_name: str, dim_field: str, batch_size: int, max_len: int, dtype):
+    """{input_name: ShapeDtypeStruct [batch_size, max_len, dim]} in `dtype` (or the layer's)."""
+    dim = getattr(layer.config, dim_field)
+    return {input_name: jax.ShapeDtypeStruct((batch_size, max_len, dim), dtype or layer.dtype())}

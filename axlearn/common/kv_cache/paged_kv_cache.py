@@ -14,8 +14,8 @@ from typing import Optional
 import jax.numpy as jnp
 
 from axlearn.common.config import config_class
-from axlearn.common.module import nowrap
 from axlearn.common.kv_cache.base_kv_cache import BaseKVCache
+from axlearn.common.module import nowrap
 from axlearn.common.utils import Nested, Tensor
 
 

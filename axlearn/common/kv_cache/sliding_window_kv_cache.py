@@ -22,8 +22,8 @@ import jax.numpy as jnp
 
 from axlearn.common.attention_bias import SlidingWindowAttentionBias
 from axlearn.common.config import REQUIRED, ConfigBase, Required, config_class
-from axlearn.common.module import nowrap
 from axlearn.common.kv_cache.base_kv_cache import BaseKVCache
+from axlearn.common.module import nowrap
 from axlearn.common.utils import Nested, Tensor
 
 # The position of a slot never written (or of a padding step): larger than any query position,
