@@ -2,7 +2,8 @@
 
     axlearn gcp config list|activate [--label=L]|cleanup
     axlearn gcp launch [start] --name=NAME --instance_type=tpu-v5p-128 [--num_replicas=2] \\
-        [--bundler_type=artifactregistry] [--bundler_spec=KEY=VALUE ...] [--dry_run] -- COMMAND
+        [--bundler_type=artifactregistry] [--bundler_spec=KEY=VALUE ...] [--output_dir=gs://...] \\
+        [--dry_run] -- COMMAND
     axlearn gcp launch list
     axlearn gcp launch stop --name=NAME
     axlearn gcp launch run [--num_processes=N] -- COMMAND
@@ -165,6 +166,13 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
         "replaced, others are added.",
     )
     parser.add_argument(
+        "--output_dir",
+        default=None,
+        help="The job's output dir, a remote path (gs://bucket/dir): given to the pods as env "
+        "AXLEARN_OUTPUT_DIR, and the trainer dir of a launch_trainer_main command that has no "
+        "--trainer_dir (default: gs://<permanent_bucket>/axlearn/jobs/<name>).",
+    )
+    parser.add_argument(
         "--dry_run",
         action="store_true",
         help="Print the build plan, the pre-flight report and the JobSet YAML; build and submit "
@@ -252,6 +260,7 @@ def launch_start(args: argparse.Namespace) -> int:
         service_account=args.service_account,
         xla_flag_set=args.xla_flag_set,
         xla_flags=args.xla_flags,
+        output_dir=args.output_dir,
     )
     if not args.skip_preflight:
         # Before TensorFlow or libtpu load: it quiets their misleading start-up errors.

@@ -79,7 +79,7 @@ def lm_loss_and_summaries(
     *,
     target_labels: Tensor,
     target_num_bytes: Optional[Tensor],
-    input_ids: Tensor,
+    input_ids: Optional[Tensor],
     pad_token_id: int,
     z_loss_scale: float,
 ) -> tuple[Tensor, Tensor, dict[str, WeightedScalar]]:
@@ -89,7 +89,7 @@ def lm_loss_and_summaries(
         logits: [batch, seq_len, vocab].
         target_labels: [batch, seq_len]; negative or `pad_token_id` means no target.
         target_num_bytes: Optional [batch] bytes per example (for bits_per_byte).
-        input_ids: [batch, seq_len] (for num_tokens).
+        input_ids: Optional [batch, seq_len] (for the num_tokens summary; None: no summary).
         pad_token_id: The padding id.
         z_loss_scale: Scale of the z-loss.
 
@@ -117,7 +117,7 @@ def _lm_summaries(
     *,
     parts: dict[str, Tensor],
     per_token_loss: Tensor,
-    input_ids: Tensor,
+    input_ids: Optional[Tensor],
     target_num_bytes: Optional[Tensor],
     pad_token_id: int,
 ) -> dict[str, WeightedScalar]:
@@ -125,7 +125,6 @@ def _lm_summaries(
     accuracy, num_targets) and the per-token loss [batch, seq_len] (0 where no target)."""
     num_targets = parts["num_targets"]
     batch_size = per_token_loss.shape[0]
-    num_tokens = (input_ids != pad_token_id).sum().astype(jnp.float32)
     summaries = {
         "loss": WeightedScalar(loss, num_targets),
         "cross_entropy_loss": WeightedScalar(parts["cross_entropy"], num_targets),
@@ -133,9 +132,11 @@ def _lm_summaries(
         "perplexity": WeightedScalar(jnp.exp(parts["cross_entropy"]), num_targets),
         "accuracy": WeightedScalar(parts["accuracy"], num_targets),
         "num_targets": WeightedScalar(num_targets, 1.0),
-        "num_tokens": WeightedScalar(num_tokens, 1.0),
         "train_live_targets": WeightedScalar(num_targets / batch_size, float(batch_size)),
     }
+    if input_ids is not None:
+        num_tokens = (input_ids != pad_token_id).sum().astype(jnp.float32)
+        summaries["num_tokens"] = WeightedScalar(num_tokens, 1.0)
     if target_num_bytes is not None:
         total_bytes = target_num_bytes.sum()
         bits_per_byte = per_token_loss.sum() / jnp.maximum(1, total_bytes) / jnp.log(2.0)
@@ -163,7 +164,7 @@ class CrossEntropyLossMetrics(BaseLossMetrics):
             predict_outputs["logits"],
             target_labels=input_batch["target_labels"],
             target_num_bytes=input_batch.get("target_num_bytes"),
-            input_ids=input_batch["input_ids"],
+            input_ids=input_batch.get("input_ids"),
             pad_token_id=0 if cfg.pad_token_id is None else cfg.pad_token_id,
             z_loss_scale=cfg.z_loss_scale or 0.0,
         )
@@ -327,6 +328,10 @@ class Model(BaseModel):
         # so that neither pass holds [batch, seq_len, vocab] logits; None: all at once. Needs
         # the built-in loss (`metrics` None).
         logits_chunk_size: Optional[int] = None
+        # AXLearn's name for chunking the LM head and loss along the sequence: used as
+        # logits_chunk_size when that is None and `metrics` is None; with `metrics` set, the loss
+        # is computed unchunked (same values, the memory of the full logits).
+        scan_chunk: Optional[int] = None
 
     @classmethod
     def default_config(cls) -> Config:
@@ -353,6 +358,13 @@ class Model(BaseModel):
                 )
             self._add_child("metrics", _propagate_metrics_defaults(cfg.metrics, cfg))
         self._z_loss_scale = cfg.z_loss_scale or 0.0
+        # The chunk size of the LM head and loss (and the field that set it), or None.
+        self._logits_chunk_size, self._logits_chunk_field = (
+            cfg.logits_chunk_size,
+            "logits_chunk_size",
+        )
+        if cfg.logits_chunk_size is None and cfg.scan_chunk is not None and cfg.metrics is None:
+            self._logits_chunk_size, self._logits_chunk_field = cfg.scan_chunk, "scan_chunk"
         self._batch_axis_names = cfg.batch_axis_names
         self._seq_axis_names = cfg.seq_axis_names
         self._pad_token_id = cfg.decoder.pad_token_id
@@ -404,33 +416,76 @@ class Model(BaseModel):
             "logits", "hidden_states" and (with targets) "per_label_loss" [B, T].
         """
         target_labels = input_batch.get("target_labels")
-        if target_labels is not None and self.config.logits_chunk_size is not None:
+        if target_labels is not None and self._logits_chunk_size is not None:
             if not return_aux:
                 return self._chunked_loss(input_batch), {}
         # Full logits: no chunk size, no targets, or the caller wants the logits.
         predictions = self.predict(input_batch)
         aux = dict(predictions)
         loss = None
-        if target_labels is not None and "metrics" in self.children:
+        if target_labels is not None:
+            loss, metrics = self._metrics(input_batch, predict_outputs=predictions)
+            if metrics.get("per_token_loss") is not None:
+                aux["per_label_loss"] = metrics["per_token_loss"]
+            aux["metrics"] = metrics
+        return loss, (aux if return_aux else {})
+
+    def _metrics(
+        self, input_batch: NestedTensor, *, predict_outputs: dict[str, Tensor]
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss and metrics of `predict` outputs; adds the summaries (module docstring).
+
+        Uses the `metrics` child if configured, else the built-in cross-entropy (+ z-loss and
+        `aux_loss_regex`) loss.
+
+        Args:
+            input_batch: With "target_labels" [batch, seq_len]; optionally "input_ids" (for the
+                num_tokens summary) and "target_num_bytes" [batch] (for bits_per_byte).
+            predict_outputs: `predict`'s outputs ("logits" [batch, seq_len, vocab]).
+
+        Returns:
+            (loss, metrics): metrics maps each summary name (but num_tokens) to its value (a
+            scalar; "cross_entropy" repeats cross_entropy_loss under AXLearn's name), plus
+            "per_token_loss" [batch, seq_len] (0 where no target; None if the metrics child
+            does not report it) and "live_targets" (bool [batch, seq_len]).
+
+        Raises:
+            KeyError: If input_batch has no "target_labels".
+        """
+        validate_contains_paths(input_batch, paths=["target_labels"])
+        target_labels = input_batch["target_labels"]
+        if "metrics" in self.children:
             outputs = self.get_invocation_context().output_collection.module_outputs
-            loss, metrics = self.metrics(
+            loss, child_outputs = self.metrics(
                 input_batch,
-                predict_outputs=predictions,
+                predict_outputs=predict_outputs,
                 module_outputs=dict(flatten_items(outputs)),
             )
-            for name, value in metrics["summaries"].items():
+            summaries = child_outputs["summaries"]
+            for name, value in summaries.items():
                 self.add_summary(name, value)
-            if "per_token_loss" in metrics:
-                aux["per_label_loss"] = metrics["per_token_loss"]
-        elif target_labels is not None:
-            loss, per_token_loss = self._metrics(
-                predictions["logits"],
+            per_token_loss = child_outputs.get("per_token_loss")
+        else:
+            loss, per_token_loss, summaries = lm_loss_and_summaries(
+                predict_outputs["logits"],
                 target_labels=target_labels,
                 target_num_bytes=input_batch.get("target_num_bytes"),
-                input_ids=input_batch["input_ids"],
+                input_ids=input_batch.get("input_ids"),
+                pad_token_id=self._pad_token_id,
+                z_loss_scale=self._z_loss_scale,
             )
-            aux["per_label_loss"] = per_token_loss
-        return loss, (aux if return_aux else {})
+            loss = self._add_aux_loss_and_summaries(loss, summaries)
+        # Summary values, but num_tokens (a property of the inputs, not of the predictions).
+        metrics = {
+            name: getattr(value, "mean", value)
+            for name, value in summaries.items()
+            if name != "num_tokens"
+        }
+        if "cross_entropy_loss" in metrics:
+            metrics["cross_entropy"] = metrics["cross_entropy_loss"]  # AXLearn's metric name.
+        metrics["per_token_loss"] = per_token_loss
+        metrics["live_targets"] = (target_labels >= 0) & (target_labels != self._pad_token_id)
+        return loss, metrics
 
     def _chunked_loss(self, input_batch: NestedTensor) -> Tensor:
         """The loss of `forward` with the head and loss in chunks (`logits_chunk_size`)."""
@@ -442,11 +497,11 @@ class Model(BaseModel):
             head["lm_head_weight"],
             target_labels,
             live_targets=live,
-            chunk_size=self.config.logits_chunk_size,
+            chunk_size=self._logits_chunk_size,
             z_loss_scale=self._z_loss_scale,
             soft_cap=self.decoder.lm_head_soft_cap(),
             logits_partition_spec=self.config.decoder.logits_partition_spec,
-            config_path=f"{self.path()}.logits_chunk_size",
+            config_path=f"{self.path()}.{self._logits_chunk_field}",
         )
         summaries = _lm_summaries(
             loss,
@@ -476,24 +531,6 @@ class Model(BaseModel):
         outputs = self.get_invocation_context().output_collection.module_outputs
         values = [v.sum() for k, v in flatten_items(outputs) if re.fullmatch(regex, k)]
         return sum(values, jnp.zeros([], jnp.float32))
-
-    def _metrics(
-        self,
-        logits: Tensor,
-        *,
-        target_labels: Tensor,
-        target_num_bytes: Optional[Tensor],
-        input_ids: Tensor,
-    ) -> tuple[Tensor, Tensor]:
-        loss, per_token_loss, summaries = lm_loss_and_summaries(
-            logits,
-            target_labels=target_labels,
-            target_num_bytes=target_num_bytes,
-            input_ids=input_ids,
-            pad_token_id=self._pad_token_id,
-            z_loss_scale=self._z_loss_scale,
-        )
-        return self._add_aux_loss_and_summaries(loss, summaries), per_token_loss
 
     def score(self, input_batch: NestedTensor) -> dict[str, Tensor]:
         """Per-token losses of `input_batch` (no summaries).

@@ -297,6 +297,9 @@ def replace_inputs_with_fake(
 ) -> ConfigBase:
     """Replaces every `input_tf_data.Input` config in a config tree with a `FakeLmInput` config.
 
+    An Input whose class has a `with_fake_source(cfg, *, eval_num_batches)` classmethod (e.g.
+    `axlearn.vision.input_image.ImagenetInput`) is given to it instead and keeps its class.
+
     This is what `--data_dir=FAKE` does. Each fake input keeps the original's `is_training`, name
     and global batch size; its sequence length is the `max_sequence_length` (or `max_len`) found
     in the original's source, else `source_length`, else the one found in another input of the
@@ -395,6 +398,10 @@ def replace_inputs_with_fake(
 
     def walk(path: str, value: Any) -> Any:
         if isinstance(value, Input.Config):
+            # An input that knows its own fake examples (e.g. ImagenetInput's fake images).
+            own_fake = getattr(value.klass, "with_fake_source", None)
+            if callable(own_fake):
+                return own_fake(value, eval_num_batches=eval_num_batches)
             return fake_for(path, value)
         if isinstance(value, GrainInput.Config):
             return fake_grain_for(path, value)

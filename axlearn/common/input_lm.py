@@ -134,6 +134,7 @@ def tokenize(
     input_key: str = "text",
     output_key: str = "tokens",
     replace_newlines_with: str = "\n",
+    passthrough_keys: tuple[str, ...] = (),
 ) -> DatasetToDatasetFn:
     """Returns a processor mapping `{input_key: text}` examples to `{output_key: int32 ids}`.
 
@@ -169,7 +170,9 @@ def tokenize(
 
         def encode(ex):
             text = _replace_newlines(ex[input_key], replace_newlines_with)
-            return {output_key: tf.cast(vocab.encode_tf(text), tf.int32)}
+            out = {k: ex[k] for k in passthrough_keys if k in ex}
+            out[output_key] = tf.cast(vocab.encode_tf(text), tf.int32)
+            return out
 
         return ds.map(
             tf.autograph.experimental.do_not_convert(encode), num_parallel_calls=tf.data.AUTOTUNE
@@ -483,6 +486,7 @@ def text_to_lm_eval_input(
     replace_newlines_with: str = "\n",
     stride: Optional[int] = None,
     is_training: bool = False,
+    index_key: Optional[str] = None,
 ) -> DatasetToDatasetFn:
     """Returns a processor turning each document into strided `max_len` eval windows.
 
@@ -499,6 +503,8 @@ def text_to_lm_eval_input(
         replace_newlines_with: Newlines are replaced with this string before tokenizing.
         stride: Window stride in (0, max_len]; None: max_len (disjoint windows).
         is_training: Must be False (kept for config compatibility).
+        index_key: If set, every window carries this field: the document's own value of it, or
+            else the document's 0-based position in the input (to group windows by document).
 
     Returns:
         A DatasetToDatasetFn.
@@ -508,12 +514,20 @@ def text_to_lm_eval_input(
     if not 0 < stride <= max_len:
         raise ValueError(f"stride must be in (0, max_len={max_len}], got {stride}")
     vocab = maybe_instantiate(vocab_cfg)
-    tokenizer = tokenize(vocab, replace_newlines_with=replace_newlines_with)
+    tokenizer = tokenize(
+        vocab,
+        replace_newlines_with=replace_newlines_with,
+        passthrough_keys=(index_key,) if index_key else (),
+    )
 
     def fn(ds: tf.data.Dataset) -> tf.data.Dataset:
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
         pad_id, eos_id = vocab.pad_id, vocab.eos_id
+        if index_key and index_key not in ds.element_spec:
+            ds = ds.enumerate().map(
+                tf.autograph.experimental.do_not_convert(lambda i, ex: {**ex, index_key: i})
+            )
 
         def windows(ex):
             tokens = ex["tokens"]
@@ -537,13 +551,16 @@ def text_to_lm_eval_input(
                 window_targets, vocab=vocab, newlines_replaced_with=replace_newlines_with
             )
             keep = nbytes > 0
-            return tf.data.Dataset.from_tensor_slices(
-                {
-                    "input_ids": tf.boolean_mask(tf.gather(inputs, pos), keep),
-                    "target_labels": tf.boolean_mask(window_targets, keep),
-                    "target_num_bytes": tf.boolean_mask(nbytes, keep),
-                }
-            )
+            out = {
+                "input_ids": tf.boolean_mask(tf.gather(inputs, pos), keep),
+                "target_labels": tf.boolean_mask(window_targets, keep),
+                "target_num_bytes": tf.boolean_mask(nbytes, keep),
+            }
+            if index_key:
+                num = tf.shape(out["input_ids"])[0]
+                index = ex[index_key]
+                out[index_key] = tf.repeat(tf.expand_dims(index, 0), num, axis=0)
+            return tf.data.Dataset.from_tensor_slices(out)
 
         return tokenizer(ds).flat_map(tf.autograph.experimental.do_not_convert(windows))
 

@@ -16,14 +16,16 @@ TensorFlow is imported lazily: importing this module does not import it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from axlearn.common.utils import PHYSICAL_TO_LOGICAL_DISPATCH_KEY
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
-    from axlearn.common.input_batching import PadExampleFn
+# A function from a (nested) element spec to a (nested) padding example
+# (`input_tf_data.PadExampleFn`).
+PadExampleFn = Callable[[Any], Any]
 
 
 def _infer_cardinality(ds: tf.data.Dataset) -> int:

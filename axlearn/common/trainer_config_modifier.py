@@ -22,6 +22,7 @@ naming the path: a modifier never silently does nothing.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any, Optional
 
 from axlearn.common.config import (
@@ -432,5 +433,80 @@ class FP8ConfigModifier(ConfigModifier):
         else:
             learner.optimizer = OverrideInplaceUpdateTransformation.default_config().set(
                 transformation=optimizer, rules=rules
+            )
+        return cfg
+
+
+class ReplaceLayerConfigModifier(ConfigModifier):
+    """Replaces every config of class `target_cls` by `source_config`, keeping its settings.
+
+    Each matching config (anywhere under the trainer config, in fields, lists and dicts) becomes
+    a clone of `source_config` whose fields, except `exclude_keys`, take the old config's values;
+    the excluded fields keep `source_config`'s (e.g. swap only the kernel backend of every MoE
+    layer: `exclude_keys=["gmm_backend"]`).
+    """
+
+    @config_class
+    class Config(ConfigModifier.Config):
+        """Configures ReplaceLayerConfigModifier."""
+
+        target_cls: Required[type] = REQUIRED  # The layer class whose configs are replaced.
+        source_config: Required[Configurable.Config] = REQUIRED  # The replacement config.
+        # Fields taken from `source_config` rather than from the replaced config.
+        exclude_keys: Sequence[str] = ()
+
+    def _replacement(self, found: ConfigBase) -> ConfigBase:
+        cfg = self.config
+        new = cfg.source_config.clone()
+        for key in new.keys():
+            if key != "klass" and key not in cfg.exclude_keys and key in found:
+                setattr(new, key, getattr(found, key))
+        return new
+
+    def _visit(self, node: Any) -> tuple[Any, int]:
+        """Returns (node with replacements, number replaced)."""
+        if isinstance(node, ConfigBase):
+            if getattr(node, "klass", None) is self.config.target_cls:
+                return self._replacement(node), 1
+            count = 0
+            for key in node.keys():
+                value, n = self._visit(getattr(node, key))
+                if n:
+                    setattr(node, key, value)
+                    count += n
+            return node, count
+        if isinstance(node, dict):
+            count = 0
+            for key in list(node):
+                value, n = self._visit(node[key])
+                if n:
+                    node[key] = value
+                    count += n
+            return node, count
+        if isinstance(node, (list, tuple)):
+            visited = [self._visit(v) for v in node]
+            count = sum(n for _, n in visited)
+            if count:
+                return type(node)(v for v, _ in visited), count
+            return node, 0
+        return node, 0
+
+    def __call__(self, cfg: ConfigBase) -> ConfigBase:
+        """Replaces the matching configs.
+
+        Args:
+            cfg: The trainer config.
+
+        Returns:
+            The modified config.
+
+        Raises:
+            ValueError: If no config of `target_cls` is found.
+        """
+        cfg, count = self._visit(cfg)
+        if not count:
+            raise ValueError(
+                f"ReplaceLayerConfigModifier: no config of {self.config.target_cls.__name__} "
+                "in the trainer config; fix target_cls or drop the modifier"
             )
         return cfg

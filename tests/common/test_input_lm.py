@@ -166,6 +166,25 @@ def test_eval_windows_score_every_token_once(stride):
             )
 
 
+def test_eval_windows_carry_document_index():
+    import tensorflow as tf
+
+    texts = [b"abcdefghij", b"xy", b"0123456789abcdefghijk"]
+    byte_vocab = config_for_function(vocab).set(sentencepiece_model_name=None)
+    fn = input_lm.text_to_lm_eval_input(byte_vocab, max_len=8, index_key="index")
+    ds = tf.data.Dataset.from_tensor_slices({"text": texts})
+    windows = list(fn(ds).as_numpy_iterator())
+    # Documents of 11, 3 and 22 tokens (with EOS) -> 2, 1 and 3 disjoint windows of 8.
+    assert [int(w["index"]) for w in windows] == [0, 0, 1, 2, 2, 2]
+    # A document's own index field is kept as it is.
+    ds = tf.data.Dataset.from_tensor_slices({"text": texts[:2], "index": [7, 9]})
+    assert [int(w["index"]) for w in fn(ds).as_numpy_iterator()] == [7, 7, 9]
+    # Without index_key no index field is added.
+    plain = input_lm.text_to_lm_eval_input(byte_vocab, max_len=8)
+    ds = tf.data.Dataset.from_tensor_slices({"text": texts})
+    assert "index" not in next(iter(plain(ds)))
+
+
 def test_target_num_bytes_counts_text_bytes(embedded_cache):
     """Bytes of a document's targets = its UTF-8 bytes + EOS + the sentencepiece dummy space."""
     import tensorflow as tf

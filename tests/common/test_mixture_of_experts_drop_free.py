@@ -18,6 +18,7 @@ from axlearn.common.megablock.ops import gmm, select_tiling_fn
 from axlearn.common.mixture_of_experts import (
     GMMBackend,
     TopKBiasGating,
+    TopKDropFreeGating,
     TopKGating,
     TransformerFeedForwardDropFreeMoE,
     TransformerFeedForwardMoE,
@@ -65,9 +66,9 @@ def _drop_free(backend=None, **kwargs):
         activation=("nn.silu", "linear"),
         norm=RMSNorm.default_config(),
         gmm_backend=backend,
+        gating=TopKDropFreeGating.default_config().set(num_experts_per_token=2),
         **kwargs,
     )
-    cfg.gating.set(num_experts_per_token=2)
     layer = cfg.instantiate(parent=None)
     params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
     params["gate_weight"] = jax.random.normal(jax.random.PRNGKey(5), (DIM, EXPERTS)) * 2
@@ -129,8 +130,8 @@ def test_drop_free_equals_capacity_moe_without_drops_values_and_grads():
         out, _ = functional(module, None, params, dict(inputs=x), is_training=True)
         return jnp.sum(out**2)
 
-    value, grads = jax.value_and_grad(partial(loss, layer))(params)
-    ref_value, ref_grads = jax.value_and_grad(partial(loss, ref))(params)
+    value, grads = jax.jit(jax.value_and_grad(partial(loss, layer)))(params)
+    ref_value, ref_grads = jax.jit(jax.value_and_grad(partial(loss, ref)))(params)
     np.testing.assert_allclose(value, ref_value, rtol=1e-5)
     for name in ("gate_weight", "wi_0_weight", "wi_1_weight", "wo_weight"):
         np.testing.assert_allclose(grads[name], ref_grads[name], atol=1e-4, rtol=1e-4)
@@ -282,3 +283,57 @@ def test_outer_batch_from_mesh():
         get_outer_batch_from_mesh(
             mesh_axis_names=names, outer_batch_axis_names=("data",), mesh_shape=hybrid
         )
+
+
+def test_drop_free_needs_a_drop_free_router():
+    cfg = TransformerFeedForwardDropFreeMoE.default_config().set(
+        name="moe", input_dim=DIM, hidden_dim=HIDDEN, num_experts=EXPERTS, num_groups=1
+    )
+    with pytest.raises(ValueError, match="moe.gating is a Top2Gating: set a TopKDropFreeGating"):
+        cfg.instantiate(parent=None)
+
+
+def test_expert_parallel_equals_drop_free_values_and_grads():
+    """4-way expert parallelism (all-to-all in shard_map) = the single-device drop-free layer."""
+    from axlearn.common.mixture_of_experts import (  # pylint: disable=import-outside-toplevel
+        ApproximateTokenDropFreeMoE,
+    )
+
+    kwargs = dict(
+        name="moe",
+        input_dim=DIM,
+        hidden_dim=HIDDEN,
+        num_experts=8,
+        num_groups=1,
+        activation=("nn.silu", "linear"),
+        norm=RMSNorm.default_config(),
+        gating=TopKDropFreeGating.default_config().set(num_experts_per_token=2),
+    )
+    ref = TransformerFeedForwardDropFreeMoE.default_config().set(**kwargs).instantiate(parent=None)
+    params = ref.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    params["gate_weight"] = jax.random.normal(jax.random.PRNGKey(5), (DIM, 8)) * 2
+    x = jax.random.normal(jax.random.PRNGKey(1), (4, 6, DIM))
+
+    def loss(module, params):
+        out, coll = functional(module, None, params, dict(inputs=x), is_training=True)
+        return jnp.sum(out**2), coll
+
+    (value, _), grads = jax.jit(jax.value_and_grad(partial(loss, ref), has_aux=True))(params)
+    mesh = jax.sharding.Mesh(
+        np.array(jax.devices()[:8]).reshape(1, 1, 4, 2, 1, 1),
+        ("pipeline", "data", "expert", "fsdp", "seq", "model"),
+    )
+    with jax.set_mesh(mesh):
+        # Capacity 4 x the own pair count: nothing is dropped on 4 ranks.
+        layer = (
+            ApproximateTokenDropFreeMoE.default_config()
+            .set(expert_parallel_capacity=4.0, **kwargs)
+            .instantiate(parent=None)
+        )
+        (ep_value, coll), ep_grads = jax.jit(
+            jax.value_and_grad(partial(loss, layer), has_aux=True)
+        )(params)
+    assert int(coll.summaries["dropped_tokens"]) == 0
+    np.testing.assert_allclose(ep_value, value, rtol=1e-5)
+    for name in ("gate_weight", "wi_0_weight", "wi_1_weight", "wo_weight"):
+        np.testing.assert_allclose(ep_grads[name], grads[name], atol=1e-4, rtol=1e-4)

@@ -487,6 +487,9 @@ def test_per_param_scale_by_path_alternative_layout_rule_is_skipped():
     )
     scales = fn(_opt_params(params))
     assert scales == {"ff": {"linear1_0": {"weight": 0.25}}, "b": 1.0}
+    # The other way round: an MoE layer's rule matched, the dense layout's nested rule is skipped.
+    moe = {"ff": {"wi_0_weight": np.ones((2, 2, 2), np.float32)}, "b": np.ones(2)}
+    assert fn(_opt_params(moe)) == {"ff": {"wi_0_weight": 0.5}, "b": 1.0}
     bad = optimizers.per_param_scale_by_path(
         scale_by_path=[(".*ff/linear1_0/weight", 0.25), (".*attn/wo_weight", 0.5)],
         description="mup",

@@ -57,6 +57,8 @@ class LaunchOptions:
         xla_flag_set: GPU instance types: the pods' XLA_FLAGS set
             (`compiler_options.GPU_XLA_FLAG_SETS`).
         xla_flags: GPU instance types: extra XLA flags overriding or extending the set.
+        output_dir: The job's output dir (a remote path such as gs://bucket/dir): the pods get
+            it as env OUTPUT_DIR_ENV, and a trainer command without --trainer_dir trains there.
     """
 
     name: str
@@ -75,6 +77,32 @@ class LaunchOptions:
     user: str = dataclasses.field(default_factory=getpass.getuser)
     xla_flag_set: str = "llm_recipe"
     xla_flags: str = ""
+    output_dir: Optional[str] = None
+
+
+# The pods' environment variable holding `--output_dir`.
+OUTPUT_DIR_ENV = "AXLEARN_OUTPUT_DIR"
+
+
+def validate_output_dir(output_dir: str) -> str:
+    """Returns `--output_dir` without a trailing '/', checked to be a remote path.
+
+    Args:
+        output_dir: The flag's value.
+
+    Returns:
+        The normalized value.
+
+    Raises:
+        ValueError: An empty value or a local path (the pods cannot see this machine's disk).
+    """
+    scheme, sep, rest = output_dir.partition("://")
+    if not sep or not scheme or not rest.strip("/"):
+        raise ValueError(
+            f"--output_dir={output_dir!r} must be a remote path the pods can write, such as "
+            "gs://my-bucket/experiments/resnet50 (a local path is not visible to the pods)."
+        )
+    return output_dir.rstrip("/")
 
 
 @dataclasses.dataclass
@@ -142,11 +170,12 @@ def prepare_launch(options: LaunchOptions, config: dict) -> PreparedLaunch:
     runner = select_runner(options.instance_type, options.runner_name)
     if not options.command:
         raise ValueError("No command given: put it after `--`, e.g. -- python -m ...")
+    output_dir = None if options.output_dir is None else validate_output_dir(options.output_dir)
     trainer_dir = None
     if runs_trainer(options.command) and not any(
         a.startswith("--trainer_dir") for a in options.command
     ):
-        trainer_dir = default_trainer_dir(config, options.name)
+        trainer_dir = output_dir or default_trainer_dir(config, options.name)
     command = complete_trainer_command(
         options.command,
         mesh_selector=mesh_selector_for(options.instance_type, options.num_replicas),
@@ -165,6 +194,8 @@ def prepare_launch(options: LaunchOptions, config: dict) -> PreparedLaunch:
         )
         image = plan.image
     env = {}
+    if output_dir is not None:
+        env[OUTPUT_DIR_ENV] = output_dir
     if not tpu:
         # pylint: disable-next=import-outside-toplevel
         from axlearn.common.compiler_options import gpu_xla_flags
@@ -334,6 +365,8 @@ def describe_launch(
         if devices != trainer_check.num_chips:
             where += f" ({devices} devices)"
         lines.append(f"# Mesh on the {where}: {trainer_check.mesh}")
+    if o.output_dir:
+        lines.append(f"# Output dir: {validate_output_dir(o.output_dir)} (env {OUTPUT_DIR_ENV})")
     if prepared.trainer_dir:
         lines.append(f"# Trainer dir: {prepared.trainer_dir}")
     if prepared.plan is None:

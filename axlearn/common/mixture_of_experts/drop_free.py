@@ -11,6 +11,7 @@ between the ranks of the "expert" mesh axis, each rank receiving at most
 
 import enum
 import functools
+from collections.abc import Sequence
 from typing import Any, Optional, Union
 
 import jax
@@ -28,9 +29,9 @@ from axlearn.common.utils import Tensor, current_mesh
 class GMMBackend(enum.Enum):
     """Grouped-matmul implementations (`TransformerFeedForwardDropFreeMoE.gmm_backend`)."""
 
-    PALLAS = "pallas"
-    RAGGED_DOT = "ragged_dot"
-    TOKAMAX = "tokamax"
+    PALLAS = "PALLAS"
+    RAGGED_DOT = "RAGGED_DOT"
+    TOKAMAX = "TOKAMAX"
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=())
@@ -73,35 +74,47 @@ class TransformerFeedForwardDropFreeMoE(TransformerFeedForwardMoE):
     class Config(TransformerFeedForwardMoE.Config):
         """Configures TransformerFeedForwardDropFreeMoE."""
 
-        gating: TopKDropFreeGating.Config = TopKDropFreeGating.default_config()  # The router.
+        # The router (inherited default Top2Gating, as AXLearn's; set a TopKDropFreeGating).
         # Partition specs by dims of the expert weights ("me", "emh", "ehm").
         dim_to_mesh_axis_map: dict[str, Optional[PartitionSpec]] = {
             "me": PartitionSpec(None, None),
-            "emh": PartitionSpec("expert", "fsdp", "model"),
-            "ehm": PartitionSpec("expert", "model", "fsdp"),
+            "emh": PartitionSpec(None, ("fsdp", "seq"), "model"),
+            "ehm": PartitionSpec(None, "model", ("fsdp", "seq")),
         }
         # Partition specs of the layer's input ("bsm": [batch, seq, model]).
         input_dim_to_partition_spec: dict[str, Optional[PartitionSpec]] = {
-            "bsm": PartitionSpec(("data", "fsdp", "expert"), "seq", None),
+            "bsm": PartitionSpec(("data", "fsdp"), "seq", None),
         }
         # Partition specs of the output ("bsm") and of the expert weights inside the matmuls.
         output_dim_to_partition_spec: dict[str, Optional[PartitionSpec]] = {
-            "bsm": PartitionSpec(("data", "fsdp", "expert"), "seq", "model"),
-            "emh": PartitionSpec("expert", None, "model"),
-            "ehm": PartitionSpec("expert", "model", None),
+            "bsm": PartitionSpec(("data", "fsdp"), "seq", "model"),
+            "emh": PartitionSpec(None, None, "model"),
+            "ehm": PartitionSpec(None, "model", None),
         }
-        # GMM tiling (tm, tk, tn) or a config of a selector (see megablock.ops.select_tiling_fn).
-        tiling: Union[tuple[int, int, int], Any] = (128, 128, 128)
+        # GMM tiling (tm, tk, tn), a config of a selector (see megablock.ops.select_tiling_fn),
+        # or None: (128, 128, 128).
+        tiling: Optional[Union[tuple[int, int, int], Any]] = None
         interpret: bool = False  # Interpret the GMM kernel (CPU testing of Pallas kernels).
         # Accumulation/output dtype of the grouped matmuls; None: the input dtype.
         preferred_element_type: Optional[Any] = None
         gmm_backend: Optional[GMMBackend] = None  # GMM implementation; None: PALLAS.
-        tokamax_implementation: Optional[str] = None  # Kernel choice of the TOKAMAX backend.
+        # Kernel choice(s) of the TOKAMAX backend, e.g. ["triton", "xla"].
+        tokamax_implementation: Optional[Union[str, Sequence[str]]] = None
         # Weight of the sequence-wise load balance loss in "aux_loss"; None/0 disables it.
         seq_load_balance_loss_weight: Optional[float] = None
 
+    def __init__(self, cfg: Config, *, parent):
+        super().__init__(cfg, parent=parent)
+        if not isinstance(self.gating, TopKDropFreeGating):
+            raise ValueError(
+                f"{self.path()}.gating is a {type(self.gating).__name__}: set a "
+                "TopKDropFreeGating (or TopKBiasGating) config"
+            )
+
     def _tiling(self):
         tiling = self.config.tiling
+        if tiling is None:
+            return (128, 128, 128)
         if hasattr(tiling, "instantiate"):
             return tiling.instantiate()
         return tiling
@@ -121,19 +134,22 @@ class TransformerFeedForwardDropFreeMoE(TransformerFeedForwardMoE):
             interpret=cfg.interpret,
         ).astype(lhs.dtype)
 
-    def _experts(self, sorted_inputs: Tensor, tokens_per_expert: Tensor) -> Tensor:
-        """Runs the experts on expert-sorted rows [N, M] -> [N, M]."""
+    def _experts(
+        self, sorted_inputs: Tensor, tokens_per_expert: Tensor, weights: Optional[dict] = None
+    ) -> Tensor:
+        """Runs the experts on expert-sorted rows [N, M] -> [N, M] (`weights`: default params)."""
         cfg = self.config
+        weights = self.parameters if weights is None else weights
         activations = cfg.activation
         if not isinstance(activations, (tuple, list)):
             activations = (activations,)
         hidden = None
         for name, act in zip(self._wi_names(), activations):
-            h = self._padded_gmm(sorted_inputs, self.parameters[name], tokens_per_expert)
+            h = self._padded_gmm(sorted_inputs, weights[name], tokens_per_expert)
             h = self._remat_name(h, name.replace("_weight", "").replace("wi", "linear1"))
             h = get_activation_fn(act)(h)
             hidden = h if hidden is None else hidden * h
-        return self._padded_gmm(hidden, self.parameters["wo_weight"], tokens_per_expert)
+        return self._padded_gmm(hidden, weights["wo_weight"], tokens_per_expert)
 
     def _dispatch_hook(self, *, sorted_inputs: Tensor, tokens_per_expert: Tensor):
         """Subclass hook before the experts: returns (inputs, tokens_per_expert, residuals)."""
@@ -264,7 +280,13 @@ def _all_to_all_combine(sorted_output: Tensor, residuals: Any, has_track_axis: b
 class ApproximateTokenDropFreeMoE(TransformerFeedForwardDropFreeMoE):
     """Drop-free MoE with expert parallelism over the "expert" mesh axis (see module doc).
 
-    Without a mesh, or with a 1-way expert axis, it equals `TransformerFeedForwardDropFreeMoE`.
+    Routing runs under GSPMD; then, in `shard_map` over the mesh, each rank of the "expert" axis
+    takes 1/P of the tokens (replicated over the other axes), sorts its (token, expert) pairs,
+    sends them to the ranks owning the experts (`_all_to_all_dispatch`; a receiver keeps at most
+    `expert_parallel_capacity` x its own pair count, dropping the rest: "approximately" drop
+    free), runs its E / P local experts and sends the outputs back (`_all_to_all_combine`).
+    Summary "dropped_tokens": pairs dropped over all ranks. Without a mesh, or with a 1-way
+    expert axis, it equals `TransformerFeedForwardDropFreeMoE`.
     """
 
     @config_class
@@ -276,13 +298,56 @@ class ApproximateTokenDropFreeMoE(TransformerFeedForwardDropFreeMoE):
 
     def _dispatch_and_combine(self, x: Tensor) -> Tensor:
         mesh = current_mesh()
-        if mesh is not None and mesh.shape.get("expert", 1) > 1:
-            raise NotImplementedError(
-                f"{self.path()}: expert-parallel dispatch (expert axis "
-                f"{mesh.shape['expert']}-way) is not implemented in ApproximateTokenDropFreeMoE; "
-                "use TransformerFeedForwardDropFreeMoE (GSPMD shards the experts)"
+        if mesh is None or mesh.shape.get("expert", 1) == 1:
+            return super()._dispatch_and_combine(x)
+        cfg = self.config
+        ranks = mesh.shape["expert"]
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        if cfg.num_experts % ranks or tokens.shape[0] % ranks:
+            raise ValueError(
+                f"{self.path()}: num_experts={cfg.num_experts} and the {tokens.shape[0]} tokens "
+                f"must be multiples of the {ranks}-way expert axis"
             )
-        return super()._dispatch_and_combine(x)
+        logits = jnp.einsum("tm,me->te", tokens, self.parameters["gate_weight"])
+        logits = logits.reshape(shape[:-1] + (cfg.num_experts,))
+        if logits.ndim == 2:
+            logits = logits[None]
+        gating = self.gating(logits, seq_load_balance_loss_weight=cfg.seq_load_balance_loss_weight)
+        aux_loss = self._aux_loss(gating.load_balance_loss, gating.router_z_loss)
+        if cfg.seq_load_balance_loss_weight and gating.seq_load_balance_loss is not None:
+            aux_loss = aux_loss + cfg.seq_load_balance_loss_weight * gating.seq_load_balance_loss
+        self.add_module_output("aux_loss", aux_loss)
+        k = gating.gate_assignment.shape[-1]
+        assignment = gating.gate_assignment.reshape(-1, k)
+        gates = gating.expert_weights.reshape(-1, k)
+        names = self._wi_names() + ["wo_weight"]
+        weights = {name: self.parameters[name] for name in names}
+
+        def local(tokens, assignment, gates, weights):
+            experts = assignment.reshape(-1)
+            order = jnp.argsort(experts, stable=True)
+            inverse = jnp.argsort(order)
+            sorted_inputs = _custom_gather(tokens, order // k, inverse)
+            counts = jnp.bincount(experts, length=cfg.num_experts).astype(jnp.int32)
+            received, local_counts, (dropped,), residuals = _all_to_all_dispatch(
+                sorted_inputs, counts, cfg.expert_parallel_capacity
+            )
+            out = self._experts(received, local_counts, weights)
+            out = _all_to_all_combine(out, residuals)[inverse].reshape(tokens.shape[0], k, -1)
+            combined = jnp.einsum("tkm,tk->tm", out, gates.astype(out.dtype))
+            return combined, dropped[None]
+
+        spec = PartitionSpec("expert")
+        combined, dropped = jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=(spec, spec, spec, {name: spec for name in names}),
+            out_specs=(spec, spec),
+            check_vma=False,
+        )(tokens, assignment, gates, weights)
+        self.add_summary("dropped_tokens", jnp.sum(dropped))
+        return combined.reshape(shape)
 
 
 __all__ = [

@@ -78,8 +78,12 @@ def per_param_scale_by_path(
         matched = [regex for pattern, regex, _ in rules if any(map(pattern.fullmatch, all_paths))]
         for i, (_, regex, _) in enumerate(rules):
             if regex not in matched:
-                layer = regex.rpartition("/")[0]
-                if layer and any(m.startswith(layer + "/") for m in matched):
+                # The layer is any leading part of the path (".*ff" of ".*ff/linear1_0/weight"):
+                # a rule of the same layer in another layout (".*ff/wi_0_weight") matched.
+                parts = regex.split("/")
+                layers = ["/".join(parts[:k]) for k in range(len(parts) - 1, 0, -1)]
+                layer = next((x for x in layers if any(m.startswith(x + "/") for m in matched)), "")
+                if layer:
                     logging.info(
                         "%s: rule %r matches no parameter; another layout of layer %r is "
                         "matched by other rules.",

@@ -19,7 +19,7 @@ from axlearn.common.config import InstantiableConfig, config_for_class, config_f
 from axlearn.common.input_lm import lm_text_preprocessor
 from axlearn.common.utils import get_data_dir
 from axlearn.experiments.text.common import DataMixtureComponent, vocab
-from axlearn.experiments.text.gpt import envy, fuji, gspmd
+from axlearn.experiments.text.gpt import envy, fuji, gspmd, qwen
 from axlearn.experiments.text.gpt.common import mixture_train_input_source, tfds_input
 from axlearn.experiments.text.gpt.vocabulary_fuji_v3 import FujiV3Vocabulary
 from axlearn.experiments.trainer_config_utils import TrainerConfigFn
@@ -28,6 +28,7 @@ from axlearn.experiments.trainer_config_utils import TrainerConfigFn
 _SENTENCEPIECE_MODEL_NAME = {
     32 * 1024: "bpe_32k_c4.model",
     128 * 1024: "bpe_128k_c4.model",
+    151936: "spm_qwen3_150k.model",  # Qwen3's vocabulary (the qwen3-* configs).
 }
 
 # The tokenizer file of the `-tiktoken` configs (Llama 3's tokenizer.json; not shipped).
@@ -80,4 +81,5 @@ def named_trainer_configs() -> dict[str, TrainerConfigFn]:
         **fuji.trainer_configs(_train_input_source, _eval_input_sources),
         **gspmd.trainer_configs(_train_input_source, _eval_input_sources),
         **envy.trainer_configs(_train_input_source, _eval_input_sources),
+        **qwen.trainer_configs(_train_input_source, _eval_input_sources),
     }

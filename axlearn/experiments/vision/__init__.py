@@ -1,0 +1,1 @@
+"""Vision experiments (AXLearn's `axlearn.experiments.vision`): ResNet on ImageNet."""
