@@ -22,7 +22,7 @@ from axlearn.common.checkpointer.base import BaseCheckpointer
 from axlearn.common.checkpointer.policies import CheckpointPolicy, every_n_steps_policy
 from axlearn.common.config import InstantiableConfig, config_class, config_for_function
 from axlearn.common.module import Module
-from axlearn.common.utils import flatten_items, tree_paths
+from axlearn.common.utils import TensorSpec, flatten_items, tree_paths
 
 # Whether OrbaxCheckpointer can checkpoint grain iterators. It cannot (see the module
 # docstring), whether or not the grain package is installed.
@@ -79,10 +79,12 @@ class OrbaxCheckpointer(BaseCheckpointer):
                 step_prefix=_STEP_PREFIX, step_format_fixed_length=_STEP_DIGITS
             ),
         )
+        self._options = options
         self._manager = ocp.CheckpointManager(
             os.path.abspath(cfg.dir), item_names=("state",), options=options
         )
         self._save_policy: CheckpointPolicy = cfg.save_policy.instantiate()
+        self._within_context = False
 
     @property
     def save_policy(self) -> CheckpointPolicy:
@@ -106,6 +108,25 @@ class OrbaxCheckpointer(BaseCheckpointer):
         """The newest step directory under `base_dir`, or None."""
         paths = OrbaxCheckpointer.checkpoint_paths(base_dir)
         return paths[-1] if paths else None
+
+    @staticmethod
+    def latest_checkpoint_step(base_dir: str) -> Optional[int]:
+        """The newest step under `base_dir`, or None."""
+        path = OrbaxCheckpointer.latest_checkpoint_path(base_dir)
+        return None if path is None else int(path.rsplit("_", 1)[-1])
+
+    def __enter__(self) -> OrbaxCheckpointer:
+        if self._within_context:
+            raise ValueError(
+                f"Already in a context: {self.path()} is already in a `with` block (nested "
+                "`with checkpointer:` blocks are not supported)"
+            )
+        self._within_context = True
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._within_context = False
+        self.stop()
 
     def _check_leaves(self, state: Any) -> None:
         for path, leaf in flatten_items(state):
@@ -146,6 +167,15 @@ class OrbaxCheckpointer(BaseCheckpointer):
                 logging.info("No checkpoint under %s: nothing to restore.", self.config.dir)
                 return None, state
         ocp = self._ocp
+        # TensorSpec leaves (shape, dtype, mesh_axes) restore as arrays sharded on the mesh.
+        state = jax.tree.map(
+            lambda x: (
+                jax.ShapeDtypeStruct(tuple(x.shape), x.dtype, sharding=x.sharding)
+                if isinstance(x, TensorSpec)
+                else x
+            ),
+            state,
+        )
         restore_args = ocp.checkpoint_utils.construct_restore_args(state)
         restored = self._manager.restore(
             step,
@@ -165,3 +195,7 @@ class OrbaxCheckpointer(BaseCheckpointer):
     def stop(self):
         self.wait_until_finished()
         self._manager.close()
+        # A stopped checkpointer can be used again (e.g. a new `with` block).
+        self._manager = self._ocp.CheckpointManager(
+            self._manager.directory, item_names=("state",), options=self._options
+        )

@@ -222,8 +222,12 @@ class ModelSummaryAccumulator(BaseMetricCalculator):
     ) -> dict[str, NestedTensor]:
         with _mesh_context(self._mesh):
             outputs = self._jit_forward(model_params, state["prng_key"], input_batch)
-        self._metric_accumulator.update(outputs["summaries"])
+        self._process_summaries(outputs["summaries"])
         return dict(state=dict(prng_key=outputs["prng_key"]), output=outputs["per_example"])
+
+    def _process_summaries(self, summaries: dict[str, Any]) -> None:
+        """Accumulates one batch's model summaries (after `init_state`)."""
+        self._metric_accumulator.update(summaries)
 
     def _forward_in_jit(
         self, model_params: NestedTensor, prng_key: Tensor, input_batch: NestedTensor

@@ -17,6 +17,7 @@ import typing
 from typing import Any
 
 import jax
+import numpy as np
 
 
 def _field_names(cls: type) -> tuple[str, ...]:
@@ -94,6 +95,28 @@ class Summary:
             NotImplementedError: Unless a subclass defines how to combine.
         """
         raise NotImplementedError(f"{type(self).__name__} does not support accumulation.")
+
+    def __eq__(self, other: Any) -> bool:
+        """Equal when of the same type with equal fields (arrays compared element-wise)."""
+        if type(self) is not type(other):
+            return NotImplemented
+        mine, aux = self._tree_flatten()
+        theirs, other_aux = other._tree_flatten()
+        if aux != other_aux:
+            return False
+        for a, b in zip(mine, theirs):
+            if a is b:
+                continue
+            if hasattr(a, "shape") or hasattr(b, "shape"):
+                # `==` of the arrays themselves: a Python number compares at the array's dtype.
+                if np.shape(a) != np.shape(b) or not np.all(np.asarray(a == b)):
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    # Summaries stay hashable by identity (equality is by value, for tests and comparisons).
+    __hash__ = object.__hash__
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in _field_names(type(self)))

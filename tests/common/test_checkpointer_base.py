@@ -84,3 +84,20 @@ def test_best_metric_policy_with_eval_metric():
 
 def test_checkpointer_is_a_base_checkpointer():
     assert issubclass(Checkpointer, BaseCheckpointer)
+
+
+def test_max_concurrent_restore_gb():
+    from axlearn.common.checkpointer import TensorStoreStateStorage
+
+    with pytest.raises(ValueError, match="strictly positive"):
+        TensorStoreStateStorage.default_config().set(max_concurrent_restore_gb=-2).instantiate()
+    storage = (
+        TensorStoreStateStorage.default_config()
+        .set(max_concurrent_gb=4, max_concurrent_restore_gb=0.5)
+        .instantiate()
+    )
+    assert storage._read_budget_bytes == int(0.5e9)  # The restore bound wins over the save one.
+    storage.close()
+    storage = TensorStoreStateStorage.default_config().set(max_concurrent_gb=2).instantiate()
+    assert storage._read_budget_bytes == int(2e9)
+    storage.close()

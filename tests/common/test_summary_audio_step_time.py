@@ -1,5 +1,6 @@
 """Tests AudioSummary writing and the writers' average_step_time records (read back with TB)."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -64,3 +65,16 @@ def test_audio_summary(tmp_path):
     written = _tensors(str(tmp_path), "speech")
     assert list(written) == [3]  # One encoded clip (WAV bytes and a label) at step 3.
     assert written[3].reshape(-1)[0][:4] == b"RIFF"
+
+
+def test_summaries_compare_by_value():
+    from axlearn.common.metrics import WeightedSummary
+
+    assert WeightedSummary(2.0, 3) == WeightedSummary(2.0, 3)
+    assert WeightedSummary(2.0, 3) != WeightedSummary(2.0, 4)
+    assert WeightedSummary(np.ones(2), 1) == WeightedSummary(np.ones(2), 1)
+    assert WeightedSummary(np.ones(2), 1) != WeightedSummary(np.zeros(2), 1)
+    # A Python number equals an array holding it at the array's dtype (float32 5.4 == 5.4).
+    assert WeightedSummary(jnp.asarray(81.0) / 15, 15) == WeightedSummary(5.4, 15)
+    assert AudioSummary(np.ones(2), sample_rate=8) != AudioSummary(np.ones(2), sample_rate=16)
+    assert len({WeightedSummary(1, 1), WeightedSummary(1, 1)}) == 2  # Hashable by identity.

@@ -123,7 +123,10 @@ class Checkpointer(BaseCheckpointer):
 
     def __enter__(self) -> Checkpointer:
         if self._within_context:
-            raise ValueError(f"{self.path()} is already in a `with` block")
+            raise ValueError(
+                f"Already in a context: {self.path()} is already in a `with` block (nested "
+                "`with checkpointer:` blocks are not supported)"
+            )
         self._within_context = True
         self.start_gc_thread()
         return self

@@ -201,6 +201,9 @@ class TensorStoreStateStorage(StateStorage):
         # writing it (in pieces if the state is larger), and of chunks in flight while reading.
         # None: half the host's available memory when saving, 1 GB when reading.
         max_concurrent_gb: Optional[float] = None
+        # Max GB of chunks in flight while restoring (AXLearn's field); None: max_concurrent_gb,
+        # or 1 GB when that is None too.
+        max_concurrent_restore_gb: Optional[float] = None
         # Where the consistent copy lives until its bytes are on the host: "device", "partial"
         # or "host". None: chosen from the step's memory and each device's limit
         # (checkpointer/snapshot_choice.py).
@@ -250,6 +253,11 @@ class TensorStoreStateStorage(StateStorage):
                 "TensorStoreStateStorage.shard_threshold_bytes must be None or >= 0, got "
                 f"{cfg.shard_threshold_bytes!r}"
             )
+        if cfg.max_concurrent_restore_gb is not None and cfg.max_concurrent_restore_gb <= 0:
+            raise ValueError(
+                "TensorStoreStateStorage.max_concurrent_restore_gb must be strictly positive, "
+                f"got {cfg.max_concurrent_restore_gb}"
+            )
         if cfg.max_concurrent_gb is not None and cfg.max_concurrent_gb <= 0:
             raise ValueError(
                 f"TensorStoreStateStorage.max_concurrent_gb must be > 0, got "
@@ -289,7 +297,9 @@ class TensorStoreStateStorage(StateStorage):
 
     @property
     def _read_budget_bytes(self) -> int:
-        gb = self._config.max_concurrent_gb
+        gb = self._config.max_concurrent_restore_gb
+        if gb is None:
+            gb = self._config.max_concurrent_gb
         return int((_DEFAULT_CONCURRENT_GB if gb is None else gb) * 1e9)
 
     def snapshot_mode(self) -> Optional[str]:

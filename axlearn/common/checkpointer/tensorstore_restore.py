@@ -157,7 +157,8 @@ def check_target(
                 "the axlearn version that wrote it, or restore only the model parameters"
             )
         raise StateMismatchError(
-            f"Cannot restore {ckpt_dir} into the target state:\n  " + "\n  ".join(problems),
+            f"Cannot restore {ckpt_dir} into the target state (the checkpoint tree dtypes or "
+            "shapes differ from the target's):\n  " + "\n  ".join(problems),
             paths=frozenset(differing),
         )
     return entries

@@ -268,16 +268,21 @@ def test_parameter_count_equals_axlearn_init_dump(name, num_layers, dim, expecte
 
 def _tiny_equivalent(name: str, trainer_dir: str, *, max_step: int = 3):
     """The config `name` with fuji-tiny-v3's model shapes and embedded-corpus inputs (keeping
-    the config's attention kind, LM-head tying and repeated stack)."""
+    the config's attention kind (grouped-query or multi-head), LM-head tying and repeated
+    stack)."""
     from axlearn.common.attention import RepeatedTransformerLayer
 
     cfg = _configs()[name]()
+    qkv = cfg.model.decoder.transformer.layer.self_attention.attention.input_linear
+    grouped = getattr(getattr(qkv, "input_linear", qkv), "num_kv_heads", None) is not None
     kwargs = dict(
         tiny_model_kwargs(),
         flash_attention="flash" in name,
         shared_lm_head=cfg.model.decoder.lm_head is None,
         stack_cfg=RepeatedTransformerLayer.default_config(),
     )
+    if not grouped:  # Multi-head attention (v1, v2 below 70B).
+        kwargs["num_kv_heads"] = None
     cfg.model = fuji.model_config(**kwargs).set(name="model")
     train, evals = tiny_sources(max_sequence_length=32)
     batch = min(cfg.input.input_dispatcher.global_logical_batch_size, 16)
