@@ -96,6 +96,11 @@ class PipelinedTransformerLayer(BaseStackedTransformerLayer):
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
         cfg = self.config
+        if self._extra_carry() or cfg.scan_kwargs:
+            raise NotImplementedError(
+                f"{self.path()}: carry={cfg.carry!r} / scan_kwargs={cfg.scan_kwargs!r} are not "
+                "supported by a pipelined stack (it carries only 'data'); unset them."
+            )
         num_virtual = self.num_virtual_stages(cfg)
         chunks = cfg.num_stages * num_virtual
         if cfg.num_layers % chunks != 0:

@@ -55,6 +55,40 @@ class BaseStackedTransformerLayer(BaseTransformerLayer):
         num_layers: Required[int] = REQUIRED
         # The config of each layer (input_dim is set by the stack).
         layer: InstantiableConfig = TransformerLayer.default_config()
+        # The fields of each layer's Output passed to the next layer (as keyword arguments,
+        # besides `data`, which is always carried); None means ("data",).
+        carry: Optional[Sequence[str]] = None
+        # Names of layer keyword arguments whose leading axis is the layer axis
+        # ([num_layers, ...]): layer i receives row i. None: none.
+        scan_kwargs: Optional[Sequence[str]] = None
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        fields = BaseTransformerLayer.Output._fields
+        bad = [name for name in cfg.carry or () if name not in fields]
+        if bad or (cfg.carry is not None and "data" not in cfg.carry):
+            raise ValueError(
+                f"{self.path()}.carry={tuple(cfg.carry)!r} must include 'data' and name fields "
+                f"of the layer Output {fields}; fix or unset carry."
+            )
+
+    def _extra_carry(self) -> tuple[str, ...]:
+        """The carried Output fields besides data."""
+        return tuple(name for name in self.config.carry or () if name != "data")
+
+    def _split_scan_kwargs(self, layer_kwargs: dict) -> tuple[dict, dict]:
+        """(per-layer kwargs {name: [num_layers, ...]}, the other kwargs)."""
+        names = tuple(self.config.scan_kwargs or ())
+        missing = [name for name in names if name not in layer_kwargs]
+        if missing:
+            raise ValueError(
+                f"{self.path()}.scan_kwargs names {missing}, which were not passed to forward; "
+                "pass them or drop them from scan_kwargs."
+            )
+        per_layer = {name: layer_kwargs[name] for name in names}
+        others = {k: v for k, v in layer_kwargs.items() if k not in names}
+        return per_layer, others
 
 
 class StackedTransformerLayer(BaseStackedTransformerLayer):
@@ -91,12 +125,20 @@ class StackedTransformerLayer(BaseStackedTransformerLayer):
         self._data_merger = None if cfg.data_merger is None else cfg.data_merger.instantiate()
 
     def forward(self, data: Tensor, **layer_kwargs) -> BaseTransformerLayer.Output:
-        """Runs the layers in order; see `TransformerLayer.forward` for `layer_kwargs`."""
+        """Runs the layers in order; see `TransformerLayer.forward` for `layer_kwargs`.
+
+        `scan_kwargs` arguments are sliced per layer; `carry` fields of each layer's Output
+        are passed to the next layer as keyword arguments.
+        """
+        per_layer, layer_kwargs = self._split_scan_kwargs(layer_kwargs)
         outputs = []
-        for layer in self._layers:
-            out = layer(data, **layer_kwargs)
+        for i, layer in enumerate(self._layers):
+            sliced = jax.tree.map(lambda x, i=i: x[i], per_layer)
+            out = layer(data, **layer_kwargs, **sliced)
             outputs.append(out)
             data = out.data
+            for name in self._extra_carry():
+                layer_kwargs[name] = getattr(out, name)
             if self._data_merger is not None:
                 data = self._data_merger(data, outputs)
         return self._aggregate_layer_outputs(outputs)
@@ -139,7 +181,9 @@ class _TransformerRepeat(Repeat):
 
     def _scan(self, method: str, data, xs, layer_kwargs):
         def layer_fn(carry, x_i):
-            if method == "forward":
+            if method == "forward_per_layer":
+                state, out = None, self.layer(carry, **layer_kwargs, **x_i)
+            elif method == "forward":
                 state, out = None, self.layer(carry, **layer_kwargs)
             elif method == "init_states":
                 state, out = self.layer.init_states(time_step=x_i, data=carry, **layer_kwargs)
@@ -158,6 +202,12 @@ class _TransformerRepeat(Repeat):
     def forward(self, data: Tensor, **layer_kwargs) -> BaseTransformerLayer.Output:
         """Runs the repeated layer over `data`; aux outputs get a leading layer axis."""
         return self._scan("forward", data, None, layer_kwargs)[1]
+
+    def forward_with_per_layer_kwargs(
+        self, data: Tensor, per_layer: dict[str, Tensor], **layer_kwargs
+    ) -> BaseTransformerLayer.Output:
+        """`forward`, with layer i also receiving {name: value[i]} of `per_layer`."""
+        return self._scan("forward_per_layer", data, per_layer, layer_kwargs)[1]
 
     def init_states(
         self, *, time_step: Optional[Tensor], data, **layer_kwargs
@@ -201,9 +251,17 @@ class RepeatedTransformerLayer(BaseStackedTransformerLayer):
                 layer=cfg.layer.clone(input_dim=cfg.input_dim), num_layers=cfg.num_layers
             ),
         )
+        if self._extra_carry():
+            raise NotImplementedError(
+                f"{self.path()}.carry={tuple(self.config.carry)!r}: a RepeatedTransformerLayer "
+                "carries only 'data'; use StackedTransformerLayer to carry other fields."
+            )
 
     def forward(self, data: Tensor, **layer_kwargs) -> BaseTransformerLayer.Output:
-        """See `_TransformerRepeat.forward`."""
+        """See `_TransformerRepeat.forward`; `scan_kwargs` arguments are scanned per layer."""
+        per_layer, layer_kwargs = self._split_scan_kwargs(layer_kwargs)
+        if per_layer:
+            return self.repeat.forward_with_per_layer_kwargs(data, per_layer, **layer_kwargs)
         return self.repeat(data, **layer_kwargs)
 
     @accepts_empty_cache_kwargs(input_name="data", dim_field="input_dim")
