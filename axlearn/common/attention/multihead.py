@@ -43,7 +43,7 @@ from axlearn.common.attention_bias import (
     make_segment_mask,
     mask_fn_bias,
 )
-from axlearn.common.base_layer import BaseLayer
+from axlearn.common.base_layer import BaseLayer, ParameterSpec
 from axlearn.common.config import (
     REQUIRED,
     ConfigOr,
@@ -56,6 +56,7 @@ from axlearn.common.kv_cache.base_kv_cache import BaseKVCache, KVState
 from axlearn.common.kv_cache.kv_cache import KVCache
 from axlearn.common.layers import Dropout
 from axlearn.common.module import Module
+from axlearn.common.param_init import constant_initializer
 from axlearn.common.utils import NestedTensor, Tensor
 
 
@@ -111,6 +112,10 @@ class MultiheadAttention(BaseLayer):
         # Whether keys are scaled by `key_scale` before they are cached (and returned as
         # kv_state); False caches raw keys and scales them after reading. None means True.
         scale_kv_before_cache_update: Optional[bool] = None
+        # If True, a learned per-head logit (parameter `sink` [num_heads], initialized to 0,
+        # no weight decay) joins each softmax as an extra key with no value, so a query's
+        # probabilities may sum to less than 1. None means False.
+        logit_sink: Optional[bool] = None
 
     class Output(NamedTuple):
         """Attention outputs.
@@ -146,6 +151,29 @@ class MultiheadAttention(BaseLayer):
         self._add_child("dropout", cfg.dropout)
         self._add_child("scale_query", cfg.query_scale.clone(per_head_dim=per_head_dim))
         self._add_child("scale_key", cfg.key_scale.clone(per_head_dim=per_head_dim))
+
+    def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
+        cfg = self.config
+        if not cfg.logit_sink:
+            return {}
+        return dict(
+            sink=ParameterSpec(
+                shape=(cfg.num_heads,),
+                mesh_axes=("model",),
+                initializer=constant_initializer(0.0),
+                weight_decay_scale=0.0,
+            )
+        )
+
+    def _softmax(self, logits: Tensor) -> Tensor:
+        """Softmax over the last axis in float32, with the per-head logit sink if configured."""
+        logits = logits.astype(jnp.float32)
+        if not self.config.logit_sink:
+            return jax.nn.softmax(logits, axis=-1)
+        sink = self.parameters["sink"].astype(jnp.float32)[None, :, None, None]
+        sink = jnp.broadcast_to(sink, (*logits.shape[:-1], 1))
+        probs = jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)
+        return probs[..., :-1]
 
     def per_head_dim(self) -> int:
         """hidden_dim // num_heads."""
@@ -509,7 +537,7 @@ class MultiheadAttention(BaseLayer):
         full_biases = self._full_biases(biases, mask, logits.dtype)
         if full_biases is not None:
             logits = logits + full_biases.astype(logits.dtype)
-        probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(q_proj.dtype)
+        probs = self._softmax(logits).astype(q_proj.dtype)
         probs = self.dropout(probs)
         return self._context(probs, v_proj), probs
 
@@ -584,7 +612,12 @@ class FlashAttention(GroupedQueryAttention):
     ) -> tuple[Tensor, Optional[Tensor]]:
         cfg = self.config
         dropout_rate = getattr(cfg.dropout, "rate", None) or 0.0
-        if need_probs or (self.is_training and dropout_rate > 0) or cfg.atten_logit_cap:
+        if (
+            need_probs
+            or (self.is_training and dropout_rate > 0)
+            or cfg.atten_logit_cap
+            or cfg.logit_sink
+        ):
             return super()._compute_attention(
                 q_proj=q_proj,
                 k_proj=k_proj,
