@@ -21,7 +21,8 @@ def _layer(logit_sink):
 def test_logit_sink_probs_equal_numpy():
     layer = _layer(True)
     spec = layer.create_parameter_specs_recursively()["sink"]
-    assert spec.shape == (N,) and tuple(spec.mesh_axes) == ("model",) and spec.weight_decay_scale == 0
+    assert spec.shape == (N,) and tuple(spec.mesh_axes) == ("model",)
+    assert spec.weight_decay_scale == 0
     params = layer.initialize_parameters_recursively(jax.random.PRNGKey(0))
     np.testing.assert_array_equal(params["sink"], np.zeros(N))
     params["sink"] = jnp.array([1.0, -0.5])
