@@ -504,7 +504,12 @@ def main():
         default=os.path.join(tempfile.gettempdir(), "axlearn_unit_tests"),
         help="Scratch folder outside the repository.",
     )
-    parser.add_argument("--devices", type=int, default=8, help="CPU devices per test process.")
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=1,
+        help="CPU devices per test process (1: JAX's default, as the reference README runs them).",
+    )
     parser.add_argument("--workers", type=int, default=1, help="pytest-xdist workers (0: none).")
     parser.add_argument("--timeout", type=int, default=3600, help="Seconds per file and mode.")
     parser.add_argument("--output", default="", help="Also write the JSON here.")

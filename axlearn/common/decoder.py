@@ -55,6 +55,7 @@ from axlearn.common.module import (
     Module,
     child_context,
     current_context,
+    functional,
     new_output_collection,
     nowrap,
 )
@@ -518,10 +519,29 @@ class Decoder(BaseLayer):
             positions = jnp.arange(input_ids.shape[-1])[None]
         return self.attention_mask(segment_ids=segment_ids, positions=positions)
 
-    def init_states(self, *, batch_size: int, max_sequence_length: int) -> NestedTensor:
-        """An empty decoding cache for `batch_size` sequences of up to `max_sequence_length`."""
+    def init_states(
+        self, *, batch_size: int, max_sequence_length: int, dtype: Optional[jnp.dtype] = None
+    ) -> NestedTensor:
+        """An empty decoding cache for `batch_size` sequences of up to `max_sequence_length`.
+
+        Args:
+            batch_size: Number of sequences.
+            max_sequence_length: Cache length.
+            dtype: The activation dtype the caches store in (unless their `cache_dtype` is
+                set); None means the layer dtype.
+
+        Returns:
+            {"transformer_state", "input_ids", "time_step"}.
+        """
+        if current_context() is None:
+            # Called directly on the layer: an empty cache needs no parameters.
+            kwargs = dict(batch_size=batch_size, max_sequence_length=max_sequence_length)
+            state, _ = functional(
+                self, None, None, dict(kwargs, dtype=dtype), method="init_states", is_training=False
+            )
+            return state
         spec = jax.ShapeDtypeStruct(
-            (batch_size, max_sequence_length, self.config.dim), self.dtype()
+            (batch_size, max_sequence_length, self.config.dim), dtype or self.dtype()
         )
         state, _ = self.transformer.init_states(time_step=None, data=spec)
         return dict(
@@ -577,42 +597,77 @@ class Decoder(BaseLayer):
         self,
         *,
         cached_states: NestedTensor,
-        input_ids: Tensor,
+        input_ids: Optional[Tensor] = None,
+        input_batch: Optional[Nested[Tensor]] = None,
+        is_prefill: bool = False,
         cross_attention_data: Optional[Tensor] = None,
         cross_attention_logit_biases: Optional[Tensor] = None,
     ) -> tuple[NestedTensor, dict[str, Tensor]]:
-        """Consumes one token per row at its time step.
+        """Consumes `steps` tokens per row from its time step (or prefills an empty cache).
 
         Args:
             cached_states: From `init_states`, `prefill_states` or `extend_step`.
-            input_ids: Int [batch, 1].
+            input_ids: Int [batch, steps] (or give `input_batch`).
+            input_batch: AXLearn's form: {"input_ids": [batch, steps]} with optional
+                "input_segment_ids" (with `is_prefill`: 0 marks padding after the prompt).
+            is_prefill: Whether `input_ids` is a prompt filling an empty cache: every position
+                gets its logits (as `prefill_states`) and time_step becomes the prompt length
+                (the non-zero segment ids; all steps without them).
             cross_attention_data: Optional [batch, source_len, source_dim].
-            cross_attention_logit_biases: Optional biases [batch, (heads,) 1, source_len].
+            cross_attention_logit_biases: Optional biases [batch, (heads,) steps, source_len].
 
         Returns:
-            (updated states, outputs) with outputs["logits"] [batch, 1, vocab].
+            (updated states, outputs) with outputs["logits"] [batch, steps, vocab].
+
+        Raises:
+            ValueError: If both or neither of input_ids and input_batch are given.
         """
+        segment_ids = None
+        if (input_ids is None) == (input_batch is None):
+            raise ValueError(
+                f"{self.path()}.extend_step: pass exactly one of input_ids and input_batch "
+                f"(got input_ids={'set' if input_ids is not None else None}, "
+                f"input_batch={'set' if input_batch is not None else None})."
+            )
+        if input_batch is not None:
+            validate_contains_paths(input_batch, paths=["input_ids"])
+            input_ids = input_batch["input_ids"]
+            segment_ids = input_batch.get("input_segment_ids")
         time_step = cached_states["time_step"]
         cached_ids = cached_states["input_ids"]
+        batch, steps = input_ids.shape
         max_len = cached_ids.shape[1]
-        one_hot = jax.nn.one_hot(time_step, max_len, dtype=cached_ids.dtype)
-        ids = cached_ids * (1 - one_hot) + input_ids.astype(cached_ids.dtype) * one_hot
+        positions = time_step[:, None] + jnp.arange(steps)[None]
+        write = jax.nn.one_hot(positions, max_len, dtype=cached_ids.dtype)  # [batch, steps, L].
+        ids = cached_ids * (1 - write.sum(axis=1)) + jnp.einsum(
+            "bt,btl->bl", input_ids.astype(cached_ids.dtype), write
+        )
         biases = None
         if "attention_mask" in self.children:
-            full = self.compute_attention_logit_biases(
-                ids, segment_ids=jnp.ones_like(ids), positions=jnp.arange(max_len)[None]
-            )
-            full = jnp.broadcast_to(full, (ids.shape[0], *full.shape[1:]))
-            biases = jnp.take_along_axis(full, time_step[:, None, None, None], axis=2, mode="clip")
-        x = self.emb(input_ids, positions=time_step[:, None])
+            if is_prefill:
+                # The prompt attends to its own tokens, as in `prefill_states`.
+                biases = self.compute_attention_logit_biases(input_ids)
+            else:
+                full = self.compute_attention_logit_biases(
+                    ids, segment_ids=jnp.ones_like(ids), positions=jnp.arange(max_len)[None]
+                )
+                full = jnp.broadcast_to(full, (batch, *full.shape[1:]))
+                biases = jnp.take_along_axis(full, positions[:, None, :, None], axis=2, mode="clip")
+        x = self.emb(input_ids, positions=positions)
+        prefill_kwargs = dict(is_prefill=True, target_segment_ids=segment_ids) if is_prefill else {}
         state, out = self.transformer.extend_step(
             cached_states["transformer_state"],
             x,
             self_attention_logit_biases=biases,
             cross_attention_data=cross_attention_data,
             cross_attention_logit_biases=cross_attention_logit_biases,
+            **prefill_kwargs,
         )
-        states = dict(transformer_state=state, input_ids=ids, time_step=time_step + 1)
+        if is_prefill and segment_ids is not None:
+            advance = jnp.sum(segment_ids != 0, axis=1).astype(time_step.dtype)
+        else:
+            advance = steps
+        states = dict(transformer_state=state, input_ids=ids, time_step=time_step + advance)
         return states, self._logits(out.data)
 
     def sample_decode(

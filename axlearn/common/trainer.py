@@ -336,7 +336,7 @@ class SpmdTrainer(Module):
 
         def init_state(key):
             key, init_key = jax.random.split(key)
-            model_params = self.model.initialize_parameters_recursively(init_key)
+            model_params = self.model.initialize_parameters_recursively(init_key, prebuilt=None)
             learner_state = self.learner.init(self._opt_params(model_params))
             return TrainerState(prng_key=key, model=model_params, learner=learner_state)
 

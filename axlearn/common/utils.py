@@ -31,12 +31,12 @@ import numpy as np
 from jax import numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from axlearn.common import utils_data
 from axlearn.common.utils_data import (  # noqa: F401
     DataPartitionType,
     StackedKeyArray,
-    canonicalize_per_param_dtype,
     cast_floats_per_param,
-    data_partition_type_to_spec,
+    current_mesh,
     host_to_global_device_array,
     host_to_global_specs,
     input_partition_spec,
@@ -72,6 +72,7 @@ from axlearn.common.utils_spmd import (  # noqa: F401
     infer_mesh_shape,
 )
 from axlearn.common.utils_tree import (  # noqa: F401
+    VDict,
     as_numpy_array,
     check_param_shape_alignment,
     complete_partition_spec_tree,
@@ -153,24 +154,6 @@ NestedTensorSpec = Optional[Union[TensorSpec, dict[str, Any]]]
 # --------------------------------------------------------------------------------------------
 # Trees and paths.
 # --------------------------------------------------------------------------------------------
-
-
-@jax.tree_util.register_pytree_node_class
-class VDict(dict):
-    """A dict whose tensor leaves have a leading "vectorized" (stacked) axis, e.g. repeated layers.
-
-    It flattens like a dict (keys in insertion order) but keeps its type through tree maps.
-    """
-
-    def __repr__(self):
-        return f"VDict({super().__repr__()})"
-
-    def tree_flatten(self):
-        return list(self.values()), list(self.keys())
-
-    @classmethod
-    def tree_unflatten(cls, keys, values):
-        return cls(zip(keys, values))
 
 
 def _concat_path(prefix: str, key: Any, separator: str) -> str:
@@ -366,6 +349,41 @@ def per_param_dtype_by_path(
         )
 
     return fn
+
+
+def canonicalize_per_param_dtype(dtype: Any) -> Any:
+    """Turns a dtype (or None) into a config of a `PerParamFn` giving that dtype to every param.
+
+    Args:
+        dtype: None, a dtype, or already a per-param function / its config.
+
+    Returns:
+        A config (or function) that instantiates to a `PerParamFn`.
+    """
+    if dtype is None or isinstance(dtype, (type, np.dtype)) or hasattr(dtype, "dtype"):
+        # pylint: disable-next=import-outside-toplevel
+        from axlearn.common.config import config_for_function
+
+        return config_for_function(per_param_dtype_by_path).set(default_dtype=dtype)
+    return dtype
+
+
+def data_partition_type_to_spec(partition: Any) -> Any:
+    """Resolves a `DataPartitionType` (or spec, or tree of specs) to partition spec(s).
+
+    `DataPartitionType.FULL` calls this module's `input_partition_spec` (so patching
+    `axlearn.common.utils.input_partition_spec` applies); the rest is `utils_data`'s.
+
+    Args:
+        partition: `DataPartitionType.FULL`, `DataPartitionType.REPLICATED`, a PartitionSpec, or a
+            dict tree of PartitionSpecs.
+
+    Returns:
+        The PartitionSpec (or the tree of them, unchanged).
+    """
+    if partition == DataPartitionType.FULL:
+        return input_partition_spec()
+    return utils_data.data_partition_type_to_spec(partition)
 
 
 # --------------------------------------------------------------------------------------------
@@ -578,23 +596,6 @@ def check_jax_type(
 # --------------------------------------------------------------------------------------------
 # Meshes and shardings.
 # --------------------------------------------------------------------------------------------
-
-
-def current_mesh() -> Optional[jax.sharding.Mesh]:
-    """Returns the concrete mesh of the enclosing `with mesh:` / `jax.set_mesh(mesh)`, or None."""
-    from jax._src import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
-
-    physical = mesh_lib.thread_resources.env.physical_mesh
-    if not physical.empty:
-        return physical
-    get_concrete = getattr(jax.sharding, "get_concrete_mesh", None) or getattr(
-        mesh_lib, "get_concrete_mesh", None
-    )
-    if get_concrete is not None:
-        concrete = get_concrete()
-        if concrete is not None and not getattr(concrete, "empty", True):
-            return concrete
-    return None
 
 
 def _current_abstract_mesh():

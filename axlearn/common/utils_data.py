@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
+
+from axlearn.common.utils_tree import complete_partition_spec_tree
 
 Tensor = jax.Array
 
@@ -28,11 +30,21 @@ class DataPartitionType(enum.Enum):
     REPLICATED = "replicated"
 
 
-def _utils():
-    # Late import: `utils` imports this module, and tests patch `utils.input_partition_spec`.
-    from axlearn.common import utils  # pylint: disable=import-outside-toplevel
+def current_mesh() -> Optional[jax.sharding.Mesh]:
+    """Returns the concrete mesh of the enclosing `with mesh:` / `jax.set_mesh(mesh)`, or None."""
+    from jax._src import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
 
-    return utils
+    physical = mesh_lib.thread_resources.env.physical_mesh
+    if not physical.empty:
+        return physical
+    get_concrete = getattr(jax.sharding, "get_concrete_mesh", None) or getattr(
+        mesh_lib, "get_concrete_mesh", None
+    )
+    if get_concrete is not None:
+        concrete = get_concrete()
+        if concrete is not None and not getattr(concrete, "empty", True):
+            return concrete
+    return None
 
 
 def input_partition_spec() -> PartitionSpec:
@@ -44,7 +56,7 @@ def input_partition_spec() -> PartitionSpec:
     Raises:
         ValueError: Outside a mesh context.
     """
-    mesh = _utils().current_mesh()
+    mesh = current_mesh()
     if mesh is None:
         raise ValueError("input_partition_spec() needs a mesh: call it inside `with mesh:`.")
     return PartitionSpec(tuple(mesh.axis_names))
@@ -64,7 +76,7 @@ def data_partition_type_to_spec(partition: Any) -> Any:
         NotImplementedError: For any other value.
     """
     if partition == DataPartitionType.FULL:
-        return _utils().input_partition_spec()
+        return input_partition_spec()
     if partition == DataPartitionType.REPLICATED:
         return PartitionSpec(None)
     if isinstance(partition, (PartitionSpec, dict)):
@@ -77,7 +89,7 @@ def _specs_for(host_arrays: Any, partition: Any) -> Any:
     spec = data_partition_type_to_spec(partition)
     if isinstance(spec, PartitionSpec):
         return jax.tree.map(lambda _: spec, host_arrays)
-    specs = _utils().complete_partition_spec_tree(jax.tree_util.tree_structure(host_arrays), spec)
+    specs = complete_partition_spec_tree(jax.tree_util.tree_structure(host_arrays), spec)
     # None (replicated) becomes PartitionSpec().
     return jax.tree.map(
         lambda s: PartitionSpec() if s is None else s, specs, is_leaf=lambda s: s is None
@@ -85,7 +97,7 @@ def _specs_for(host_arrays: Any, partition: Any) -> Any:
 
 
 def _mesh_or_raise() -> jax.sharding.Mesh:
-    mesh = _utils().current_mesh()
+    mesh = current_mesh()
     if mesh is None:
         raise ValueError("host_to_global_device_array needs a mesh: call it inside `with mesh:`.")
     return mesh
@@ -219,24 +231,6 @@ def split_prng_key(prng_key: Union[Tensor, StackedKeyArray], num_keys: Any) -> S
     for _ in dims:
         stacked = StackedKeyArray(keys=stacked)
     return stacked
-
-
-def canonicalize_per_param_dtype(dtype: Any) -> Any:
-    """Turns a dtype (or None) into a config of a `PerParamFn` giving that dtype to every param.
-
-    Args:
-        dtype: None, a dtype, or already a per-param function / its config.
-
-    Returns:
-        A config (or function) that instantiates to a `PerParamFn`.
-    """
-    utils = _utils()
-    if dtype is None or isinstance(dtype, (type, np.dtype)) or hasattr(dtype, "dtype"):
-        # pylint: disable-next=import-outside-toplevel
-        from axlearn.common.config import config_for_function
-
-        return config_for_function(utils.per_param_dtype_by_path).set(default_dtype=dtype)
-    return dtype
 
 
 def cast_floats_per_param(in_tree: Any, per_param_dtype: Any) -> Any:

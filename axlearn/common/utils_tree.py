@@ -69,11 +69,22 @@ def tree_paths(
     return visit(tree, "")
 
 
-def _vdict_type() -> type:
-    # Imported late: `utils` imports this module.
-    from axlearn.common.utils import VDict  # pylint: disable=import-outside-toplevel
+@jax.tree_util.register_pytree_node_class
+class VDict(dict):
+    """A dict whose tensor leaves have a leading "vectorized" (stacked) axis, e.g. repeated layers.
 
-    return VDict
+    It flattens like a dict (keys in insertion order) but keeps its type through tree maps.
+    """
+
+    def __repr__(self):
+        return f"VDict({super().__repr__()})"
+
+    def tree_flatten(self):
+        return list(self.values()), list(self.keys())
+
+    @classmethod
+    def tree_unflatten(cls, keys, values):
+        return cls(zip(keys, values))
 
 
 def pytree_children(node: Any) -> list[tuple[Any, Any]]:
@@ -135,7 +146,7 @@ def expand_vdicts(tree: Any) -> Any:
     Raises:
         ValueError: If a VDict holds a non-array leaf, a scalar, or leaves of different dim 0.
     """
-    vdict = _vdict_type()
+    vdict = VDict
     if isinstance(tree, vdict):
         leaves = jax.tree.leaves(tree)
         if not leaves:

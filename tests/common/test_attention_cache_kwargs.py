@@ -1,5 +1,6 @@
 """Tests of axlearn.common.attention.cache_kwargs: `init_states(batch_size=, max_len=, dtype=)`
-on the attention/transformer stack equals the `time_step=None, data=spec` form."""
+on the attention/transformer stack returns the empty state of the `time_step=None, data=spec`
+form (the state only)."""
 
 import jax
 import jax.numpy as jnp
@@ -55,10 +56,9 @@ def test_sizes_form_equals_spec_form(index):
     spec = jax.ShapeDtypeStruct((3, 5, D), jnp.float32)
     expected, out = _init_states(layer, time_step=None, data=spec)
     assert out is None
-    actual, out = _init_states(layer, batch_size=3, max_len=5)
-    assert out is None
+    actual = _init_states(layer, batch_size=3, max_len=5)
     _assert_tree_equal(actual, expected)
-    cast, _ = _init_states(layer, batch_size=3, max_len=5, dtype=jnp.bfloat16)
+    cast = _init_states(layer, batch_size=3, max_len=5, dtype=jnp.bfloat16)
     for got, want in zip(jax.tree.leaves(cast), jax.tree.leaves(expected)):
         want_dtype = jnp.bfloat16 if jnp.issubdtype(want.dtype, jnp.floating) else want.dtype
         assert got.dtype == want_dtype and got.shape == want.shape
@@ -77,9 +77,11 @@ def test_multihead_attention_sizes_form():
     expected, _ = _init_states(
         layer, time_step=None, query=jax.ShapeDtypeStruct((2, 4, D), jnp.float32)
     )
-    actual, _ = _init_states(layer, batch_size=2, max_len=4)
+    actual = _init_states(layer, batch_size=2, max_len=4)
     _assert_tree_equal(actual, expected)
-    assert actual["i_proj"]["key"].shape == (2, 4, 2, D // 2)
+    assert list(actual) == ["time_step", "kv_cache"]
+    # KVCache buffers are [batch, num_kv_heads, per_head_dim, max_len].
+    assert actual["kv_cache"]["key"].shape == (2, 2, D // 2, 4)
 
 
 def test_errors():
@@ -92,8 +94,8 @@ def test_errors():
 
 @pytest.mark.parametrize("cache_dtype", [None, jnp.bfloat16])
 def test_kv_cache_field_sets_cache_dtype_and_decodes_like_forward(cache_dtype):
-    """attention.kv_cache = KVCache(cache_dtype=...): the (nested RoPE + grouped) projection
-    caches in that dtype; step-by-step decoding equals the full causal forward pass."""
+    """attention.kv_cache = KVCache(cache_dtype=...): the cache (of a nested RoPE + grouped
+    projection) stores in that dtype; step-by-step decoding equals the full causal forward pass."""
     from axlearn.common.attention import (
         FusedGroupedQKVLinear,
         GroupedQueryAttention,
@@ -122,8 +124,7 @@ def test_kv_cache_field_sets_cache_dtype_and_decodes_like_forward(cache_dtype):
     cache, _ = functional(
         layer, None, params, dict(batch_size=2, max_len=5), method="init_states", is_training=False
     )
-    cache = cache[0]
-    assert cache["i_proj"]["key"].dtype == (cache_dtype or jnp.float32)
+    assert cache["kv_cache"]["key"].dtype == (cache_dtype or jnp.float32)
     steps = []
     for t in range(5):
         (cache, out), _ = functional(

@@ -110,13 +110,15 @@ def test_paged_equals_dense_with_per_row_positions_and_dtype():
         outs[0].k_proj[1, 6:9].astype(jnp.float32), k[1].astype(jnp.bfloat16).astype(jnp.float32)
     )
     assert float(jnp.abs(outs[0].k_proj[1, :6].astype(jnp.float32)).sum()) == 0
-    with pytest.raises(ValueError, match="multiple of page_size"):
-        _call(
-            _cache(PagedKVCache, page_size=5),
-            "init_states",
-            shape=BaseKVCache.Shape(B, T, N, H),
-            dtype=jnp.float32,
-        )
+    # A kv_len that is not a multiple of page_size is rounded up to whole pages.
+    paged = _call(
+        _cache(PagedKVCache, page_size=5),
+        "init_states",
+        shape=BaseKVCache.Shape(B, T, N, H),
+        dtype=jnp.float32,
+    )
+    assert paged["page_indices"].shape == (B, -(-T // 5))
+    assert paged["key"].shape == (N, B * -(-T // 5), 5, H)
     with pytest.raises(ValueError, match="key_positions.shape"):
         _call(
             _cache(KVCache),

@@ -1,16 +1,18 @@
 """Lets a decoding layer's `init_states` create an empty cache from sizes instead of a spec.
 
-`layer.init_states(batch_size=B, max_len=L, dtype=jnp.bfloat16)` is the same as
-`layer.init_states(time_step=None, data=jax.ShapeDtypeStruct((B, L, input_dim), ...))` with every
-floating-point leaf of the (all-zero) cache cast to `dtype`. The `time_step=`/`data=` form keeps
-working unchanged.
+`layer.init_states(batch_size=B, max_len=L, dtype=jnp.bfloat16)` returns the empty state of
+`layer.init_states(time_step=None, data=jax.ShapeDtypeStruct((B, L, input_dim), ...))` (the state
+only, as AXLearn's form does, not a (state, None) pair) where `dtype` (default: the layer
+dtype) is the activation dtype: caches store in it unless their `cache_dtype` says otherwise.
+The `time_step=`/`data=` form keeps returning (state, output).
 """
 
 import functools
 from typing import Any, Callable, Optional
 
 import jax
-import jax.numpy as jnp
+
+from axlearn.common.module import current_context, functional
 
 
 def accepts_empty_cache_kwargs(*, input_name: str, dim_field: str) -> Callable:
@@ -21,7 +23,8 @@ def accepts_empty_cache_kwargs(*, input_name: str, dim_field: str) -> Callable:
         dim_field: The config field holding the input feature dim (e.g. "input_dim").
 
     Returns:
-        A decorator adding the keyword-only `batch_size`, `max_len` and `dtype` arguments.
+        A decorator adding the keyword-only `batch_size`, `max_len` and `dtype` arguments (with
+        them, the decorated method returns the empty state only).
     """
 
     def decorator(fn: Callable) -> Callable:
@@ -47,16 +50,23 @@ def accepts_empty_cache_kwargs(*, input_name: str, dim_field: str) -> Callable:
                     f"do not also pass time_step or {input_name}"
                 )
             kwargs.update(time_step=None)
-            dim = getattr(self.config, dim_field)
-            kwargs[input_name] = jax.ShapeDtypeStruct((batch_size, max_len, dim), self.dtype())
-            state, output = fn(self, **kwargs)
-            if dtype is not None:
-                state = jax.tree.map(
-                    lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                    state,
+            kwargs.update(_sizes_input(self, input_name, dim_field, batch_size, max_len, dtype))
+            if current_context() is None:
+                # Called directly on the layer (not inside `functional`): an empty cache needs
+                # no parameters, so it runs in a parameterless root context.
+                (state, _), _ = functional(
+                    self, None, None, kwargs, method=fn.__name__, is_training=False
                 )
-            return state, output
+                return state
+            state, _ = fn(self, **kwargs)
+            return state
 
         return init_states
 
     return decorator
+
+
+def _sizes_input(layer, input_name: str, dim_field: str, batch_size: int, max_len: int, dtype):
+    """{input_name: ShapeDtypeStruct [batch_size, max_len, dim]} in `dtype` (or the layer's)."""
+    dim = getattr(layer.config, dim_field)
+    return {input_name: jax.ShapeDtypeStruct((batch_size, max_len, dim), dtype or layer.dtype())}

@@ -2,6 +2,21 @@
 
 Public names are re-exported by `axlearn.common.attention`.
 
+Decoding (AXLearn's interface): the layer owns a KV cache child (`kv_cache`, default `KVCache`);
+its state is {"time_step": [batch] int32, "kv_cache": the cache's state}:
+
+    state = layer.init_states(batch_size=B, max_len=L, dtype=jnp.float32)   # empty cache
+    state, out = layer.extend_step(state, query, is_prefill=True, segment_ids=ids)  # prefill
+    state, out = layer.extend_step(state, query_step)                        # one or more steps
+
+`init_states(time_step=None|t, query=...)` is the older form (empty, or prefilled with all of
+`query`, continuing at `t`). Layers sharing keys/values (`QLinear`, or `forward/extend_step(
+kv_state=KVState(...))`) keep no cache. `return_aux={"kv_state"}` returns the keys/values the
+layer attended to (`Output.kv_state`); with `scale_kv_before_cache_update` (default True) the
+cached (and returned) keys are already scaled by `key_scale`, otherwise the raw keys are cached
+and scaled after reading. A `kv_state` passed in is returned unchanged and is read with the same
+convention (scaled keys when `scale_kv_before_cache_update`).
+
 Masking: the attention logits of query i and key j get the sum of
 * the `attention_logit_biases` argument (see `axlearn.common.attention_bias`),
 * the config's mask (`causal=True` or `mask=<MaskFn config>`), evaluated on sequence indices
@@ -9,7 +24,7 @@ Masking: the attention logits of query i and key j get the sum of
 * a segment mask when `segment_ids` is given (packed sequences attend within their segment).
 """
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +43,7 @@ from axlearn.common.attention_bias import (
     make_segment_mask,
     mask_fn_bias,
 )
-from axlearn.common.base_layer import BaseLayer
+from axlearn.common.base_layer import BaseLayer, ParameterSpec
 from axlearn.common.config import (
     REQUIRED,
     ConfigOr,
@@ -37,10 +52,11 @@ from axlearn.common.config import (
     config_class,
     maybe_instantiate,
 )
-from axlearn.common.kv_cache.base_kv_cache import BaseKVCache
+from axlearn.common.kv_cache.base_kv_cache import BaseKVCache, KVState
 from axlearn.common.kv_cache.kv_cache import KVCache
 from axlearn.common.layers import Dropout
 from axlearn.common.module import Module
+from axlearn.common.param_init import constant_initializer
 from axlearn.common.utils import NestedTensor, Tensor
 
 
@@ -54,15 +70,6 @@ class _MaskInfo(NamedTuple):
     source_positions: Tensor
     # Whether target/source positions are both arange(length) (full-sequence forward).
     default_positions: bool
-
-
-def _set_cache_dtype(qkv_cfg: InstantiableConfig, cache_dtype) -> None:
-    """Sets `cache_dtype` on a QKV projection config and its nested `input_linear`s (if unset)."""
-    node = qkv_cfg
-    while node is not None:
-        if "cache_dtype" in node and node.cache_dtype is None:
-            node.cache_dtype = cache_dtype
-        node = getattr(node, "input_linear", None) if "input_linear" in node else None
 
 
 class MultiheadAttention(BaseLayer):
@@ -98,11 +105,17 @@ class MultiheadAttention(BaseLayer):
         causal: Optional[bool] = None
         # Optional mask function config (e.g. `sliding_window_causal_mask`). Exclusive with causal.
         mask: Optional[ConfigOr[MaskFn]] = None
-        # Optional KV cache config (e.g. `KVCache` with `cache_dtype`) of decoding; its cache_dtype
-        # becomes the QKV projection's (and any nested projection's) unless those set their own.
-        # None (or a cache without cache_dtype, the default): the projections' own cache_dtype
-        # (default: the layer dtype).
+        # The KV cache of decoding (child `kv_cache`; e.g. `KVCache` with `cache_dtype`, or
+        # `SlidingWindowKVCache`). None means the default `KVCache`. A cache without cache_dtype
+        # stores in the QKV projection's `cache_dtype` if set, else the layer dtype.
         kv_cache: Optional[BaseKVCache.Config] = KVCache.default_config()
+        # Whether keys are scaled by `key_scale` before they are cached (and returned as
+        # kv_state); False caches raw keys and scales them after reading. None means True.
+        scale_kv_before_cache_update: Optional[bool] = None
+        # If True, a learned per-head logit (parameter `sink` [num_heads], initialized to 0,
+        # no weight decay) joins each softmax as an extra key with no value, so a query's
+        # probabilities may sum to less than 1. None means False.
+        logit_sink: Optional[bool] = None
 
     class Output(NamedTuple):
         """Attention outputs.
@@ -110,10 +123,12 @@ class MultiheadAttention(BaseLayer):
         Fields:
             data: [batch, target_length, output_dim].
             probs: [batch, num_heads, target_length, source_length] if "probs" in return_aux.
+            kv_state: The attended keys/values (`KVState`) if "kv_state" in return_aux.
         """
 
         data: Tensor
         probs: Optional[Tensor] = None
+        kv_state: Optional[KVState] = None
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
@@ -123,9 +138,8 @@ class MultiheadAttention(BaseLayer):
         self._mask_fn = causal_mask if cfg.causal else maybe_instantiate(cfg.mask)
         per_head_dim = self.per_head_dim()
         i_proj_cfg = _input_linear_config(cfg, per_head_dim=per_head_dim)
-        if cfg.kv_cache is not None:
-            _set_cache_dtype(i_proj_cfg, cfg.kv_cache.cache_dtype)
         self._add_child("i_proj", i_proj_cfg)
+        self._add_child("kv_cache", cfg.kv_cache or KVCache.default_config())
         self._add_child(
             "o_proj",
             cfg.output_linear.clone(
@@ -137,6 +151,29 @@ class MultiheadAttention(BaseLayer):
         self._add_child("dropout", cfg.dropout)
         self._add_child("scale_query", cfg.query_scale.clone(per_head_dim=per_head_dim))
         self._add_child("scale_key", cfg.key_scale.clone(per_head_dim=per_head_dim))
+
+    def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
+        cfg = self.config
+        if not cfg.logit_sink:
+            return {}
+        return dict(
+            sink=ParameterSpec(
+                shape=(cfg.num_heads,),
+                mesh_axes=("model",),
+                initializer=constant_initializer(0.0),
+                weight_decay_scale=0.0,
+            )
+        )
+
+    def _softmax(self, logits: Tensor) -> Tensor:
+        """Softmax over the last axis in float32, with the per-head logit sink if configured."""
+        logits = logits.astype(jnp.float32)
+        if not self.config.logit_sink:
+            return jax.nn.softmax(logits, axis=-1)
+        sink = self.parameters["sink"].astype(jnp.float32)[None, :, None, None]
+        sink = jnp.broadcast_to(sink, (*logits.shape[:-1], 1))
+        probs = jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)
+        return probs[..., :-1]
 
     def per_head_dim(self) -> int:
         """hidden_dim // num_heads."""
@@ -160,6 +197,7 @@ class MultiheadAttention(BaseLayer):
         *,
         key: Optional[Tensor] = None,
         value: Optional[Tensor] = None,
+        kv_state: Optional[KVState] = None,
         attention_logit_biases: Optional[Tensor] = None,
         segment_ids: Optional[Tensor] = None,
         query_positions: Optional[Tensor] = None,
@@ -171,11 +209,14 @@ class MultiheadAttention(BaseLayer):
             query: [batch, target_length, query_dim].
             key: Optional [batch, source_length, key_dim].
             value: Optional [batch, source_length, value_dim].
+            kv_state: Optional external keys/values (for a KV-sharing `input_linear` such as
+                `QLinear`); returned unchanged as `Output.kv_state`.
             attention_logit_biases: Optional bias, see `axlearn.common.attention_bias`.
             segment_ids: Optional [batch, length] segment ids (self-attention).
             query_positions: Optional [batch, target_length] positions for position encodings
                 (e.g. RoPE restarts at 0 per packed segment); masks use sequence indices.
-            return_aux: Optional set; "probs" requests the attention probabilities.
+            return_aux: Optional set; "probs" requests the attention probabilities, "kv_state"
+                the keys/values attended to.
 
         Returns:
             An Output.
@@ -186,8 +227,25 @@ class MultiheadAttention(BaseLayer):
                 f"{'None' if key is None else 'set'}, value {'None' if value is None else 'set'}); "
                 "pass both for cross-attention, neither for self-attention."
             )
-        q, k, v = self.i_proj(query, key=key, value=value, query_positions=query_positions)
-        mask = self._mask_info(jnp.arange(q.shape[1])[None], k.shape[1], default_positions=True)
+        q, k, v = self._project(
+            query, key=key, value=value, kv_state=kv_state, positions=query_positions
+        )
+        if kv_state is None:
+            k, kv_state = self._cache_convention(k, v)
+            key_positions, default_positions = None, True
+        else:
+            key_positions = kv_state.key_positions
+            default_positions = key_positions is None
+        q, k = self._scale_for_attention(q, k)
+        source_len = k.shape[1]
+        if key_positions is None:
+            key_positions = jnp.arange(source_len)[None]
+        mask = _MaskInfo(
+            self._mask_fn,
+            jnp.arange(q.shape[1])[None],
+            key_positions,
+            default_positions=default_positions,
+        )
         segment_bias = None
         if segment_ids is not None:
             segment_bias = make_segment_mask(
@@ -200,47 +258,147 @@ class MultiheadAttention(BaseLayer):
             biases=add_biases(attention_logit_biases, segment_bias),
             mask=mask,
             return_aux=return_aux,
+            kv_state=kv_state,
         )
+
+    def _project(
+        self,
+        query: Tensor,
+        *,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        kv_state: Optional[KVState],
+        positions: Optional[Tensor],
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(q, k, v) of the QKV projection; kv_state is passed only to KV-sharing projections."""
+        kwargs = dict(key=key, value=value, query_positions=positions)
+        if kv_state is not None:
+            kwargs["kv_state"] = kv_state
+        q, k, v = self.i_proj(query, **kwargs)
+        return q, k, v
+
+    def _scale_kv_first(self) -> bool:
+        flag = self.config.scale_kv_before_cache_update
+        return True if flag is None else bool(flag)
+
+    def _cache_convention(self, k_proj: Tensor, v_proj: Tensor) -> tuple[Tensor, KVState]:
+        """Keys as they are cached/returned (scaled if scale_kv_before_cache_update)."""
+        if self._scale_kv_first():
+            k_proj = self.scale_key(k_proj)
+        return k_proj, KVState(k_proj=k_proj, v_proj=v_proj)
+
+    def _scale_for_attention(self, q_proj: Tensor, k_proj: Tensor) -> tuple[Tensor, Tensor]:
+        """Scales the query, and keys held in the cache convention (see `_cache_convention`)."""
+        q_proj = self.scale_query(q_proj)
+        if not self._scale_kv_first():
+            k_proj = self.scale_key(k_proj)
+        return q_proj, k_proj
+
+    def _scale_qk(
+        self,
+        *,
+        q_proj: Tensor,
+        k_proj: Tensor,
+        query_positions: Optional[Tensor] = None,
+        key_positions: Optional[Tensor] = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Returns (scale_query(q_proj), scale_key(k_proj)) (positions are accepted, unused).
+
+        Args:
+            q_proj: [batch, target_length, num_heads, per_head_dim].
+            k_proj: [batch, source_length, num_kv_heads, per_head_dim].
+            query_positions: Optional [batch, target_length] (unused by the scale layers here).
+            key_positions: Optional [batch, source_length] (unused).
+
+        Returns:
+            The scaled (q_proj, k_proj).
+        """
+        del query_positions, key_positions
+        return self.scale_query(q_proj), self.scale_key(k_proj)
+
+    def _cache_dtype(self, dtype) -> jnp.dtype:
+        """The cache dtype when the kv_cache sets none: the projection's, else `dtype`."""
+        return getattr(self.i_proj.config, "cache_dtype", None) or dtype
+
+    def _uses_cache(self, kv_state: Optional[KVState]) -> bool:
+        """Whether decoding keeps a KV cache (not with an external kv_state or KV sharing)."""
+        i_proj_cfg = self.i_proj.config
+        sharing = hasattr(i_proj_cfg.klass, "is_kv_sharing") and i_proj_cfg.klass.is_kv_sharing(
+            i_proj_cfg
+        )
+        return kv_state is None and not sharing
+
+    def _empty_state(
+        self, *, batch_size: int, max_len: int, dtype, kv_state: Optional[KVState]
+    ) -> NestedTensor:
+        state = dict(time_step=jnp.zeros([batch_size], jnp.int32))
+        if self._uses_cache(kv_state):
+            shape = BaseKVCache.Shape(batch_size, max_len, self.num_kv_heads, self.per_head_dim())
+            state["kv_cache"] = self.kv_cache.init_states(shape, dtype=self._cache_dtype(dtype))
+        return state
 
     @accepts_empty_cache_kwargs(input_name="query", dim_field="query_dim")
     def init_states(
         self,
         *,
         time_step: Optional[Tensor] = None,
-        query: Optional[Tensor] = None,
+        query: Optional[Union[Tensor, jax.ShapeDtypeStruct]] = None,
+        key: Optional[Tensor] = None,
+        value: Optional[Tensor] = None,
+        kv_state: Optional[KVState] = None,
         attention_logit_biases: Optional[Tensor] = None,
         return_aux: Optional[set[str]] = None,
     ) -> tuple[NestedTensor, Optional[Output]]:
-        """Creates the KV cache for self-attention decoding, empty or prefilled.
+        """Creates the decoding state, empty or prefilled.
+
+        `init_states(batch_size=B, max_len=L, dtype=...)` returns only an empty state (AXLearn's
+        form; prefill then with `extend_step(..., is_prefill=True)`).
 
         Args:
             time_step: None for an empty cache, or [batch] positions where decoding continues
-                (then the whole `query` is processed and cached).
+                (then the whole `query` is processed and its keys/values before `time_step` are
+                cached).
             query: [batch, max_len, query_dim] (a `jax.ShapeDtypeStruct` for an empty cache).
+            key: Optional keys of the prefill (cross-attention inputs cached like self-attention).
+            value: Optional values of the prefill.
+            kv_state: Optional external keys/values (then no cache is kept).
             attention_logit_biases: Optional biases for the prefill.
             return_aux: See `forward`.
 
         Returns:
-            (cache, output): output is None for an empty cache.
+            (state, output): output is None for an empty cache.
         """
-        i_proj_state, proj = self.i_proj.init_states(time_step=time_step, query=query)
-        if proj is None:
-            return dict(i_proj=i_proj_state), None
-        target_len, source_len = query.shape[1], proj.key.shape[1]
-        mask = self._mask_info(
-            jnp.arange(target_len)[None], source_len, default_positions=target_len == source_len
+        batch, max_len = query.shape[:2]
+        state = self._empty_state(
+            batch_size=batch, max_len=max_len, dtype=query.dtype, kv_state=kv_state
         )
-        output = self._attend(
-            *proj, biases=add_biases(attention_logit_biases), mask=mask, return_aux=return_aux
+        if time_step is None:
+            return state, None
+        live = jnp.arange(max_len)[None] < time_step[:, None]
+        state, output = self.extend_step(
+            state,
+            query,
+            key=key,
+            value=value,
+            kv_state=kv_state,
+            attention_logit_biases=attention_logit_biases,
+            segment_ids=live.astype(jnp.int32),
+            is_prefill=True,
+            return_aux=return_aux,
         )
-        return dict(i_proj=i_proj_state), output
+        return dict(state, time_step=time_step.astype(jnp.int32)), output
 
     def extend_step(
         self,
         cached_states: NestedTensor,
         query: Tensor,
         *,
+        key: Optional[Tensor] = None,
+        value: Optional[Tensor] = None,
+        kv_state: Optional[KVState] = None,
         attention_logit_biases: Optional[Tensor] = None,
+        segment_ids: Optional[Tensor] = None,
+        is_prefill: bool = False,
         return_aux: Optional[set[str]] = None,
     ) -> tuple[NestedTensor, Output]:
         """Attends `query` (at positions time_step + [0, steps)) over the cache, updating it.
@@ -248,33 +406,72 @@ class MultiheadAttention(BaseLayer):
         Args:
             cached_states: From `init_states` or a previous `extend_step`.
             query: [batch, steps, query_dim].
-            attention_logit_biases: Optional biases [..., steps, max_len].
+            key: Optional [batch, steps, key_dim] keys of these steps (cached as self-attention).
+            value: Optional [batch, steps, value_dim].
+            kv_state: Optional external keys/values to attend to (no cache is updated).
+            attention_logit_biases: Optional biases [..., steps, source_length].
+            segment_ids: Optional [batch, steps]; id 0 marks padding steps, which are not
+                cached. With `is_prefill`, time_step advances by the non-padding steps.
+            is_prefill: Whether this call fills an empty cache with a prompt: the queries
+                attend to the prompt's own keys (exactly as `forward`, padding included) and
+                time_step becomes the number of non-padding steps.
             return_aux: See `forward`.
 
         Returns:
-            (updated cache, output).
+            (updated state, output).
         """
-        time_step = cached_states["i_proj"]["time_step"]
-        i_proj_state, proj = self.i_proj.extend_step(cached_states["i_proj"], query)
-        steps, max_len = query.shape[1], proj.key.shape[1]
-        mask = self._mask_info(
-            time_step[:, None] + jnp.arange(steps)[None], max_len, default_positions=False
-        )
+        if (key is None) != (value is None):
+            raise ValueError(
+                f"{self.path()}: key and value must be both None or both set; pass both or neither."
+            )
+        time_step = cached_states["time_step"]
+        steps = query.shape[1]
+        positions = time_step[:, None] + jnp.arange(steps)[None]
+        q, k, v = self._project(query, key=key, value=value, kv_state=kv_state, positions=positions)
+        new_state = {}
+        if kv_state is not None or "kv_cache" not in cached_states:
+            if kv_state is None:
+                raise ValueError(
+                    f"{self.path()}: this decoding state has no kv_cache (a KV-sharing layer); "
+                    "pass kv_state to extend_step."
+                )
+            out_kv = kv_state
+            k_all, v_all = k, v
+            key_positions = kv_state.key_positions
+            if key_positions is None:
+                key_positions = jnp.arange(k_all.shape[1])[None]
+        else:
+            k, _ = self._cache_convention(k, v)
+            new_state["kv_cache"], out_kv = self.kv_cache.extend_step(
+                cached_states["kv_cache"],
+                k_proj=k,
+                v_proj=v,
+                key_positions=positions,
+                segment_ids=segment_ids,
+            )
+            if is_prefill:
+                # The prompt attends to its own keys: exact for every position (padding too).
+                k_all, v_all, key_positions = k, v, positions
+            else:
+                k_all = out_kv.k_proj.astype(q.dtype)
+                v_all = out_kv.v_proj.astype(q.dtype)
+                key_positions = out_kv.key_positions
+        q, k_all = self._scale_for_attention(q, k_all)
+        mask = _MaskInfo(self._mask_fn, positions, key_positions, default_positions=False)
         output = self._attend(
-            *proj, biases=add_biases(attention_logit_biases), mask=mask, return_aux=return_aux
+            q,
+            k_all,
+            v_all,
+            biases=add_biases(attention_logit_biases),
+            mask=mask,
+            return_aux=return_aux,
+            kv_state=out_kv,
         )
-        return dict(i_proj=i_proj_state), output
-
-    def _mask_info(
-        self, target_positions: Tensor, source_len: int, *, default_positions: bool
-    ) -> _MaskInfo:
-        """The config's mask at `target_positions` and source positions arange(source_len)."""
-        return _MaskInfo(
-            self._mask_fn,
-            target_positions,
-            jnp.arange(source_len)[None],
-            default_positions=default_positions,
-        )
+        if is_prefill and segment_ids is not None:
+            advance = jnp.sum(segment_ids != 0, axis=1).astype(jnp.int32)
+        else:
+            advance = steps
+        return dict(time_step=time_step + advance, **new_state), output
 
     def _attend(
         self,
@@ -285,12 +482,12 @@ class MultiheadAttention(BaseLayer):
         biases: Optional[Tensor],
         mask: _MaskInfo,
         return_aux: Optional[set[str]],
+        kv_state: Optional[KVState] = None,
     ) -> Output:
+        """Attention of scaled projections; `kv_state` is returned if "kv_state" is requested."""
         q_proj = self._remat_name(q_proj, "q_proj")
         k_proj = self._remat_name(k_proj, "k_proj")
         v_proj = self._remat_name(v_proj, "v_proj")
-        q_proj = self.scale_query(q_proj)
-        k_proj = self.scale_key(k_proj)
         return_aux = return_aux or set()
         context, probs = self._compute_attention(
             q_proj=q_proj,
@@ -302,7 +499,11 @@ class MultiheadAttention(BaseLayer):
         )
         context = self._remat_name(context, "context")
         outputs = self._remat_name(self.o_proj(context), "o_proj")
-        return self.Output(data=outputs, probs=probs if "probs" in return_aux else None)
+        return self.Output(
+            data=outputs,
+            probs=probs if "probs" in return_aux else None,
+            kv_state=kv_state if "kv_state" in return_aux else None,
+        )
 
     def _full_biases(self, biases: Optional[Tensor], mask: _MaskInfo, dtype) -> Optional[Tensor]:
         """All biases materialized: explicit biases plus the mask function's bias."""
@@ -336,7 +537,7 @@ class MultiheadAttention(BaseLayer):
         full_biases = self._full_biases(biases, mask, logits.dtype)
         if full_biases is not None:
             logits = logits + full_biases.astype(logits.dtype)
-        probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(q_proj.dtype)
+        probs = self._softmax(logits).astype(q_proj.dtype)
         probs = self.dropout(probs)
         return self._context(probs, v_proj), probs
 
@@ -411,7 +612,12 @@ class FlashAttention(GroupedQueryAttention):
     ) -> tuple[Tensor, Optional[Tensor]]:
         cfg = self.config
         dropout_rate = getattr(cfg.dropout, "rate", None) or 0.0
-        if need_probs or (self.is_training and dropout_rate > 0) or cfg.atten_logit_cap:
+        if (
+            need_probs
+            or (self.is_training and dropout_rate > 0)
+            or cfg.atten_logit_cap
+            or cfg.logit_sink
+        ):
             return super()._compute_attention(
                 q_proj=q_proj,
                 k_proj=k_proj,

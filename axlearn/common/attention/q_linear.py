@@ -5,19 +5,15 @@ KV of an earlier layer) and for multi-query decoding. Public names are re-export
 `axlearn.common.attention`.
 """
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 from axlearn.common.attention.qkv import BaseQKVLinear, MultiheadInputLinear
 from axlearn.common.config import InstantiableConfig, config_class
+from axlearn.common.kv_cache.base_kv_cache import KVState
 from axlearn.common.module import Module
 from axlearn.common.utils import Tensor
 
-
-class KVState(NamedTuple):
-    """Key/value projections, each [batch, source_length, num_kv_heads, per_head_dim]."""
-
-    k_proj: Tensor
-    v_proj: Tensor
+__all__ = ["KVState", "QLinear"]
 
 
 class QLinear(BaseQKVLinear):
@@ -39,6 +35,12 @@ class QLinear(BaseQKVLinear):
                 model_dim=cfg.query_dim, num_heads=cfg.num_heads, per_head_dim=cfg.per_head_dim
             ),
         )
+
+    @classmethod
+    def is_kv_sharing(cls, cfg: Config) -> bool:
+        """True: keys/values always come from an external `kv_state`."""
+        del cfg
+        return True
 
     @property
     def num_kv_heads(self) -> int:

@@ -3,7 +3,7 @@
 Public names are re-exported by `axlearn.common.attention` (see its docstring).
 """
 
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -105,8 +105,7 @@ def _input_linear_config(cfg, *, per_head_dim: int) -> InstantiableConfig:
 class BaseQKVLinear(BaseLayer):
     """Maps query/key/value inputs to per-head projections; keeps a KV cache for decoding.
 
-    KV cache (`init_states` / `extend_step`): {"time_step": [batch] int32, "key": [batch,
-    max_len, num_kv_heads, per_head_dim], "value": same}, in `cache_dtype`.
+    Decoding caches live in the attention layer (`MultiheadAttention.kv_cache`), not here.
     """
 
     @config_class
@@ -118,7 +117,8 @@ class BaseQKVLinear(BaseLayer):
         value_dim: Required[int] = REQUIRED  # Input value feature dim.
         num_heads: Required[int] = REQUIRED  # Number of query heads.
         per_head_dim: Required[int] = REQUIRED  # Dimension of each head.
-        # The dtype of the KV cache; None means the layer dtype.
+        # The dtype of the attention layer's KV cache when its `kv_cache.cache_dtype` is None;
+        # None means the layer dtype.
         cache_dtype: Optional[jnp.dtype] = None
 
     class Output(NamedTuple):
@@ -139,6 +139,7 @@ class BaseQKVLinear(BaseLayer):
         *,
         key: Optional[Tensor] = None,
         value: Optional[Tensor] = None,
+        kv_state: Optional[Any] = None,
         query_positions: Optional[Tensor] = None,
     ) -> Output:
         """Computes per-head projections.
@@ -147,6 +148,8 @@ class BaseQKVLinear(BaseLayer):
             query: [batch, target_length, query_dim].
             key: Optional [batch, source_length, key_dim]; None means `query` (self-attention).
             value: Optional [batch, source_length, value_dim]; None means `query`.
+            kv_state: Optional external `KVState`; only KV-sharing projections (`QLinear`) take
+                one, the others raise ValueError when it is given.
             query_positions: Optional [batch, target_length] positions (used by RoPE); None
                 means arange(target_length).
 
@@ -155,78 +158,18 @@ class BaseQKVLinear(BaseLayer):
         """
         raise NotImplementedError(type(self))
 
-    def _cache_dtype(self):
-        return self.config.cache_dtype or self.dtype()
+    @classmethod
+    def is_kv_sharing(cls, cfg: Config) -> bool:
+        """Whether a projection of config `cfg` takes keys/values from a `kv_state` (no cache)."""
+        del cfg
+        return False
 
-    def init_states(
-        self, *, time_step: Optional[Tensor], query: Tensor, max_len: Optional[int] = None
-    ) -> tuple[NestedTensor, Optional[Output]]:
-        """Creates the KV cache, empty or prefilled (self-attention only).
-
-        Args:
-            time_step: None for an empty cache (then `query` may be a `jax.ShapeDtypeStruct`), or
-                [batch] int: where decoding continues; the cache is prefilled with the
-                projections of all of `query`, and positions >= time_step are ignored later by
-                causal masking and overwritten by `extend_step`.
-            query: [batch, length, query_dim]; `length` is the cache length unless `max_len`.
-            max_len: Optional cache length (default: query length).
-
-        Returns:
-            (cache, output): output is None for an empty cache, else the projections of `query`
-            (keys/values read back from the cache, i.e. in `cache_dtype`).
-        """
-        batch, length = query.shape[:2]
-        max_len = max_len or length
-        dtype = self._cache_dtype()
-        cfg = self.config
-        shape = (batch, max_len, self.num_kv_heads, cfg.per_head_dim)
-        cache = dict(
-            time_step=jnp.zeros([batch], jnp.int32),
-            key=jnp.zeros(shape, dtype),
-            value=jnp.zeros(shape, dtype),
-        )
-        if time_step is None:
-            return cache, None
-        # Prefill: positions [0, length) hold the projections of `query`.
-        q_proj, k_proj, v_proj = self.forward(query)
-        padding = ((0, 0), (0, max_len - length), (0, 0), (0, 0))
-        key = jnp.pad(k_proj.astype(dtype), padding)
-        value = jnp.pad(v_proj.astype(dtype), padding)
-        cache = dict(time_step=time_step.astype(jnp.int32), key=key, value=value)
-        return cache, self.Output(query=q_proj, key=key, value=value)
-
-    def extend_step(
-        self, cached_states: NestedTensor, query: Tensor
-    ) -> tuple[NestedTensor, Output]:
-        """Projects `query` at positions time_step + [0, steps) and writes its key/value.
-
-        Writes at positions >= the cache length are dropped.
-
-        Args:
-            cached_states: The cache from `init_states` or a previous `extend_step`.
-            query: [batch, steps, query_dim].
-
-        Returns:
-            (updated cache, output) where output.key/value are the whole cache
-            [batch, max_len, num_kv_heads, per_head_dim].
-        """
-        time_step = cached_states["time_step"]
-        steps = query.shape[1]
-        positions = time_step[:, None] + jnp.arange(steps)[None, :]
-        q_proj, k_proj, v_proj = self.forward(query, query_positions=positions)
-        cached_key, cached_value = cached_states["key"], cached_states["value"]
-        max_len = cached_key.shape[1]
-        # One-hot scatter [batch, steps, max_len]; exact (multiplies by 0/1 and adds 0).
-        one_hot = jax.nn.one_hot(positions, max_len, dtype=cached_key.dtype)
-        keep = (1 - one_hot.sum(axis=1))[:, :, None, None]
-        new_key = cached_key * keep + jnp.einsum(
-            "btnh,bts->bsnh", k_proj.astype(cached_key.dtype), one_hot
-        )
-        new_value = cached_value * keep + jnp.einsum(
-            "btnh,bts->bsnh", v_proj.astype(cached_value.dtype), one_hot
-        )
-        updated = dict(time_step=time_step + steps, key=new_key, value=new_value)
-        return updated, self.Output(query=q_proj, key=new_key, value=new_value)
+    def _check_no_kv_state(self, kv_state) -> None:
+        if kv_state is not None:
+            raise ValueError(
+                f"{self.path()}: {type(self).__name__} computes its own keys/values and takes no "
+                "kv_state; use QLinear (or RoFormerQKVLinear over QLinear) to share a kv_state."
+            )
 
 
 class QKVLinear(BaseQKVLinear):
@@ -256,9 +199,11 @@ class QKVLinear(BaseQKVLinear):
         *,
         key: Optional[Tensor] = None,
         value: Optional[Tensor] = None,
+        kv_state: Optional[Any] = None,
         query_positions: Optional[Tensor] = None,
     ) -> BaseQKVLinear.Output:
         del query_positions
+        self._check_no_kv_state(kv_state)
         key = query if key is None else key
         value = query if value is None else value
         return self.Output(query=self.q_proj(query), key=self.k_proj(key), value=self.v_proj(value))
@@ -338,9 +283,11 @@ class FusedQKVLinear(BaseQKVLinear):
         *,
         key: Optional[Tensor] = None,
         value: Optional[Tensor] = None,
+        kv_state: Optional[Any] = None,
         query_positions: Optional[Tensor] = None,
     ) -> BaseQKVLinear.Output:
         del query_positions
+        self._check_no_kv_state(kv_state)
         with child_context("qkv_proj", module=self.qkv_proj):
             params = self.qkv_proj.parameters
         if key is None and value is None:
@@ -398,9 +345,11 @@ class FusedGroupedQKVLinear(BaseQKVLinear):
         *,
         key: Optional[Tensor] = None,
         value: Optional[Tensor] = None,
+        kv_state: Optional[Any] = None,
         query_positions: Optional[Tensor] = None,
     ) -> BaseQKVLinear.Output:
         del query_positions
+        self._check_no_kv_state(kv_state)
         if key is not None or value is not None:
             raise ValueError(
                 f"{self.path()}: FusedGroupedQKVLinear supports self-attention only (got key or "
@@ -501,6 +450,12 @@ class RoFormerQKVLinear(BaseQKVLinear):
         # The rotary frequencies use the rotated width. None means 1.0 (rotate all dims).
         partial_rope_factor: Optional[float] = None
 
+    @classmethod
+    def is_kv_sharing(cls, cfg: Config) -> bool:
+        """Whether the wrapped projection shares keys/values (e.g. `QLinear`)."""
+        inner = cfg.input_linear
+        return hasattr(inner.klass, "is_kv_sharing") and inner.klass.is_kv_sharing(inner)
+
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
         cfg = self.config
@@ -522,9 +477,17 @@ class RoFormerQKVLinear(BaseQKVLinear):
         *,
         key: Optional[Tensor] = None,
         value: Optional[Tensor] = None,
+        kv_state: Optional[Any] = None,
         query_positions: Optional[Tensor] = None,
     ) -> BaseQKVLinear.Output:
         cfg = self.config
+        if kv_state is not None:
+            # Shared keys/values (QLinear inside) are already rotated: rotate the query only.
+            q, k, v = self.i_proj(query, key=key, value=value, kv_state=kv_state)
+            if cfg.query_scale is not None:
+                q = self.query_scale(q)
+            sin_cos = self.rope_pos_emb_layer(positions=query_positions, max_seq_len=q.shape[1])
+            return self.Output(query=self._rotate(q, sin_cos), key=k, value=v)
         q, k, v = self.i_proj(query, key=key, value=value)
         if key is not None and query_positions is None and k.shape[1] != q.shape[1]:
             raise ValueError(

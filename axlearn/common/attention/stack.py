@@ -38,7 +38,9 @@ def _aggregate(outputs: Sequence[BaseTransformerLayer.Output]) -> BaseTransforme
         if name == "data":
             continue
         values = [getattr(o, name) for o in outputs]
-        fields[name] = None if values[0] is None else jnp.stack(values, axis=0)
+        fields[name] = (
+            None if values[0] is None else jax.tree.map(lambda *xs: jnp.stack(xs), *values)
+        )
     return BaseTransformerLayer.Output(data=outputs[-1].data, **fields)
 
 
@@ -269,14 +271,28 @@ class RepeatedTransformerLayer(BaseStackedTransformerLayer):
         The VDict lets `utils.vectorized_tree_map` (e.g. in `decoding`) see per-layer caches.
         """
         states, output = self.repeat.init_states(time_step=time_step, data=data, **layer_kwargs)
-        return dict(repeat=VDict(states)), output
+        return dict(repeat=_to_vdict(states)), output
 
     def extend_step(self, cached_states: NestedTensor, data: Tensor, **layer_kwargs):
         """One decoding step; returns ({"repeat": caches}, output)."""
         states, output = self.repeat.extend_step(
-            dict(cached_states["repeat"]), data, **layer_kwargs
+            _from_vdict(cached_states["repeat"]), data, **layer_kwargs
         )
-        return dict(repeat=VDict(states)), output
+        return dict(repeat=_to_vdict(states)), output
+
+
+def _to_vdict(states):
+    """The repeated layer's caches as VDicts: the dict, or each dict of a nested stack's list."""
+    if isinstance(states, (list, tuple)):
+        return [VDict(s) for s in states]
+    return VDict(states)
+
+
+def _from_vdict(states):
+    """The inverse of `_to_vdict` (plain dicts, or a list of them)."""
+    if isinstance(states, (list, tuple)):
+        return [dict(s) for s in states]
+    return dict(states)
 
 
 def _save_and_offload_only_these_names_regex(

@@ -21,6 +21,7 @@ from axlearn.common.config import (
     config_class,
     config_for_function,
 )
+from axlearn.common.kv_cache.base_kv_cache import KVState
 from axlearn.common.layers import Dropout, LayerNorm, Linear, StochasticDepth, get_activation_fn
 from axlearn.common.module import Module
 from axlearn.common.utils import NestedTensor, Tensor
@@ -94,10 +95,11 @@ class TransformerAttentionLayer(BaseLayer):
         structure: str = "prenorm"
 
     class Output(NamedTuple):
-        """data: [batch, target_length, target_dim]; probs if requested."""
+        """data: [batch, target_length, target_dim]; probs and kv_state if requested."""
 
         data: Tensor
         probs: Optional[Tensor] = None
+        kv_state: Optional[KVState] = None
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
@@ -140,13 +142,14 @@ class TransformerAttentionLayer(BaseLayer):
         else:
             state, out = attend(self.prenorm(target))
             data = target + self.stochastic_depth(self.dropout(self.postnorm(out.data)))
-        return state, self.Output(data=data, probs=out.probs)
+        return state, self.Output(data=data, probs=out.probs, kv_state=out.kv_state)
 
     def forward(
         self,
         *,
         target: Tensor,
         source: Optional[Tensor] = None,
+        kv_state: Optional[KVState] = None,
         attention_logit_biases: Optional[Tensor] = None,
         segment_ids: Optional[Tensor] = None,
         target_positions: Optional[Tensor] = None,
@@ -157,10 +160,12 @@ class TransformerAttentionLayer(BaseLayer):
         Args:
             target: [batch, target_length, target_dim].
             source: Optional [batch, source_length, source_dim] (cross-attention).
+            kv_state: Optional external keys/values (see `MultiheadAttention.forward`).
             attention_logit_biases: Optional biases (see `axlearn.common.attention_bias`).
             segment_ids: Optional [batch, target_length] segment ids (self-attention).
             target_positions: Optional [batch, target_length] positions (e.g. for RoPE).
-            return_aux: Optional set; "probs" requests attention probabilities.
+            return_aux: Optional set; "probs" requests attention probabilities, "kv_state" the
+                attended keys/values.
 
         Returns:
             An Output.
@@ -171,6 +176,7 @@ class TransformerAttentionLayer(BaseLayer):
                 x,
                 key=source,
                 value=source,
+                kv_state=kv_state,
                 attention_logit_biases=attention_logit_biases,
                 segment_ids=segment_ids,
                 query_positions=target_positions,
@@ -185,18 +191,20 @@ class TransformerAttentionLayer(BaseLayer):
         *,
         time_step: Optional[Tensor],
         target: Tensor,
+        kv_state: Optional[KVState] = None,
         attention_logit_biases: Optional[Tensor] = None,
         return_aux: Optional[set[str]] = None,
     ) -> tuple[NestedTensor, Optional[Output]]:
         """Creates the self-attention cache (see `MultiheadAttention.init_states`)."""
         if time_step is None:
-            state, _ = self.attention.init_states(time_step=None, query=target)
+            state, _ = self.attention.init_states(time_step=None, query=target, kv_state=kv_state)
             return dict(attention=state), None
 
         def attend(x):
             return self.attention.init_states(
                 time_step=time_step,
                 query=x,
+                kv_state=kv_state,
                 attention_logit_biases=attention_logit_biases,
                 return_aux=return_aux,
             )
@@ -209,16 +217,22 @@ class TransformerAttentionLayer(BaseLayer):
         cached_states: NestedTensor,
         target: Tensor,
         *,
+        kv_state: Optional[KVState] = None,
         attention_logit_biases: Optional[Tensor] = None,
+        segment_ids: Optional[Tensor] = None,
+        is_prefill: bool = False,
         return_aux: Optional[set[str]] = None,
     ) -> tuple[NestedTensor, Output]:
-        """One decoding step (see `MultiheadAttention.extend_step`)."""
+        """Decoding steps or a prefill (see `MultiheadAttention.extend_step`)."""
 
         def attend(x):
             return self.attention.extend_step(
                 cached_states["attention"],
                 x,
+                kv_state=kv_state,
                 attention_logit_biases=attention_logit_biases,
+                segment_ids=segment_ids,
+                is_prefill=is_prefill,
                 return_aux=return_aux,
             )
 
@@ -413,11 +427,14 @@ class BaseTransformerLayer(BaseLayer):
             data: [batch, target_length, input_dim].
             self_attention_probs: [..., batch, num_heads, target_length, target_length] if
                 "self_attention_probs" is in return_aux (stacks add a leading layer axis).
+            self_attention_kv_state: The self-attention's keys/values (`KVState`) if
+                "self_attention_kv_state" is in return_aux (stacks add a leading layer axis).
             cross_attention_probs: Likewise for cross-attention, if requested.
         """
 
         data: Tensor
         self_attention_probs: Optional[Tensor] = None
+        self_attention_kv_state: Optional[KVState] = None
         cross_attention_probs: Optional[Tensor] = None
 
 
@@ -451,6 +468,9 @@ class TransformerLayer(BaseTransformerLayer):
     ) -> BaseTransformerLayer.Output:
         """Cross-attention (if `cross_attention_data`) and feed-forward after self-attention."""
         data, self_probs = self_out.data, self_out.probs
+        self_kv = (
+            self_out.kv_state if return_aux and "self_attention_kv_state" in return_aux else None
+        )
         cross_probs = None
         if cross_attention_data is not None:
             if "cross_attention" not in self.children:
@@ -467,17 +487,27 @@ class TransformerLayer(BaseTransformerLayer):
             data, cross_probs = out.data, out.probs
         data = self.feed_forward(data)
         return self.Output(
-            data=data, self_attention_probs=self_probs, cross_attention_probs=cross_probs
+            data=data,
+            self_attention_probs=self_probs,
+            self_attention_kv_state=self_kv,
+            cross_attention_probs=cross_probs,
         )
 
     @staticmethod
     def _self_aux(return_aux):
-        return {"probs"} if return_aux and "self_attention_probs" in return_aux else None
+        """The self-attention's return_aux for this layer's `return_aux`."""
+        aux = set()
+        if return_aux and "self_attention_probs" in return_aux:
+            aux.add("probs")
+        if return_aux and "self_attention_kv_state" in return_aux:
+            aux.add("kv_state")
+        return aux or None
 
     def forward(
         self,
         data: Tensor,
         *,
+        self_attention_kv_state: Optional[KVState] = None,
         self_attention_logit_biases: Optional[Tensor] = None,
         cross_attention_data: Optional[Tensor] = None,
         cross_attention_logit_biases: Optional[Tensor] = None,
@@ -489,6 +519,7 @@ class TransformerLayer(BaseTransformerLayer):
 
         Args:
             data: [batch, target_length, input_dim].
+            self_attention_kv_state: Optional external self-attention keys/values.
             self_attention_logit_biases: Optional self-attention biases.
             cross_attention_data: Optional [batch, source_length, source_dim].
             cross_attention_logit_biases: Optional cross-attention biases.
@@ -501,6 +532,7 @@ class TransformerLayer(BaseTransformerLayer):
         """
         out = self.self_attention(
             target=data,
+            kv_state=self_attention_kv_state,
             attention_logit_biases=self_attention_logit_biases,
             segment_ids=target_segment_ids,
             target_positions=target_positions,
@@ -516,6 +548,7 @@ class TransformerLayer(BaseTransformerLayer):
         *,
         time_step: Optional[Tensor] = None,
         data: Union[Tensor, jax.ShapeDtypeStruct, None] = None,
+        self_attention_kv_state: Optional[KVState] = None,
         self_attention_logit_biases: Optional[Tensor] = None,
         cross_attention_data: Optional[Tensor] = None,
         cross_attention_logit_biases: Optional[Tensor] = None,
@@ -525,6 +558,7 @@ class TransformerLayer(BaseTransformerLayer):
         state, out = self.self_attention.init_states(
             time_step=time_step,
             target=data,
+            kv_state=self_attention_kv_state,
             attention_logit_biases=self_attention_logit_biases,
             return_aux=self._self_aux(return_aux),
         )
@@ -538,15 +572,22 @@ class TransformerLayer(BaseTransformerLayer):
         cached_states: NestedTensor,
         data: Tensor,
         *,
+        self_attention_kv_state: Optional[KVState] = None,
         self_attention_logit_biases: Optional[Tensor] = None,
         cross_attention_data: Optional[Tensor] = None,
         cross_attention_logit_biases: Optional[Tensor] = None,
+        target_segment_ids: Optional[Tensor] = None,
+        is_prefill: bool = False,
         return_aux: Optional[set[str]] = None,
     ) -> tuple[NestedTensor, BaseTransformerLayer.Output]:
-        """One decoding step on `data` [batch, steps, input_dim]."""
+        """Decoding steps on `data` [batch, steps, input_dim], or a prefill (`is_prefill`; see
+        `MultiheadAttention.extend_step` for it and `target_segment_ids`)."""
         state, out = self.self_attention.extend_step(
             cached_states["self_attention"],
             data,
+            kv_state=self_attention_kv_state,
+            segment_ids=target_segment_ids,
+            is_prefill=is_prefill,
             attention_logit_biases=self_attention_logit_biases,
             return_aux=self._self_aux(return_aux),
         )

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from axlearn.common.config import config_class
 from axlearn.common.kv_cache.base_kv_cache import BaseKVCache
-from axlearn.common.module import Module
+from axlearn.common.module import Module, nowrap
 from axlearn.common.utils import Nested, Tensor, maybe_shard
 
 
@@ -43,6 +43,7 @@ class KVCache(BaseKVCache):
         spec = self.config.kv_partition_spec
         return None if spec is None else (spec[0], spec[2], spec[3], spec[1])
 
+    @nowrap
     def init_states(self, shape: BaseKVCache.Shape, *, dtype: jnp.dtype) -> Nested[Tensor]:
         """Zero key/value buffers [batch, num_kv_heads, per_head_dim, kv_len]."""
         full = (shape.batch_size, shape.num_kv_heads, shape.per_head_dim, shape.kv_len)
@@ -60,15 +61,23 @@ class KVCache(BaseKVCache):
         k_proj: Tensor,
         v_proj: Tensor,
         key_positions: Tensor,
+        segment_ids: Optional[Tensor] = None,
         live_step_len: Optional[Tensor] = None,
     ) -> tuple[Nested[Tensor], BaseKVCache.Output]:
         """See `BaseKVCache.extend_step`."""
-        del live_step_len
-        self._check(k_proj, v_proj, key_positions)
         key, value = cached_states["key"], cached_states["value"]
         kv_len = key.shape[-1]
+        # Padding steps get position -1: their one-hot rows are all zero (nothing written).
+        positions = self._write_positions(
+            k_proj,
+            v_proj,
+            key_positions,
+            segment_ids=segment_ids,
+            live_step_len=live_step_len,
+            invalid=-1,
+        )
         # [batch, steps, kv_len]: which slot each step writes (none if out of range).
-        write = jax.nn.one_hot(key_positions, kv_len, dtype=key.dtype)
+        write = jax.nn.one_hot(positions, kv_len, dtype=key.dtype)
         keep = (1 - write.sum(axis=1))[:, None, None, :]
         new_k = jnp.einsum("btnh,bts->bnhs", k_proj.astype(key.dtype), write)
         new_v = jnp.einsum("btnh,bts->bnhs", v_proj.astype(value.dtype), write)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from axlearn.common.config import config_class
 from axlearn.common.kv_cache.base_kv_cache import BaseKVCache
+from axlearn.common.module import nowrap
 from axlearn.common.utils import Nested, Tensor
 
 
@@ -27,17 +28,13 @@ class PagedKVCache(BaseKVCache):
 
         page_size: int = 16  # Positions per page.
 
+    @nowrap
     def init_states(self, shape: BaseKVCache.Shape, *, dtype: jnp.dtype) -> Nested[Tensor]:
-        """Zero page pools and a contiguous page table.
+        """Zero page pools and a contiguous page table of ceil(kv_len / page_size) pages per row.
 
-        Raises:
-            ValueError: If kv_len is not a multiple of page_size.
+        When kv_len is not a multiple of page_size, the cache view is rounded up to whole pages.
         """
         page_size = self.config.page_size
-        if shape.kv_len % page_size:
-            raise ValueError(
-                f"{self.path()}: kv_len {shape.kv_len} must be a multiple of page_size {page_size}"
-            )
         pages_per_seq = math.ceil(shape.kv_len / page_size)
         num_pages = shape.batch_size * pages_per_seq
         pool = (shape.num_kv_heads, num_pages, page_size, shape.per_head_dim)
@@ -57,15 +54,22 @@ class PagedKVCache(BaseKVCache):
         k_proj: Tensor,
         v_proj: Tensor,
         key_positions: Tensor,
+        segment_ids: Optional[Tensor] = None,
         live_step_len: Optional[Tensor] = None,
     ) -> tuple[Nested[Tensor], BaseKVCache.Output]:
         """See `BaseKVCache.extend_step`."""
-        del live_step_len
-        self._check(k_proj, v_proj, key_positions)
         key, value = cached_states["key"], cached_states["value"]
         page_indices = cached_states["page_indices"]
         page_size = key.shape[2]
         kv_len = page_indices.shape[1] * page_size
+        key_positions = self._write_positions(
+            k_proj,
+            v_proj,
+            key_positions,
+            segment_ids=segment_ids,
+            live_step_len=live_step_len,
+            invalid=-1,
+        )
         in_range = (key_positions >= 0) & (key_positions < kv_len)
         page = jnp.take_along_axis(
             page_indices, jnp.clip(key_positions // page_size, 0, page_indices.shape[1] - 1), 1
