@@ -23,7 +23,7 @@ from typing import Any, Optional
 import jax
 from jax import numpy as jnp
 
-from axlearn.common.base_layer import BaseLayer, ParameterSpec
+from axlearn.common.base_layer import BaseLayer, ParameterSpec, no_remat
 from axlearn.common.config import config_class
 from axlearn.common.module import Module
 from axlearn.common.param_init import constant_initializer
@@ -257,6 +257,8 @@ class DenseGeneralBaseLayer(BaseLayer):
         if cfg.quantized_dot_general is not None:
             self._add_child("quantized_dot_general", cfg.quantized_dot_general)
 
+    # A helper of the layer's own methods (e.g. `forward`), which remat covers already.
+    @no_remat
     def einsum_maybe_quantized(
         self, subscripts: str, *, activation: Tensor, kernel: Tensor
     ) -> Tensor:
