@@ -31,6 +31,7 @@ import ast
 import collections
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -415,10 +416,37 @@ def _collect_only(*, cmd, root, env, timeout) -> dict:
     return result
 
 
+def _node_ids(*, cmd, root, env, timeout) -> list[str]:
+    """The test ids pytest collects for `cmd` (run from `root`)."""
+    cmd = [c for c in cmd if not c.startswith("--junitxml")] + ["--collect-only"]
+    if "-n" in cmd:
+        i = cmd.index("-n")
+        del cmd[i : i + 2]
+    proc = subprocess.run(
+        cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    return [line.strip() for line in proc.stdout.splitlines() if "::" in line]
+
+
 def run_file(
-    *, ref_dir, scratch, site_dir, name, mode, devices, workers, timeout, collect_only=False
+    *,
+    ref_dir,
+    scratch,
+    site_dir,
+    name,
+    mode,
+    devices,
+    workers,
+    timeout,
+    collect_only=False,
+    sample=0,
+    seed=0,
 ) -> dict:
-    """Runs one reference test file in one mode; returns its counts (or imports only)."""
+    """Runs one reference test file in one mode; returns its counts (or imports only).
+
+    With `sample=N`, runs N of the file's tests drawn at random (`seed`) and adds
+    `sampled_from` (the number collected) to the counts.
+    """
     test_path = _prepare(ref_dir=ref_dir, scratch=scratch, name=name, mode=mode, devices=devices)
     root = os.path.dirname(os.path.dirname(os.path.dirname(test_path)))
     junit = os.path.join(root, "junit.xml")
@@ -446,6 +474,13 @@ def run_file(
     if collect_only:
         return _collect_only(cmd=cmd, root=root, env=env, timeout=timeout)
     start = time.time()
+    sampled_from = None
+    if sample:
+        node_ids = _node_ids(cmd=cmd, root=root, env=env, timeout=timeout)
+        sampled_from = len(node_ids)
+        if sample < len(node_ids):
+            chosen = sorted(random.Random(seed).sample(node_ids, sample))
+            cmd = [c for c in cmd if c != test_path] + chosen
     try:
         proc = subprocess.run(
             cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout, check=False
@@ -456,6 +491,8 @@ def run_file(
     result = _parse_junit(junit)
     total = result["passed"] + result["failed"] + result["errors"] + result["skipped"]
     collect_error = rc == 2 or (total <= 1 and result["errors"] and "collect" in output.lower())
+    if sampled_from is not None:
+        result["sampled_from"] = sampled_from
     result.update(
         imports=bool(total) and not collect_error,
         rc=rc,
@@ -519,6 +556,13 @@ def main():
         help="Strict mode only checks that each file imports (pytest --collect-only); the "
         "lenient mode gives the counts. Halves the time.",
     )
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=0,
+        help="Run only this many of each file's tests, drawn at random (0: all).",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="The --sample draw's seed.")
     args = parser.parse_args()
 
     ref_dir = os.path.abspath(args.ref_dir)
@@ -544,6 +588,8 @@ def main():
                 workers=args.workers,
                 timeout=args.timeout,
                 collect_only=args.strict_collect_only and mode == "strict",
+                sample=args.sample,
+                seed=args.seed,
             )
             print(
                 f"{name} {mode}: "
