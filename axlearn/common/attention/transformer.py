@@ -43,6 +43,33 @@ class NormPosition(enum.Enum):
     OUT_NORM = "out_norm"
 
 
+def _add_structure_norms(layer: BaseLayer, *, structure: str, norm, dim: int) -> None:
+    """Adds the norm children a residual layer of `structure` needs.
+
+    "prenorm"/"postnorm": "norm"; "hybridnorm": "prenorm" and "postnorm"; "v2": the
+    `NormPosition` children (`_add_v2_norms`); "nonorm": none.
+
+    Args:
+        layer: The layer to add the children to.
+        structure: "prenorm", "postnorm", "hybridnorm", "v2" or "nonorm".
+        norm: The norm config (a dict {NormPosition: config} for "v2").
+        dim: The norms' input_dim.
+
+    Raises:
+        NotImplementedError: For any other structure.
+    """
+    # pylint: disable=protected-access
+    if structure in ("prenorm", "postnorm"):
+        layer._add_child("norm", norm.clone(input_dim=dim))
+    elif structure == "hybridnorm":
+        layer._add_child("prenorm", norm.clone(input_dim=dim))
+        layer._add_child("postnorm", norm.clone(input_dim=dim))
+    elif structure == "v2":
+        _add_v2_norms(layer, norm, dim)
+    elif structure != "nonorm":
+        raise NotImplementedError(f"{layer.path()}: unsupported structure {structure}")
+
+
 def _add_v2_norms(layer: BaseLayer, norm, dim: int) -> None:
     """Adds the children "in_norm"/"res_norm"/"out_norm" of a structure="v2" layer."""
     if not isinstance(norm, dict):
@@ -106,13 +133,7 @@ class TransformerAttentionLayer(BaseLayer):
         cfg = self.config
         if cfg.structure not in _STRUCTURES:
             raise NotImplementedError(f"{self.path()}: unsupported structure {cfg.structure}")
-        if cfg.structure == "hybridnorm":
-            self._add_child("prenorm", cfg.norm.clone(input_dim=cfg.target_dim))
-            self._add_child("postnorm", cfg.norm.clone(input_dim=cfg.target_dim))
-        elif cfg.structure == "v2":
-            _add_v2_norms(self, cfg.norm, cfg.target_dim)
-        else:
-            self._add_child("norm", cfg.norm.clone(input_dim=cfg.target_dim))
+        _add_structure_norms(self, structure=cfg.structure, norm=cfg.norm, dim=cfg.target_dim)
         self._add_child(
             "attention",
             cfg.attention.clone(
@@ -316,15 +337,7 @@ class TransformerFeedForwardLayer(BaseLayer):
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
         cfg = self.config
-        if cfg.structure in ("prenorm", "postnorm"):
-            self._add_child("norm", cfg.norm.clone(input_dim=cfg.input_dim))
-        elif cfg.structure == "hybridnorm":
-            self._add_child("prenorm", cfg.norm.clone(input_dim=cfg.input_dim))
-            self._add_child("postnorm", cfg.norm.clone(input_dim=cfg.input_dim))
-        elif cfg.structure == "v2":
-            _add_v2_norms(self, cfg.norm, cfg.input_dim)
-        elif cfg.structure != "nonorm":
-            raise NotImplementedError(f"{self.path()}: unsupported structure {cfg.structure}")
+        _add_structure_norms(self, structure=cfg.structure, norm=cfg.norm, dim=cfg.input_dim)
         if isinstance(cfg.hidden_dim, int):
             hidden_dim = cfg.hidden_dim
         else:

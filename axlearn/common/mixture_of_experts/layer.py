@@ -24,7 +24,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from axlearn.common.attention.transformer import NormPosition, _add_v2_norms, _maybe_norm
+from axlearn.common.attention.transformer import (
+    NormPosition,
+    _add_structure_norms,
+    _maybe_norm,
+)
 from axlearn.common.base_layer import ParameterSpec
 from axlearn.common.config import (
     REQUIRED,
@@ -98,15 +102,7 @@ class TransformerFeedForwardMoE(DenseGeneralBaseLayer):
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
         cfg = self.config
-        if cfg.structure in ("prenorm", "postnorm"):
-            self._add_child("norm", cfg.norm.clone(input_dim=cfg.input_dim))
-        elif cfg.structure == "hybridnorm":
-            self._add_child("prenorm", cfg.norm.clone(input_dim=cfg.input_dim))
-            self._add_child("postnorm", cfg.norm.clone(input_dim=cfg.input_dim))
-        elif cfg.structure == "v2":
-            _add_v2_norms(self, cfg.norm, cfg.input_dim)
-        elif cfg.structure != "nonorm":
-            raise NotImplementedError(f"{self.path()}: unsupported structure {cfg.structure}")
+        _add_structure_norms(self, structure=cfg.structure, norm=cfg.norm, dim=cfg.input_dim)
         if isinstance(cfg.activation, (tuple, list)) and len(cfg.activation) != 2:
             raise ValueError(f"{self.path()}: gated activation needs 2 names: {cfg.activation}")
         self._check_expert_sharding()
