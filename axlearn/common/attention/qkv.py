@@ -12,15 +12,20 @@ from axlearn.common.base_layer import BaseLayer, ParameterSpec
 from axlearn.common.config import REQUIRED, InstantiableConfig, Required, config_class
 from axlearn.common.module import Module, child_context
 from axlearn.common.param_init import FanAxes
+from axlearn.common.quantized_dot_general.layers import DenseGeneralBaseLayer
 from axlearn.common.repeat import prepend_axis_to_specs
 from axlearn.common.utils import NestedTensor, Tensor
 
 
-class BaseMultiheadLinear(BaseLayer):
-    """A linear layer between [..., model_dim] and per-head [..., num_heads, per_head_dim]."""
+class BaseMultiheadLinear(DenseGeneralBaseLayer):
+    """A linear layer between [..., model_dim] and per-head [..., num_heads, per_head_dim].
+
+    A `DenseGeneralBaseLayer`: with `quantized_dot_general` set (e.g. by `FP8ConfigModifier`) its
+    projection runs in int8/fp8.
+    """
 
     @config_class
-    class Config(BaseLayer.Config):
+    class Config(DenseGeneralBaseLayer.Config):
         """Configures BaseMultiheadLinear."""
 
         model_dim: Required[int] = REQUIRED  # Feature dim of the un-headed side.
@@ -57,7 +62,7 @@ class BaseMultiheadLinear(BaseLayer):
     def _project(self, equation: str, inputs: Tensor) -> Tensor:
         """Returns einsum(equation, inputs, weight), plus the bias if the layer has one."""
         params = self.parameters
-        outputs = jnp.einsum(equation, inputs, params["weight"])
+        outputs = self.einsum_maybe_quantized(equation, activation=inputs, kernel=params["weight"])
         return outputs + params["bias"] if "bias" in params else outputs
 
 
@@ -288,22 +293,49 @@ class FusedQKVLinear(BaseQKVLinear):
     ) -> BaseQKVLinear.Output:
         del query_positions
         self._check_no_kv_state(kv_state)
-        with child_context("qkv_proj", module=self.qkv_proj):
-            params = self.qkv_proj.parameters
-        if key is None and value is None:
-            proj = jnp.einsum("btd,pdnh->pbtnh", query, params["weight"])
-        elif key is not None and value is not None:
-            inputs = jnp.stack([query, key, value], axis=0)
-            proj = jnp.einsum("pbtd,pdnh->pbtnh", inputs, params["weight"])
-        else:
+        if (key is None) != (value is None):
             raise ValueError(
                 f"{self.path()}: key and value must be both None or both set (got key "
                 f"{'None' if key is None else 'set'}, value {'None' if value is None else 'set'}); "
                 "pass both for cross-attention, neither for self-attention."
             )
+        with child_context("qkv_proj", module=self.qkv_proj):
+            params = self.qkv_proj.parameters
+            if "quantized_dot_general" in self.qkv_proj.children:
+                proj = self._quantized_projections(query, key=key, value=value)
+            elif key is None:
+                proj = jnp.einsum("btd,pdnh->pbtnh", query, params["weight"])
+            else:
+                inputs = jnp.stack([query, key, value], axis=0)
+                proj = jnp.einsum("pbtd,pdnh->pbtnh", inputs, params["weight"])
         if "bias" in params:
             proj = proj + params["bias"][:, None, None]
         return self.Output(query=proj[0], key=proj[1], value=proj[2])
+
+    def _quantized_projections(
+        self, query: Tensor, *, key: Optional[Tensor], value: Optional[Tensor]
+    ) -> Tensor:
+        """[3, batch, length, num_heads, per_head_dim]: q, k and v each projected by the
+        quantized einsum of `qkv_proj`, with its own slice of the (stacked) quantization state.
+
+        The quantization state (e.g. fp8 scales and amax histories) of `qkv_proj` has the same
+        leading axis of 3 as its weight, so query, key and value keep separate scales. Called in
+        the `qkv_proj` context.
+        """
+        layer = self.qkv_proj
+        quantizer = layer.quantized_dot_general
+        params = layer.parameters
+        inputs = (query, query, query) if key is None else (query, key, value)
+        outputs = []
+        for i, (name, x) in enumerate(zip(("q", "k", "v"), inputs)):
+            state = jax.tree.map(lambda v, i=i: v[i], params["quantized_dot_general"])
+            with child_context(f"quantized_dot_general_{name}", module=quantizer, state=state):
+                outputs.append(
+                    quantizer.einsum_maybe_quantized(
+                        "btd,dnh->btnh", activation=x, kernel=params["weight"][i]
+                    )
+                )
+        return jnp.stack(outputs, axis=0)
 
 
 class FusedGroupedQKVLinear(BaseQKVLinear):

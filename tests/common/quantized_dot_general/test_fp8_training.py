@@ -114,6 +114,13 @@ def test_fp8_modifier_wraps_the_learner():
     assert isinstance(cfg.learner.optimizer, OverrideInplaceUpdateTransformation.Config)
     ffn = cfg.model.decoder.transformer.layer.feed_forward
     assert ffn.linear1.quantized_dot_general.fp8_amax_history_length == HISTORY
+    # The attention projections too (q/k/v and output).
+    attn = cfg.model.decoder.transformer.layer.self_attention.attention
+    assert attn.output_linear.quantized_dot_general.fp8_amax_history_length == HISTORY
+    qkv = attn.input_linear
+    while not hasattr(qkv, "layer"):  # RoFormerQKVLinear wraps the fused projection.
+        qkv = qkv.input_linear
+    assert qkv.layer.quantized_dot_general.fp8_amax_history_length == HISTORY
 
 
 @pytest.mark.slow  # Two 50-step trainings: ~60 s on 2 busy cores.

@@ -25,6 +25,8 @@ FAMILIES = [
     ("fuji-7B-v3", "tpu-v5p-512", "tpu-v5p-.*"),
     ("fuji-8B-v3-tiktoken", "gpu-a3-highgpu-8g-256", "gpu-(p5.48xlarge|p4de.24xlarge|a3"),
     ("fuji-7B-v3-flash-fp8", "gpu-a3-highgpu-8g-256", "gpu-(a3-highgpu-8g|a3-megagpu-8g"),
+    # Multi-head attention: the fused q/k/v projection keeps fp8 state per projection.
+    ("fuji-7B-v1-flash-fp8", "gpu-a3-highgpu-8g-256", "gpu-(a3-highgpu-8g|a3-megagpu-8g"),
 ]
 
 
@@ -58,6 +60,9 @@ def test_tiny_family_trains_with_its_mesh_rule(name, selector, rule_prefix, tmp_
         # The FP8 modifier of the rule ran: every dense matmul kept an amax history, filled for
         # the steps taken (newest first).
         assert histories
+        # Attention's projections are quantized too, not only the feed-forward.
+        assert any("/o_proj/" in p for p in histories), sorted(histories)
+        assert any("/qkv_proj/" in p for p in histories), sorted(histories)
         for path, history in histories.items():
             history = np.asarray(history)
             # [num_layers, length] in the repeated stack.
