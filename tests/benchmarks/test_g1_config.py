@@ -1,10 +1,13 @@
-"""benchmarks/g1_config.py: `fp8=True` puts G1's dense matmuls in fp8 (FP8ConfigModifier, 128)."""
+"""benchmarks/g1_config.py: `fp8=True` puts G1's dense matmuls in fp8 (FP8ConfigModifier, 128):
+the feed-forward and the attention projections."""
 
 import os
 import sys
 
-from axlearn.common.layers import Linear
-from axlearn.common.quantized_dot_general.layers import DotGeneralQuantizationType
+from axlearn.common.quantized_dot_general.layers import (
+    DenseGeneralBaseLayer,
+    DotGeneralQuantizationType,
+)
 from axlearn.common.update_transformation import OverrideInplaceUpdateTransformation
 from tests.benchmarks.no_tensorflow import REPO_ROOT
 
@@ -13,11 +16,11 @@ import g1_config  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def _linears(cfg) -> dict:
-    """Every Linear config under `cfg`, by path."""
+    """Every DenseGeneralBaseLayer config (a matmul that may be quantized) under `cfg`, by path."""
     found = {}
 
     def enter_fn(path, value, children):
-        if isinstance(value, Linear.Config):
+        if isinstance(value, DenseGeneralBaseLayer.Config):
             found[path] = value
         return children
 
@@ -30,9 +33,17 @@ def test_fp8_option():
     fp8 = g1_config.g1_trainer_config("/tmp/unused", tiny=True, fp8=True)
     assert g1_config.FP8_AMAX_HISTORY_LENGTH == 128
     bf16_linears, fp8_linears = _linears(bf16.model), _linears(fp8.model)
-    ff = "decoder.transformer.layer.feed_forward."
-    assert {ff + n for n in ("linear1", "linear2")} <= set(fp8_linears)
-    assert set(fp8_linears) == set(bf16_linears)
+    layer = "decoder.transformer.layer."
+    assert (
+        set(fp8_linears)
+        == set(bf16_linears)
+        == {
+            layer + "feed_forward.linear1",
+            layer + "feed_forward.linear2",
+            layer + "self_attention.attention.input_linear.input_linear.layer",  # Fused q/k/v.
+            layer + "self_attention.attention.output_linear",
+        }
+    )
     for path, linear in fp8_linears.items():
         qdg = linear.quantized_dot_general
         assert qdg.quantization_type == DotGeneralQuantizationType.FP_8, path
