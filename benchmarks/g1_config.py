@@ -2,11 +2,12 @@
 
 Shared by the benchmarks that compile or train G1 (`honeycrisp_1b.py` with checkpoint saves, the
 sweep, the memory report) with throughput options: batch size, remat by name
-(`attention.REMAT_CHOICES`), chunked loss (`causal_lm.Model.Config.logits_chunk_size`) and
-attention kind. The model (reference-dump structure, dim 2048, 20 layers, 16 query / 8 KV heads,
-SwiGLU 5632, vocab 49152, z-loss 1e-6, tied head), bf16 compute with fp32 state, FakeLmInput,
-AdamW, on a one-device mesh; `tiny=True` gives the same structure at a few MB (`DIMS_TINY`) for
-CPU checks.
+(`attention.REMAT_CHOICES`), chunked loss (`causal_lm.Model.Config.logits_chunk_size`),
+attention kind and fp8 matmuls (`fp8=True`: `FP8ConfigModifier` with an amax history of 128, the
+value of AXLearn's fp8 configs). The model (reference-dump structure, dim 2048, 20 layers, 16
+query / 8 KV heads, SwiGLU 5632, vocab 49152, z-loss 1e-6, tied head), bf16 compute with fp32
+state, FakeLmInput, AdamW, on a one-device mesh; `tiny=True` gives the same structure at a few MB
+(`DIMS_TINY`) for CPU checks.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from axlearn.common.attention import FlashAttention, remat_spec_by_name  # noqa:
 from axlearn.common.config import config_for_function  # noqa: E402
 from axlearn.common.input_fake import FakeLmInput  # noqa: E402
 from axlearn.common.trainer import SpmdTrainer  # noqa: E402
+from axlearn.common.trainer_config_modifier import FP8ConfigModifier  # noqa: E402
 
 # G1's sizes (`plain_jax_lm.LmConfig` field names), and the same structure at a few MB.
 DIMS_1B = dict(
@@ -38,6 +40,8 @@ DIMS_1B = dict(
     rope_theta=5e5,
     qk_norm=True,
 )
+# The fp8 amax history length of `fp8=True` (AXLearn's fp8 configs use 128).
+FP8_AMAX_HISTORY_LENGTH = 128
 DIMS_TINY = dict(DIMS_1B, vocab_size=512, dim=64, num_layers=2, num_heads=4, num_kv_heads=2,
                  hidden_dim=128)  # fmt: skip
 
@@ -58,6 +62,7 @@ def g1_trainer_config(
     remat: str = "none",
     logits_chunk_size: Optional[int] = None,
     peak_flops_per_device: Optional[float] = None,
+    fp8: bool = False,
 ) -> SpmdTrainer.Config:
     """The G1 trainer config on a (1, 1, 1) mesh of the reference's 3 axes.
 
@@ -71,6 +76,8 @@ def g1_trainer_config(
         remat: A name of `attention.REMAT_CHOICES` for the decoder layers.
         logits_chunk_size: The model's `logits_chunk_size` (None: full logits).
         peak_flops_per_device: The MFU denominator (None: the trainer's own).
+        fp8: Train the model's `DenseGeneralBaseLayer` matmuls in fp8 with delayed scaling
+            (`FP8ConfigModifier`, `fp8_amax_history_length=FP8_AMAX_HISTORY_LENGTH`); False: bf16.
 
     Returns:
         The config (summaries every 100 steps, no checkpoint saves).
@@ -110,4 +117,9 @@ def g1_trainer_config(
     )
     cfg.summary_writer.write_every_n_steps = 100
     cfg.checkpointer.save_policy.n = 10**8
+    if fp8:
+        modifier = FP8ConfigModifier.default_config().set(
+            fp8_amax_history_length=FP8_AMAX_HISTORY_LENGTH
+        )
+        cfg = modifier.instantiate()(cfg)
     return cfg

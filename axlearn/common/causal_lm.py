@@ -17,7 +17,7 @@ by the number of target tokens unless noted):
 
 import math
 import re
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
@@ -54,7 +54,7 @@ from axlearn.common.layers import LayerNorm
 from axlearn.common.logit_modifiers import LogitsToLogitsFn
 from axlearn.common.loss import cross_entropy
 from axlearn.common.loss_metrics import BaseLossMetrics
-from axlearn.common.metrics import WeightedScalar
+from axlearn.common.metrics import WeightedScalar, WeightedSummary
 from axlearn.common.module import Module, child_context
 from axlearn.common.param_init import PARAM_REGEXP_WEIGHT, DefaultInitializer, WeightInitializer
 from axlearn.common.utils import (
@@ -203,12 +203,39 @@ class AuxLossMetrics(BaseLossMetrics):
         return aux_loss, dict(summaries={"aux_loss": WeightedScalar(aux_loss, weight)})
 
 
-class CompositeLossMetrics(BaseLossMetrics):
-    """A weighted sum of child loss metrics; the children's summaries are merged.
+class CompositeLossWeights(Module):
+    """Computes the weight of each child loss of a `CompositeLossMetrics` (AXLearn's interface).
 
-    The loss is sum(loss_weights[name] * loss of child name) (weight 1 by default), and the
-    "loss" summary is that total (weighted as the first child's "loss" summary, else by 1).
-    Two children reporting the same summary name (other than "loss") is an error.
+    Subclasses implement `forward`, e.g. fixed weights or weights from the child losses.
+    """
+
+    def forward(self, child_metrics: dict[str, tuple[Any, dict[str, Any]]]) -> dict[str, Any]:
+        """Returns {child name: weight of its loss}.
+
+        Args:
+            child_metrics: {child name: (its loss, its outputs)}, as the children returned them.
+
+        Returns:
+            {child name: a scalar weight}; children left out (or None) weigh 1.
+        """
+        raise NotImplementedError(type(self))
+
+
+class CompositeLossMetrics(BaseLossMetrics):
+    """A weighted combination of child loss metrics; the children's summaries are merged.
+
+    Two kinds of children are supported:
+    - ours return (loss Tensor, {"summaries": {name: WeightedScalar}, ...}): the loss is
+      sum(w[name] * loss of child name), a Tensor, with a "loss" summary (weighted as the first
+      child's "loss" summary, else by 1);
+    - AXLearn's return (WeightedSummary loss, metrics dict) and add their own summaries: the loss
+      is the WeightedSummary sum of WeightedSummary(w[name] * mean, weight), i.e. the
+      weight-averaged weighted losses, and the outputs also hold "loss_{name}", each child's
+      unweighted loss. Tensor losses among such children are added to that mean (as AXLearn adds
+      its aux losses).
+    The weights w come from `loss_weights`: a dict (missing children weigh 1) or a
+    `CompositeLossWeights` layer called with {name: (loss, outputs)}. Two children reporting the
+    same summary name (other than "loss") is an error.
     """
 
     @config_class
@@ -217,35 +244,48 @@ class CompositeLossMetrics(BaseLossMetrics):
 
         # The child metrics by name, e.g. {"lm": CrossEntropyLossMetrics, "aux": AuxLossMetrics}.
         metrics: Required[dict[str, InstantiableConfig]] = REQUIRED
-        # Optional {child name: weight of its loss}; missing children weigh 1.
-        loss_weights: Optional[dict[str, float]] = None
+        # Optional {child name: weight of its loss} (missing children weigh 1), or a
+        # CompositeLossWeights config computing the weights from the child losses.
+        loss_weights: Optional[Union[dict[str, float], InstantiableConfig]] = None
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
         cfg = self.config
-        unknown = set(cfg.loss_weights or {}) - set(cfg.metrics)
-        if unknown:
-            raise ValueError(
-                f"{self.path()}.loss_weights names {sorted(unknown)}, which are not in metrics "
-                f"{sorted(cfg.metrics)}: use the metrics' names"
-            )
+        if isinstance(cfg.loss_weights, dict):
+            unknown = set(cfg.loss_weights) - set(cfg.metrics)
+            if unknown:
+                raise ValueError(
+                    f"{self.path()}.loss_weights names {sorted(unknown)}, which are not in "
+                    f"metrics {sorted(cfg.metrics)}: use the metrics' names"
+                )
+        elif cfg.loss_weights is not None:
+            if "loss_weights" in cfg.metrics:
+                raise ValueError(
+                    f"{self.path()}.metrics has a child named 'loss_weights', the name of the "
+                    "loss_weights layer: rename that metric."
+                )
+            self._add_child("loss_weights", cfg.loss_weights)
         for name, child in cfg.metrics.items():
             self._add_child(name, child)
 
     def forward(self, input_batch, *, predict_outputs, module_outputs):
-        """See `BaseLossMetrics.forward`."""
+        """See `BaseLossMetrics.forward` and the class docstring."""
         cfg = self.config
-        weights = cfg.loss_weights or {}
-        total = jnp.zeros([], jnp.float32)
+        results = {
+            name: self.children[name](
+                input_batch, predict_outputs=predict_outputs, module_outputs=module_outputs
+            )
+            for name in cfg.metrics
+        }
+        if isinstance(cfg.loss_weights, dict) or cfg.loss_weights is None:
+            weights = cfg.loss_weights or {}
+        else:
+            weights = self.loss_weights(results)
         merged: dict = {}
         outputs: dict = {}
         loss_weight = None
-        for name in cfg.metrics:
-            loss, child_outputs = self.children[name](
-                input_batch, predict_outputs=predict_outputs, module_outputs=module_outputs
-            )
-            total = total + weights.get(name, 1.0) * loss
-            for key, value in child_outputs["summaries"].items():
+        for _, child_outputs in results.values():
+            for key, value in child_outputs.get("summaries", {}).items():
                 if key == "loss":
                     loss_weight = value.weight if loss_weight is None else loss_weight
                     continue
@@ -253,7 +293,29 @@ class CompositeLossMetrics(BaseLossMetrics):
                     raise KeyError(f"{self.path()}: summary {key!r} reported by two metrics")
                 merged[key] = value
             outputs.update({k: v for k, v in child_outputs.items() if k != "summaries"})
-        summaries = {"loss": WeightedScalar(total, 1.0 if loss_weight is None else loss_weight)}
+
+        def weight_of(name):
+            weight = weights.get(name)
+            return 1.0 if weight is None else weight
+
+        if not any(isinstance(loss, WeightedSummary) for loss, _ in results.values()):
+            total = jnp.zeros([], jnp.float32)
+            for name, (loss, _) in results.items():
+                total = total + weight_of(name) * loss
+            summaries = {"loss": WeightedScalar(total, 1.0 if loss_weight is None else loss_weight)}
+            summaries.update(merged)
+            return total, dict(outputs, summaries=summaries)
+        # AXLearn's children: a WeightedSummary loss.
+        mean_of = WeightedSummary(jnp.zeros([], jnp.float32), jnp.zeros([], jnp.float32))
+        added = jnp.zeros([], jnp.float32)
+        for name, (loss, _) in results.items():
+            outputs[f"loss_{name}"] = loss
+            if isinstance(loss, WeightedSummary):
+                mean_of = mean_of + WeightedSummary(loss.mean * weight_of(name), loss.weight)
+            else:
+                added = added + weight_of(name) * loss
+        total = WeightedSummary(mean_of.mean + added, mean_of.weight)
+        summaries = {"loss": WeightedScalar(total.mean, total.weight)}
         summaries.update(merged)
         return total, dict(outputs, summaries=summaries)
 
@@ -461,7 +523,9 @@ class Model(BaseModel):
                 predict_outputs=predict_outputs,
                 module_outputs=dict(flatten_items(outputs)),
             )
-            summaries = child_outputs["summaries"]
+            if isinstance(loss, WeightedSummary):  # AXLearn's metrics: the loss is its mean.
+                loss = loss.mean
+            summaries = child_outputs.get("summaries", {})
             for name, value in summaries.items():
                 self.add_summary(name, value)
             per_token_loss = child_outputs.get("per_token_loss")
@@ -481,6 +545,10 @@ class Model(BaseModel):
             for name, value in summaries.items()
             if name != "num_tokens"
         }
+        if "metrics" in self.children:  # Other outputs of the metrics (e.g. "loss_lm").
+            for name, value in child_outputs.items():
+                if name not in ("summaries", "per_token_loss"):
+                    metrics.setdefault(name, value)
         if "cross_entropy_loss" in metrics:
             metrics["cross_entropy"] = metrics["cross_entropy_loss"]  # AXLearn's metric name.
         metrics["per_token_loss"] = per_token_loss

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
 import math
-from typing import Callable, Optional
+from collections.abc import Iterator
+from typing import Callable, Optional, Union
 
 import jax
 from jax import nn
@@ -219,9 +222,46 @@ class StochasticDepth(BaseLayer):
             shape = (1,) * x.ndim
         else:
             raise ValueError(f"{self.path()}: mode must be 'row' or 'batch', got {cfg.mode!r}")
-        keep_prob = 1.0 - cfg.rate
+        rate = self.effective_rate()
+        # A traced rate (in a scanned stack) keeps x's dtype; a Python float is weakly typed.
+        keep_prob = 1.0 - (rate if isinstance(rate, float) else jnp.asarray(rate, x.dtype))
         keep = jnp.floor(keep_prob + jax.random.uniform(self.prng_key, shape, dtype=x.dtype))
         return x * keep / keep_prob
+
+    def effective_rate(self) -> Union[float, Tensor]:
+        """The drop rate of this call: `rate` times the enclosing `stochastic_depth_rate_scale`
+        (a traced scalar inside a scanned stack), or `rate` outside any."""
+        scale = _STOCHASTIC_DEPTH_RATE_SCALE.get()
+        rate = self.config.rate or 0.0
+        return rate if scale is None else rate * scale
+
+
+# The scale of StochasticDepth rates set by `stochastic_depth_rate_scale` (None: no scaling).
+_STOCHASTIC_DEPTH_RATE_SCALE: contextvars.ContextVar = contextvars.ContextVar(
+    "stochastic_depth_rate_scale", default=None
+)
+
+
+@contextlib.contextmanager
+def stochastic_depth_rate_scale(scale: Union[float, Tensor]) -> Iterator[None]:
+    """Within the context, every StochasticDepth drops with probability `rate * scale`.
+
+    A repeated (scanned) stack whose layers share one config uses this to give layer i of N the
+    rate `peak * (i + 1) / N` (see `BaseStackedTransformerLayer.Config.peak_stochastic_depth_rate`):
+    the layers' configured rate is the peak and `scale` the traced (i + 1) / N. An inner context
+    replaces an outer one.
+
+    Args:
+        scale: A float or scalar Tensor in [0, 1].
+
+    Yields:
+        None.
+    """
+    token = _STOCHASTIC_DEPTH_RATE_SCALE.set(scale)
+    try:
+        yield
+    finally:
+        _STOCHASTIC_DEPTH_RATE_SCALE.reset(token)
 
 
 def get_stochastic_depth_linear_rate(peak_rate: float, stage_order: int, num_stages: int) -> float:

@@ -79,10 +79,13 @@ from axlearn.common.trainer_utils import (  # noqa: F401 (NonFiniteLossError: pu
     all_finite,
     check_token_ids,
     eval_due,
+    evalers_to_force,
     global_batch_specs,
     is_unset,
     leading_dim,
     learner_skips_nonfinite,
+    params_for_eval,
+    run_evalers,
     scalar_tree,
     set_if_field,
     shardings_of_specs,
@@ -461,21 +464,28 @@ class SpmdTrainer(Module):
     # The loop.
     # ------------------------------------------------------------------------------------------
 
-    def run(self, prng_key: Tensor) -> Optional[dict[str, Any]]:
+    def run(
+        self, prng_key: Tensor, *, return_evaler_summaries: Union[None, bool, set[str]] = None
+    ) -> Optional[dict[str, Any]]:
         """Trains until `max_step` or the end of the input.
 
         Args:
             prng_key: The key for initialization (when no checkpoint is restored) and training.
+            return_evaler_summaries: True (all) or a set of evaler names to force-run at max_step,
+                adding "evaler_summaries" ({name: summaries, None if not run}) to the result.
 
         Returns:
             None if no step ran; otherwise {"loss": final loss, "step": final step,
-            "run_summary": the run summary dict}.
+            "record": the final step's record} (and "evaler_summaries", see above).
 
         Raises:
             NonFiniteLossError: If a loss is NaN/inf and the learner does not skip such steps.
             NonFiniteStateError: If a checkpoint of non-finite parameters was about to be saved.
+            ValueError: If `return_evaler_summaries` names an unknown evaler.
         """
         cfg = self._config
+        self._forced_evals = evalers_to_force(return_evaler_summaries, self._evalers, self.path())
+        self._forced_out = {}  # {"evaler_summaries": ...} once the forced evalers ran.
         with (
             self._run_lock(),
             self._watchdog.running(),
@@ -556,7 +566,8 @@ class SpmdTrainer(Module):
             self._write_run_summary()
         if last_record is None:
             return None
-        return dict(loss=last_record["loss"], step=last_record["step"], record=last_record)
+        step = last_record["step"]
+        return dict(loss=last_record["loss"], step=step, record=last_record, **self._forced_out)
 
     def _dispatch_train_step(self, global_batch: NestedTensor) -> dict[str, Any]:
         """Dispatches the next train step (updating the state); returns its outputs.
@@ -584,8 +595,9 @@ class SpmdTrainer(Module):
         eval/checkpoint overhead excludes step N's own compute, and a non-finite loss is caught
         before anything is saved.
         """
-        due = [name for name, evaler in self._evalers.items() if eval_due(evaler, current.step)]
         cfg = self._config
+        forced = self._forced_evals if current.step == cfg.max_step else set()
+        due = [n for n, e in self._evalers.items() if n in forced or eval_due(e, current.step)]
         last = bool(cfg.save_and_eval_last_step) and current.step == cfg.max_step
         due = list(self._evalers) if last else due
         evaler_summaries: dict[str, Any] = {name: None for name in self._evalers}
@@ -593,6 +605,8 @@ class SpmdTrainer(Module):
             self._drain(current)
             with self._metrics.timer.overhead("eval"):
                 evaler_summaries.update(self._run_eval(due))
+        if forced:  # For run(return_evaler_summaries=...).
+            self._forced_out = dict(evaler_summaries=evaler_summaries)
         if last or self._checkpoints.due(current.step, evaler_summaries):
             self._drain(current)
             self._checkpoints.save_timed(
@@ -663,26 +677,16 @@ class SpmdTrainer(Module):
 
     def model_params_for_eval(self) -> NestedTensor:
         """Parameters for evalers: the parameter EMA if the learner keeps one, else the model."""
-        learner_state = self._trainer_state.learner
-        if isinstance(learner_state, dict) and "ema" in learner_state:
-            ema = getattr(learner_state["ema"], "ema", None)
-            if ema is not None:
-                return ema
-        return self._trainer_state.model
+        return params_for_eval(self._trainer_state)
 
     def _run_eval(self, names: Sequence[str]) -> dict[str, Any]:
         """Runs the named evalers on the current parameters; returns their summaries."""
-        summaries = {}
-        prng_key = self._trainer_state.prng_key
-        for name in names:
-            prng_key, evaler_summaries, _ = self._evalers[name].eval_step(
-                self._step,
-                prng_key=prng_key,
-                model_params=self.model_params_for_eval(),
-                force_run=True,
-            )
-            summaries[name] = evaler_summaries
-        return summaries
+        return run_evalers(
+            {name: self._evalers[name] for name in names},
+            step=self._step,
+            prng_key=self._trainer_state.prng_key,
+            model_params=self.model_params_for_eval(),
+        )
 
     def _write_run_summary(self) -> dict[str, Any]:
         """Logs the end-of-run summary block and writes <dir>/run_summary.json (process 0)."""

@@ -103,6 +103,68 @@ def eval_due(evaler: Any, step: int) -> bool:
     return False
 
 
+def params_for_eval(trainer_state: Any) -> Any:
+    """The parameters evalers use: the learner's parameter EMA if it keeps one, else the model."""
+    learner_state = trainer_state.learner
+    if isinstance(learner_state, dict) and "ema" in learner_state:
+        ema = getattr(learner_state["ema"], "ema", None)
+        if ema is not None:
+            return ema
+    return trainer_state.model
+
+
+def run_evalers(evalers: dict[str, Any], *, step: int, prng_key: Any, model_params: Any) -> dict:
+    """Force-runs each evaler (in order, chaining the key) at `step`; returns their summaries.
+
+    Args:
+        evalers: {name: SpmdEvaler} to run.
+        step: The training step.
+        prng_key: The first evaler's key (each returns the next one's).
+        model_params: The parameters to evaluate.
+
+    Returns:
+        {name: the evaler's summaries}.
+    """
+    summaries = {}
+    for name, evaler in evalers.items():
+        prng_key, summaries[name], _ = evaler.eval_step(
+            step, prng_key=prng_key, model_params=model_params, force_run=True
+        )
+    return summaries
+
+
+def evalers_to_force(return_evaler_summaries: Any, evaler_names: Any, path: str) -> set[str]:
+    """The evalers `SpmdTrainer.run(return_evaler_summaries=...)` force-runs at max_step.
+
+    Args:
+        return_evaler_summaries: None or False (none), True (all), or a set of evaler names.
+        evaler_names: The trainer's evaler names.
+        path: The trainer's path, for errors.
+
+    Returns:
+        The set of evaler names to force-run at the last step.
+
+    Raises:
+        ValueError: For a name that is not an evaler's, or a value of another type.
+    """
+    if return_evaler_summaries is None or return_evaler_summaries is False:
+        return set()
+    if return_evaler_summaries is True:
+        return set(evaler_names)
+    if not isinstance(return_evaler_summaries, (set, frozenset)):
+        raise ValueError(
+            f"{path}: run(return_evaler_summaries={return_evaler_summaries!r}) must be None, a "
+            "bool or a set of evaler names."
+        )
+    unknown = sorted(set(return_evaler_summaries) - set(evaler_names))
+    if unknown:
+        raise ValueError(
+            f"{path}: run(return_evaler_summaries=) names {unknown}, which do not match any "
+            f"evaler names {sorted(evaler_names)}: use the names of the trainer's `evalers`."
+        )
+    return set(return_evaler_summaries)
+
+
 def learner_skips_nonfinite(learner_cfg: ConfigBase) -> bool:
     """Whether the learner skips non-finite steps (skip_and_clip_by_global_norm, loss scaling)."""
     text = learner_cfg.debug_string()

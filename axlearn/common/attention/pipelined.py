@@ -101,6 +101,12 @@ class PipelinedTransformerLayer(BaseStackedTransformerLayer):
                 f"{self.path()}: carry={cfg.carry!r} / scan_kwargs={cfg.scan_kwargs!r} are not "
                 "supported by a pipelined stack (it carries only 'data'); unset them."
             )
+        if cfg.peak_stochastic_depth_rate:
+            raise NotImplementedError(
+                f"{self.path()}.peak_stochastic_depth_rate={cfg.peak_stochastic_depth_rate} is "
+                "not supported by a pipelined stack; set the layers' stochastic_depth.rate or "
+                "use StackedTransformerLayer/RepeatedTransformerLayer."
+            )
         num_virtual = self.num_virtual_stages(cfg)
         chunks = cfg.num_stages * num_virtual
         if cfg.num_layers % chunks != 0:

@@ -25,6 +25,7 @@ from axlearn.common.config import (
     config_class,
     config_for_function,
 )
+from axlearn.common.layers import get_stochastic_depth_linear_rate, stochastic_depth_rate_scale
 from axlearn.common.module import Module, child_context
 from axlearn.common.repeat import Repeat
 from axlearn.common.utils import NestedTensor, SavePattern, Tensor, VDict
@@ -61,10 +62,18 @@ class BaseStackedTransformerLayer(BaseTransformerLayer):
         # Names of layer keyword arguments whose leading axis is the layer axis
         # ([num_layers, ...]): layer i receives row i. None: none.
         scan_kwargs: Optional[Sequence[str]] = None
+        # If set (in [0, 1)), layer i of N gets the stochastic depth (drop-path) rate
+        # peak * (i + 1) / N in its self_attention and feed_forward; None or 0: as configured.
+        peak_stochastic_depth_rate: Optional[float] = None
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
         cfg = self.config
+        peak = cfg.peak_stochastic_depth_rate
+        if peak is not None and not 0 <= peak < 1:
+            raise ValueError(
+                f"{self.path()}.peak_stochastic_depth_rate={peak} must be in [0, 1) (or None)."
+            )
         fields = BaseTransformerLayer.Output._fields
         bad = [name for name in cfg.carry or () if name not in fields]
         if bad or (cfg.carry is not None and "data" not in cfg.carry):
@@ -72,6 +81,22 @@ class BaseStackedTransformerLayer(BaseTransformerLayer):
                 f"{self.path()}.carry={tuple(cfg.carry)!r} must include 'data' and name fields "
                 f"of the layer Output {fields}; fix or unset carry."
             )
+
+    def _with_stochastic_depth_rate(
+        self, layer_cfg: InstantiableConfig, rate: float, *, index: str
+    ) -> InstantiableConfig:
+        """A clone of `layer_cfg` whose self_attention and feed_forward drop paths at `rate`."""
+        layer_cfg = layer_cfg.clone()
+        for name in ("self_attention", "feed_forward"):
+            child = getattr(layer_cfg, name, None)
+            if child is None or "stochastic_depth" not in child:
+                raise ValueError(
+                    f"{self.path()}.peak_stochastic_depth_rate needs layer{index}.{name}."
+                    f"stochastic_depth, which {type(layer_cfg).__qualname__} lacks; use "
+                    "TransformerLayer layers or unset peak_stochastic_depth_rate."
+                )
+            child.stochastic_depth.rate = rate
+        return layer_cfg
 
     def _extra_carry(self) -> tuple[str, ...]:
         """The carried Output fields besides data."""
@@ -118,6 +143,17 @@ class StackedTransformerLayer(BaseStackedTransformerLayer):
             layer_cfgs = list(cfg.layer)
         else:
             layer_cfgs = [cfg.layer] * cfg.num_layers
+        if cfg.peak_stochastic_depth_rate:
+            layer_cfgs = [
+                self._with_stochastic_depth_rate(
+                    layer_cfg,
+                    get_stochastic_depth_linear_rate(
+                        cfg.peak_stochastic_depth_rate, i + 1, cfg.num_layers
+                    ),
+                    index=f"[{i}]",
+                )
+                for i, layer_cfg in enumerate(layer_cfgs)
+            ]
         self._layers = [
             self._add_child(f"layer{i}", layer_cfg.clone(input_dim=cfg.input_dim))
             for i, layer_cfg in enumerate(layer_cfgs)
@@ -179,8 +215,27 @@ class StackedTransformerLayer(BaseStackedTransformerLayer):
 class _TransformerRepeat(Repeat):
     """A Repeat of a transformer layer: carries `data` across layers."""
 
+    @config_class
+    class Config(Repeat.Config):
+        """Configures _TransformerRepeat."""
+
+        # If True, the layer's StochasticDepth rates are scaled by (i + 1) / num_layers in
+        # iteration i (set by RepeatedTransformerLayer for peak_stochastic_depth_rate).
+        linear_stochastic_depth: Optional[bool] = None
+
     def _scan(self, method: str, data, xs, layer_kwargs):
+        num_layers = self.config.num_layers
+        scaled = bool(self.config.linear_stochastic_depth)
+        if scaled:
+            xs = dict(xs=xs, order=jnp.arange(1, num_layers + 1, dtype=jnp.float32))
+
         def layer_fn(carry, x_i):
+            if not scaled:
+                return step_fn(carry, x_i)
+            with stochastic_depth_rate_scale(x_i["order"] / num_layers):
+                return step_fn(carry, x_i["xs"])
+
+        def step_fn(carry, x_i):
             if method == "forward_per_layer":
                 state, out = None, self.layer(carry, **layer_kwargs, **x_i)
             elif method == "forward":
@@ -245,12 +300,16 @@ class RepeatedTransformerLayer(BaseStackedTransformerLayer):
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
         cfg = self.config
-        self._add_child(
-            "repeat",
-            cfg.repeat.clone(
-                layer=cfg.layer.clone(input_dim=cfg.input_dim), num_layers=cfg.num_layers
-            ),
+        repeat_cfg = cfg.repeat.clone(
+            layer=cfg.layer.clone(input_dim=cfg.input_dim), num_layers=cfg.num_layers
         )
+        if cfg.peak_stochastic_depth_rate:
+            # The shared layer drops at the peak rate, scaled per iteration by (i + 1) / N.
+            repeat_cfg.layer = self._with_stochastic_depth_rate(
+                repeat_cfg.layer, cfg.peak_stochastic_depth_rate, index=""
+            )
+            repeat_cfg.linear_stochastic_depth = True
+        self._add_child("repeat", repeat_cfg)
         if self._extra_carry():
             raise NotImplementedError(
                 f"{self.path()}.carry={tuple(self.config.carry)!r}: a RepeatedTransformerLayer "
