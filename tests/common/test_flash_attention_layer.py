@@ -7,6 +7,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from axlearn.common.attention import GroupedQKVLinear, GroupedQueryAttention
 from axlearn.common.flash_attention.layer import (
+    KNOWN_BACKEND_OVERRIDES,
     FlashAttention,
     default_mha_dim_to_partition_spec,
     default_output_dim_to_partition_spec,
@@ -74,3 +75,27 @@ def test_default_partition_specs():
     assert specs["bnts"] == PartitionSpec(("data", "fsdp"), "model", None, None)
     no_tp = default_output_dim_to_partition_spec(("data",))
     assert no_tp["btnh"] == PartitionSpec(("data",), None, None, None)
+
+
+def test_backend_overrides_are_checked_and_keep_values():
+    plain = _layer(FlashAttention, True)
+    params = plain.initialize_parameters_recursively(jax.random.PRNGKey(0))
+    x = jax.random.normal(jax.random.PRNGKey(1), (BATCH, LEN, DIM))
+    expected = _run(plain, params, dict(query=x))
+    # Every known key is accepted; none changes the values of our (XLA) core.
+    overrides = {key: 256 for key in KNOWN_BACKEND_OVERRIDES}
+    overrides["splash_use_fused_bwd_kernel"] = False
+    tuned = _layer(FlashAttention, True, backend_overrides=overrides)
+    np.testing.assert_array_equal(_run(tuned, params, dict(query=x)), expected)
+    assert len(KNOWN_BACKEND_OVERRIDES) == 9
+
+    with pytest.raises(
+        ValueError,
+        match=r"^attn\.backend_overrides: unknown key 'splash_block_size'; known keys: "
+        r"splash_use_fused_bwd_kernel, splash_block_q, .*splash_block_kv_dq$",
+    ):
+        _layer(FlashAttention, True, backend_overrides={"splash_block_size": 512})
+    with pytest.raises(ValueError, match=r"\['splash_use_fused_bwd_kernel'\]=1 must be True"):
+        _layer(FlashAttention, True, backend_overrides={"splash_use_fused_bwd_kernel": 1})
+    with pytest.raises(ValueError, match=r"\['splash_block_q'\]=100 must be a positive multiple"):
+        _layer(FlashAttention, True, backend_overrides={"splash_block_q": 100})

@@ -62,6 +62,7 @@ from axlearn.common.attention.sharding import (
 )
 from axlearn.common.attention.sigmoid import SigmoidAttention
 from axlearn.common.attention.skip import update_data_with_skip_connection
+from axlearn.common.attention.softmax import softmax_with_biases
 from axlearn.common.attention.stack import (
     REMAT_CHOICES,
     BaseStackedTransformerLayer,
@@ -198,4 +199,5 @@ __all__ = [
     "set_double_shard_weights_config",
     "set_feed_forward_partition_specs",
     "sliding_window_causal_mask",
+    "softmax_with_biases",
 ]

@@ -24,6 +24,7 @@ Masking: the attention logits of query i and key j get the sum of
 * a segment mask when `segment_ids` is given (packed sequences attend within their segment).
 """
 
+from collections.abc import Sequence
 from typing import NamedTuple, Optional, Union
 
 import jax
@@ -36,6 +37,7 @@ from axlearn.common.attention.qkv import (
     _input_linear_config,
 )
 from axlearn.common.attention.scale import ScaleKey, ScaleQuery
+from axlearn.common.attention.softmax import softmax_with_biases
 from axlearn.common.attention_bias import (
     MaskFn,
     add_biases,
@@ -57,7 +59,7 @@ from axlearn.common.kv_cache.kv_cache import KVCache
 from axlearn.common.layers import Dropout
 from axlearn.common.module import Module
 from axlearn.common.param_init import constant_initializer
-from axlearn.common.utils import NestedTensor, Tensor
+from axlearn.common.utils import NestedTensor, Tensor, maybe_shard
 
 
 class _MaskInfo(NamedTuple):
@@ -116,6 +118,16 @@ class MultiheadAttention(BaseLayer):
         # no weight decay) joins each softmax as an extra key with no value, so a query's
         # probabilities may sum to less than 1. None means False.
         logit_sink: Optional[bool] = None
+        # Sharding constraints (one entry per axis: a mesh axis name, a tuple of names, or None)
+        # on the projected queries [batch, target_length, num_heads, per_head_dim]; None: none.
+        q_partition_spec: Optional[Sequence] = None
+        # Constraint on the projected keys [batch, source_length, num_kv_heads, per_head_dim];
+        # None: q_partition_spec.
+        k_partition_spec: Optional[Sequence] = None
+        # Constraint on the projected values (as keys); None: q_partition_spec.
+        v_partition_spec: Optional[Sequence] = None
+        # Constraint on the layer's output [batch, target_length, output_dim]; None: none.
+        o_partition_spec: Optional[Sequence] = None
 
     class Output(NamedTuple):
         """Attention outputs.
@@ -167,13 +179,8 @@ class MultiheadAttention(BaseLayer):
 
     def _softmax(self, logits: Tensor) -> Tensor:
         """Softmax over the last axis in float32, with the per-head logit sink if configured."""
-        logits = logits.astype(jnp.float32)
-        if not self.config.logit_sink:
-            return jax.nn.softmax(logits, axis=-1)
-        sink = self.parameters["sink"].astype(jnp.float32)[None, :, None, None]
-        sink = jnp.broadcast_to(sink, (*logits.shape[:-1], 1))
-        probs = jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)
-        return probs[..., :-1]
+        sink = self.parameters["sink"] if self.config.logit_sink else None
+        return softmax_with_biases(logits.astype(jnp.float32), logit_sink=sink)
 
     def per_head_dim(self) -> int:
         """hidden_dim // num_heads."""
@@ -230,16 +237,27 @@ class MultiheadAttention(BaseLayer):
         q, k, v = self._project(
             query, key=key, value=value, kv_state=kv_state, positions=query_positions
         )
+        # Positions of the tokens for the scale layers (masks use sequence indices).
+        q_positions = query_positions
+        if q_positions is None:
+            q_positions = jnp.arange(q.shape[1])[None]
+        source_len = k.shape[1]
         if kv_state is None:
-            k, kv_state = self._cache_convention(k, v)
+            # Self-attention keys are the query tokens; cross-attention keys count from 0.
+            k_positions = q_positions if key is None else jnp.arange(source_len)[None]
+            k, kv_state = self._cache_convention(k, v, positions=k_positions)
             key_positions, default_positions = None, True
         else:
             key_positions = kv_state.key_positions
             default_positions = key_positions is None
-        q, k = self._scale_for_attention(q, k)
-        source_len = k.shape[1]
+            k_positions = key_positions
+            if k_positions is None:
+                k_positions = jnp.arange(source_len)[None]
         if key_positions is None:
             key_positions = jnp.arange(source_len)[None]
+        q, k = self._scale_for_attention(
+            q, k, query_positions=q_positions, key_positions=k_positions
+        )
         mask = _MaskInfo(
             self._mask_fn,
             jnp.arange(q.shape[1])[None],
@@ -281,17 +299,32 @@ class MultiheadAttention(BaseLayer):
         flag = self.config.scale_kv_before_cache_update
         return True if flag is None else bool(flag)
 
-    def _cache_convention(self, k_proj: Tensor, v_proj: Tensor) -> tuple[Tensor, KVState]:
-        """Keys as they are cached/returned (scaled if scale_kv_before_cache_update)."""
+    def _cache_convention(
+        self, k_proj: Tensor, v_proj: Tensor, *, positions: Tensor
+    ) -> tuple[Tensor, KVState]:
+        """Keys as they are cached/returned (scaled if scale_kv_before_cache_update).
+
+        `positions` ([batch or 1, source_length]) are the keys' positions, for `scale_key`.
+        """
         if self._scale_kv_first():
-            k_proj = self.scale_key(k_proj)
+            k_proj = self.scale_key(k_proj, positions=positions)
         return k_proj, KVState(k_proj=k_proj, v_proj=v_proj)
 
-    def _scale_for_attention(self, q_proj: Tensor, k_proj: Tensor) -> tuple[Tensor, Tensor]:
-        """Scales the query, and keys held in the cache convention (see `_cache_convention`)."""
-        q_proj = self.scale_query(q_proj)
+    def _scale_for_attention(
+        self,
+        q_proj: Tensor,
+        k_proj: Tensor,
+        *,
+        query_positions: Tensor,
+        key_positions: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """Scales the query, and keys held in the cache convention (see `_cache_convention`).
+
+        The positions ([batch or 1, length]) are passed to `scale_query` / `scale_key`.
+        """
+        q_proj = self.scale_query(q_proj, positions=query_positions)
         if not self._scale_kv_first():
-            k_proj = self.scale_key(k_proj)
+            k_proj = self.scale_key(k_proj, positions=key_positions)
         return q_proj, k_proj
 
     def _scale_qk(
@@ -302,19 +335,25 @@ class MultiheadAttention(BaseLayer):
         query_positions: Optional[Tensor] = None,
         key_positions: Optional[Tensor] = None,
     ) -> tuple[Tensor, Tensor]:
-        """Returns (scale_query(q_proj), scale_key(k_proj)) (positions are accepted, unused).
+        """Returns (scale_query(q_proj), scale_key(k_proj)), each given its positions.
 
         Args:
             q_proj: [batch, target_length, num_heads, per_head_dim].
             k_proj: [batch, source_length, num_kv_heads, per_head_dim].
-            query_positions: Optional [batch, target_length] (unused by the scale layers here).
-            key_positions: Optional [batch, source_length] (unused).
+            query_positions: Optional [batch, target_length]; None: arange(target_length).
+            key_positions: Optional [batch, source_length]; None: arange(source_length).
 
         Returns:
             The scaled (q_proj, k_proj).
         """
-        del query_positions, key_positions
-        return self.scale_query(q_proj), self.scale_key(k_proj)
+        if query_positions is None:
+            query_positions = jnp.arange(q_proj.shape[1])[None]
+        if key_positions is None:
+            key_positions = jnp.arange(k_proj.shape[1])[None]
+        return (
+            self.scale_query(q_proj, positions=query_positions),
+            self.scale_key(k_proj, positions=key_positions),
+        )
 
     def _cache_dtype(self, dtype) -> jnp.dtype:
         """The cache dtype when the kv_cache sets none: the projection's, else `dtype`."""
@@ -441,7 +480,7 @@ class MultiheadAttention(BaseLayer):
             if key_positions is None:
                 key_positions = jnp.arange(k_all.shape[1])[None]
         else:
-            k, _ = self._cache_convention(k, v)
+            k, _ = self._cache_convention(k, v, positions=positions)
             new_state["kv_cache"], out_kv = self.kv_cache.extend_step(
                 cached_states["kv_cache"],
                 k_proj=k,
@@ -456,7 +495,9 @@ class MultiheadAttention(BaseLayer):
                 k_all = out_kv.k_proj.astype(q.dtype)
                 v_all = out_kv.v_proj.astype(q.dtype)
                 key_positions = out_kv.key_positions
-        q, k_all = self._scale_for_attention(q, k_all)
+        q, k_all = self._scale_for_attention(
+            q, k_all, query_positions=positions, key_positions=key_positions
+        )
         mask = _MaskInfo(self._mask_fn, positions, key_positions, default_positions=False)
         output = self._attend(
             q,
@@ -484,10 +525,18 @@ class MultiheadAttention(BaseLayer):
         return_aux: Optional[set[str]],
         kv_state: Optional[KVState] = None,
     ) -> Output:
-        """Attention of scaled projections; `kv_state` is returned if "kv_state" is requested."""
-        q_proj = self._remat_name(q_proj, "q_proj")
-        k_proj = self._remat_name(k_proj, "k_proj")
-        v_proj = self._remat_name(v_proj, "v_proj")
+        """Attention of scaled projections; `kv_state` is returned if "kv_state" is requested.
+
+        The projections are constrained to `{q,k,v}_partition_spec` and the output to
+        `o_partition_spec` (where set).
+        """
+        cfg = self.config
+        q_spec = cfg.q_partition_spec
+        k_spec = cfg.k_partition_spec if cfg.k_partition_spec is not None else q_spec
+        v_spec = cfg.v_partition_spec if cfg.v_partition_spec is not None else q_spec
+        q_proj = self._remat_name(self._shard(q_proj, q_spec, "q_partition_spec"), "q_proj")
+        k_proj = self._remat_name(self._shard(k_proj, k_spec, "k_partition_spec"), "k_proj")
+        v_proj = self._remat_name(self._shard(v_proj, v_spec, "v_partition_spec"), "v_proj")
         return_aux = return_aux or set()
         context, probs = self._compute_attention(
             q_proj=q_proj,
@@ -498,12 +547,22 @@ class MultiheadAttention(BaseLayer):
             need_probs="probs" in return_aux,
         )
         context = self._remat_name(context, "context")
-        outputs = self._remat_name(self.o_proj(context), "o_proj")
+        outputs = self._shard(self.o_proj(context), cfg.o_partition_spec, "o_partition_spec")
+        outputs = self._remat_name(outputs, "o_proj")
         return self.Output(
             data=outputs,
             probs=probs if "probs" in return_aux else None,
             kv_state=kv_state if "kv_state" in return_aux else None,
         )
+
+    def _shard(self, x: Tensor, spec: Optional[Sequence], field: str) -> Tensor:
+        """`maybe_shard(x, spec)`, with an error naming the config field on a rank mismatch."""
+        if spec is not None and len(spec) != x.ndim:
+            raise ValueError(
+                f"{self.path()}.{field}={tuple(spec)!r} has {len(spec)} entries but the tensor "
+                f"it constrains has shape {x.shape}; give one entry per axis."
+            )
+        return maybe_shard(x, spec)
 
     def _full_biases(self, biases: Optional[Tensor], mask: _MaskInfo, dtype) -> Optional[Tensor]:
         """All biases materialized: explicit biases plus the mask function's bias."""

@@ -517,7 +517,7 @@ class RoFormerQKVLinear(BaseQKVLinear):
             # Shared keys/values (QLinear inside) are already rotated: rotate the query only.
             q, k, v = self.i_proj(query, key=key, value=value, kv_state=kv_state)
             if cfg.query_scale is not None:
-                q = self.query_scale(q)
+                q = self.query_scale(q, positions=query_positions)
             sin_cos = self.rope_pos_emb_layer(positions=query_positions, max_seq_len=q.shape[1])
             return self.Output(query=self._rotate(q, sin_cos), key=k, value=v)
         q, k, v = self.i_proj(query, key=key, value=value)
@@ -526,10 +526,11 @@ class RoFormerQKVLinear(BaseQKVLinear):
                 f"{self.path()}: RoPE with cross-attention needs equal query and key lengths (got "
                 f"{q.shape[1]} and {k.shape[1]}) or query_positions; pass query_positions."
             )
+        # The keys are rotated at the query positions too; so they are scaled at them.
         if cfg.query_scale is not None:
-            q = self.query_scale(q)
+            q = self.query_scale(q, positions=query_positions)
         if cfg.key_scale is not None:
-            k = self.key_scale(k)
+            k = self.key_scale(k, positions=query_positions)
         sin_cos = self.rope_pos_emb_layer(positions=query_positions, max_seq_len=q.shape[1])
         q = self._rotate(q, sin_cos)
         k = self._rotate(k, sin_cos)

@@ -94,6 +94,10 @@ class PerDimScale(BaseLayer):
 class BaseScaleQK(BaseLayer):
     """Scales projected queries or keys [batch, length, num_heads, per_head_dim].
 
+    `forward(proj, positions=)` also receives the tokens' positions ([batch or 1, length]; the
+    attention layer passes them) so that a subclass may scale by position; the scales here
+    ignore them.
+
     If `norm` is set, it is applied over the last (per-head) dimension first, with one scale
     parameter of shape (per_head_dim,) shared by all heads (QK-norm).
     """
@@ -126,8 +130,19 @@ class BaseScaleQK(BaseLayer):
         """The multiplicative scale."""
         return self._scale_fn(self.config.per_head_dim)
 
-    def forward(self, proj: Tensor) -> Tensor:
-        """Returns norm(proj) * scale (norm only if configured)."""
+    def forward(self, proj: Tensor, *, positions: Optional[Tensor] = None) -> Tensor:
+        """Returns norm(proj) * scale (norm only if configured).
+
+        Args:
+            proj: [batch, length, num_heads, per_head_dim] projected queries or keys.
+            positions: Optional [batch or 1, length] positions of `proj`'s tokens, given by the
+                attention layer (the query positions for queries, the key positions for keys).
+                Unused here; subclasses may scale by position.
+
+        Returns:
+            The scaled projection, shaped as `proj`.
+        """
+        del positions
         if "norm" in self.children:
             proj = self.norm(proj)
         scale = self._scale_fn(self.config.per_head_dim)
@@ -153,8 +168,18 @@ class ScaleQuery(BaseScaleQK):
         if cfg.per_dim_scale is not None:
             self._add_child("per_dim_scale", cfg.per_dim_scale.clone(dim=cfg.per_head_dim))
 
-    def forward(self, proj: Tensor) -> Tensor:
-        """Returns scale * per_dim_scale(norm(proj)) (each part only if configured)."""
+    def forward(self, proj: Tensor, *, positions: Optional[Tensor] = None) -> Tensor:
+        """Returns scale * per_dim_scale(norm(proj)) (each part only if configured).
+
+        Args:
+            proj: [batch, length, num_heads, per_head_dim] projected queries.
+            positions: Optional [batch or 1, length] query positions (unused here; see
+                `BaseScaleQK.forward`).
+
+        Returns:
+            The scaled projection, shaped as `proj`.
+        """
+        del positions
         if "norm" in self.children:
             proj = self.norm(proj)
         if "per_dim_scale" in self.children:

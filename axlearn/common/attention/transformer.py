@@ -12,7 +12,12 @@ import jax.numpy as jnp
 
 from axlearn.common.attention.cache_kwargs import accepts_empty_cache_kwargs
 from axlearn.common.attention.multihead import MultiheadAttention
-from axlearn.common.base_layer import BaseLayer
+from axlearn.common.attention.residual_gate import (
+    check_residual_gate,
+    gated_residual,
+    residual_gate_parameter_specs,
+)
+from axlearn.common.base_layer import BaseLayer, ParameterSpec
 from axlearn.common.config import (
     REQUIRED,
     FunctionConfigBase,
@@ -103,7 +108,8 @@ class TransformerAttentionLayer(BaseLayer):
     * postnorm: y = norm(x + drop(attention(x)))
     * hybridnorm: y = x + drop(postnorm(attention(prenorm(x))))
     * v2: y = out_norm(x + drop(res_norm(attention(in_norm(x))))), each norm optional
-      (`norm` is a dict {NormPosition: norm config}; children in_norm/res_norm/out_norm).
+      (`norm` is a dict {NormPosition: norm config}; children in_norm/res_norm/out_norm); with
+      `residual_gate_init`, the sum is the learned gate of `axlearn.common.attention.residual_gate`.
     """
 
     @config_class
@@ -120,6 +126,9 @@ class TransformerAttentionLayer(BaseLayer):
         stochastic_depth: InstantiableConfig = StochasticDepth.default_config()
         # "prenorm", "postnorm", "hybridnorm" or "v2" (see the class docstring).
         structure: str = "prenorm"
+        # structure="v2" only: the initial value of the learned residual gate parameter
+        # `residual_gate_theta` (see `axlearn.common.attention.residual_gate`); None: no gate.
+        residual_gate_init: Optional[float] = None
 
     class Output(NamedTuple):
         """data: [batch, target_length, target_dim]; probs and kv_state if requested."""
@@ -134,6 +143,7 @@ class TransformerAttentionLayer(BaseLayer):
         if cfg.structure not in _STRUCTURES:
             raise NotImplementedError(f"{self.path()}: unsupported structure {cfg.structure}")
         _add_structure_norms(self, structure=cfg.structure, norm=cfg.norm, dim=cfg.target_dim)
+        check_residual_gate(self, structure=cfg.structure, init=cfg.residual_gate_init)
         self._add_child(
             "attention",
             cfg.attention.clone(
@@ -145,6 +155,9 @@ class TransformerAttentionLayer(BaseLayer):
         )
         self._add_child("dropout", cfg.dropout)
         self._add_child("stochastic_depth", cfg.stochastic_depth)
+
+    def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
+        return residual_gate_parameter_specs(self.config.residual_gate_init)
 
     def _residual(self, target: Tensor, attend) -> tuple[object, Output]:
         """Runs `attend(normed_target) -> (state, attention Output)` inside the structure."""
@@ -158,7 +171,11 @@ class TransformerAttentionLayer(BaseLayer):
         elif structure == "v2":
             state, out = attend(_maybe_norm(self, NormPosition.IN_NORM, target))
             residual = _maybe_norm(self, NormPosition.RES_NORM, out.data)
-            data = target + self.stochastic_depth(self.dropout(residual))
+            residual = self.stochastic_depth(self.dropout(residual))
+            if self.config.residual_gate_init is not None:
+                data = gated_residual(self, target, residual)
+            else:
+                data = target + residual
             data = _maybe_norm(self, NormPosition.OUT_NORM, data)
         else:
             state, out = attend(self.prenorm(target))
@@ -298,7 +315,8 @@ class TransformerFeedForwardLayer(BaseLayer):
     structure: prenorm y = x + w * ffn(norm(x)); postnorm y = norm(x + w * ffn(x));
     hybridnorm y = x + w * postnorm(ffn(prenorm(x))); nonorm y = w * ffn(x) (no residual);
     v2 y = out_norm(x + w * res_norm(ffn(in_norm(x)))), each norm optional (`norm` a dict
-    {NormPosition: norm config}).
+    {NormPosition: norm config}); with `residual_gate_init`, the sum is the learned gate of
+    `axlearn.common.attention.residual_gate`.
     """
 
     @config_class
@@ -327,6 +345,9 @@ class TransformerFeedForwardLayer(BaseLayer):
         structure: str = "prenorm"
         # The weight w of the residual branch.
         residual_weight: float = 1.0
+        # structure="v2" only: the initial value of the learned residual gate parameter
+        # `residual_gate_theta` (see `axlearn.common.attention.residual_gate`); None: no gate.
+        residual_gate_init: Optional[float] = None
         # If True, adds summaries "dead_neurons/{activation}": hidden units whose pre-activation
         # stays in the activation's dead zone across the whole batch.
         add_dead_neuron_summary: Optional[bool] = None
@@ -338,6 +359,7 @@ class TransformerFeedForwardLayer(BaseLayer):
         super().__init__(cfg, parent=parent)
         cfg = self.config
         _add_structure_norms(self, structure=cfg.structure, norm=cfg.norm, dim=cfg.input_dim)
+        check_residual_gate(self, structure=cfg.structure, init=cfg.residual_gate_init)
         if isinstance(cfg.hidden_dim, int):
             hidden_dim = cfg.hidden_dim
         else:
@@ -366,6 +388,9 @@ class TransformerFeedForwardLayer(BaseLayer):
         for value in cfg.add_value_rms_norm_summary:
             if value not in ("inputs", "linear1_outputs", "linear2_outputs"):
                 raise NotImplementedError(f"add_value_rms_norm_summary: {value}")
+
+    def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
+        return residual_gate_parameter_specs(self.config.residual_gate_init)
 
     def forward(self, inputs: Tensor) -> Tensor:
         """Returns the layer output, same shape as `inputs` [..., input_dim]."""
@@ -398,6 +423,8 @@ class TransformerFeedForwardLayer(BaseLayer):
         if cfg.structure == "postnorm":
             return self.norm(x + inputs)
         if cfg.structure == "v2":
+            if cfg.residual_gate_init is not None:
+                return _maybe_norm(self, NormPosition.OUT_NORM, gated_residual(self, inputs, x))
             return _maybe_norm(self, NormPosition.OUT_NORM, x + inputs)
         return x + inputs
 

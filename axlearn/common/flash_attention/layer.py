@@ -9,6 +9,13 @@ the attention inputs and outputs by dim-string keys:
   (keys/values) and "bnts" (biases [batch, heads, target, source]) inside the attention;
 - `output_dim_to_partition_spec`: "btnh" for the context.
 
+`backend_overrides` holds AXLearn's kernel options (the keys of `KNOWN_BACKEND_OVERRIDES`: the TPU
+Pallas splash kernel's `splash_use_fused_bwd_kernel` and `splash_block_*` tile sizes). They are
+checked (an unknown key or a bad value fails at instantiation, naming the layer) and kept for
+config compatibility: our cores (XLA on CPU/TPU, cuDNN on GPU via `jax.nn.dot_product_attention`)
+have no splash kernel and pick their own tiling, so no key changes the computed values. The
+layer-wide output constraint is `MultiheadAttention.Config.o_partition_spec`.
+
 `default_mha_dim_to_partition_spec(mesh_axis_names)` and
 `default_output_dim_to_partition_spec(mesh_axis_names)` give AXLearn's defaults (heads over
 "model", batch over the other axes). `tpu_block_size` / `gpu_block_size` are kept for config
@@ -19,13 +26,52 @@ sizes of every FlashAttention layer in a trainer config.
 """
 
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 from jax.sharding import PartitionSpec
 
 from axlearn.common.attention import FlashAttention as _FusedAttention
 from axlearn.common.config import ConfigBase, ConfigModifier, config_class
+from axlearn.common.module import Module
 from axlearn.common.utils import Tensor, with_sharding_constraint
+
+# AXLearn's backend-override keys and the check of their values. The splash keys configure
+# AXLearn's TPU Pallas splash-attention kernel: whether its backward pass runs as one fused kernel,
+# and its forward (q, kv, kv_compute), dK/dV (*_dkv) and dQ (*_dq) tile sizes.
+_SPLASH_BLOCK_KEYS = (
+    "splash_block_q",
+    "splash_block_kv",
+    "splash_block_kv_compute",
+    "splash_block_q_dkv",
+    "splash_block_kv_dkv",
+    "splash_block_kv_dkv_compute",
+    "splash_block_q_dq",
+    "splash_block_kv_dq",
+)
+KNOWN_BACKEND_OVERRIDES: tuple[str, ...] = ("splash_use_fused_bwd_kernel", *_SPLASH_BLOCK_KEYS)
+
+
+def check_backend_overrides(overrides: Optional[dict[str, Any]], *, path: str) -> None:
+    """Raises a one-line ValueError for an unknown key or a bad value of `backend_overrides`.
+
+    Args:
+        overrides: The `backend_overrides` dict (None: nothing to check).
+        path: The config path of the field, for the error message.
+
+    Raises:
+        ValueError: On an unknown key, a non-bool `splash_use_fused_bwd_kernel`, or a block size
+            that is not a positive multiple of 128.
+    """
+    for key, value in (overrides or {}).items():
+        if key not in KNOWN_BACKEND_OVERRIDES:
+            raise ValueError(
+                f"{path}: unknown key {key!r}; known keys: {', '.join(KNOWN_BACKEND_OVERRIDES)}"
+            )
+        if key == "splash_use_fused_bwd_kernel":
+            if not isinstance(value, bool):
+                raise ValueError(f"{path}[{key!r}]={value!r} must be True or False")
+        elif isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % 128:
+            raise ValueError(f"{path}[{key!r}]={value!r} must be a positive multiple of 128")
 
 
 def _constrain(x: Optional[Tensor], spec: Optional[PartitionSpec]) -> Optional[Tensor]:
@@ -49,6 +95,15 @@ class FlashAttention(_FusedAttention):
         tpu_block_size: int = 512
         # Kept for AXLearn config compatibility; None: the kernel's choice.
         gpu_block_size: Optional[int] = None
+        # AXLearn's kernel options {key: value}, keys in KNOWN_BACKEND_OVERRIDES (checked, no
+        # effect on our XLA/cuDNN cores); None: none.
+        backend_overrides: Optional[dict[str, Any]] = None
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        check_backend_overrides(
+            self.config.backend_overrides, path=f"{self.path()}.backend_overrides"
+        )
 
     def _compute_attention(self, *, q_proj, k_proj, v_proj, biases, mask, need_probs):
         cfg = self.config

@@ -9,8 +9,8 @@ on its [O, G, C, M] slots; outputs are summed weighted by the gates.
 structure: prenorm y = x + w * moe(norm(x)); postnorm y = norm(x + w * moe(x));
 hybridnorm y = x + w * postnorm(moe(prenorm(x))); nonorm y = moe(x) (no residual);
 v2 y = out_norm(x + w * res_norm(moe(in_norm(x)))) with `norm` a dict {NormPosition: config}.
-With `residual_gate_init` set, the residual branch is also scaled by sigmoid(theta), theta a
-trained scalar ("residual_gate_theta") initialized to that value.
+With `residual_gate_init` set (v2 only), the residual sum is the learned gate of
+`axlearn.common.attention.residual_gate`: sqrt(1 - p**2) * x + p * branch, p = sigmoid(theta).
 
 "aux_loss" (a module output) = load_balance_loss_weight * load balance loss
 + router_z_loss_weight * router z-loss + corr_loss_weight * expert correlation loss (the mean
@@ -20,10 +20,14 @@ squared off-diagonal cosine similarity of the router's expert columns).
 import math
 from typing import Optional, Union
 
-import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from axlearn.common.attention.residual_gate import (
+    check_residual_gate,
+    gated_residual,
+    residual_gate_parameter_specs,
+)
 from axlearn.common.attention.transformer import (
     NormPosition,
     _add_structure_norms,
@@ -41,7 +45,7 @@ from axlearn.common.invocation_context import child_context
 from axlearn.common.layers import Dropout, LayerNorm, StochasticDepth, get_activation_fn
 from axlearn.common.mixture_of_experts.gating import BaseGating, Top2Gating, TopKGating
 from axlearn.common.module import Module
-from axlearn.common.param_init import ConstantInitializer, FanAxes
+from axlearn.common.param_init import FanAxes
 from axlearn.common.quantized_dot_general.layers import DenseGeneralBaseLayer
 from axlearn.common.utils import Tensor, current_mesh, with_sharding_constraint
 
@@ -96,13 +100,15 @@ class TransformerFeedForwardMoE(DenseGeneralBaseLayer):
             "ogecm": PartitionSpec("data", None, "expert", None, "model"),
             "oegch": PartitionSpec("data", "expert", None, None, "model"),
         }
-        # Optional initial value of a trained residual gate theta (branch * sigmoid(theta)).
+        # structure="v2" only: the initial value of the learned residual gate parameter
+        # `residual_gate_theta` (see `axlearn.common.attention.residual_gate`); None: no gate.
         residual_gate_init: Optional[float] = None
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
         cfg = self.config
         _add_structure_norms(self, structure=cfg.structure, norm=cfg.norm, dim=cfg.input_dim)
+        check_residual_gate(self, structure=cfg.structure, init=cfg.residual_gate_init)
         if isinstance(cfg.activation, (tuple, list)) and len(cfg.activation) != 2:
             raise ValueError(f"{self.path()}: gated activation needs 2 names: {cfg.activation}")
         self._check_expert_sharding()
@@ -161,15 +167,7 @@ class TransformerFeedForwardMoE(DenseGeneralBaseLayer):
                 mesh_axes=axes.get("emh"),
                 fan_axes=FanAxes(in_axis=-2, out_axis=-1, batch_axis=0),
             )
-        if cfg.residual_gate_init is not None:
-            specs["residual_gate_theta"] = ParameterSpec(
-                shape=(),
-                mesh_axes=(),
-                initializer=ConstantInitializer.default_config()
-                .set(value=cfg.residual_gate_init)
-                .instantiate(),
-                weight_decay_scale=0,
-            )
+        specs.update(residual_gate_parameter_specs(cfg.residual_gate_init))
         return specs
 
     def _constrain(self, x: Tensor, dims: str) -> Tensor:
@@ -188,8 +186,6 @@ class TransformerFeedForwardMoE(DenseGeneralBaseLayer):
     def _residual_branch(self, x: Tensor) -> Tensor:
         cfg = self.config
         x = self.stochastic_depth(self.dropout(x))
-        if cfg.residual_gate_init is not None:
-            x = x * jax.nn.sigmoid(self.parameters["residual_gate_theta"]).astype(x.dtype)
         return x * cfg.residual_weight if cfg.residual_weight != 1 else x
 
     def forward(self, inputs: Tensor) -> Tensor:
@@ -206,6 +202,8 @@ class TransformerFeedForwardMoE(DenseGeneralBaseLayer):
             return self._residual_branch(self._dispatch_and_combine(inputs))
         x = self._dispatch_and_combine(_maybe_norm(self, NormPosition.IN_NORM, inputs))
         x = self._residual_branch(_maybe_norm(self, NormPosition.RES_NORM, x))
+        if cfg.residual_gate_init is not None:
+            return _maybe_norm(self, NormPosition.OUT_NORM, gated_residual(self, inputs, x))
         return _maybe_norm(self, NormPosition.OUT_NORM, inputs + x)
 
     def _expert_correlation_loss(self) -> Tensor:

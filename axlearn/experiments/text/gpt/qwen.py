@@ -272,7 +272,9 @@ def model_config(
         query_scale=ScaleQuery.default_config().set(norm=norm_cfg.clone()),
         key_scale=ScaleKey.default_config().set(norm=norm_cfg.clone()),
         hidden_dim=atten_hidden_dim,
+        o_partition_spec=(_BATCH, "seq", "model"),
         tpu_block_size=2048,
+        backend_overrides=dict(splash_use_fused_bwd_kernel=True),
     )
     emb_cfg = TransformerTextEmbeddings.default_config().set(pos_emb=None)
     emb_cfg.token_emb.param_partition_spec = ("model", ("expert", "fsdp", "seq"))

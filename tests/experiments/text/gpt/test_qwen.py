@@ -41,6 +41,20 @@ def test_registered_names_and_values():
     assert (attention.num_heads, attention.hidden_dim) == (32, 4096)
     assert attention.query_scale.norm.eps == 1e-6  # QK norm.
     assert cfg.model.decoder.lm_head is not None  # Untied.
+    # AXLearn's output constraint and splash-kernel option (its dump lists both).
+    assert attention.o_partition_spec == (("data", "expert", "fsdp"), "seq", "model")
+    assert attention.backend_overrides == {"splash_use_fused_bwd_kernel": True}
+
+
+def test_dump_matches_axlearn_but_for_the_attention_mask():
+    """AXLearn's qwen3-30B-A3B-bs8m-seq8k dump, line for line, but for the documented mask line."""
+    from tests.experiments.text.gpt.test_c4_trainer import _GOLDENS, match_ratio
+
+    ours = _configs()["qwen3-30B-A3B-bs8m-seq8k"]().debug_string().splitlines()
+    with open(f"{_GOLDENS}/qwen3-30B-A3B-bs8m-seq8k.txt", encoding="utf-8") as f:
+        theirs = f.read().splitlines()
+    _, only_ours, only_theirs = match_ratio(ours, theirs)
+    assert (only_ours, only_theirs) == (["model.decoder.attention_mask: None"], [])
 
 
 def test_replace_layer_modifier_swaps_the_backend_only():
