@@ -96,9 +96,9 @@ class SplashAttentionConfigModifier(ConfigModifier):
     """Sets the splash-attention (TPU) block sizes of every FlashAttention layer.
 
     The sizes that are set go into the layer's `backend_overrides` dict (under their field names,
-    e.g. "splash_block_q") where the layer config has that field; a config whose
-    FlashAttention layers have no such field, or without FlashAttention layers, is left
-    unchanged (this package's FlashAttention has no splash backend).
+    e.g. "splash_block_q"), merged with the keys already there; a config without FlashAttention
+    layers (or whose layers lack the field) is left unchanged. Our backends check these keys but
+    pick their own tiling (see `FlashAttention.Config.backend_overrides`).
     """
 
     @config_class

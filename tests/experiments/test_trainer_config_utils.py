@@ -42,12 +42,22 @@ def test_v7x_and_splash_modifiers_set_flash_layers_only():
     assert V7xFlashConfigModifier.default_config().tpu_block_size == 2048
     V7xFlashConfigModifier.default_config().instantiate()(cfg)
     assert flash.tpu_block_size == 2048
-    # Our FlashAttention has no splash backend (no backend_overrides): left unchanged.
+    # The sizes go into FlashAttention's backend_overrides (as AXLearn's); the layer accepts them.
     before = cfg.debug_string()
     SplashAttentionConfigModifier.default_config().set(
         splash_block_q=4096, splash_block_kv_compute=1024
     ).instantiate()(cfg)
-    assert cfg.debug_string() == before
+    assert flash.backend_overrides == {"splash_block_q": 4096, "splash_block_kv_compute": 1024}
+    added = set(cfg.debug_string().splitlines()) - set(before.splitlines())
+    assert added == {
+        "model.decoder.transformer.layer.self_attention.attention.backend_overrides"
+        "['splash_block_q']: 4096",
+        "model.decoder.transformer.layer.self_attention.attention.backend_overrides"
+        "['splash_block_kv_compute']: 1024",
+    }
+    flash.clone(name="attention", query_dim=64, key_dim=64, value_dim=64).instantiate(
+        parent=None
+    )  # Known keys and valid sizes: the layer accepts them.
 
     class SplashFlash(FlashAttention):
         @config_class
