@@ -127,16 +127,12 @@ class SplashAttentionConfigModifier(ConfigModifier):
         Returns:
             The modified config.
         """
-        names = (
-            "splash_block_q",
-            "splash_block_kv",
-            "splash_block_kv_compute",
-            "splash_block_q_dkv",
-            "splash_block_kv_dkv",
-            "splash_block_kv_dkv_compute",
-        )
-        sizes = {name: getattr(self.config, name) for name in names}
-        sizes = {name: value for name, value in sizes.items() if value is not None}
+        # The block-size fields are named as the backend_overrides keys they set.
+        sizes = {
+            name: value
+            for name, value in self.config.items()
+            if name.startswith("splash_block_") and value is not None
+        }
         for layer_cfg in flash_attention_configs(cfg):
             if "backend_overrides" in layer_cfg:
                 layer_cfg.backend_overrides = {**(layer_cfg.backend_overrides or {}), **sizes}

@@ -66,16 +66,20 @@ def residual_gate_parameter_specs(init: Optional[float]) -> dict[str, ParameterS
 
 
 def gated_residual(layer: BaseLayer, inputs: Tensor, branch: Tensor) -> Tensor:
-    """sqrt(1 - p**2) * inputs + p * branch with p = clip(sigmoid(theta)), in float32.
+    """The residual sum of a v2 layer: `inputs + branch` if its `residual_gate_init` is None,
+    else sqrt(1 - p**2) * inputs + p * branch with p = clip(sigmoid(theta)), in float32.
 
     Args:
-        layer: The layer owning `residual_gate_theta` (it gets the "residual_gate/theta" summary).
+        layer: The layer (config field `residual_gate_init`); with the gate it owns
+            `residual_gate_theta` and gets the "residual_gate/theta" summary.
         inputs: The residual stream [..., dim].
         branch: The layer's branch output, shaped as `inputs`.
 
     Returns:
-        The gated sum, in `inputs`' dtype.
+        The (gated) sum, in `inputs`' dtype with the gate.
     """
+    if layer.config.residual_gate_init is None:
+        return inputs + branch
     theta = layer.parameters[RESIDUAL_GATE_PARAM]
     layer.add_summary("residual_gate/theta", theta)
     p = jnp.clip(jax.nn.sigmoid(theta.astype(jnp.float32)), 1e-6, 1.0 - 1e-6)

@@ -172,10 +172,7 @@ class TransformerAttentionLayer(BaseLayer):
             state, out = attend(_maybe_norm(self, NormPosition.IN_NORM, target))
             residual = _maybe_norm(self, NormPosition.RES_NORM, out.data)
             residual = self.stochastic_depth(self.dropout(residual))
-            if self.config.residual_gate_init is not None:
-                data = gated_residual(self, target, residual)
-            else:
-                data = target + residual
+            data = gated_residual(self, target, residual)
             data = _maybe_norm(self, NormPosition.OUT_NORM, data)
         else:
             state, out = attend(self.prenorm(target))
@@ -423,9 +420,7 @@ class TransformerFeedForwardLayer(BaseLayer):
         if cfg.structure == "postnorm":
             return self.norm(x + inputs)
         if cfg.structure == "v2":
-            if cfg.residual_gate_init is not None:
-                return _maybe_norm(self, NormPosition.OUT_NORM, gated_residual(self, inputs, x))
-            return _maybe_norm(self, NormPosition.OUT_NORM, x + inputs)
+            return _maybe_norm(self, NormPosition.OUT_NORM, gated_residual(self, inputs, x))
         return x + inputs
 
     def _linear1_activation(self, cfg, x: Tensor) -> Tensor:

@@ -202,9 +202,7 @@ class TransformerFeedForwardMoE(DenseGeneralBaseLayer):
             return self._residual_branch(self._dispatch_and_combine(inputs))
         x = self._dispatch_and_combine(_maybe_norm(self, NormPosition.IN_NORM, inputs))
         x = self._residual_branch(_maybe_norm(self, NormPosition.RES_NORM, x))
-        if cfg.residual_gate_init is not None:
-            return _maybe_norm(self, NormPosition.OUT_NORM, gated_residual(self, inputs, x))
-        return _maybe_norm(self, NormPosition.OUT_NORM, inputs + x)
+        return _maybe_norm(self, NormPosition.OUT_NORM, gated_residual(self, inputs, x))
 
     def _expert_correlation_loss(self) -> Tensor:
         """Mean squared off-diagonal cosine similarity of the router's expert columns."""
