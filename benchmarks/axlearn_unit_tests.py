@@ -55,11 +55,32 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import axlearn.common  # noqa: E402
+import importlib  # noqa: E402
+import importlib.abc  # noqa: E402
+import importlib.util  # noqa: E402
 
-_SHADOW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "axlearn", "common")
-if _SHADOW not in axlearn.common.__path__:
-    axlearn.common.__path__.append(_SHADOW)
+_ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+# Finds `axlearn.<...>_test` modules in the shadow tree (the reference's test files).
+class _ShadowTests(importlib.abc.MetaPathFinder):
+
+    def find_spec(self, fullname, path=None, target=None):
+        parts = fullname.split(".")
+        if parts[0] != "axlearn" or not parts[-1].endswith("_test"):
+            return None
+        candidate = os.path.join(_ROOT, *parts) + ".py"
+        if not os.path.isfile(candidate):
+            return None
+        return importlib.util.spec_from_file_location(fullname, candidate)
+
+
+sys.meta_path.insert(0, _ShadowTests())
+# The tested file's package also gets the shadow folder on its path (pytest's importlib mode).
+_PACKAGE = importlib.import_module({package!r})
+_SHADOW = os.path.join(_ROOT, *{package!r}.split("."))
+if _SHADOW not in _PACKAGE.__path__:
+    _PACKAGE.__path__.append(_SHADOW)
 
 # ---- reference conftest.py follows ----
 """
@@ -326,34 +347,110 @@ def _ensure_site(site_dir: str):
         f.write(" ".join(_TEST_ONLY_PACKAGES))
 
 
+def _test_files(ref_dir: str) -> dict[str, str]:
+    """The reference's test files: {shadow path relative to the scratch root: source path}.
+
+    `ref_dir` is either a snapshot of AXLearn's repository (it holds `axlearn/`), whose
+    `axlearn/**/<name>_test.py` keep their paths, or a flat folder of `<name>_test.py` files,
+    which stand for `axlearn/common/<name>_test.py`.
+    """
+    files = {}
+    package_root = os.path.join(ref_dir, "axlearn")
+    if os.path.isdir(package_root):
+        for dirpath, dirnames, filenames in os.walk(package_root):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "__")))
+            for filename in sorted(filenames):
+                if filename.endswith("_test.py"):
+                    full = os.path.join(dirpath, filename)
+                    files[os.path.relpath(full, ref_dir)] = full
+    else:
+        for filename in sorted(os.listdir(ref_dir)):
+            if filename.endswith("_test.py"):
+                files[os.path.join("axlearn", "common", filename)] = os.path.join(ref_dir, filename)
+    return files
+
+
+def file_name(shadow_path: str) -> str:
+    """A test file's name in the table: its module's path under `axlearn/common/` (`decoding`,
+    `flash_attention/layer`) or under `axlearn/` for other packages (`cloud/gcp/job`).
+
+    Args:
+        shadow_path: The file's path relative to the snapshot root.
+
+    Returns:
+        The name, without `_test.py`.
+    """
+    rel = shadow_path.replace(os.sep, "/")[: -len("_test.py")]
+    rel = rel[len("axlearn/") :]
+    return rel[len("common/") :] if rel.startswith("common/") else rel
+
+
+def module_exists_here(shadow_path: str, package_dir: str = "") -> bool:
+    """Whether the module a test file tests exists in this package (`x_test.py` tests `x`).
+
+    Args:
+        shadow_path: The test file's path relative to the snapshot root (`axlearn/.../x_test.py`).
+        package_dir: The folder holding our `axlearn/` package (default: this repository).
+
+    Returns:
+        True when `axlearn/.../x.py` or the package `axlearn/.../x/` exists here.
+    """
+    base = os.path.join(package_dir or _REPO_ROOT, shadow_path[: -len("_test.py")])
+    return os.path.isfile(base + ".py") or os.path.isfile(os.path.join(base, "__init__.py"))
+
+
+def discover(ref_dir: str, package_dir: str = "") -> tuple[dict[str, str], list[str]]:
+    """The reference's test files whose module exists here, and the names of the others.
+
+    Args:
+        ref_dir: A snapshot of AXLearn's repository, or a flat folder of test files.
+        package_dir: The folder holding our `axlearn/` package (default: this repository).
+
+    Returns:
+        ({name: shadow path} of the files to run, sorted names of the files left out).
+    """
+    chosen, left_out = {}, []
+    for shadow_path in _test_files(ref_dir):
+        name = file_name(shadow_path)
+        if module_exists_here(shadow_path, package_dir):
+            chosen[name] = shadow_path
+        else:
+            left_out.append(name)
+    return dict(sorted(chosen.items())), sorted(left_out)
+
+
 def _prepare(*, ref_dir: str, scratch: str, name: str, mode: str, devices: int) -> str:
     """Lays out one file's scratch folder; returns the copied test file's path."""
-    root = os.path.join(scratch, f"{name}_{mode}")
+    files = _test_files(ref_dir)
+    by_name = {file_name(path): path for path in files}
+    if name not in by_name:
+        raise SystemExit(f"no test file {name!r} in {ref_dir}")
+    shadow_path = by_name[name]
+    root = os.path.join(scratch, f"{name.replace('/', '.')}_{mode}")
     shutil.rmtree(root, ignore_errors=True)
-    shadow = os.path.join(root, "axlearn", "common")
-    os.makedirs(shadow)
-    with open(os.path.join(ref_dir, f"{name}_test.py"), encoding="utf-8") as f:
-        source = f.read()
-    if mode == "lenient":
-        source = lenient_source(source)
-    test_path = os.path.join(shadow, f"{name}_test.py")
-    with open(test_path, "w", encoding="utf-8") as f:
-        f.write(source)
-    # The other reference test files are importable too (e.g. repeat_test imports layers_test),
-    # as in AXLearn's repository; only `name` is collected.
-    for other in os.listdir(ref_dir):
-        if other.endswith("_test.py") and other != f"{name}_test.py":
-            with open(os.path.join(ref_dir, other), encoding="utf-8") as f:
-                other_source = f.read()
-            if mode == "lenient":
-                other_source = lenient_source(other_source)
-            with open(os.path.join(shadow, other), "w", encoding="utf-8") as f:
-                f.write(other_source)
-    ref_conftest = os.path.join(ref_dir, "conftest.py")
-    conftest = _CONFTEST_PRELUDE.format(devices=devices)
-    if os.path.exists(ref_conftest):
-        with open(ref_conftest, encoding="utf-8") as f:
-            conftest += f.read()
+    # Every reference test file is importable (e.g. repeat_test imports layers_test), as in
+    # AXLearn's repository; only `name` is collected.
+    for rel, source_path in files.items():
+        with open(source_path, encoding="utf-8") as f:
+            source = f.read()
+        if mode == "lenient":
+            try:
+                source = lenient_source(source)
+            except SyntaxError:
+                if rel != shadow_path:
+                    continue
+                raise
+        target = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(source)
+    test_path = os.path.join(root, shadow_path)
+    package = ".".join(shadow_path.split(os.sep)[:-1])
+    conftest = _CONFTEST_PRELUDE.format(devices=devices, package=package)
+    for candidate in (os.path.join(ref_dir, "conftest.py"),):
+        if os.path.exists(candidate):
+            with open(candidate, encoding="utf-8") as f:
+                conftest += f.read()
     with open(os.path.join(root, "conftest.py"), "w", encoding="utf-8") as f:
         f.write(conftest)
     with open(os.path.join(root, "_axl_lenient.py"), "w", encoding="utf-8") as f:
@@ -448,7 +545,7 @@ def run_file(
     `sampled_from` (the number collected) to the counts.
     """
     test_path = _prepare(ref_dir=ref_dir, scratch=scratch, name=name, mode=mode, devices=devices)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(test_path)))
+    root = os.path.join(scratch, f"{name.replace('/', '.')}_{mode}")
     junit = os.path.join(root, "junit.xml")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([_REPO_ROOT, site_dir, root])
@@ -505,6 +602,32 @@ def run_file(
     return result
 
 
+def _git_head(folder: str) -> str:
+    """The short commit of the git checkout holding `folder`, or "" when it is not one."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def _dirty(folder: str) -> bool:
+    """Whether the package's tracked files under `folder/axlearn` differ from the commit."""
+    proc = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "axlearn"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return bool(proc.stdout.strip())
+
+
 def _default_ref_dir() -> str:
     """../shared/reference/axlearn_tests beside the repository (or beside its main worktree)."""
     relative = os.path.join("..", "shared", "reference", "axlearn_tests")
@@ -531,7 +654,9 @@ def main():
         "ref_dir",
         nargs="?",
         default=_default_ref_dir(),
-        help="Folder with AXLearn's <name>_test.py files and its conftest.py "
+        help="A snapshot of AXLearn's repository (its axlearn/**/<name>_test.py files of "
+        "modules that exist here are run) or a flat folder of <name>_test.py files standing for "
+        "axlearn/common/, with AXLearn's conftest.py "
         "(default: ../shared/reference/axlearn_tests next to the repository).",
     )
     parser.add_argument("--files", default="", help="Comma-separated names (default: all).")
@@ -569,9 +694,14 @@ def main():
     scratch = os.path.abspath(args.scratch)
     if scratch.startswith(_REPO_ROOT + os.sep):
         raise SystemExit(f"--scratch={scratch} is inside the repository; pick a folder outside.")
-    names = [n for n in args.files.split(",") if n] or sorted(
-        f[: -len("_test.py")] for f in os.listdir(ref_dir) if f.endswith("_test.py")
-    )
+    found, left_out = discover(ref_dir)
+    names = [n for n in args.files.split(",") if n] or list(found)
+    unknown = [n for n in names if n not in found]
+    if unknown:
+        raise SystemExit(
+            f"no test file of a module that exists here for {unknown} in {ref_dir} "
+            f"(found {len(found)}: {', '.join(list(found)[:8])}, ...)"
+        )
     site_dir = os.path.join(scratch, "site")
     _ensure_site(site_dir)
     table = {}
@@ -609,7 +739,17 @@ def main():
         }
         ran = totals[mode]["passed"] + totals[mode]["failed"] + totals[mode]["errors"]
         totals[mode]["pass_rate"] = round(totals[mode]["passed"] / ran, 3) if ran else None
-    text = json.dumps({"files": table, "totals": totals}, indent=1)
+    meta = dict(
+        date=time.strftime("%Y-%m-%d", time.gmtime()),
+        commit=_git_head(_REPO_ROOT) + ("-dirty" if _dirty(_REPO_ROOT) else ""),
+        reference_commit=_git_head(ref_dir),
+        devices=args.devices,
+        sample=args.sample,
+        seed=args.seed,
+        files_found=len(found),
+        files_left_out=left_out,
+    )
+    text = json.dumps({"meta": meta, "files": table, "totals": totals}, indent=1)
     print(text)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:

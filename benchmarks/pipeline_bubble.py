@@ -1,20 +1,30 @@
-"""Pipeline parallelism on 8 CPU devices: measured bubble vs the formula, memory per device.
+"""Pipeline parallelism on 8 CPU devices: bubble and temp memory per schedule, memory per device.
 
-    python benchmarks/pipeline_bubble.py [--repeats=5] [--microbatches=4,8,16]
+    python benchmarks/pipeline_bubble.py [--repeats=5] [--microbatches=4,8,12,16]
+        [--memory_microbatches=1,2,4,8,16,32] [--output=F.json]
 
-1. Bubble. A stack of 8 tanh(Linear(1024)) layers pipelined over S=4 stages (GPipe: 2 layers per
-   stage; circular: V=2 chunks of 1 layer per stage), microbatch of 128 rows, M microbatches.
-   One forward+backward step runs V*M + S - 1 pipeline steps, so its time is
-   T(M) = a*M + b. The slope `a` (least squares over the M values) is the cost of useful work
-   per microbatch; the measured bubble is 1 - a*M / T(M), compared with (S-1)/(V*M+S-1).
-   Timings of all configurations are interleaved; medians of `--repeats`.
-2. Memory. The 8-layer decoder of tests/common/test_pipeline.py (dim 64), unpipelined
-   (data=4 x model=2) vs pipelined over 4 stages (pipeline=4 x model=2): parameter bytes per
-   device and XLA's compiled memory analysis of the train step (per device).
+1. Bubble per schedule. A stack of 8 tanh(Linear(1024)) layers pipelined over S=4 stages with
+   GPipe and 1F1B (2 layers per stage) and with the circular and interleaved 1F1B schedules
+   (V=2 chunks of 1 layer per stage), microbatches of 128 rows, M microbatches. For every
+   (schedule, M): the step time of the forward+backward step and XLA's compiled temp memory
+   (`memory_analysis().temp_size_in_bytes`, per device). A step runs V*M + S - 1 pipeline ticks
+   of equal cost (in SPMD an idle stage computes on padding, so a bubble tick costs as much as a
+   busy one): step_time(M) = (V*M + S - 1) * t_tick. The least-squares line a*M + b over the M
+   values gives t_tick = a / V and the intercept b, which should be (S - 1) * t_tick; the fitted
+   bubble b / (a*M + b) is compared with the formula (S-1)/(V*M+S-1) (`fitted_over_formula`,
+   and `intercept_over_formula` = b / ((S-1) a / V), 1 when the schedule behaves as the formula
+   says). On CPU the 8 "devices" share the host's cores, so a tick's time is the sum of all
+   stages' work and absolute times say nothing about real pipelining speed-ups; the tick
+   structure (how many ticks a step runs) is what the fit measures, and that is what the formula
+   describes. Timings of all cases are interleaved; each case's fastest of `--repeats` is used
+   (other jobs on a shared host only add time).
+2. Temp memory curve: compiled temp bytes per device of GPipe and 1F1B (S=4) for each M of
+   `--memory_microbatches` (compile only), with 1F1B's ring slots.
+3. Memory. The 8-layer decoder of tests/common/test_pipeline.py (dim 256), unpipelined
+   (data=4 x model=2) vs pipelined over 4 stages (pipeline=4 x model=2) with GPipe and 1F1B:
+   parameter bytes per device and XLA's compiled memory analysis of the train step.
 
-Prints one JSON object. On CPU the 8 "devices" share the host's cores, so absolute times say
-nothing about real pipelining speed-ups; the ratios (bubble) do, because in SPMD pipelining an
-idle stage computes on padding: a bubble step costs as much as a busy one.
+Prints one JSON object (and writes it to --output).
 """
 
 import os
@@ -34,12 +44,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from axlearn.common.attention import pipelined_stack_config
+from axlearn.common.attention import pipelined_stack_config, schedule_config
 from axlearn.common.base_layer import BaseLayer
 from axlearn.common.config import config_class
 from axlearn.common.layers import Linear
 from axlearn.common.module import functional
-from axlearn.common.pipeline import CircularSchedule, GPipeSchedule, Pipeline, pipeline_report
+from axlearn.common.pipeline import Pipeline, pipeline_report
 from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
 
 DIM, MICROBATCH, NUM_STAGES, NUM_LAYERS = 1024, 128, 4, 8
@@ -75,17 +85,22 @@ class _LinearStack(Pipeline):
         return self._run(lambda carry, _: (self.layer(carry), {}), x).carry
 
 
-def _bubble_case(v: int, m: int, mesh: Mesh):
-    schedule = (
-        GPipeSchedule.default_config()
-        if v == 1
-        else CircularSchedule.default_config().set(num_virtual_stages=v)
-    )
+# (schedule name, virtual stages).
+SCHEDULES = (("gpipe", 1), ("circular", 2), ("1f1b", 1), ("interleaved_1f1b", 2))
+
+
+def _bubble_case(name: str, v: int, m: int, mesh: Mesh, compile_only: bool = False):
     per_chunk = NUM_LAYERS // (NUM_STAGES * v)
     layer = _Chunk.default_config().set(num_linears=per_chunk)
     pipe = (
         _LinearStack.default_config()
-        .set(name="pipe", layer=layer, num_layers=NUM_STAGES, num_microbatches=m, schedule=schedule)
+        .set(
+            name="pipe",
+            layer=layer,
+            num_layers=NUM_STAGES,
+            num_microbatches=m,
+            schedule=schedule_config(name, num_virtual_stages=v),
+        )
         .instantiate(parent=None)
     )
     params = pipe.initialize_parameters_recursively(jax.random.PRNGKey(0))
@@ -104,49 +119,145 @@ def _bubble_case(v: int, m: int, mesh: Mesh):
     with jax.set_mesh(mesh):
         params = jax.device_put(params, shardings)
         step = jax.jit(jax.value_and_grad(loss)).lower(params, x).compile()
-    return lambda: jax.block_until_ready(step(params, x))
+    temp = int(step.memory_analysis().temp_size_in_bytes)
+    if compile_only:
+        return None, temp, pipe.schedule
+    return (lambda: jax.block_until_ready(step(params, x))), temp, pipe.schedule
+
+
+def fit_bubble(microbatches, step_times, *, num_stages: int, num_virtual_stages: int) -> dict:
+    """Fits step_time(M) = a * M + b; the bubble that fit implies against the formula.
+
+    A step runs V * M + S - 1 pipeline ticks of equal cost (in SPMD an idle stage computes on
+    padding), so step_time(M) = (V * M + S - 1) * t_tick: the slope is a = V * t_tick and the
+    intercept b = (S - 1) * t_tick. The measured bubble at M is b / step_time_fit(M) and equals
+    the formula (S - 1) / (V * M + S - 1) at every M iff b / ((S - 1) * a / V) = 1.
+
+    Args:
+        microbatches: The M values.
+        step_times: The step time per M (seconds).
+        num_stages: S.
+        num_virtual_stages: V.
+
+    Returns:
+        A dict with fit_s_per_microbatch (a), fit_s_per_tick (a / V), fit_intercept_s (b),
+        intercept_over_formula (b / ((S - 1) a / V)) and per_m: {M: dict(fitted_bubble,
+        formula_bubble, fitted_over_formula, measured_bubble (1 - a M / measured time))}.
+    """
+    s, v = num_stages, num_virtual_stages
+    ms = np.asarray(microbatches, float)
+    times = np.asarray(step_times, float)
+    slope, intercept = np.polyfit(ms, times, 1)
+    per_m = {}
+    for m, t in zip(microbatches, times):
+        formula = (s - 1) / (v * m + s - 1)
+        fitted = intercept / (slope * m + intercept)
+        per_m[int(m)] = dict(
+            fitted_bubble=float(fitted),
+            formula_bubble=float(formula),
+            fitted_over_formula=float(fitted / formula),
+            measured_bubble=float(1 - slope * m / t),
+        )
+    return dict(
+        fit_s_per_microbatch=float(slope),
+        fit_s_per_tick=float(slope / v),
+        fit_intercept_s=float(intercept),
+        intercept_over_formula=float(intercept / ((s - 1) * slope / v)),
+        per_m=per_m,
+    )
 
 
 def measure_bubble(microbatches, repeats):
-    """Step times per (schedule, M), interleaved; fitted and formula bubbles."""
+    """Step times and compiled temp memory per (schedule, M), interleaved; fitted bubbles.
+
+    Every case is timed `repeats` times, all cases interleaved; the fit uses each case's
+    fastest time (the other jobs on a shared host only ever add time), the median is kept too.
+    """
     mesh = Mesh(np.asarray(jax.devices()[:NUM_STAGES]), ("pipeline",))
     cases = {}
-    for v in (1, 2):
+    for name, v in SCHEDULES:
         for m in microbatches:
-            fn = _bubble_case(v, m, mesh)
+            fn, temp, schedule = _bubble_case(name, v, m, mesh)
             fn()  # Warm-up.
-            cases[(v, m)] = (fn, [])
+            cases[(name, m)] = (fn, [], temp, schedule)
     for _ in range(repeats):
-        for fn, times in cases.values():
+        for fn, times, _, _ in cases.values():
             start = time.perf_counter()
             fn()
             times.append(time.perf_counter() - start)
     results = []
-    for v in (1, 2):
-        ms = np.array(microbatches, float)
-        med = np.array([statistics.median(cases[(v, m)][1]) for m in microbatches])
-        slope, intercept = np.polyfit(ms, med, 1)
-        for m, t in zip(microbatches, med):
+    for name, v in SCHEDULES:
+        best = [min(cases[(name, m)][1]) for m in microbatches]
+        fit = fit_bubble(microbatches, best, num_stages=NUM_STAGES, num_virtual_stages=v)
+        for m, t in zip(microbatches, best):
+            _, times, temp, schedule = cases[(name, m)]
+            per_m = fit["per_m"][m]
+            assert abs(per_m["formula_bubble"] - schedule.bubble_fraction()) < 1e-12
             results.append(
                 dict(
-                    schedule="GPipeSchedule" if v == 1 else "CircularSchedule",
+                    schedule=type(schedule).__name__,
                     num_stages=NUM_STAGES,
                     num_virtual_stages=v,
                     num_microbatches=int(m),
                     step_time_s=float(t),
+                    step_time_median_s=float(statistics.median(times)),
+                    step_times_s=[float(x) for x in times],
                     step_time_per_microbatch_s=float(t / m),
-                    measured_bubble=float(1 - slope * m / t),
-                    formula_bubble=(NUM_STAGES - 1) / (v * m + NUM_STAGES - 1),
+                    compiled_temp_bytes=temp,
+                    num_steps=schedule.num_steps(),
+                    **per_m,
                 )
             )
-        results.append(
-            dict(
-                schedule="GPipeSchedule" if v == 1 else "CircularSchedule",
-                fit_s_per_microbatch=float(slope),
-                fit_intercept_s=float(intercept),
-            )
-        )
+        results.append(dict(schedule=name, **{k: v_ for k, v_ in fit.items() if k != "per_m"}))
     return results
+
+
+def measure_temp_memory(microbatches) -> list[dict]:
+    """Compiled temp bytes per device of GPipe and 1F1B (S = 4) for each M (compile only).
+
+    Args:
+        microbatches: The M values.
+
+    Returns:
+        Rows of schedule, num_microbatches, compiled_temp_bytes, ring_slots (1F1B) and
+        temp_over_gpipe.
+    """
+    mesh = Mesh(np.asarray(jax.devices()[:NUM_STAGES]), ("pipeline",))
+    rows, gpipe = [], {}
+    for name in ("gpipe", "1f1b"):
+        for m in microbatches:
+            _, temp, schedule = _bubble_case(name, 1, m, mesh, compile_only=True)
+            if name == "gpipe":
+                gpipe[m] = temp
+            row = dict(schedule=type(schedule).__name__, num_microbatches=m)
+            row.update(compiled_temp_bytes=temp, temp_over_gpipe=temp / gpipe[m])
+            if schedule.explicit_backward:
+                row["ring_slots"] = schedule.tick_table()["ring_slots"]
+            rows.append(row)
+    return rows
+
+
+def summarize(bubble: list[dict]) -> dict:
+    """Temp-memory ratios against GPipe at the same M (16 microbatches in the acceptance check).
+
+    Args:
+        bubble: `measure_bubble`'s rows.
+
+    Returns:
+        {schedule: {M: temp bytes / GPipe's temp bytes}}.
+    """
+    rows = [r for r in bubble if "num_microbatches" in r]
+    gpipe = {
+        r["num_microbatches"]: r["compiled_temp_bytes"]
+        for r in rows
+        if r["schedule"] == "GPipeSchedule"
+    }
+    out = {}
+    for r in rows:
+        out.setdefault(r["schedule"], {})[str(r["num_microbatches"])] = (
+            r["compiled_temp_bytes"] / gpipe[r["num_microbatches"]]
+        )
+    return out
 
 
 def measure_memory():
@@ -154,8 +265,9 @@ def measure_memory():
     axes = ("pipeline", "data", "expert", "fsdp", "seq", "model")
     out = {}
     for name, shape, pipelined in (
-        ("unpipelined", (1, 4, 1, 1, 1, 2), False),
-        ("pipelined_4x1", (4, 1, 1, 1, 1, 2), True),
+        ("unpipelined", (1, 4, 1, 1, 1, 2), None),
+        ("pipelined_4x1", (4, 1, 1, 1, 1, 2), "gpipe"),
+        ("pipelined_4x1_1f1b", (4, 1, 1, 1, 1, 2), "1f1b"),
     ):
         mesh = Mesh(np.asarray(jax.devices()).reshape(shape), axes)
         cfg = transformer_lm_config(
@@ -170,7 +282,7 @@ def measure_memory():
         )
         if pipelined:
             cfg.decoder.transformer = pipelined_stack_config(
-                cfg.decoder.transformer, num_stages=4, num_microbatches=4
+                cfg.decoder.transformer, num_stages=4, num_microbatches=4, schedule=pipelined
             )
         model = cfg.set(name="model").instantiate(parent=None)
         specs = model.create_parameter_specs_recursively()
@@ -221,15 +333,28 @@ def measure_memory():
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--microbatches", default="4,8,16")
+    parser.add_argument("--microbatches", default="4,8,12,16")
+    parser.add_argument(
+        "--memory_microbatches", default="1,2,4,8,16,32", help="M values of the memory curve."
+    )
+    parser.add_argument("--output", default=None, help="Also write the JSON to this file.")
     args = parser.parse_args()
     microbatches = [int(x) for x in args.microbatches.split(",")]
+    bubble = measure_bubble(microbatches, args.repeats)
     result = dict(
         devices=len(jax.devices()),
-        bubble=measure_bubble(microbatches, args.repeats),
+        bubble=bubble,
+        temp_memory_vs_gpipe=summarize(bubble),
+        temp_memory_curve=measure_temp_memory(
+            [int(x) for x in args.memory_microbatches.split(",")]
+        ),
         memory=measure_memory(),
     )
-    print(json.dumps(result, indent=1))
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
 
 
 if __name__ == "__main__":

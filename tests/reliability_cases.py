@@ -7,35 +7,25 @@ with the rest of the suite, so each row is re-proven on every change).
 
 from __future__ import annotations
 
-import dataclasses
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One row: the fault, what the user sees, what is lost, and the test that shows it."""
-
-    fault: str
-    user_sees: str
-    lost: str
-    test: str  # "path/to/test_file.py::test_name".
-
-
-_CKPT = "tests/common/test_checkpointer.py"
-_REC = "tests/common/test_checkpointer_recovery.py"
-_VER = "tests/common/test_checkpointer_verify.py"
-_PRE = "tests/common/test_preemption.py"
-_TR = "tests/common/test_trainer.py"
-_RES = "tests/common/test_trainer_resume.py"
-_CFG = "tests/common/config/test_typecheck.py"
-_RANGE = "tests/common/test_config_ranges.py"
-_LAUNCH = "tests/common/test_launch_trainer.py"
-_TFD = "tests/common/test_input_tf_data.py"
-_META = "tests/common/test_checkpointer_metadata.py"
-_MAIN = "tests/common/test_launch_trainer_main.py"
-_RR = "tests/common/test_run_record.py"
-_CONT = "tests/common/test_checkpointer_containment.py"
-_PATHS = "tests/common/test_path_containment.py"
-_HF = "tests/common/test_hf_checkpoint.py"
+from tests.reliability_cases_base import (
+    _CFG,
+    _CKPT,
+    _GP,
+    _GPE,
+    _LAUNCH,
+    _LL,
+    _MAIN,
+    _META,
+    _PRE,
+    _RANGE,
+    _REC,
+    _RES,
+    _RR,
+    _TR,
+    _VER,
+    Case,
+)
+from tests.reliability_cases_more import MORE_CASES
 
 CASES = [
     # Process death and preemption.
@@ -397,8 +387,9 @@ CASES = [
         "launcher mistakes: --max_step=20, unknown --module or --config, no --trainer_dir, "
         "missing or empty --data_dir, --jax_backend=tpu without a TPU, max_step=20.5, "
         "peak_lr=nan, dim=0, a schedule no longer than its warm-up",
-        "exit 1 with one line naming the mistake and the fix (did-you-mean, --config_override, "
-        "warmup_steps), no traceback; nothing recorded",
+        "exit 64 (usage) or 78 (config), which `local launch` does not retry, with one line "
+        "naming the mistake and the fix (did-you-mean, --config_override, warmup_steps), no "
+        "traceback; nothing recorded",
         "nothing",
         f"{_MAIN}::test_user_errors_are_one_line_without_a_traceback",
     ),
@@ -415,301 +406,88 @@ CASES = [
         f"{_MAIN}::test_disk_full_outside_a_save_names_the_path",
     ),
     Case(
-        "a garbage dataset_info.json in the embedded data set",
-        "ValueError naming the folder and how to rebuild it (not a bare protobuf ParseError)",
+        "goodput: one attempt's START_STEP times out of order",
+        "the line reported as <file>:<line> and excluded (was: 195% goodput, -99.9 s input wait)",
         "nothing",
-        "tests/common/test_embedded_data.py::test_garbage_dataset_info_names_the_file",
+        f"{_GP}::test_silent_195_percent_out_of_order_start_step",
     ),
     Case(
-        "`axlearn hf import` into a model with QK-norm",
-        "one line about importing that names the --config_override values to pass",
+        "goodput: the clock steps back during a run",
+        "the earlier-timed lines reported and excluded; every part >= 0 (was: a negative wall "
+        "time)",
         "nothing",
-        "tests/cli/test_hf.py::test_import_errors_name_the_problem",
+        f"{_GP}::test_silent_negative_wall_time_when_the_clock_steps_back",
     ),
     Case(
-        "`launch_trainer_main --help`",
-        "the usage and every training flag, exit 0",
+        "goodput: the launcher's end long after the attempt's last event",
+        "reported (launcher.jsonl:<line>) and not counted: 66.7% (was: 97.5%)",
         "nothing",
-        f"{_MAIN}::test_help_prints_the_training_flags_and_exits_0",
+        f"{_GP}::test_silent_97_5_percent_launcher_end_after_the_last_event",
     ),
     Case(
-        "`axlearn eval|generate --step` of a step that never existed",
-        "one line listing the committed steps",
+        "goodput: run_summary.json and `axlearn goodput` of one run",
+        "one computation: 1.03% and 1.10% (was: 1.0% and 6.2-6.5%)",
         "nothing",
-        "tests/cli/test_inference_commands.py::test_eval_errors_name_the_problem",
+        f"{_GP}::test_silent_summary_and_goodput_agree",
     ),
     Case(
-        "`axlearn config diff` of a file that is not a dump",
-        "one line naming the file and line and what a dump is; trainer dirs are accepted",
+        'event lines with wrong types (`"step": "7b"`), nesting 100,000 deep, non-UTF-8, '
+        "10 MB long, torn",
+        "one warning each, <file>:<line> and the reason, never the bytes; the run's own summary "
+        "is written",
         "nothing",
-        "tests/cli/test_config_commands.py::"
-        "test_diff_of_trainer_dirs_and_of_a_file_that_is_not_a_dump",
+        f"{_GPE}::test_deep_nesting_non_utf8_huge_line_and_torn_tail",
     ),
-    # Numbers that must not mislead.
     Case(
-        "two runs of one config in different trainer dirs",
-        "one config hash, spelled as `axlearn compare` shows it",
+        "a linked event file, a FIFO or a directory under events/",
+        "not read, one warning naming the file and the rule; the link's target untouched",
         "nothing",
-        "tests/common/test_run_summary.py::test_one_config_hash_spelling_for_runs_in_other_dirs",
+        f"{_GPE}::test_a_linked_event_file_is_not_read",
     ),
     Case(
-        "`axlearn compare` of a timing measured once or twice per run (+23% eval time)",
-        "within noise (too few samples), never REGRESSED",
+        "a linked events/ directory or event file when the run records",
+        "refused naming the link; nothing written into the target",
         "nothing",
-        "tests/common/test_run_comparison.py::test_a_timing_from_too_few_samples_is_never_regressed",
+        "tests/common/test_measurement.py::test_linked_events_dir_or_file_is_never_written_through",
     ),
     Case(
-        "a CPU run on a machine without a GPU driver",
-        "no `E0000 ... failed call to cuInit` line",
+        "a second trainer on a live dir; a run rejected for a bad --config_override",
+        "exit 73 / 78 with one line; nothing written into the live run's events",
         "nothing",
-        f"{_MAIN}::test_cpu_run_prints_no_error_looking_lines",
+        f"{_MAIN}::test_refused_or_rejected_runs_write_nothing_into_the_live_runs_events",
     ),
     Case(
-        "--mesh_selector matching no rule; --trace_at_steps=x,y",
-        "error naming the flag and the rules",
+        "a SIGTERM preemption (exit 75) in `axlearn goodput`",
+        "its own outcome, `preempted`, not `failed: ended without END_JOB`",
         "nothing",
-        f"{_LAUNCH}::test_launch_flag_errors_name_the_flag",
+        f"{_GP}::test_preempted_attempt_is_its_own_outcome",
     ),
     Case(
-        "mesh_shape that does not fit the devices",
-        "error naming mesh and devices",
+        "`axlearn local launch` SIGKILLed while a process has grandchildren (even in their own "
+        "session)",
+        "the whole tree ends (a subreaper supervisor per process)",
+        "nothing (the run resumes from its last committed checkpoint)",
+        f"{_LL}::test_launcher_grandchild_does_not_outlive_a_sigkilled_launcher",
+    ),
+    Case(
+        "SIGTERM to `axlearn local launch`, then SIGTERM and Ctrl-C again during the grace period",
+        "one line per signal; the processes keep the grace period (a save in progress finishes)",
         "nothing",
-        f"{_TR}::test_mesh_shape_errors",
+        f"{_LL}::test_launcher_second_sigterm_keeps_the_grace_period",
     ),
     Case(
-        "partition spec naming an unknown mesh axis",
-        "error naming the parameter",
+        "`events/launcher.jsonl` (or `events/`) planted as a link, e.g. to ~/.bashrc",
+        "one line: the attempt log is not written; the target keeps its bytes and mtime",
         "nothing",
-        f"{_TR}::test_unknown_mesh_axis_in_partition_spec_names_the_parameter",
+        f"{_LL}::test_launcher_attempt_log_is_never_appended_through_a_link",
     ),
     Case(
-        "--config_override with a wrong type",
-        "error naming the expected type",
+        "a usage, config, input or checkpoint data error under `local launch --max_restarts`",
+        "not retried: the launcher exits at once with the code and one line",
         "nothing",
-        "tests/common/config/test_override.py::test_bad_type_names_the_expected_type",
+        f"{_LL}::test_deterministic_errors_are_not_retried",
     ),
-    Case(
-        "--config_override of a misspelled path",
-        "error naming the nearest valid path",
-        "nothing",
-        "tests/common/config/test_override.py::test_bad_path_names_the_nearest_valid_one",
-    ),
-    # Crafted files: nothing reaches outside its directory.
-    Case(
-        "an index leaf `file` that is absolute or climbs out with `../`",
-        "verify exits 1 and restore refuses, naming the index, the leaf and the containment rule",
-        "nothing (the outside file is not read)",
-        f"{_CONT}::test_index_array_file_outside_the_step_is_refused",
-    ),
-    Case(
-        "`axlearn generate`/`eval` on a checkpoint whose index leaf `file` is absolute",
-        "ValueError naming the leaf and the containment rule",
-        "nothing (the outside copy is not read)",
-        "tests/common/test_inference.py::test_restore_refuses_an_index_leaf_outside_the_checkpoint",
-    ),
-    Case(
-        "a bytes leaf pointed at a system file outside, with a matching CRC",
-        "same refusal; no error shows the file's content",
-        "nothing",
-        f"{_CONT}::test_index_bytes_file_at_a_system_file_with_matching_crc_is_refused",
-    ),
-    Case(
-        "a chunk file or an `index` that is a symbolic link out of its step",
-        "verify reports the chunk unreadable; restore refuses the linked index as corrupt",
-        "nothing",
-        f"{_CONT}::test_symlinked_chunk_or_index_is_never_read",
-    ),
-    Case(
-        "a multi-process save's manifest naming a bytes file outside the step, or a linked "
-        "manifest",
-        "refused before the index is written, naming the manifest, the leaf and the rule",
-        "nothing (the outside file is not read)",
-        f"{_CONT}::test_a_manifest_naming_a_file_outside_the_step_is_refused",
-    ),
-    Case(
-        "a step directory that is a symbolic link into another run",
-        "a warning: the link is ignored (a save of that step replaces the link); GC and restore "
-        "never go through it",
-        "nothing (the other run's committed step is intact)",
-        f"{_CONT}::test_gc_never_follows_a_symlinked_step_into_another_run",
-    ),
-    Case(
-        "`run.lock` planted as a symbolic link in a shared trainer dir",
-        "RunLockError naming the link; its target is not truncated",
-        "nothing",
-        f"{_PATHS}::test_run_lock_refuses_a_planted_link",
-    ),
-    Case(
-        "`metrics.jsonl` or `run_summary.json` planted as a symbolic link",
-        "the append is refused naming the link; the summary replaces the link",
-        "nothing (the link's target is untouched)",
-        f"{_PATHS}::test_metrics_and_run_summary_are_never_written_through_links",
-    ),
-    Case(
-        "run record files or `run_records` planted as symbolic links",
-        "the record is written as files of the trainer dir, or refused naming the rule",
-        "nothing",
-        f"{_PATHS}::test_run_record_never_writes_through_links",
-    ),
-    Case(
-        "`hf import` of a `weight_map` entry outside the directory (`../`, absolute, a linked "
-        "directory)",
-        "HfConversionError naming the index, the weight key and the containment rule",
-        "nothing (no outside file read, no step 0 committed)",
-        f"{_HF}::test_weight_map_outside_the_directory_is_refused",
-    ),
-    Case(
-        "a truncated safetensors file, or a header that lies about its size or offsets",
-        "one-line HfConversionError naming the file; nothing allocated from the header",
-        "nothing",
-        f"{_HF}::test_malformed_safetensors_is_one_line_naming_the_file",
-    ),
-    Case(
-        "a `model.safetensors.index.json` without `weight_map` (or not JSON)",
-        "HfConversionError naming the file and the fix",
-        "nothing",
-        f"{_HF}::test_index_without_weight_map_names_the_file",
-    ),
-    Case(
-        "a save interrupted after its chunks, before its index",
-        "set aside as step_N.unindexed-<time>, removed by GC once a newer step commits",
-        "nothing (the run moved past it)",
-        f"{_CONT}::test_interrupted_save_set_aside_is_removed_once_a_newer_step_commits",
-    ),
-    # The rough edges a new user hits.
-    Case(
-        "`axlearn config diff` of a binary file, a non-UTF-8 file or /dev/zero",
-        "one line: not a config dump (binary, not UTF-8, or over 64 MiB, refused before "
-        "reading it whole); exit 2",
-        "nothing",
-        "tests/cli/test_config_commands.py::test_diff_refuses_binary_and_oversized_input",
-    ),
-    Case(
-        "--config_override of one item of a tuple field (`mesh_axis_names.1=x`)",
-        "error naming the tuple and the whole-tuple override to pass instead",
-        "nothing",
-        "tests/common/config/test_override.py::test_tuple_item_override_names_the_whole_tuple_to_set",
-    ),
-    Case(
-        "--trainer_dir pointing at a file",
-        "one line: a file, not a directory (no traceback)",
-        "nothing (the file is untouched)",
-        "tests/common/test_run_lock.py::test_a_trainer_dir_that_is_a_file_is_one_line",
-    ),
-    Case(
-        "`axlearn checkpoint verify` while a run is saving (chunks written, index not yet)",
-        "`save in progress` for the newest uncommitted step (exit 0); failure only without a "
-        "live run",
-        "nothing",
-        f"{_VER}::test_cli_verify_during_a_live_run_reports_the_save_in_progress",
-    ),
-    Case(
-        "`checkpoint list` and `verify` sizes of one step differ",
-        "each says what it counts: `on disk` (every file) and `of array data`",
-        "nothing",
-        f"{_VER}::test_cli_list_and_verify_say_what_their_sizes_count",
-    ),
-    Case(
-        "--restore_step of a step that was set aside",
-        "one line naming the set-aside copy, why, and the `mv` that brings it back",
-        "nothing",
-        f"{_REC}::test_trainer_refuses_corrupt_index_and_restore_step_chooses",
-    ),
-    Case(
-        "`axlearn generate --max_new_tokens=1000000000`",
-        "one line naming the model's context and how many new tokens fit (no native abort)",
-        "nothing",
-        "tests/common/test_inference.py::test_generation_is_bounded_by_the_context",
-    ),
-    Case(
-        "resuming a checkpoint with a changed model (the checkpoint holds `input_iter`)",
-        "StateMismatchError naming the model's parameters only (not `input_iter`)",
-        "nothing",
-        "tests/common/test_trainer_checkpointing.py::"
-        "test_model_mismatch_error_does_not_blame_the_input_iterator",
-    ),
-    Case(
-        "`axlearn generate`/`eval`/`hf export` on a machine without a TPU or GPU",
-        "no libtpu `unexpected worker hostname` or `cuInit` E-lines (as `axlearn aot`)",
-        "nothing",
-        "tests/cli/test_inference_commands.py::"
-        "test_generate_starts_without_accelerator_probe_errors_and_bounds_the_context",
-    ),
-    Case(
-        "`axlearn compare` of a 60-step and a 20-step run with the same overhead per step",
-        'eval, checkpoint and input wait compared per step (never "better" for being '
-        "shorter); the 3-sample rule of timing rows printed with each row it silenced",
-        "nothing",
-        "tests/common/test_run_comparison.py::"
-        "test_runs_of_different_lengths_compare_overheads_per_step",
-    ),
-    Case(
-        "the first run builds the embedded data set",
-        "one line saying it builds from the shipped corpus with no download (no TFDS "
-        '"Downloading and preparing dataset" line)',
-        "nothing",
-        "tests/common/test_embedded_data.py::test_first_build_says_no_download",
-    ),
-    Case(
-        "a 2-process run whose coordinator port is held by another program",
-        "process 0: one line naming the port and the fix; process 1: says where it connects and "
-        "that it stops at --initialization_timeout (no silent hang)",
-        "nothing (no run started)",
-        f"{_MAIN}::test_busy_coordinator_port_is_one_line_and_the_peer_says_what_it_waits_for",
-    ),
-    Case(
-        "a 1-process checkpoint resumed with 2 processes",
-        "restored, not called corrupt: the new process reads process 0's per-process value "
-        "and its owner (the input) decides whether it can use it",
-        "nothing (nothing moved)",
-        "tests/common/test_checkpointer_multiprocess.py::"
-        "test_resuming_a_one_process_checkpoint_with_two_processes_is_not_corrupt",
-    ),
-    Case(
-        "chunk damage found by a 2-process run that already passed --restore_fallback=previous",
-        "the refusal says the fallback covers an unreadable index only here and names "
-        "--restore_step / `checkpoint select`",
-        "nothing (nothing moved)",
-        "tests/common/test_checkpointer_multiprocess.py::"
-        "test_two_process_run_with_fallback_previous_is_not_told_to_pass_it",
-    ),
-    # Inputs.
-    Case(
-        "resuming an input whose config changed",
-        "error: the saved position belongs to another input",
-        "nothing",
-        f"{_TFD}::test_resume_refuses_changed_config",
-    ),
-    Case(
-        "a missing data set",
-        "error naming the path",
-        "nothing",
-        f"{_TFD}::test_missing_dataset_names_the_path",
-    ),
-    Case(
-        "a malformed record",
-        "error naming the source",
-        "nothing",
-        f"{_TFD}::test_malformed_record_fails_naming_the_source",
-    ),
-    Case(
-        "a garbage vocabulary file",
-        "ValueError naming the file (not a bare protobuf DecodeError)",
-        "nothing",
-        "tests/experiments/text/test_common.py::test_garbage_vocab_file_names_the_path",
-    ),
-    Case(
-        "resuming a real-data checkpoint with --data_dir=FAKE",
-        "error: the input state belongs to another input",
-        "nothing",
-        "tests/common/test_input_fake.py::test_restoring_another_inputs_state_says_so",
-    ),
-    Case(
-        "a missing vocabulary file",
-        "error naming every path tried",
-        "nothing",
-        "tests/experiments/text/test_common.py::test_missing_vocab_names_every_path",
-    ),
+    *MORE_CASES,
 ]
 
 

@@ -37,6 +37,8 @@ AT_OR_ABOVE_TRAINER_MODULES = {
     "axlearn.common.launch_trainer_main",  # The launch_trainer entry point.
     "axlearn.common.aot_compilation",  # Compiles a trainer's step ahead of time.
     "axlearn.common.inference",  # Restores a trained run's model from its trainer dir.
+    "axlearn.common.grpo",  # GRPO's trainer (its rollouts use inference's sampling settings).
+    "axlearn.common.grpo.trainer",
     "axlearn.common.hf_checkpoint",  # Converts a trainer checkpoint to Hugging Face files.
 }
 TRAINER_MODULES = ("axlearn.common.trainer", "axlearn.common.launch_trainer")

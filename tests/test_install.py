@@ -171,11 +171,15 @@ def test_every_command_works_or_names_its_extra(base_env, trained_dir, tmp_path)
     shutil.copytree(ckpt, copy)
     _check(base_env, ["checkpoint", "select", copy, "--step", "6"], "works", **root)
     # docs/inference.md.
-    _check(base_env, ["eval", f"--trainer_dir={trained_dir}"], "works", **repo)
-    args = ["generate", f"--trainer_dir={trained_dir}", "--prompt=The Python"]
+    # The run's module is the tests' own: named with --module (a module named only by the run's
+    # files is never imported).
+    _check(
+        base_env, ["eval", f"--trainer_dir={trained_dir}", f"--module={MODULE}"], "works", **repo
+    )
+    args = ["generate", f"--trainer_dir={trained_dir}", f"--module={MODULE}", "--prompt=The Python"]
     _check(base_env, [*args, "--max_new_tokens=4", "--seed=0"], "works", **repo)
-    _check(base_env, ["hf", "export", f"--trainer_dir={trained_dir}", f"--output={hf_dir}"],
-           "works", **repo)  # fmt: skip
+    args = ["hf", "export", f"--trainer_dir={trained_dir}", f"--module={MODULE}"]
+    _check(base_env, [*args, f"--output={hf_dir}"], "works", **repo)
     assert any(f.endswith(".safetensors") for f in os.listdir(hf_dir))
     args = ["hf", "import", hf_dir, f"--module={MODULE}", "--config=gpt-tiny-eval"]
     _check(base_env, [*args, f"--trainer_dir={ft_dir}", *LLAMA_OVERRIDES], "works", **repo)

@@ -75,7 +75,7 @@ def aot_command(args: argparse.Namespace) -> int:
             extra to install).
     """
     # pylint: disable-next=import-outside-toplevel
-    from axlearn.experiments.run_aot_compilation import run_aot
+    from axlearn.experiments.run_aot_compilation import exit_interrupted, run_aot
 
     try:
         return run_aot(
@@ -91,3 +91,6 @@ def aot_command(args: argparse.Namespace) -> int:
         )
     except (ValueError, ImportError) as e:
         raise CommandError(str(e)) from e
+    except KeyboardInterrupt:
+        exit_interrupted("axlearn aot")
+        raise  # Not reached.

@@ -16,12 +16,17 @@
 - `axlearn checkpoint select DIR --step N` verifies step N and sets every newer step directory
   aside (renamed `step_%08d.superseded-<time>`, nothing deleted), so that the next run resumes
   from step N; the same as the trainer's `--restore_step=N`.
+- `axlearn checkpoint convert SRC DST` rewrites one step directory of AXLearn's layout (SRC) as a
+  step of this checkpointer's layout under DST (with CRC-32s), then verifies it and checks that
+  every restored value equals the source's. Writing AXLearn's layout is not supported yet.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+from typing import Optional
 
 from axlearn.cli.config_commands import CommandError
 
@@ -49,6 +54,12 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     select.add_argument("dir", help="The checkpointer directory.")
     select.add_argument("--step", type=int, required=True, help="The step to resume from.")
     select.set_defaults(func=select_command)
+    convert = commands.add_parser(
+        "convert", help="Rewrite one step of AXLearn's layout in this checkpointer's, verified."
+    )
+    convert.add_argument("src", help="One step_%%08d directory written by AXLearn.")
+    convert.add_argument("dst", help="The checkpointer directory to write the step into.")
+    convert.set_defaults(func=convert_command)
 
 
 def _format_size(num_bytes: int) -> str:
@@ -115,10 +126,23 @@ def list_command(args: argparse.Namespace) -> int:
             f"step {info.step:>8}  {status:<11}  {_format_size(info.size_bytes):>10} on disk"
             f"{leaves}"
             f"{record}"
+            f"{_layout_note(info.layout)}"
         )
     for path in aside:
         print(f"set aside (never restored or removed): {path}")
     return 0
+
+
+def _layout_note(layout_name: Optional[str], *, verified: bool = False) -> str:
+    """What `list`/`verify` print after a step of AXLearn's layout ('' for ours)."""
+    if layout_name != "axlearn":
+        return ""
+    if verified:
+        return (
+            "  (AXLearn layout: no checksums; index checked against every .zarray, every chunk "
+            "present and decodable)"
+        )
+    return "  (AXLearn layout, no checksums)"
 
 
 def verify_command(args: argparse.Namespace) -> int:
@@ -174,9 +198,10 @@ def verify_command(args: argparse.Namespace) -> int:
                 failed += 1
                 print(
                     f"step {step:>8}  uncommitted  FAILED  its index is missing but every chunk "
-                    "of its arrays is present (the index was lost after the save): it cannot be "
-                    "restored; the next run sets it aside as step_%08d.unindexed-<time>, never "
-                    "deletes it" % step
+                    "of its arrays is present (the index was lost after the save): "
+                    + _unindexed_advice(path, step)
+                    + f"; the next run sets it aside as step_{step:08d}.unindexed-<time>, never "
+                    "deleting it while keep_last_n would keep its step"
                 )
                 continue
             print(f"step {step:>8}  uncommitted  {result.errors[0] if result.errors else ''}")
@@ -185,13 +210,39 @@ def verify_command(args: argparse.Namespace) -> int:
             print(
                 f"step {step:>8}  committed  OK  {result.num_leaves} leaves, "
                 f"{result.num_chunks} chunks, {size} of array data"
+                f"{_layout_note(result.layout, verified=True)}"
             )
             continue
         failed += 1
         print(f"step {step:>8}  committed  FAILED  {len(result.errors)} problem(s):")
         for error in result.errors:
             print(f"    {error}")
+    if args.step is None and dirs and os.path.abspath(dirs[0][1]) != os.path.abspath(args.dir):
+        for path in checkpointer.set_aside_dirs(args.dir):
+            match = _UNINDEXED_RE.match(os.path.basename(path))
+            if match:
+                step = int(match.group(1))
+                print(
+                    f"set aside {os.path.basename(path)}: a save of step {step} whose index was "
+                    "lost (it is kept while keep_last_n would keep its step, never restored "
+                    "as is): " + _unindexed_advice(path, step)
+                )
     return 1 if failed else 0
+
+
+_UNINDEXED_RE = re.compile(r"^step_(\d{8})\.unindexed-")
+
+
+def _unindexed_advice(path: str, step: int) -> str:
+    """What an unindexed step directory is good for and how to restore it."""
+    name = f"step_{step:08d}"
+    return (
+        "it cannot be restored without its index (the index holds the checksums and the "
+        f"non-array leaves). To restore it, copy its index back (e.g. from a backup of {name}) as "
+        f"{os.path.join(path, 'index')}, move the directory back to {name} if it was set aside, "
+        f"check it with `axlearn checkpoint verify` and resume with --restore_step={step}; "
+        "otherwise the run resumes from the newest committed step"
+    )
 
 
 def _ckpt_root(path: str) -> str:
@@ -249,4 +300,87 @@ def select_command(args: argparse.Namespace) -> int:
     for path in checkpointer.supersede_newer(args.dir, args.step):
         print(f"set aside: {path}")
     print(f"The next run under {args.dir} resumes from step {args.step}.")
+    return 0
+
+
+def convert_command(args: argparse.Namespace) -> int:
+    """Rewrites the AXLearn-layout step `args.src` into `args.dst` in our layout, verified.
+
+    Args:
+        args: Parsed arguments with `src` (a step directory) and `dst` (a checkpointer dir).
+
+    Returns:
+        0 if the written step verifies and every value equals the source's, 1 otherwise.
+
+    Raises:
+        CommandError: If SRC is not a readable AXLearn step, or DST already holds that step.
+    """
+    # pylint: disable=import-outside-toplevel
+    import numpy as np
+
+    from axlearn.common import checkpointer
+    from axlearn.common.checkpointer import layout, tensorstore_restore, verify
+
+    src = os.path.normpath(args.src)
+    try:
+        step = layout.parse_step_from_dir(src)
+    except ValueError as e:
+        raise CommandError(f"{e}; pass one step directory of AXLearn's checkpoints") from e
+    try:
+        index = layout.read_index_file(src)
+    except layout.CheckpointIndexError as e:
+        raise CommandError(str(e)) from e
+    if index.get("layout") != "axlearn":
+        raise CommandError(
+            f"{src} is already in this checkpointer's layout (writing AXLearn's layout is not "
+            "supported yet)"
+        )
+    dst_step = os.path.join(args.dst, layout.step_dir_name(step))
+    if os.path.lexists(dst_step):
+        raise CommandError(f"{dst_step} already exists; pass another DST or remove it")
+
+    def restore(step_dir: str, step_index: dict):
+        restored, _ = tensorstore_restore.restore_state(
+            ckpt_dir=step_dir,
+            index=step_index,
+            state=verify.read_state_spec(step_dir),
+            budget_bytes=1 << 30,
+            timeout_s=600.0,
+        )
+        return restored
+
+    state = restore(src, index)
+    ckptr = (
+        checkpointer.Checkpointer.default_config()
+        .set(name="convert", dir=args.dst, keep_last_n=10**6)
+        .instantiate(parent=None)
+    )
+    try:
+        ckptr.save(step=step, state=state)
+        ckptr.wait_until_finished()
+    finally:
+        ckptr.stop()
+    result = checkpointer.verify_checkpoint(dst_step)
+    if not result.ok:
+        print(f"{dst_step} was written but fails verification:")
+        for error in result.errors:
+            print(f"    {error}")
+        return 1
+    again = restore(dst_step, layout.read_index_file(dst_step))
+    import jax
+
+    differing = [
+        "/".join(str(getattr(k, "key", k)) for k in path)
+        for (path, a), b in zip(
+            jax.tree_util.tree_flatten_with_path(state)[0], jax.tree_util.tree_leaves(again)
+        )
+        if not np.array_equal(np.asarray(a), np.asarray(b))
+    ]
+    if differing:
+        print(f"{dst_step}: values differ from {src} at {differing}")
+        return 1
+    print(
+        f"Converted {src} (AXLearn layout) to {dst_step}: verified, {result.num_leaves} leaves, "
+        f"{result.num_chunks} chunks with CRC-32s, every value equal to the source's."
+    )
     return 0

@@ -43,7 +43,8 @@ def goodput_command(args: argparse.Namespace) -> int:
         0.
 
     Raises:
-        CommandError: If the run recorded no events (one line saying so).
+        CommandError: If the run recorded no events (one line saying so), or the report broke
+            an invariant (parts >= 0 summing to the wall time, goodput in [0, 1]).
     """
     from axlearn.common import goodput  # pylint: disable=import-outside-toplevel
 
@@ -51,6 +52,8 @@ def goodput_command(args: argparse.Namespace) -> int:
         report = goodput.compute_goodput(args.trainer_dir)
     except goodput.NoEventsError as e:
         raise CommandError(str(e)) from e
+    except goodput.GoodputInvariantError as e:  # Never expected: the parts hold by construction.
+        raise CommandError(f"the goodput of {args.trainer_dir} breaks an invariant: {e}") from e
     for warning in report.warnings:
         print(f"axlearn goodput: warning: {warning}", file=sys.stderr)
     if args.json:

@@ -1,8 +1,10 @@
 """`axlearn hf export` and `axlearn hf import`: Hugging Face Llama directories <-> trained runs.
 
-- `axlearn hf export --trainer_dir=DIR [--step N] --output=HF_DIR [--max_shard_gb G]` writes the
-  checkpoint's model as `config.json` + `model.safetensors` (sharded above G GB) + tokenizer
-  files, loadable with `transformers.LlamaForCausalLM.from_pretrained(HF_DIR)`.
+- `axlearn hf export --trainer_dir=DIR [--step N] --output=HF_DIR [--max_shard_gb G]
+  [--overwrite]` writes the checkpoint's model as `config.json` + `model.safetensors` (sharded
+  above G GB) + tokenizer files, loadable with
+  `transformers.LlamaForCausalLM.from_pretrained(HF_DIR)`. A non-empty HF_DIR needs
+  `--overwrite`, which replaces only the files an earlier export wrote there.
 - `axlearn hf import HF_DIR --module=M --config=C --trainer_dir=DIR [--config_override ...]`
   writes a step-0 trainer checkpoint of experiment C with HF_DIR's weights into DIR; then
   `python -m axlearn.common.launch_trainer_main --module=M --config=C --trainer_dir=DIR` (with
@@ -33,10 +35,22 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     export.add_argument("--step", type=int, default=None, help="The step; default: the latest.")
     export.add_argument("--output", required=True, help="The Hugging Face directory to write.")
     export.add_argument(
+        "--module",
+        default=None,
+        help="The run's experiment module, when it is not one of axlearn's (a module named only "
+        "by the run's record is never imported).",
+    )
+    export.add_argument(
         "--max_shard_gb",
         type=float,
         default=5.0,
         help="Largest safetensors file in GB; bigger models are sharded (default 5).",
+    )
+    export.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="Allow a non-empty --output: replace the files an earlier export wrote there "
+        "(other files are kept; a file of an exported name that no export wrote is refused).",
     )
     export.set_defaults(func=export_command)
     imp = commands.add_parser(
@@ -81,9 +95,13 @@ def export_command(args: argparse.Namespace) -> int:
             args.output,
             step=args.step,
             max_shard_bytes=int(args.max_shard_gb * 1e9),
+            overwrite=args.overwrite,
+            module=args.module,
         )
     except (HfConversionError, TrainerDirError, ValueError) as e:
         raise CommandError(str(e)) from e
+    except OSError as e:  # E.g. a name too long for the filesystem.
+        raise CommandError(f"{e.filename or args.output}: {e.strerror}") from e
     print(f"Exported step {step} of {args.trainer_dir} to {args.output}: {', '.join(written)}")
     return 0
 

@@ -86,6 +86,12 @@ def _add_common_flags(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="PATH=VALUE override of the run's trainer config (repeatable).",
     )
+    parser.add_argument(
+        "--module",
+        default=None,
+        help="The run's experiment module as it imports here, needed when it is not one of "
+        "axlearn's (a module named only by the run's record is never imported).",
+    )
 
 
 def _runner(args: argparse.Namespace, *, evalers=None):
@@ -99,7 +105,11 @@ def _runner(args: argparse.Namespace, *, evalers=None):
         raise CommandError(f"--trainer_dir {args.trainer_dir} is not a directory")
     try:
         runner = InferenceRunner.from_trainer_dir(
-            args.trainer_dir, config_overrides=args.config_override, evalers=evalers, step=args.step
+            args.trainer_dir,
+            config_overrides=args.config_override,
+            evalers=evalers,
+            step=args.step,
+            module=args.module,
         )
         runner.restore(args.step)
     except (TrainerDirError, ConfigOverrideError, ValueError, CheckpointCorruptionError) as e:

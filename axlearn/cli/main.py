@@ -12,6 +12,7 @@ Usage:
     axlearn local launch --num_processes=2 -- python -m axlearn.common.launch_trainer_main ...
     axlearn compare /tmp/run_main /tmp/run_branch --format=markdown
     axlearn goodput /tmp/gpt-tiny [--json]
+    axlearn pipeline ticks --schedule=1f1b --num_stages=4 --num_microbatches=8
     axlearn eval --trainer_dir=/tmp/gpt-tiny [--step 300]
     axlearn generate --trainer_dir=/tmp/gpt-tiny --prompt="The Python" --seed=0
     axlearn hf export --trainer_dir=/tmp/gpt-tiny --output=/tmp/gpt-tiny-hf
@@ -40,6 +41,7 @@ from axlearn.cli import (
     hf,
     inference_commands,
     local,
+    pipeline_commands,
 )
 
 
@@ -85,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     hf.add_parser(groups)
     compare.add_parser(groups)
     goodput.add_parser(groups)
+    pipeline_commands.add_parser(groups)
     return parser
 
 
@@ -102,15 +105,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         stderr), 2 on a usage error.
     """
     parser = build_parser()
-    argv = gcp.normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for i, arg in enumerate(argv):
+        if len(arg) > MAX_ARG_CHARS:
+            print(
+                f"axlearn: error: argument {i + 1} ({arg[:60]!r}...) is {len(arg)} characters, "
+                f"more than the {MAX_ARG_CHARS} an argument may have; shorten it (large values "
+                "belong in the experiment's code or a config modifier)",
+                file=sys.stderr,
+            )
+            return 2
+    argv = gcp.normalize_argv(argv)
     args = parser.parse_args(argv)
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     try:
         return args.func(args)
     except config_commands.CommandError as e:
-        print(f"axlearn {args.group}: error: {e}", file=sys.stderr)
+        print(f"axlearn {args.group}: error: {_bounded(str(e))}", file=sys.stderr)
         return e.exit_code
+
+
+# The longest command-line argument accepted (an override may hold 65536 characters).
+MAX_ARG_CHARS = 70_000
+# The longest line of an error message printed (longer ones keep their start and end).
+_MAX_ERROR_LINE = 4000
+
+
+def _bounded(message: str) -> str:
+    """`message` with each line over `_MAX_ERROR_LINE` characters cut in its middle."""
+    half = _MAX_ERROR_LINE // 2
+    return "\n".join(
+        line
+        if len(line) <= _MAX_ERROR_LINE
+        else f"{line[:half]} ...[{len(line) - 2 * half} characters cut]... {line[-half:]}"
+        for line in message.split("\n")
+    )
 
 
 if __name__ == "__main__":

@@ -6,11 +6,15 @@ its children (added with `_add_child`) declare theirs. Then
 - `create_parameter_specs_recursively()` returns the nested dict of ParameterSpecs (shape, dtype,
   PartitionSpec, fan axes), following child names: `{"decoder": {"emb": {"token_emb":
   {"weight": ParameterSpec(...)}}}}`;
-- `initialize_parameters_recursively(prng_key)` returns the same tree of arrays. Each parameter
-  gets the key `fold_in(... fold_in(prng_key, seed(child)) ..., seed(param_name))`, so its value
-  depends only on its path and the root key: adding a sibling changes nothing else. It is pure
-  JAX, so it runs under `jax.eval_shape` (no allocation) and under `jax.jit(out_shardings=...)`
-  (see `initialize_parameters_on_mesh`), which creates every parameter directly sharded;
+- `initialize_parameters_recursively(prng_key)` returns the same tree of arrays, drawn as
+  AXLearn draws them, so one seed gives AXLearn's weights bit for bit: the key is split once per
+  local parameter, in the order `_create_layer_parameter_specs()` lists them (`prng_key,
+  param_key = split(prng_key)`, also for a prebuilt parameter), then once per BaseLayer child in
+  the order the children were added, each child recursing with its key. A parameter's value
+  thus depends on the root key and on the layer's structure before it (adding a parameter or
+  child moves the draws of those after it). It is pure JAX, so it runs under `jax.eval_shape`
+  (no allocation) and under `jax.jit(out_shardings=...)` (see `initialize_parameters_on_mesh`),
+  which creates every parameter directly sharded;
 - inside `forward`, `self.parameters` is the layer's own subtree.
 
 Parameters are stored in `dtype` (float32 unless configured; inherited from the parent when
@@ -37,7 +41,6 @@ from axlearn.common.config import ConfigOr, Configurable, config_class, maybe_in
 from axlearn.common.metrics import WeightedScalar
 from axlearn.common.module import (
     Module,
-    _generate_seed_from_name,
     child_context,
     current_context,
     new_output_collection,
@@ -324,7 +327,8 @@ class BaseLayer(Module):
         """Creates the parameters of this layer and its descendants.
 
         Args:
-            prng_key: The root key. A parameter's key is derived from this key and its path only.
+            prng_key: The root key, split through this layer's parameters (spec order) and then
+                its children (child order), as AXLearn splits it.
             prebuilt: Optional tree (a prefix of the parameter tree) marking parameters that are
                 provided elsewhere: where a leaf is an array, it is returned as is; where it is a
                 ParameterSpec/TensorSpec, None is returned (the caller fills it in, e.g. from a
@@ -335,16 +339,19 @@ class BaseLayer(Module):
         """
         params: dict[str, Any] = {}
         for name, spec in self._local_parameter_specs().items():
+            # The key is split for a prebuilt parameter too, so the others draw the same values.
+            prng_key, param_key = jax.random.split(prng_key)
             value = get_or_none(prebuilt, name)
             if value is not None:
                 params[name] = value if _is_array(value) else None
                 continue
-            key = jax.random.fold_in(prng_key, _generate_seed_from_name(name))
-            params[name] = self._initialize_parameter(name, prng_key=key, parameter_spec=spec)
+            params[name] = self._initialize_parameter(
+                name, prng_key=param_key, parameter_spec=spec
+            )
         for name, child in self._children.items():
             if not isinstance(child, BaseLayer):
                 continue
-            child_key = jax.random.fold_in(prng_key, _generate_seed_from_name(name))
+            prng_key, child_key = jax.random.split(prng_key)
             params[name] = child.initialize_parameters_recursively(
                 child_key, prebuilt=get_or_none(prebuilt, name)
             )
@@ -375,8 +382,11 @@ class BaseLayer(Module):
         """Returns a copy of `params` with each layer's `param_noise` applied (children first)."""
         params = dict(params)
         for name, child in self._children.items():
-            if isinstance(child, BaseLayer) and name in params:
-                child_key = jax.random.fold_in(prng_key, _generate_seed_from_name(name))
+            if not isinstance(child, BaseLayer):
+                continue
+            # As AXLearn: one split per child (in child order); the rest is this layer's key.
+            prng_key, child_key = jax.random.split(prng_key)
+            if name in params:
                 params[name] = child.apply_parameter_noise_recursively(child_key, params[name])
         if self._param_noise is not None:
             params = self._param_noise.apply(prng_key, params)

@@ -94,6 +94,49 @@ def _scores_from_logits(
     return log_probs
 
 
+def _cross_attention_step_kwargs(kwargs: dict, *, rows: int, time_step: Optional[Tensor]) -> dict:
+    """Fits the cross-attention inputs of a decoding step to its `rows` (batch * num_decodes).
+
+    `cross_attention_data` [batch, source_len, dim] and `cross_attention_logit_biases`
+    [batch, (heads,) target_len, source_len] are repeated per decode (row b * n + k reads example
+    b, as `decoding.flatten_decoding_dim` orders them); biases with target_len > 1 keep the row of
+    each decode's `time_step` (the query position of the step).
+
+    Args:
+        kwargs: The decoding kwargs (other keys pass through unchanged).
+        rows: The step's leading dim.
+        time_step: Int [rows], the position of the step's token (needed for per-position biases).
+
+    Returns:
+        The kwargs for `extend_step`.
+
+    Raises:
+        ValueError: If rows is not a multiple of the cross-attention batch.
+    """
+    out = dict(kwargs)
+    for key in ("cross_attention_data", "cross_attention_logit_biases"):
+        x = out.get(key)
+        if x is None:
+            continue
+        if rows % x.shape[0] != 0:
+            raise ValueError(
+                f"{key} has batch {x.shape[0]}, which does not divide the {rows} decoding rows."
+            )
+        x = jnp.repeat(x, rows // x.shape[0], axis=0)
+        if key == "cross_attention_logit_biases":
+            if x.ndim == 3:
+                x = x[:, None]
+            if x.shape[-2] > 1:
+                if time_step is None:
+                    raise ValueError(
+                        "cross_attention_logit_biases with target_len > 1 need the cache's "
+                        "time_step to pick each step's row."
+                    )
+                x = jnp.take_along_axis(x, time_step[:, None, None, None], axis=2, mode="clip")
+        out[key] = x
+    return out
+
+
 class DecodingLayer(Configurable):
     """The decoding algorithms of a decoder: sampling and beam search on its KV cache.
 
@@ -137,9 +180,12 @@ class DecodingLayer(Configurable):
 
     def _tokens_to_scores(self, logits_modifier: Optional[LogitsToLogitsFn], **kwargs):
         def tokens_to_scores(token_ids: Tensor, cache: NestedTensor):
+            step_kwargs = _cross_attention_step_kwargs(
+                kwargs, rows=token_ids.shape[0], time_step=cache.get("time_step")
+            )
             with _temporary_output_collection():
                 cache, outputs = self._decoder.extend_step(
-                    cached_states=cache, input_ids=token_ids, **kwargs
+                    cached_states=cache, input_ids=token_ids, **step_kwargs
                 )
             return _scores_from_logits(outputs["logits"][:, -1], logits_modifier), cache
 

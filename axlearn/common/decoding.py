@@ -23,6 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from axlearn.common.decoding_merge import (  # noqa: F401 (public under this module's path)
+    PrefixMerger,
+    _merge_prefixes,
+    compute_merge_matrix_by_prefix_ids,
+)
 from axlearn.common.utils import NestedTensor, Tensor, vectorized_tree_map
 
 # "Effectively -inf" for scores: finite so that sums of a few stay finite.
@@ -168,16 +173,56 @@ def unflatten_decoding_dim(x: Tensor, batch_size: int, num_decodes: int) -> Tens
     return x.reshape((batch_size, num_decodes, *x.shape[1:]))
 
 
-def _gather_decodes(tree: NestedTensor, indices: Tensor) -> NestedTensor:
-    """out[b, k] = x[b, indices[b, k]] for every [batch, num_decodes, ...] leaf of `tree`."""
+def _gather_beams(
+    nested: NestedTensor,
+    beam_indices: Tensor,
+    batch_size: int,
+    old_beam_size: int,
+    new_beam_size: int,
+    one_hot: bool = True,
+) -> NestedTensor:
+    """Reorders beams: out[b, k] = x[b, beam_indices[b, k]] for every leaf with ndim > 1.
+
+    Args:
+        nested: A tree of [batch_size, old_beam_size, ...] leaves (leaves of ndim <= 1, e.g.
+            scalars, pass through).
+        beam_indices: Int [batch_size, new_beam_size] with values in [0, old_beam_size).
+        batch_size: The batch size.
+        old_beam_size: The beams of the leaves.
+        new_beam_size: The beams of the result.
+        one_hot: Gather by a one-hot contraction (partitions well under SPMD) instead of
+            indexing.
+
+    Returns:
+        The tree with [batch_size, new_beam_size, ...] leaves.
+
+    Raises:
+        ValueError: If beam_indices is not [batch_size, new_beam_size].
+    """
+    if tuple(beam_indices.shape) != (batch_size, new_beam_size):
+        raise ValueError(
+            f"beam_indices.shape {tuple(beam_indices.shape)} != "
+            f"(batch_size, new_beam_size) ({batch_size}, {new_beam_size})"
+        )
 
     def gather(x):
         if x.ndim < 2:
             return x
-        idx = indices.reshape(indices.shape + (1,) * (x.ndim - 2))
-        return jnp.take_along_axis(x, idx, axis=1)
+        if one_hot:
+            dtype = jnp.int32 if x.dtype == jnp.bool_ else x.dtype
+            selector = jax.nn.one_hot(beam_indices, old_beam_size, dtype=dtype)
+            out = jnp.einsum("bno,bo...->bn...", selector, jnp.asarray(x, dtype))
+            return out.astype(x.dtype)
+        idx = beam_indices.reshape(beam_indices.shape + (1,) * (x.ndim - 2))
+        return jnp.take_along_axis(jnp.asarray(x), idx, axis=1)
 
-    return vectorized_tree_map(gather, tree)
+    return vectorized_tree_map(gather, nested)
+
+
+def _gather_decodes(tree: NestedTensor, indices: Tensor) -> NestedTensor:
+    """out[b, k] = x[b, indices[b, k]] for every [batch, num_decodes, ...] leaf of `tree`."""
+    batch, beams = indices.shape
+    return _gather_beams(tree, indices, batch, beams, beams, one_hot=False)
 
 
 def _write_at(buffer: Tensor, index: Tensor, value: Tensor) -> Tensor:
@@ -203,12 +248,20 @@ def _run_loop(loop: str, cond_fn, body_fn, init):
 
 
 def _check_inputs(inputs: Tensor, time_step: Tensor, max_decode_len: int) -> None:
+    """Checks the batch sizes and that the prompts fit in `max_decode_len` positions.
+
+    Raises:
+        ValueError: If they do not.
+    """
     if inputs.shape[0] != time_step.shape[0]:
         raise ValueError(
-            f"inputs.shape[0] ({inputs.shape[0]}) != time_step.shape[0] ({time_step.shape[0]})"
+            f"Expected inputs.shape[0] ({inputs.shape[0]}) == time_step.shape[0] "
+            f"({time_step.shape[0]})."
         )
     if inputs.shape[1] > max_decode_len:
-        raise ValueError(f"inputs.shape[1] ({inputs.shape[1]}) > max_decode_len ({max_decode_len})")
+        raise ValueError(
+            f"Expected inputs.shape[1] ({inputs.shape[1]}) <= max_decode_len ({max_decode_len})."
+        )
 
 
 # ------------------------------------------------------------------------------------------
@@ -248,9 +301,13 @@ class StopOnSubsequence:
             stopping_seqs = [[stopping_seqs]]
         elif len(stopping_seqs) and isinstance(stopping_seqs[0], (int, np.integer)):
             stopping_seqs = [list(stopping_seqs)]
+        if not stopping_seqs:
+            raise ValueError("StopOnSubsequence needs at least one stopping sequence.")
         empty = [i for i, seq in enumerate(stopping_seqs) if len(seq) == 0]
-        if empty or not stopping_seqs:
-            raise ValueError(f"Stopping sequences must be non-empty; empty at indices {empty}")
+        if empty:
+            raise ValueError(
+                f"Zero length stopping seqs are not supported. Zero length seqs at indices {empty}."
+            )
         self.pad_value = pad_value
         self.longest = max(len(seq) for seq in stopping_seqs)
         self.targets = jnp.asarray(
@@ -297,7 +354,10 @@ class CompositeDecodingCondition:
             ValueError: If `conditions` is empty.
         """
         if not conditions:
-            raise ValueError("CompositeDecodingCondition needs at least one condition")
+            raise ValueError(
+                "CompositeDecodingCondition: conditions must contain at least one "
+                "StopDecodingCondition"
+            )
         self.conditions = list(conditions)
 
     def __call__(self, *, index: Tensor, sequences: Tensor, prefix_len: Tensor) -> Tensor:
@@ -329,6 +389,79 @@ class SampleOutputs(NamedTuple):
 TokensToScoresFn = Callable[[Tensor, NestedTensor], tuple[Tensor, NestedTensor]]
 
 
+class DecodingState(NamedTuple):
+    """The loop state of `sample_decode`.
+
+    Fields:
+        cur_index: Int32 [batch]: the position of the token fed next.
+        sequences: Int32 [batch, num_decodes, max_decode_len] (max_decode_len counts the first,
+            prompt token).
+        token_scores: Float32 [batch, num_decodes, max_decode_len]: log-probabilities.
+        stop_decoding: Bool [batch, num_decodes]: which sequences stopped.
+        cache: The decoder state, leaves [batch, num_decodes, ...] (or scalars).
+        prng_key: The random key.
+    """
+
+    cur_index: Tensor
+    sequences: Tensor
+    token_scores: Tensor
+    stop_decoding: Tensor
+    cache: NestedTensor
+    prng_key: Tensor
+
+
+def _decode_init(
+    *,
+    inputs: Tensor,
+    time_step: Tensor,
+    num_decodes: int,
+    max_decode_len: int,
+    cache: NestedTensor,
+    prng_key: Tensor,
+    pad_id: int,
+    token_scores: Optional[Tensor] = None,
+) -> DecodingState:
+    """The initial `sample_decode` state.
+
+    Args:
+        inputs: Int [batch, length], length <= max_decode_len.
+        time_step: Int [batch]: index of each prompt's last token.
+        num_decodes: Samples per prompt.
+        max_decode_len: Length of the sequences, counting the first (prompt) token.
+        cache: Decoder state after the prompt, leaves [batch, ...] (tiled num_decodes times).
+        prng_key: The random key.
+        pad_id: The padding id (fills `sequences` after `inputs`).
+        token_scores: Optional float [batch, length'] (length' < max_decode_len): entry j scores
+            input token j + 1 (the first token has no score).
+
+    Returns:
+        The state.
+
+    Raises:
+        ValueError: If shapes are inconsistent.
+    """
+    _check_inputs(inputs, time_step, max_decode_len)
+    batch_size, length = inputs.shape
+    sequences = jnp.full((batch_size, num_decodes, max_decode_len), pad_id, jnp.int32)
+    sequences = sequences.at[:, :, :length].set(jnp.asarray(inputs)[:, None, :].astype(jnp.int32))
+    scores = jnp.zeros((batch_size, num_decodes, max_decode_len), jnp.float32)
+    if token_scores is not None:
+        n = token_scores.shape[1]
+        if n >= max_decode_len:
+            raise ValueError(f"Expected token_scores.shape[1] ({n}) < {max_decode_len}.")
+        scores = scores.at[:, :, 1 : 1 + n].set(
+            jnp.asarray(token_scores)[:, None, :].astype(jnp.float32)
+        )
+    return DecodingState(
+        cur_index=jnp.asarray(time_step).astype(jnp.int32),
+        sequences=sequences,
+        token_scores=scores,
+        stop_decoding=jnp.zeros((batch_size, num_decodes), bool),
+        cache=vectorized_tree_map(lambda x: add_decoding_dim(x, num_decodes), cache),
+        prng_key=prng_key,
+    )
+
+
 def sample_decode(
     *,
     inputs: Tensor,
@@ -346,7 +479,7 @@ def sample_decode(
     """Samples `num_decodes` continuations of each prompt (see the module docstring).
 
     Args:
-        inputs: Int [batch, length]: prompts padded with `pad_id`.
+        inputs: Int [batch, length]: prompts padded with `pad_id`, length <= max_decode_len + 1.
         time_step: Int [batch]: index of each prompt's last token.
         cache: Decoder state after the prompt (leaves [batch, ...], scalars, or stacked under a
             VDict); it is tiled `num_decodes` times.
@@ -367,73 +500,64 @@ def sample_decode(
     Raises:
         ValueError: If shapes are inconsistent.
     """
-    batch_size, length = inputs.shape
+    batch_size = inputs.shape[0]
     if max_decode_len is None:
-        max_decode_len = length
-    _check_inputs(inputs, time_step, max_decode_len)
+        max_decode_len = inputs.shape[1]
     total = max_decode_len + 1  # One more slot: the output drops the first token.
-    sequences = jnp.full((batch_size, num_decodes, total), pad_id, jnp.int32)
-    sequences = sequences.at[:, :, :length].set(inputs[:, None, :].astype(jnp.int32))
-    token_scores = jnp.zeros((batch_size, num_decodes, total), jnp.float32)
-    if input_token_scores is not None:
-        n = input_token_scores.shape[1]
-        if n >= total:
-            raise ValueError(f"input_token_scores.shape[1] ({n}) must be < {total}")
-        token_scores = token_scores.at[:, :, 1 : 1 + n].set(
-            input_token_scores[:, None, :].astype(jnp.float32)
-        )
-    time_step = time_step.astype(jnp.int32)
-    init = dict(
-        index=time_step,
-        sequences=sequences,
-        token_scores=token_scores,
-        stopped=jnp.zeros((batch_size, num_decodes), bool),
-        cache=vectorized_tree_map(lambda x: add_decoding_dim(x, num_decodes), cache),
+    init = _decode_init(
+        inputs=inputs,
+        time_step=time_step,
+        num_decodes=num_decodes,
+        max_decode_len=total,
+        cache=cache,
         prng_key=prng_key,
+        pad_id=pad_id,
+        token_scores=input_token_scores,
     )
+    prefix_len = init.cur_index + 1
 
-    def cond_fn(state):
-        active = (state["index"] < total - 1) & ~state["stopped"].all(axis=1)
+    def cond_fn(state: DecodingState):
+        active = (state.cur_index < total - 1) & ~state.stop_decoding.all(axis=1)
         return active.any()
 
-    def body_fn(state):
-        index = state["index"]
-        token_ids = flatten_decoding_dim(_read_at(state["sequences"], index)[..., None])
-        flat_cache = vectorized_tree_map(flatten_decoding_dim, state["cache"])
+    def body_fn(state: DecodingState) -> DecodingState:
+        index = state.cur_index
+        token_ids = flatten_decoding_dim(_read_at(state.sequences, index)[..., None])
+        flat_cache = vectorized_tree_map(flatten_decoding_dim, state.cache)
         scores, flat_cache = tokens_to_scores(token_ids, flat_cache)
         scores = unflatten_decoding_dim(scores, batch_size, num_decodes).astype(jnp.float32)
         new_cache = vectorized_tree_map(
             lambda x: unflatten_decoding_dim(x, batch_size, num_decodes), flat_cache
         )
-        prng_key, sample_key = jax.random.split(state["prng_key"])
+        prng_key, sample_key = jax.random.split(state.prng_key)
         sampled = jax.random.categorical(sample_key, scores, axis=-1).astype(jnp.int32)
         next_index = index + 1
-        forced = _read_at(state["sequences"], next_index)
+        forced = _read_at(state.sequences, next_index)
         out_of_prompt = forced == pad_id
         token = jnp.where(out_of_prompt, sampled, forced)
         log_prob = jnp.take_along_axis(scores, token[..., None], axis=-1)[..., 0]
-        stopped = state["stopped"]
+        stopped = state.stop_decoding
         token = jnp.where(stopped, pad_id, token)
         log_prob = jnp.where(stopped, 0.0, log_prob)
-        sequences = _write_at(state["sequences"], next_index, token)
-        token_scores = _write_at(state["token_scores"], next_index, log_prob)
+        sequences = _write_at(state.sequences, next_index, token)
+        token_scores = _write_at(state.token_scores, next_index, log_prob)
         stop_now = out_of_prompt & stop_decoding_condition(
             index=jnp.minimum(next_index, total - 1),
             sequences=sequences,
-            prefix_len=time_step + 1,
+            prefix_len=prefix_len,
         )
-        return dict(
-            index=next_index,
+        return DecodingState(
+            cur_index=next_index,
             sequences=sequences,
             token_scores=token_scores,
-            stopped=stopped | stop_now,
+            stop_decoding=stopped | stop_now,
             cache=new_cache,
             prng_key=prng_key,
         )
 
     final = _run_loop(loop, cond_fn, body_fn, init)
     return SampleOutputs(
-        sequences=final["sequences"][:, :, 1:], token_scores=final["token_scores"][:, :, 1:]
+        sequences=final.sequences[:, :, 1:], token_scores=final.token_scores[:, :, 1:]
     )
 
 
@@ -496,6 +620,71 @@ class BeamSearchOutputs(NamedTuple):
     live_scores: Tensor
 
 
+class _BeamState(NamedTuple):
+    """The loop state of `beam_search_decode` (lengths count the first, prompt token).
+
+    Fields:
+        cur_index: Int32 [batch]: the position of the token fed next.
+        live_scores: Float32 [batch, beams]: log-probabilities of the live beams.
+        finished_scores: Float32 [batch, beams]: normalized scores of the finished ones.
+        live_seqs: Int32 [batch, beams, max_decode_len].
+        finished_seqs: Int32 [batch, beams, max_decode_len].
+        cache: The decoder state, leaves [batch, beams, ...] (or scalars).
+        prefix_merger: The PrefixMerger's state (None without one).
+    """
+
+    cur_index: Tensor
+    live_scores: Tensor
+    finished_scores: Tensor
+    live_seqs: Tensor
+    finished_seqs: Tensor
+    cache: NestedTensor
+    prefix_merger: NestedTensor
+
+
+def _beam_init(
+    *,
+    inputs: Tensor,
+    time_step: Tensor,
+    beam_size: int,
+    max_decode_len: int,
+    cache: NestedTensor,
+    pad_id: int,
+    prefix_merger: Optional[PrefixMerger] = None,
+) -> _BeamState:
+    """The initial beam search state: every beam holds the prompt, only the first one is alive.
+
+    Args:
+        inputs: Int [batch, length], length <= max_decode_len.
+        time_step: Int [batch]: index of each prompt's last token.
+        beam_size: The number of beams.
+        max_decode_len: Length of the sequences, counting the first (prompt) token.
+        cache: Decoder state after the prompt, leaves [batch, ...] (tiled beam_size times).
+        pad_id: The padding id (fills the sequences after `inputs`).
+        prefix_merger: Optional; its `init_state` gets the initial live sequences.
+
+    Returns:
+        The state.
+
+    Raises:
+        ValueError: If shapes are inconsistent.
+    """
+    _check_inputs(inputs, time_step, max_decode_len)
+    batch_size, length = inputs.shape
+    live_seqs = jnp.full((batch_size, beam_size, max_decode_len), pad_id, jnp.int32)
+    live_seqs = live_seqs.at[:, :, :length].set(jnp.asarray(inputs)[:, None, :].astype(jnp.int32))
+    first_only = jnp.asarray([0.0] + [NEG_INF] * (beam_size - 1), jnp.float32)
+    return _BeamState(
+        cur_index=jnp.asarray(time_step).astype(jnp.int32),
+        live_scores=jnp.tile(first_only, (batch_size, 1)),
+        finished_scores=jnp.full((batch_size, beam_size), NEG_INF, jnp.float32),
+        live_seqs=live_seqs,
+        finished_seqs=jnp.zeros((batch_size, beam_size, max_decode_len), jnp.int32),
+        cache=vectorized_tree_map(lambda x: add_decoding_dim(x, beam_size), cache),
+        prefix_merger=None if prefix_merger is None else prefix_merger.init_state(tokens=live_seqs),
+    )
+
+
 def beam_search_decode(
     *,
     inputs: Tensor,
@@ -508,6 +697,7 @@ def beam_search_decode(
     loop: Literal["lax", "python"] = "lax",
     brevity_penalty: Optional[BrevityPenaltyFn] = None,
     pad_id: int = 0,
+    prefix_merger: Optional[PrefixMerger] = None,
 ) -> BeamSearchOutputs:
     """Beam search with `num_decodes` beams (see the module docstring for the conventions).
 
@@ -518,7 +708,7 @@ def beam_search_decode(
     beam's EOS continuation is a finished candidate.
 
     Args:
-        inputs: Int [batch, length]: prompts padded with `pad_id`.
+        inputs: Int [batch, length]: prompts padded with `pad_id`, length <= max_decode_len + 1.
         time_step: Int [batch]: index of each prompt's last token.
         cache: Decoder state after the prompt (see `sample_decode`).
         tokens_to_scores: (token_ids [batch * beams, 1], cache) -> (log_probs [batch * beams,
@@ -529,6 +719,9 @@ def beam_search_decode(
         loop: "lax" or "python".
         brevity_penalty: Length normalization of finished scores (default: none).
         pad_id: The padding id.
+        prefix_merger: Optional `PrefixMerger`: it is updated with every token fed to
+            `tokens_to_scores` (prompt tokens included, EOS not), and before each step the live
+            beams it merges pool their probabilities into the receiving beam.
 
     Returns:
         BeamSearchOutputs.
@@ -538,69 +731,75 @@ def beam_search_decode(
     """
     if brevity_penalty is None:
         brevity_penalty = brevity_penalty_fn(alpha=0.0)
-    batch_size, length = inputs.shape
+    batch_size = inputs.shape[0]
     beams = num_decodes
     if max_decode_len is None:
-        max_decode_len = length
-    _check_inputs(inputs, time_step, max_decode_len)
+        max_decode_len = inputs.shape[1]
     total = max_decode_len + 1
-    live_seqs = jnp.full((batch_size, beams, total), pad_id, jnp.int32)
-    live_seqs = live_seqs.at[:, :, :length].set(inputs[:, None, :].astype(jnp.int32))
-    # Only the first beam is alive at the start (the others are copies of it).
-    first_only = jnp.asarray([0.0] + [NEG_INF] * (beams - 1), jnp.float32)
-    init = dict(
-        index=time_step.astype(jnp.int32),
-        live_scores=jnp.tile(first_only, (batch_size, 1)),
-        finished_scores=jnp.full((batch_size, beams), NEG_INF, jnp.float32),
-        live_seqs=live_seqs,
-        finished_seqs=jnp.zeros((batch_size, beams, total), jnp.int32),
-        cache=vectorized_tree_map(lambda x: add_decoding_dim(x, beams), cache),
+    init = _beam_init(
+        inputs=inputs,
+        time_step=time_step,
+        beam_size=beams,
+        max_decode_len=total,
+        cache=cache,
+        pad_id=pad_id,
+        prefix_merger=prefix_merger,
     )
+    first_only = init.live_scores[:1]
+    inputs = jnp.asarray(inputs).astype(jnp.int32)
 
-    def cond_fn(state):
-        not_at_end = state["index"] < total - 1
+    def cond_fn(state: _BeamState):
+        not_at_end = state.cur_index < total - 1
         best_live = brevity_penalty(
-            length=jnp.asarray(total), raw_scores=state["live_scores"].max(axis=1)
+            length=jnp.asarray(total), raw_scores=state.live_scores.max(axis=1)
         )
-        worst_finished = state["finished_scores"].min(axis=1)
+        worst_finished = state.finished_scores.min(axis=1)
         return (not_at_end & ~(worst_finished > best_live)).any()
 
-    def body_fn(state):
-        index = state["index"]
+    def body_fn(state: _BeamState) -> _BeamState:
+        index = state.cur_index
         next_index = index + 1
-        token_ids = flatten_decoding_dim(_read_at(state["live_seqs"], index)[..., None])
-        flat_cache = vectorized_tree_map(flatten_decoding_dim, state["cache"])
-        log_probs, flat_cache = tokens_to_scores(token_ids, flat_cache)
+        current = _read_at(state.live_seqs, index)  # [batch, beams].
+        flat_cache = vectorized_tree_map(flatten_decoding_dim, state.cache)
+        log_probs, flat_cache = tokens_to_scores(
+            flatten_decoding_dim(current[..., None]), flat_cache
+        )
         log_probs = unflatten_decoding_dim(log_probs, batch_size, beams).astype(jnp.float32)
         new_cache = vectorized_tree_map(
             lambda x: unflatten_decoding_dim(x, batch_size, beams), flat_cache
         )
+        live_scores, merger_state = state.live_scores, state.prefix_merger
+        if prefix_merger is not None:
+            merger_state = prefix_merger.update(tokens=current, state=merger_state)
+            live_scores = _merge_prefixes(
+                prefix_merger.compute(merger_state), log_probs=live_scores
+            )
         vocab = log_probs.shape[-1]
-        log_probs = log_probs + state["live_scores"][..., None]  # [batch, beams, vocab].
+        log_probs = log_probs + live_scores[..., None]  # [batch, beams, vocab].
         finishing_scores = log_probs[:, :, eos_id]
         log_probs = log_probs.at[:, :, eos_id].add(NEG_INF)  # Live beams do not end in EOS.
         top_scores, top_flat = jax.lax.top_k(log_probs.reshape(batch_size, beams * vocab), beams)
         top_tokens, top_beams = top_flat % vocab, top_flat // vocab
 
         # Inside the prompt, the next token is forced and only the first beam stays alive.
-        forced = jnp.take_along_axis(
-            inputs.astype(jnp.int32), next_index[:, None], axis=1, mode="clip"
-        )  # [batch, 1].
-        in_prompt = forced != pad_id
-        live_scores = jnp.where(in_prompt, first_only[None], top_scores)
+        forced = jnp.take_along_axis(inputs, next_index[:, None], axis=1, mode="clip")
+        in_prompt = forced != pad_id  # [batch, 1].
+        new_live_scores = jnp.where(in_prompt, first_only, top_scores)
         tokens = jnp.where(in_prompt, forced, top_tokens)
-        live_seqs = _write_at(_gather_decodes(state["live_seqs"], top_beams), next_index, tokens)
+        live_seqs = _write_at(_gather_decodes(state.live_seqs, top_beams), next_index, tokens)
         live_cache = _gather_decodes(new_cache, top_beams)
+        if prefix_merger is not None:
+            merger_state = _gather_decodes(merger_state, top_beams)
 
         finishing_scores = brevity_penalty(length=next_index[:, None], raw_scores=finishing_scores)
         finishing_scores = jnp.where(in_prompt, NEG_INF, finishing_scores)
         finishing_seqs = _write_at(
-            state["live_seqs"], next_index, jnp.full((batch_size, beams), eos_id)
+            state.live_seqs, next_index, jnp.full((batch_size, beams), eos_id)
         )
-        all_scores = jnp.concatenate([state["finished_scores"], finishing_scores], axis=1)
-        all_seqs = jnp.concatenate([state["finished_seqs"], finishing_seqs], axis=1)
+        all_scores = jnp.concatenate([state.finished_scores, finishing_scores], axis=1)
+        all_seqs = jnp.concatenate([state.finished_seqs, finishing_seqs], axis=1)
         finished_scores, best = jax.lax.top_k(all_scores, beams)
-        finished_seqs = _gather_decodes(all_seqs, best)
+        finished_seqs = _gather_beams(all_seqs, best, batch_size, 2 * beams, beams, one_hot=False)
 
         # Rows past the end keep their state (rows start at different time steps).
         done = next_index >= total
@@ -609,19 +808,20 @@ def beam_search_decode(
             mask = done.reshape(done.shape + (1,) * (new.ndim - 1))
             return jnp.where(mask, old, new)
 
-        return dict(
-            index=next_index,
-            live_scores=keep(state["live_scores"], live_scores),
-            finished_scores=keep(state["finished_scores"], finished_scores),
-            live_seqs=keep(state["live_seqs"], live_seqs),
-            finished_seqs=keep(state["finished_seqs"], finished_seqs),
+        return _BeamState(
+            cur_index=next_index,
+            live_scores=keep(state.live_scores, new_live_scores),
+            finished_scores=keep(state.finished_scores, finished_scores),
+            live_seqs=keep(state.live_seqs, live_seqs),
+            finished_seqs=keep(state.finished_seqs, finished_seqs),
             cache=live_cache,
+            prefix_merger=merger_state,
         )
 
     final = _run_loop(loop, cond_fn, body_fn, init)
     return BeamSearchOutputs(
-        sequences=final["finished_seqs"][:, :, 1:],
-        scores=final["finished_scores"],
-        live_sequences=final["live_seqs"][:, :, 1:],
-        live_scores=final["live_scores"],
+        sequences=final.finished_seqs[:, :, 1:],
+        scores=final.finished_scores,
+        live_sequences=final.live_seqs[:, :, 1:],
+        live_scores=final.live_scores,
     )

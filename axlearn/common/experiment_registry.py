@@ -15,6 +15,7 @@ TensorFlow/seqio imports).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import types
 
@@ -160,6 +161,12 @@ def named_trainer_configs(module: str) -> dict[str, TrainerConfigFn]:
     return configs
 
 
+# An unknown config name gets at most this many close matches, and the module's configs are
+# listed in the message only up to this many (else the command that lists them is named).
+MAX_SUGGESTIONS = 5
+MAX_LISTED_CONFIGS = 10
+
+
 def get_named_trainer_config(config_name: str, *, config_module: str) -> TrainerConfigFn:
     """Returns the function that builds the trainer config `config_name` of `config_module`.
 
@@ -180,11 +187,20 @@ def get_named_trainer_config(config_name: str, *, config_module: str) -> Trainer
     if config_name in configs:
         return configs[config_name]
     available = sorted(configs)
-    similar = similar_names(config_name, available)
+    # The closest first (by edit similarity), at most MAX_SUGGESTIONS of them.
+    similar = sorted(
+        similar_names(config_name, available),
+        key=lambda c: (-difflib.SequenceMatcher(None, config_name, c).ratio(), c),
+    )[:MAX_SUGGESTIONS]
     hint = f" Did you mean: {', '.join(similar)}?" if similar else ""
+    if len(available) <= MAX_LISTED_CONFIGS:
+        listing = f"Available configs ({len(available)}): {', '.join(available) or '(none)'}"
+    else:
+        listing = (
+            f"`axlearn config list --module={config_module}` lists its {len(available)} configs."
+        )
     raise UnknownTrainerConfigError(
-        f"Unknown config {config_name!r} in experiment module {config_module!r}.{hint} "
-        f"Available configs ({len(available)}): {', '.join(available) or '(none)'}"
+        f"Unknown config {config_name!r} in experiment module {config_module!r}.{hint} {listing}"
     )
 
 

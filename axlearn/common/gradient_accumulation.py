@@ -9,8 +9,10 @@ whole batch. Use it as `Learner.Config.forward_fn_transformation`:
     learner_cfg.forward_fn_transformation = config_for_function(with_minibatch_steps).set(steps=4)
 
 Microbatch i takes examples i, i + N, i + 2N, ... so that each microbatch stays spread over the
-devices the batch is sharded on. Summaries that are `WeightedScalar`s are combined by weight; other
-summaries, aux outputs and state updates are averaged.
+devices the batch is sharded on. Summaries that are `summary.Summary` instances (`WeightedSummary`,
+`MinSummary`, ...) are combined in microbatch order by a `metrics.MetricAccumulator` (weighted
+means by weight, a min as the min, ...); other summaries, aux outputs and state updates are
+averaged (`WeightedScalar` state updates are combined by weight).
 """
 
 from __future__ import annotations
@@ -21,12 +23,52 @@ import jax
 from jax import numpy as jnp
 
 from axlearn.common.config import ConfigOr, maybe_instantiate
+from axlearn.common.metrics import MetricAccumulator
+from axlearn.common.summary import Summary
 from axlearn.common.utils import Nested, Tensor, cast_floats, flatten_items
 
 
 def _is_weighted(x: Any) -> bool:
     # WeightedScalar (axlearn.common.metrics) and similar: combined by their own `+`.
     return hasattr(x, "accumulate") and hasattr(x, "weight")
+
+
+def _is_summary(x: Any) -> bool:
+    return isinstance(x, Summary)
+
+
+def _split_summaries(summaries: Nested[Any]) -> tuple[Nested[Any], Nested[Any]]:
+    """Splits a summaries tree into (Summary leaves, other leaves), each with None elsewhere."""
+    kw = dict(is_leaf=_is_summary)
+    return (
+        jax.tree.map(lambda x: x if _is_summary(x) else None, summaries, **kw),
+        jax.tree.map(lambda x: None if _is_summary(x) else x, summaries, **kw),
+    )
+
+
+def _accumulate_stacked(
+    stacked: Nested[Any], *, steps: int, accumulator: MetricAccumulator
+) -> Nested[Any]:
+    """Accumulates Summary leaves stacked on axis 0 (one entry per microbatch) in order.
+
+    Args:
+        stacked: A tree whose leaves are Summary objects with a leading [steps] axis (or None).
+        steps: The number of microbatches.
+        accumulator: A fresh MetricAccumulator.
+
+    Returns:
+        The tree with each Summary leaf replaced by its accumulated value.
+    """
+    leaves, treedef = jax.tree.flatten(stacked, is_leaf=_is_summary)
+    if not leaves:
+        return stacked
+    keys = [f"{j:08d}" for j in range(len(leaves))]
+    for i in range(steps):
+        accumulator.update(
+            {k: jax.tree.map(lambda x, i=i: x[i], leaf) for k, leaf in zip(keys, leaves)}
+        )
+    accumulated = accumulator.summaries()
+    return jax.tree.unflatten(treedef, [accumulated[k] for k in keys])
 
 
 def _split_minibatches(input_batch: Nested[Tensor], steps: int) -> Nested[Tensor]:
@@ -58,6 +100,7 @@ def _split_minibatches(input_batch: Nested[Tensor], steps: int) -> Nested[Tensor
 def with_minibatch_steps(
     *,
     steps: int,
+    metric_accumulator: Optional[ConfigOr[MetricAccumulator]] = None,
     grad_dtype: Optional[Any] = None,
     minibatch_partitioner: Optional[ConfigOr[Callable[[Nested[Tensor]], Nested[Tensor]]]] = None,
 ) -> Callable[[Callable], Callable]:
@@ -72,6 +115,8 @@ def with_minibatch_steps(
 
     Args:
         steps: The number of microbatches (>= 1); must divide the batch size.
+        metric_accumulator: The MetricAccumulator (or its config) that combines the `Summary`
+            summaries of the microbatches; default: `MetricAccumulator.default_config()`.
         grad_dtype: Optional dtype to cast the accumulated gradients to (default: the params').
         minibatch_partitioner: Optional function (or config) applied to each microbatch, e.g. to
             add sharding constraints.
@@ -85,11 +130,25 @@ def with_minibatch_steps(
     if steps < 1:
         raise ValueError(f"with_minibatch_steps: steps must be >= 1, got {steps}.")
     partitioner = maybe_instantiate(minibatch_partitioner) or (lambda x: x)
+    if metric_accumulator is None:
+        metric_accumulator = MetricAccumulator.default_config()
+
+    def new_accumulator() -> MetricAccumulator:
+        # A fresh accumulator per call: MetricAccumulator keeps state.
+        if isinstance(metric_accumulator, MetricAccumulator):
+            return type(metric_accumulator)(metric_accumulator.config)
+        return maybe_instantiate(metric_accumulator)
 
     def transformation(fn: Callable) -> Callable:
         def loss_and_outputs(model_params, inputs):
             outputs = fn(model_params=model_params, inputs=inputs)
             return outputs.loss, outputs
+
+        def split_outputs(outputs):
+            """Returns (outputs with only the non-Summary summaries, the Summary summaries)."""
+            summary_part, plain_part = _split_summaries(outputs.output_collection.summaries)
+            collection = outputs.output_collection._replace(summaries=plain_part)
+            return outputs._replace(output_collection=collection), summary_part
 
         def run(model_params, inputs, compute_grad: bool):
             minibatches = _split_minibatches(inputs["input_batch"], steps)
@@ -100,10 +159,12 @@ def with_minibatch_steps(
             def minibatch_inputs(batch, mb_keys):
                 return dict(others, input_batch=partitioner(batch), **mb_keys)
 
-            # Shapes of one microbatch's outputs, for the scan carry.
+            # Shapes of one microbatch's (averaged) outputs, for the scan carry.
             sample = jax.tree.map(lambda x: x[0], (minibatches, split_keys))
             out_shape = jax.eval_shape(
-                lambda p, i: loss_and_outputs(p, i)[1], model_params, minibatch_inputs(*sample)
+                lambda p, i: split_outputs(loss_and_outputs(p, i)[1])[0],
+                model_params,
+                minibatch_inputs(*sample),
             )
             zero_outputs = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
             zero_outputs = jax.tree.map(
@@ -138,15 +199,27 @@ def with_minibatch_steps(
                     )
                 else:
                     _, outputs = loss_and_outputs(model_params, mb_inputs)
-                return (add(acc_outputs, outputs), acc_grads), None
+                outputs, summaries = split_outputs(outputs)
+                # Summary summaries are stacked (scan outputs) and accumulated after the scan.
+                return (add(acc_outputs, outputs), acc_grads), summaries
 
-            (outputs, grads), _ = jax.lax.scan(
+            (outputs, grads), stacked = jax.lax.scan(
                 body, (zero_outputs, zero_grads), (minibatches, split_keys)
             )
             outputs = jax.tree.map(
                 lambda x: x if _is_weighted(x) else (x / steps).astype(x.dtype),
                 outputs,
                 is_leaf=_is_weighted,
+            )
+            accumulated = _accumulate_stacked(stacked, steps=steps, accumulator=new_accumulator())
+            summaries = jax.tree.map(
+                lambda s, p: s if _is_summary(s) else p,
+                accumulated,
+                outputs.output_collection.summaries,
+                is_leaf=lambda x: x is None or _is_summary(x),
+            )
+            outputs = outputs._replace(
+                output_collection=outputs.output_collection._replace(summaries=summaries)
             )
             if compute_grad:
                 grads = jax.tree.map(lambda g: g / steps, grads)
@@ -172,7 +245,8 @@ def with_minibatch_steps(
 
         accumulated.defvjp(accumulated_fwd, accumulated_bwd)
 
-        def wrapped(*, model_params, inputs):
+        def wrapped(model_params, inputs):
+            # Positional or keyword arguments, like a plain ForwardFn called by pjit.
             return accumulated(model_params, inputs)
 
         return wrapped

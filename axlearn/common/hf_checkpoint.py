@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -147,6 +148,13 @@ def llama_config(model_cfg: ConfigBase, *, tied: bool, importing: bool = False) 
     }
 
 
+# Records which files an export wrote into its directory (so a later `overwrite` export replaces
+# or removes those and nothing else).
+EXPORT_MANIFEST_FILE = ".axlearn_hf_export.json"
+# The largest export manifest read.
+_MAX_MANIFEST_BYTES = 1 << 20
+
+
 def save_hf_llama(
     params: Any,
     model_cfg: ConfigBase,
@@ -154,21 +162,31 @@ def save_hf_llama(
     *,
     sentencepiece_model_file: Optional[str] = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    overwrite: bool = False,
 ) -> list[str]:
     """Writes `params` of `model_cfg` as a Hugging Face Llama directory.
+
+    Every file is written into a fresh private temporary directory beside `output_dir`, then
+    published by rename (`publish_export`): a missing or empty `output_dir` is replaced whole; a
+    non-empty one needs `overwrite`, and even then only the files an earlier export recorded in
+    its `EXPORT_MANIFEST_FILE` are replaced or removed (any other file is kept, and one with a
+    name this export writes is refused). Nothing is written through a link; every file gets
+    mode 0644 (less the umask).
 
     Args:
         params: The model parameter tree (host or device arrays).
         model_cfg: The model config.
-        output_dir: The directory (created; existing model files are replaced).
+        output_dir: The directory.
         sentencepiece_model_file: If set, copied as `tokenizer.model` (with tokenizer configs).
         max_shard_bytes: The largest safetensors file; larger models are sharded.
+        overwrite: Whether a non-empty `output_dir` may be updated (see above).
 
     Returns:
         The written file names.
 
     Raises:
-        HfConversionError: If the model has no Llama equivalent.
+        HfConversionError: If the model has no Llama equivalent, or `output_dir` cannot be
+            written under the rules above (the message names the file and the fix).
     """
     from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
 
@@ -188,10 +206,7 @@ def save_hf_llama(
         )
     except ValueError as e:
         raise HfConversionError(str(e)) from e
-    os.makedirs(output_dir, exist_ok=True)
-    for name in os.listdir(output_dir):
-        if name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json")):
-            os.remove(os.path.join(output_dir, name))
+    check_export_target(output_dir, overwrite=overwrite)  # Before the weights are written.
     shards: list[dict[str, np.ndarray]] = [{}]
     sizes = [0]
     for key in sorted(state_dict):
@@ -201,32 +216,188 @@ def save_hf_llama(
             sizes.append(0)
         shards[-1][key] = value
         sizes[-1] += value.nbytes
-    written = []
-    metadata = {"format": "pt"}
-    if len(shards) == 1:
-        save_file(shards[0], os.path.join(output_dir, SAFETENSORS_FILE), metadata=metadata)
-        written.append(SAFETENSORS_FILE)
-    else:
-        weight_map = {}
-        for i, shard in enumerate(shards):
-            name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, os.path.join(output_dir, name), metadata=metadata)
-            weight_map.update({key: name for key in shard})
-            written.append(name)
-        index = {"metadata": {"total_size": int(sum(sizes))}, "weight_map": weight_map}
-        with open(os.path.join(output_dir, SAFETENSORS_INDEX_FILE), "w", encoding="utf-8") as f:
-            json.dump(index, f, indent=2, sort_keys=True)
-        written.append(SAFETENSORS_INDEX_FILE)
-    with open(os.path.join(output_dir, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-    with open(os.path.join(output_dir, "generation_config.json"), "w", encoding="utf-8") as f:
-        json.dump(
-            {"eos_token_id": config["eos_token_id"], "pad_token_id": config["pad_token_id"]}, f
+
+    def write(tmp: str) -> list[str]:
+        written = []
+        metadata = {"format": "pt"}
+        if len(shards) == 1:
+            save_file(shards[0], os.path.join(tmp, SAFETENSORS_FILE), metadata=metadata)
+            written.append(SAFETENSORS_FILE)
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards):
+                name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, os.path.join(tmp, name), metadata=metadata)
+                weight_map.update({key: name for key in shard})
+                written.append(name)
+            index = {"metadata": {"total_size": int(sum(sizes))}, "weight_map": weight_map}
+            _write_json(os.path.join(tmp, SAFETENSORS_INDEX_FILE), index, indent=2)
+            written.append(SAFETENSORS_INDEX_FILE)
+        _write_json(os.path.join(tmp, "config.json"), config, indent=2)
+        generation = {
+            "eos_token_id": config["eos_token_id"],
+            "pad_token_id": config["pad_token_id"],
+        }
+        _write_json(os.path.join(tmp, "generation_config.json"), generation)
+        written += ["config.json", "generation_config.json"]
+        if sentencepiece_model_file:
+            written += _write_sentencepiece_tokenizer(sentencepiece_model_file, tmp)
+        return written
+
+    return publish_export(output_dir, write, overwrite=overwrite)
+
+
+def _write_json(path: str, value: Any, *, indent: Optional[int] = None) -> None:
+    # Only ever called inside a fresh private temporary directory (no one else's entries).
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common import file_access
+
+    data = json.dumps(value, indent=indent, sort_keys=True).encode("utf-8")
+    file_access.write_atomic(os.path.dirname(path), os.path.basename(path), data)
+
+
+def _umask() -> int:
+    """This process's umask (exported files get 0644 and the directory 0755, less it)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+def _previous_export(output_dir: str) -> set[str]:
+    """The files an earlier export recorded in `output_dir`'s manifest (empty: none)."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common import file_access
+
+    try:
+        manifest = file_access.read_json(
+            output_dir, EXPORT_MANIFEST_FILE, max_bytes=_MAX_MANIFEST_BYTES, max_depth=4
         )
-    written += ["config.json", "generation_config.json"]
-    if sentencepiece_model_file:
-        written += _write_sentencepiece_tokenizer(sentencepiece_model_file, output_dir)
-    return written
+    except file_access.FileMissingError:
+        return set()
+    except file_access.FileAccessError as e:
+        raise HfConversionError(
+            f"{e}; remove {EXPORT_MANIFEST_FILE} (and the files of the earlier export) or "
+            "choose another --output"
+        ) from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, list) or not all(
+        isinstance(f, str) and f and "/" not in f and f not in (".", "..") for f in files
+    ):
+        raise HfConversionError(
+            f"{os.path.join(output_dir, EXPORT_MANIFEST_FILE)}: field 'files' must be a list of "
+            "file names; remove it (and the files of the earlier export) or choose another "
+            "--output"
+        )
+    return set(files)
+
+
+def check_export_target(output_dir: str, *, overwrite: bool) -> None:
+    """Refuses an export target that `publish_export` would refuse (before any work is done).
+
+    Args:
+        output_dir: The directory to export to.
+        overwrite: Whether a non-empty directory may be updated.
+
+    Raises:
+        HfConversionError: If `output_dir` is not a directory, or is non-empty without
+            `overwrite` (the message says what to do).
+    """
+    if not os.path.lexists(output_dir):
+        return
+    if os.path.islink(output_dir) and not os.path.isdir(output_dir):
+        raise HfConversionError(
+            f"--output {output_dir} is a symbolic link to no directory; remove it or choose "
+            "another --output"
+        )
+    if not os.path.isdir(output_dir):
+        raise HfConversionError(f"--output {output_dir} exists and is not a directory")
+    entries = os.listdir(output_dir)
+    if entries and not overwrite:
+        raise HfConversionError(
+            f"--output {output_dir} is not empty ({len(entries)} entries); pass --overwrite to "
+            "replace the files an earlier export wrote there (other files are kept), or choose "
+            "a new directory"
+        )
+    if entries:
+        _previous_export(output_dir)  # Validates the manifest.
+
+
+def publish_export(output_dir: str, write: Any, *, overwrite: bool) -> list[str]:
+    """Runs `write(tmp_dir)` in a fresh temporary directory beside `output_dir`, then publishes.
+
+    A missing or empty `output_dir` is replaced by the temporary directory (one rename). A
+    non-empty one (only with `overwrite`) gets each written file by rename, relative to a
+    descriptor of `output_dir` (a link under a written name is replaced, its target untouched);
+    then the files the earlier export's manifest lists and this one did not write are removed.
+    A file of a name this export writes that no earlier export recorded is refused, before
+    anything changes. The manifest records this export's files.
+
+    Args:
+        output_dir: The destination directory.
+        write: fn(tmp_dir) -> the names of the files it wrote there.
+        overwrite: Whether a non-empty `output_dir` may be updated.
+
+    Returns:
+        The written file names.
+
+    Raises:
+        HfConversionError: Naming the file and the fix when the rules above refuse.
+    """
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common import file_access
+
+    check_export_target(output_dir, overwrite=overwrite)
+    output_dir = os.path.abspath(output_dir)
+    parent, name = os.path.split(output_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{name}.export-", dir=parent)  # Mode 0700: ours alone.
+    try:
+        written = list(write(tmp))
+        manifest = {"files": sorted(written)}
+        _write_json(os.path.join(tmp, EXPORT_MANIFEST_FILE), manifest)
+        mode = 0o644 & ~_umask()
+        for entry in [*written, EXPORT_MANIFEST_FILE]:
+            os.chmod(os.path.join(tmp, entry), mode)
+        os.chmod(tmp, 0o755 & ~_umask())
+        if not os.path.lexists(output_dir) or (
+            os.path.isdir(output_dir)
+            and not os.path.islink(output_dir)
+            and not os.listdir(output_dir)
+        ):
+            try:
+                os.rename(tmp, output_dir)  # Onto nothing or an empty directory: atomic.
+                return written
+            except OSError as e:
+                if not os.path.isdir(output_dir):
+                    raise HfConversionError(
+                        f"--output {output_dir}: cannot be created ({e.strerror})"
+                    ) from None
+                # Something appeared there meanwhile: update it file by file below, if allowed.
+                check_export_target(output_dir, overwrite=overwrite)
+        previous = _previous_export(output_dir)
+        with file_access.RunDir(output_dir) as root:
+            present = set(file_access.listdir(root))
+            foreign = sorted((set(written) & present) - previous)
+            if foreign:
+                raise HfConversionError(
+                    f"{os.path.join(output_dir, foreign[0])} was not written by hf export (no "
+                    f"earlier export recorded it in {EXPORT_MANIFEST_FILE}); move it away or "
+                    "choose another --output"
+                )
+            tmp_fd = file_access.open_dir(tmp)
+            try:
+                for entry in [*written, EXPORT_MANIFEST_FILE]:
+                    os.rename(entry, entry, src_dir_fd=tmp_fd, dst_dir_fd=root.fd)
+            finally:
+                os.close(tmp_fd)
+            for entry in sorted((previous - set(written)) & present):
+                try:
+                    file_access.remove(root, entry)
+                except file_access.FileAccessError:
+                    pass  # Not a regular file now: not ours to delete.
+        return written
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _write_sentencepiece_tokenizer(model_file: str, output_dir: str) -> list[str]:
@@ -251,8 +422,7 @@ def _write_sentencepiece_tokenizer(model_file: str, output_dir: str) -> list[str
         "legacy": False,
         "clean_up_tokenization_spaces": False,
     }
-    with open(os.path.join(output_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(tokenizer_config, f, indent=2, sort_keys=True)
+    _write_json(os.path.join(output_dir, "tokenizer_config.json"), tokenizer_config, indent=2)
     return ["tokenizer.model", "tokenizer_config.json"]
 
 
@@ -296,17 +466,66 @@ _MAX_SAFETENSORS_HEADER_BYTES = 100 * 2**20
 _MAX_INDEX_BYTES = 100 * 2**20
 
 
+# The largest config.json read (a Llama config is about 1 KB).
+_MAX_CONFIG_BYTES = 1 << 20
+
+
+def _link_target(directory: str, name: str) -> tuple[str, str]:
+    """(root, name) to open `directory/name` by, following it once if it is a symbolic link.
+
+    The Hugging Face cache links each file of a snapshot into its blob store: that one link is
+    followed (by reading it, not by resolving the whole path), and its target is then opened by
+    the file rule from its own directory (no further link followed, regular files only).
+
+    Args:
+        directory: The directory `name` is in.
+        name: The file's name (no directory part).
+
+    Returns:
+        `(directory, name)`, or the link target's directory and name.
+    """
+    path = os.path.join(directory, name)
+    if not os.path.islink(path):
+        return directory, name
+    target = os.path.normpath(os.path.join(directory, os.readlink(path)))
+    return os.path.dirname(target), os.path.basename(target)
+
+
+def _read_hf_json(hf_dir: str, name: str, *, max_bytes: int) -> Any:
+    """Reads `hf_dir/name` as JSON, bounded in size and nesting, through the file layer.
+
+    No link is followed below `hf_dir`, except that the file itself may be one (the Hugging
+    Face cache links each file into its blob store): then its target is opened, as a regular
+    file only (a FIFO is refused without blocking) and read within the same bounds.
+
+    Args:
+        hf_dir: The Hugging Face directory.
+        name: The file's name in it.
+        max_bytes: The most bytes the file may hold.
+
+    Returns:
+        The parsed JSON value.
+
+    Raises:
+        HfConversionError: One line naming the file and the rule broken.
+    """
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common import file_access
+
+    path = os.path.join(hf_dir, name)
+    try:
+        root, rel = _link_target(hf_dir, name)
+        data = file_access.read_bytes(root, rel, max_bytes=max_bytes)
+        return file_access.parse_json(data, path, max_depth=16)
+    except file_access.FileMissingError:
+        raise HfConversionError(f"{path} does not exist") from None
+    except OSError as e:
+        raise HfConversionError(f"{e}; fix or replace the Hugging Face directory") from None
+
+
 def _weight_files(hf_dir: str, index_path: str) -> list[str]:
     """The weight files of `index_path`'s `weight_map`, each checked to lie inside `hf_dir`."""
-    if os.path.getsize(index_path) > _MAX_INDEX_BYTES:
-        raise HfConversionError(
-            f"{index_path} is over {_MAX_INDEX_BYTES} bytes: not a weight index"
-        )
-    try:
-        with open(index_path, encoding="utf-8") as f:
-            index = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HfConversionError(f"{index_path} is not a JSON weight index: {e}") from e
+    index = _read_hf_json(hf_dir, SAFETENSORS_INDEX_FILE, max_bytes=_MAX_INDEX_BYTES)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise HfConversionError(
@@ -331,10 +550,15 @@ def _weight_files(hf_dir: str, index_path: str) -> list[str]:
 
 def _check_safetensors_header(path: str) -> None:
     """Checks a safetensors file's header against the file's size before anything is read."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common import file_access
+
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(8)
+        # The file layer refuses a FIFO (or any non-regular file) without blocking.
+        fd = file_access.open_fd(*_link_target(os.path.dirname(path), os.path.basename(path)))
+        try:
+            size = os.fstat(fd).st_size
+            head = os.pread(fd, 8, 0)
             if len(head) < 8:
                 raise HfConversionError(
                     f"{path} is not a safetensors file: {size} bytes, shorter than the 8-byte "
@@ -346,7 +570,9 @@ def _check_safetensors_header(path: str) -> None:
                     f"{path}: its header claims {header_len} bytes but the file has {size} "
                     "(truncated, or not a safetensors file)"
                 )
-            header = json.loads(f.read(header_len).decode("utf-8"))
+            header = json.loads(os.pread(fd, header_len, 8).decode("utf-8"))
+        finally:
+            os.close(fd)
     except OSError as e:
         raise HfConversionError(f"{path} cannot be read: {e}") from e
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -391,13 +617,7 @@ def check_hf_config(hf_dir: str, model_cfg: ConfigBase) -> None:
         HfConversionError: Naming each field that differs.
     """
     path = os.path.join(hf_dir, "config.json")
-    if not os.path.exists(path):
-        raise HfConversionError(f"{path} does not exist")
-    try:
-        with open(path, encoding="utf-8") as f:
-            theirs = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HfConversionError(f"{path} is not a JSON config: {e}") from e
+    theirs = _read_hf_json(hf_dir, "config.json", max_bytes=_MAX_CONFIG_BYTES)
     if not isinstance(theirs, dict):
         raise HfConversionError(f"{path} is not a JSON object")
     if theirs.get("model_type") != "llama":
@@ -452,6 +672,8 @@ def export_trainer_dir(
     *,
     step: Optional[int] = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    overwrite: bool = False,
+    module: Optional[str] = None,
 ) -> tuple[int, list[str]]:
     """Exports a trained run's checkpoint as a Hugging Face Llama directory.
 
@@ -460,6 +682,9 @@ def export_trainer_dir(
         output_dir: The Hugging Face directory to write.
         step: The checkpoint step; None: the latest.
         max_shard_bytes: See `save_hf_llama`.
+        overwrite: See `save_hf_llama` (a non-empty `output_dir` is refused without it).
+        module: The run's experiment module as the user named it (`--module`); a record's
+            module outside `axlearn.experiments` is imported only when it is this one.
 
     Returns:
         (the exported step, the written file names).
@@ -470,7 +695,8 @@ def export_trainer_dir(
     # pylint: disable-next=import-outside-toplevel
     from axlearn.common.inference import InferenceRunner, sentencepiece_model_file
 
-    runner = InferenceRunner.from_trainer_dir(trainer_dir, evalers=[], step=step)
+    check_export_target(output_dir, overwrite=overwrite)  # Before reading the run.
+    runner = InferenceRunner.from_trainer_dir(trainer_dir, evalers=[], step=step, module=module)
     # Refuse before reading the checkpoint if the architecture cannot be expressed.
     tied = "lm_head" not in runner.model.decoder.children
     llama_config(runner.config.model, tied=tied)
@@ -481,6 +707,7 @@ def export_trainer_dir(
         output_dir,
         sentencepiece_model_file=sentencepiece_model_file(runner.trainer_config),
         max_shard_bytes=max_shard_bytes,
+        overwrite=overwrite,
     )
     return restored, written
 
@@ -506,7 +733,6 @@ def import_hf_dir(hf_dir: str, trainer_cfg: ConfigBase, *, seed: int = 0) -> str
     """
     # pylint: disable=import-outside-toplevel,protected-access
     from axlearn.common.checkpointer import layout
-    from axlearn.common.trainer import TrainerState
 
     check_hf_config(hf_dir, trainer_cfg.model)
     state_dict = load_hf_state_dict(hf_dir)
@@ -523,14 +749,7 @@ def import_hf_dir(hf_dir: str, trainer_cfg: ConfigBase, *, seed: int = 0) -> str
         is_leaf=lambda x: hasattr(x, "mesh_axes"),
     )
     params = hf_params_for_model(state_dict, target=target)
-    shardings = trainer._trainer_state_shardings
-    with trainer._mesh_context():
-        params = jax.device_put(params, shardings.model)
-        learner_state = jax.jit(
-            lambda p: trainer.learner.init(trainer._opt_params(p)), out_shardings=shardings.learner
-        )(params)
-        prng_key = jax.device_put(jax.random.PRNGKey(seed), shardings.prng_key)
-        state = TrainerState(prng_key=prng_key, model=params, learner=learner_state)
-        trainer.checkpointer.save(step=0, state=state._asdict(), force=True)
-        trainer.checkpointer.wait_until_finished()
-    return trainer.checkpointer.ckpt_dir(0)
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.finetune import save_initial_state
+
+    return save_initial_state(trainer, params, seed=seed)

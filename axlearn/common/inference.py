@@ -136,6 +136,7 @@ class InferenceRunner(Module):
         config_overrides: Sequence[str] = (),
         evalers: Optional[Sequence[str]] = None,
         step: Optional[int] = None,
+        module: Optional[str] = None,
     ) -> InferenceRunner:
         """Builds the runner of the run in `trainer_dir` (see the module docstring).
 
@@ -146,6 +147,9 @@ class InferenceRunner(Module):
             evalers: The evalers to build (names); None: all of the experiment's.
             step: The checkpoint step that will be restored (None: the newest): the config is
                 rebuilt from the run record that step was made with.
+            module: The experiment module the user named (`--module`): a run record's module
+                outside `axlearn.experiments` is imported only when it is this one (or the same
+                module under another import path).
 
         Returns:
             The runner (parameters not yet restored).
@@ -158,7 +162,7 @@ class InferenceRunner(Module):
         from axlearn.common.launch_trainer import trainer_config_from_dir
 
         trainer_cfg = trainer_config_from_dir(
-            trainer_dir, config_overrides=config_overrides, step=step
+            trainer_dir, config_overrides=config_overrides, step=step, module=module
         )
         cfg = cls.config_from_trainer(trainer_cfg)
         if evalers is not None:
@@ -231,7 +235,13 @@ class InferenceRunner(Module):
         return min(bounds) if bounds else None
 
     def _check_length(self, prefix_length: int, max_new_tokens: int) -> int:
-        """Returns prefix_length + max_new_tokens after checking it against `context_length`."""
+        """Returns the decoders' `max_sequence_length` for `max_new_tokens` new tokens.
+
+        The decoders' outputs hold input positions 1..length (position j holds input position
+        j + 1), so the new tokens after a prompt of `prefix_length` tokens fill
+        `prefix_length - 1 + max_new_tokens` positions (asking for one more would decode, and for
+        beam search score, a token the caller never sees).
+        """
         if max_new_tokens < 1:
             raise ValueError(
                 f"{self.path()}: max_new_tokens must be >= 1, got {max_new_tokens}; pass 1 or more."
@@ -244,7 +254,7 @@ class InferenceRunner(Module):
                 f"it was trained on); ask for at most {max(0, context - prefix_length)} new tokens "
                 "(or a shorter prompt)."
             )
-        return prefix_length + max_new_tokens
+        return prefix_length - 1 + max_new_tokens
 
     @property
     def evaler_names(self) -> list[str]:

@@ -100,12 +100,35 @@ class TfExampleRecordSink(BaseRecordSink):
         self._writer.flush()
 
 
+def _json_feature(value: Any) -> Any:
+    """A JSON-ready value of an array (or a TF tensor): strings decoded, arrays as lists.
+
+    Args:
+        value: A NumPy/JAX array, a TF tensor (its `.numpy()` is taken), or bytes.
+
+    Returns:
+        A scalar (int, float, bool, str) or a nested list of them.
+    """
+    if not isinstance(value, (np.ndarray, jax.Array, bytes)) and hasattr(value, "numpy"):
+        value = value.numpy()  # A TF tensor.
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return _json_ready(value)
+
+
 def _json_ready(value: Any) -> Any:
     array = np.asarray(value)
     if array.dtype.name == "bfloat16":
         array = array.astype(np.float32)
-    if array.dtype.kind == "S":
-        return np.vectorize(lambda b: b.decode("utf-8", errors="replace"))(array).tolist()
+    if array.dtype.kind in "SO":
+        if array.ndim == 0:
+            item = array.item()
+            return item.decode("utf-8", errors="replace") if isinstance(item, bytes) else item
+        decode = np.vectorize(
+            lambda b: b.decode("utf-8", errors="replace") if isinstance(b, bytes) else b,
+            otypes=[object],
+        )
+        return decode(array).tolist()
     return array.tolist()
 
 
@@ -134,17 +157,39 @@ def _process_rows(x: Any) -> np.ndarray:
     return np.concatenate([shards[k] for k in sorted(shards)], axis=0)
 
 
-class OutputRecordWriter(Module):
-    """Writes one record per example of each batch's outputs (see the module docstring)."""
+class BaseOutputWriter(Module):
+    """Writes records of inference input/output batches (subclasses say which and how)."""
 
     @config_class
     class Config(Module.Config):
-        """Configures OutputRecordWriter."""
+        """Configures BaseOutputWriter."""
 
         # How the batches are partitioned over processes (a DataPartitionType or spec).
         batch_partition_spec: Required[Any] = REQUIRED
-        # Where the records go.
-        sink: Required[BaseRecordSink.Config] = REQUIRED
+
+    def write(self, *, input_batch: NestedTensor, output_batch: NestedTensor) -> None:
+        """Writes the records of one batch.
+
+        Args:
+            input_batch: The batch the outputs were computed from.
+            output_batch: The outputs.
+        """
+        raise NotImplementedError(type(self))
+
+    def flush(self) -> None:
+        """Flushes what was written."""
+        raise NotImplementedError(type(self))
+
+
+class OutputRecordWriter(BaseOutputWriter):
+    """Writes one record per example of each batch's outputs (see the module docstring)."""
+
+    @config_class
+    class Config(BaseOutputWriter.Config):
+        """Configures OutputRecordWriter."""
+
+        # Where the records go (default: a TFRecord file of tf.train.Examples).
+        sink: Required[BaseRecordSink.Config] = TfExampleRecordSink.default_config()
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
@@ -166,12 +211,11 @@ class OutputRecordWriter(Module):
             input_batch: The batch the outputs were computed from (not written).
             output_batch: A tree of arrays whose leading axis is the example axis.
         """
-        del input_batch
         if self.config.batch_partition_spec == DataPartitionType.REPLICATED and (
             jax.process_index() != 0
         ):
             return
-        items = [(path, _process_rows(leaf)) for path, leaf in flatten_items(output_batch)]
+        items = self._record_items(input_batch=input_batch, output_batch=output_batch)
         if not items:
             return
         num_examples = {value.shape[0] for _, value in items}
@@ -182,6 +226,33 @@ class OutputRecordWriter(Module):
         for i in range(num_examples.pop()):
             self._sink.write({path: value[i] for path, value in items})
 
+    def _record_items(
+        self, *, input_batch: NestedTensor, output_batch: NestedTensor
+    ) -> list[tuple[str, np.ndarray]]:
+        """(path, this process's rows) of the leaves a record holds: the outputs."""
+        del input_batch
+        return [(path, _process_rows(leaf)) for path, leaf in flatten_items(output_batch)]
+
     def flush(self) -> None:
         """Flushes the sink."""
         self._sink.flush()
+
+
+class InputOutputRecordWriter(OutputRecordWriter):
+    """Writes one record per example of its inputs and outputs: {"input/...", "output/..."}.
+
+    Input leaves may be TF (e.g. string) tensors; they are taken as this process's rows.
+    """
+
+    def _record_items(
+        self, *, input_batch: NestedTensor, output_batch: NestedTensor
+    ) -> list[tuple[str, np.ndarray]]:
+        """(path, this process's rows) of the inputs under "input/", the outputs under "output/"."""
+
+        def rows(leaf):
+            if not isinstance(leaf, (np.ndarray, jax.Array)) and hasattr(leaf, "numpy"):
+                return np.asarray(leaf.numpy())
+            return _process_rows(leaf)
+
+        batch = dict(input=input_batch, output=output_batch)
+        return [(path, rows(leaf)) for path, leaf in flatten_items(batch)]

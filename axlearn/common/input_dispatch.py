@@ -36,10 +36,100 @@ from axlearn.common.utils import (
     Tensor,
     current_mesh,
     dispatch_input_batch,
+    input_partition_spec,
 )
 
 
-class InputDispatcher(Module):
+class BaseInputDispatcher(Module):
+    """The interface of input dispatchers (`InputDispatcher`, `SpmdInputDispatcher`).
+
+    A dispatcher says which shard a feed reads (`feed_read_config`) and how many examples it
+    batches (`feed_logical_batch_size`), turns per-feed logical batches into per-feed physical
+    ones on the host (`logical_to_physical_batch`, and `logical_to_physical_shapes` for their
+    shapes), and the global physical batch back into the global logical one on device
+    (`physical_to_logical_batch`).
+    """
+
+    @config_class
+    class Config(Module.Config):
+        """Configures BaseInputDispatcher."""
+
+        # The global batch size the model sees.
+        global_logical_batch_size: Required[int] = REQUIRED
+
+    @property
+    def num_logical_feeds(self) -> int:
+        """The number of feeds reading distinct examples."""
+        raise NotImplementedError(type(self))
+
+    @property
+    def logical_feed_index(self) -> Optional[int]:
+        """This feed's logical index (None: the feed only pads)."""
+        raise NotImplementedError(type(self))
+
+    @property
+    def feed_logical_batch_size(self) -> int:
+        """Examples per logical feed batch."""
+        raise NotImplementedError(type(self))
+
+    @property
+    def feed_physical_batch_size(self) -> int:
+        """Rows per physical feed batch."""
+        raise NotImplementedError(type(self))
+
+    @property
+    def partition_spec(self) -> PartitionSpec:
+        """The partition spec of the global physical batch (for `host_to_global_array`)."""
+        raise NotImplementedError(type(self))
+
+    def feed_read_config(self) -> dict[str, int]:
+        """The shard this feed reads: {"num_shards", "shard_index"}."""
+        raise NotImplementedError(type(self))
+
+    def logical_to_physical_batch(self, logical_feed_batch: Nested[Tensor]) -> Nested[Tensor]:
+        """Per-feed logical batch -> per-feed physical batch (host side)."""
+        raise NotImplementedError(type(self))
+
+    def physical_to_logical_batch(self, global_physical_batch: Nested[Tensor]) -> Nested[Tensor]:
+        """Global physical batch -> global logical batch (inside jit)."""
+        raise NotImplementedError(type(self))
+
+    def logical_to_physical_shapes(
+        self, logical_feed_shapes: Nested[jax.ShapeDtypeStruct]
+    ) -> Nested[jax.ShapeDtypeStruct]:
+        """Per-feed logical batch shapes -> per-feed physical batch shapes (e.g. for AOT).
+
+        Args:
+            logical_feed_shapes: ShapeDtypeStructs (or arrays) with a leading batch axis.
+
+        Returns:
+            The physical shapes: the batch axis of every leaf becomes `feed_physical_batch_size`.
+
+        Raises:
+            ValueError: If a leaf has no shape/dtype or no batch axis.
+        """
+        _check_feed_shapes(logical_feed_shapes, where=type(self).__name__)
+        rows = self.feed_physical_batch_size
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct((rows, *x.shape[1:]), x.dtype), logical_feed_shapes
+        )
+
+
+def _check_feed_shapes(shapes: Nested[jax.ShapeDtypeStruct], *, where: str):
+    for leaf in jax.tree.leaves(shapes):
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            raise ValueError(
+                f"{where}.logical_to_physical_shapes: expected leaves with shape and dtype "
+                f"(e.g. jax.ShapeDtypeStruct), got {type(leaf).__name__} {leaf!r}"
+            )
+        if len(leaf.shape) == 0:
+            raise ValueError(
+                f"{where}.logical_to_physical_shapes: a leaf of shape () has no batch axis; "
+                "every leaf needs a leading batch axis"
+            )
+
+
+class InputDispatcher(BaseInputDispatcher):
     """Converts per-feed logical batches to physical batches and global physical to logical.
 
     Usage: read the shard `feed_read_config()` names and batch it by `feed_logical_batch_size`;
@@ -49,11 +139,9 @@ class InputDispatcher(Module):
     """
 
     @config_class
-    class Config(Module.Config):
+    class Config(BaseInputDispatcher.Config):
         """Configures InputDispatcher."""
 
-        # The global batch size the model sees.
-        global_logical_batch_size: Required[int] = REQUIRED
         # The global batch size fed to devices; None: max(feed_logical_batch_size *
         # num_physical_feeds, jax.device_count()).
         global_physical_batch_size: Optional[int] = None
@@ -144,6 +232,15 @@ class InputDispatcher(Module):
         """Rows per physical feed batch."""
         cfg = self.config
         return cfg.global_physical_batch_size // cfg.num_physical_feeds
+
+    @property
+    def partition_spec(self) -> PartitionSpec:
+        """The global physical batch's spec: the batch axis over every axis of the current mesh.
+
+        Raises:
+            ValueError: Outside a mesh.
+        """
+        return input_partition_spec()
 
     def feed_read_config(self) -> dict[str, int]:
         """The shard this feed reads.
@@ -291,7 +388,7 @@ def feed_layout_from_indices(indices_map: dict) -> dict[int, tuple[int, int]]:
     }
 
 
-class SpmdInputDispatcher(Module):
+class SpmdInputDispatcher(BaseInputDispatcher):
     """A mesh-aware dispatcher: each process feeds the batch rows its devices hold.
 
     Must be instantiated inside the mesh (`with mesh:` / `jax.set_mesh`). Given the global
@@ -302,11 +399,9 @@ class SpmdInputDispatcher(Module):
     """
 
     @config_class
-    class Config(Module.Config):
+    class Config(BaseInputDispatcher.Config):
         """Configures SpmdInputDispatcher."""
 
-        # The global batch size the model sees.
-        global_logical_batch_size: Required[int] = REQUIRED
         # The partition spec of the global batch (e.g. PartitionSpec(("data", "fsdp"))); only
         # the batch dim (the first entry) may be partitioned.
         partition_spec: Required[PartitionSpec] = REQUIRED
@@ -336,7 +431,8 @@ class SpmdInputDispatcher(Module):
         if cfg.global_logical_batch_size % num_partitions != 0:
             raise ValueError(
                 f"{self.path()}.global_logical_batch_size={cfg.global_logical_batch_size} is not "
-                f"divisible by the {num_partitions} batch partitions of partition_spec={spec!r}: "
+                f"divisible by the {num_partitions} batch partitions (num_partitions) of "
+                f"partition_spec={spec!r}: "
                 f"use a multiple of {num_partitions}"
             )
         layout = batch_feed_layout(mesh, spec, global_batch_size=cfg.global_logical_batch_size)
@@ -378,3 +474,20 @@ class SpmdInputDispatcher(Module):
     def physical_to_logical_batch(self, global_physical_batch: Nested[Tensor]) -> Nested[Tensor]:
         """The global batch as it is (a copy of its tree): it is already logical."""
         return jax.tree.map(lambda x: x, global_physical_batch)
+
+    def logical_to_physical_shapes(
+        self, logical_feed_shapes: Nested[jax.ShapeDtypeStruct]
+    ) -> Nested[jax.ShapeDtypeStruct]:
+        """The shapes as they are (as ShapeDtypeStructs): per-feed batches are already physical.
+
+        Args:
+            logical_feed_shapes: ShapeDtypeStructs (or arrays) with a leading batch axis.
+
+        Returns:
+            ShapeDtypeStructs of the same shapes and dtypes.
+
+        Raises:
+            ValueError: If a leaf has no shape/dtype or no batch axis.
+        """
+        _check_feed_shapes(logical_feed_shapes, where=type(self).__name__)
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), logical_feed_shapes)

@@ -18,6 +18,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from axlearn.common import input_state_check
 from axlearn.common.config import (
     REQUIRED,
     ConfigBase,
@@ -30,7 +31,17 @@ from axlearn.common.input_fake_sources import (  # noqa: F401 (public re-exports
     fake_source,
     fake_text_source,
 )
+from axlearn.common.input_iterator import (
+    FAKE_STATE_FORMAT,
+    InputStateError,
+    foreign_state_message,
+)
 from axlearn.common.module import Module, nowrap
+
+# What FakeLmInput is, in the message for a checkpoint another input saved.
+_FAKE_READER = "FakeLmInput (--data_dir=FAKE)"
+# The fix named when a saved FakeLmInput state cannot be decoded.
+_STATE_FIX = "resume from an earlier checkpoint, or train in a fresh --trainer_dir"
 
 # Rows are seeded with (this, batch index, row index).
 _FAKE_SEED = 1
@@ -75,7 +86,7 @@ class FakeLmIterator:
     def get_state(self) -> bytes:
         """Returns the position as JSON bytes."""
         return json.dumps(
-            {"format": "axlearn.fake_input_state", "num_batches": self._num_batches}
+            {"format": FAKE_STATE_FORMAT, "num_batches": self._num_batches}
         ).encode()
 
     def set_state(self, states: Union[bytes, list], *, check_config: bool = True) -> None:
@@ -86,20 +97,28 @@ class FakeLmIterator:
             check_config: Unused (kept for the Input iterator interface).
         """
         del check_config
+        name = self._owner.path()
         if isinstance(states, (list, tuple)):
+            if not states:
+                raise InputStateError(
+                    f"Input '{name}': the checkpoint holds no input state; {_STATE_FIX}"
+                )
             states = states[0]
-        try:
-            state = json.loads(bytes(states).decode())
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            state = None
-        if not isinstance(state, dict) or state.get("format") != "axlearn.fake_input_state":
-            raise ValueError(
-                "The saved input iterator state belongs to another input, not FakeLmInput (e.g. "
-                "a checkpoint of a run on real data resumed with --data_dir=FAKE); resume with "
-                f"the input that saved it, or start a new trainer dir (the state is "
-                f"{len(bytes(states))} bytes; its content is not shown)."
+        states = bytes(states)
+        state = None
+        if states.lstrip()[:1] == b"{":
+            # Bounded: too large, too deep or not JSON is one line naming the state.
+            state = input_state_check.parse_state_json(
+                states, what=f"Input '{name}': the checkpoint's input state", fix=_STATE_FIX
             )
-        self._num_batches = int(state["num_batches"])
+        if not isinstance(state, dict) or state.get("format") != FAKE_STATE_FORMAT:
+            raise InputStateError(foreign_state_message(states, name=name, reader=_FAKE_READER))
+        self._num_batches = input_state_check.require_int(
+            state,
+            "num_batches",
+            what=f"Input '{name}': the checkpoint's FakeLmInput state",
+            fix=_STATE_FIX,
+        )
 
 
 class FakeLmInput(Module):

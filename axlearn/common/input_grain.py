@@ -43,29 +43,46 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from axlearn.common import input_base
+from axlearn.common import input_base, input_state_check
 from axlearn.common.config import REQUIRED, ConfigOr, Required, config_class, maybe_instantiate
 from axlearn.common.input_grain_transforms import (
     Dataset,
+    EmptyBatchError,
+    RaggedTensor,
     maybe_to_iter_dataset,
     pad_for_evaluation,
     rekey,
+    shard_dataset_with_proportion,
     unbatch,
 )
-from axlearn.common.input_iterator import InputError, InputStateError
+from axlearn.common.input_iterator import (
+    GRAIN_STATE_FORMAT,
+    InputError,
+    InputStateError,
+    foreign_state_message,
+)
 from axlearn.common.module import Module, nowrap
 from axlearn.common.utils import Nested, Tensor
 
-_STATE_FORMAT = "axlearn.grain_input_state"
-_STATE_VERSION = 1
+_STATE_FORMAT = GRAIN_STATE_FORMAT
+# Version 2 adds "sources" (the files read, with fingerprints); version 1 states still restore.
+_STATE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
+# What to do with a Grain state that cannot be restored (appended to refusals).
+_STATE_FIX = (
+    "resume from a checkpoint saved with the data this run reads, or set the trainer's "
+    "save_input_iterator=False to start the input from its beginning"
+)
 
 __all__ = [
     "BuildDatasetFn",
     "Dataset",
     "DispatchConfig",
+    "EmptyBatchError",
     "Input",
     "InputError",
     "InputStateError",
+    "RaggedTensor",
     "array_record_dataset",
     "maybe_to_iter_dataset",
     "pad_for_evaluation",
@@ -74,6 +91,7 @@ __all__ = [
     "rekey",
     "sample_from_datasets",
     "shard_dataset",
+    "shard_dataset_with_proportion",
     "unbatch",
 ]
 
@@ -107,6 +125,11 @@ class _ArrayRecordSource:
     def __init__(self, paths: Sequence[str]):
         self._paths = list(paths)
         self._source = grain.sources.ArrayRecordDataSource(self._paths)
+
+    @property
+    def source_paths(self) -> list[str]:
+        """The files read, in order (recorded with fingerprints in the input's state)."""
+        return list(self._paths)
 
     def __len__(self) -> int:
         return len(self._source)
@@ -149,6 +172,11 @@ def array_record_dataset(
             raise FileNotFoundError(
                 f"array_record_dataset: no ArrayRecord file {path}; fix the path (or build the "
                 f"files first)"
+            )
+        if not os.path.isfile(path):
+            raise InputError(
+                f"array_record_dataset: {path} is not a regular file (a FIFO, device or "
+                f"directory); point the input at ArrayRecord files"
             )
     try:
         source = _ArrayRecordSource([os.fspath(p) for p in paths])
@@ -310,13 +338,44 @@ def per_feed_batch(
     return maybe_to_iter_dataset(ds).batch(size, drop_remainder=drop_remainder)
 
 
+def dataset_source_paths(ds: Any) -> list[str]:
+    """The files a Grain pipeline reads: `source_paths` of every source in its graph.
+
+    Sources exposing `source_paths` (as `array_record_dataset`'s does) are found through the
+    datasets' parents (mixtures and multiprocess prefetch included), in graph order.
+
+    Args:
+        ds: A MapDataset or IterDataset.
+
+    Returns:
+        The paths, each once, in the order found.
+    """
+    paths, seen, stack = [], set(), [ds]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        source = getattr(node, "_source", None)
+        for path in getattr(source, "source_paths", None) or []:
+            if path not in paths:
+                paths.append(path)
+        children = list(getattr(node, "_parents", None) or [])
+        children += list(getattr(node, "_datasets", None) or [])
+        stack.extend(reversed(children))
+    return paths
+
+
 class GrainInputIterator:
     """An iterator of per-feed logical batches with a JSON position (see `Input`)."""
 
     def __init__(self, owner: Input, *, dispatch_config: DispatchConfig, num_batches: int = 0):
         self._owner = owner
         self._dispatch_config = dispatch_config
-        self._iterator = iter(owner.build_dataset(dispatch_config))
+        dataset = owner.build_dataset(dispatch_config)
+        # The files this iterator reads, fingerprinted when it was built (saved with the state).
+        self.sources = input_state_check.source_fingerprints(dataset_source_paths(dataset))
+        self._iterator = iter(dataset)
         # Batches read since the dispatch's start_index (for the elastic rule) and in all.
         self._batches_since_start = 0
         self._num_batches = num_batches
@@ -365,6 +424,7 @@ class GrainInputIterator:
             "num_batches": self._num_batches,
             "batches_since_start": self._batches_since_start,
             "rows_per_batch": self._rows_per_batch,
+            "sources": self.sources,
             "grain": self._iterator.get_state(),
         }
         return json.dumps(state, sort_keys=True).encode("utf-8")
@@ -389,39 +449,82 @@ class GrainInputIterator:
 
 
 def _structure(state: Any) -> Any:
-    """The shape of a Grain state: its dict keys and list lengths, recursively (not values)."""
+    """The shape of a Grain state: dict keys, list lengths and leaf types, recursively."""
     if isinstance(state, dict):
         return {k: _structure(v) for k, v in sorted(state.items()) if not k.isdigit()} | {
             "#keys": len(state)
         }
     if isinstance(state, (list, tuple)):
         return [_structure(v) for v in state]
-    return type(state).__name__ if state is None else "value"
+    if isinstance(state, bool) or state is None:
+        return type(state).__name__
+    return "number" if isinstance(state, (int, float)) else type(state).__name__
 
 
-def decode_state(state: bytes) -> dict:
-    """Parses Grain input state bytes.
+def decode_state(
+    state: bytes, *, what: str = "The saved Grain input state", name: str = "input"
+) -> dict:
+    """Parses and validates Grain input state bytes (bounded; every field typed).
 
     Args:
         state: Bytes from `Input.iterator_state`.
+        what: Names the state in messages (e.g. with the input's path).
+        name: The restoring input's path, for the message about a state another input wrote.
 
     Returns:
-        The state dict.
+        The state dict: its counters are integers in range, "rows_per_batch" is null only
+        when no batch was read since "start_index", "grain" is an object.
 
     Raises:
-        InputStateError: If `state` is not a Grain input state.
+        InputStateError: One line naming the field and the fix if `state` is not a valid Grain
+            input state.
     """
-    try:
-        parsed = json.loads(bytes(state).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        parsed = None
+    state = bytes(state)
+    if not state.lstrip().startswith(b"{"):
+        raise InputStateError(
+            foreign_state_message(state, name=name, reader="a Grain input of real data")
+        )
+    parsed = input_state_check.parse_state_json(state, what=what, fix=_STATE_FIX)
     if not isinstance(parsed, dict) or parsed.get("format") != _STATE_FORMAT:
         raise InputStateError(
-            f"Not a Grain input state (expected JSON with format {_STATE_FORMAT!r}, got "
-            f"{bytes(state)[:24]!r}); it was saved by another kind of input"
+            foreign_state_message(state, name=name, reader="a Grain input of real data")
         )
-    if parsed.get("version") != _STATE_VERSION:
-        raise InputStateError(f"Unsupported Grain input state version {parsed.get('version')}")
+    version = parsed.get("version")
+    if isinstance(version, bool) or version not in _READABLE_VERSIONS:
+        raise InputStateError(
+            f"{what}: unsupported version {str(version)[:20]!r} (this code reads "
+            f"{list(_READABLE_VERSIONS)}); {_STATE_FIX}"
+        )
+    fields = dict(what=what, fix=_STATE_FIX)
+    num_shards = input_state_check.require_int(parsed, "num_shards", minimum=1, **fields)
+    shard = input_state_check.require_int(parsed, "shard_index", **fields)
+    if shard >= num_shards:
+        raise InputStateError(
+            f"{what}: field 'shard_index' is {shard}, not below num_shards={num_shards}; the "
+            f"state is corrupt: {_STATE_FIX}"
+        )
+    for field in ("start_index", "num_batches", "batches_since_start"):
+        input_state_check.require_int(parsed, field, **fields)
+    rows = input_state_check.require_int(
+        parsed, "rows_per_batch", minimum=1, allow_none=True, **fields
+    )
+    if rows is None and parsed["batches_since_start"] > 0:
+        raise InputStateError(
+            f"{what}: field 'rows_per_batch' is null after {parsed['batches_since_start']} "
+            f"batches, so the position cannot be computed; the state is corrupt: {_STATE_FIX}"
+        )
+    if not isinstance(parsed.get("signature"), str):
+        raise InputStateError(
+            f"{what}: field 'signature' must be a string, got "
+            f"{type(parsed.get('signature')).__name__}; the state is corrupt: {_STATE_FIX}"
+        )
+    if not isinstance(parsed.get("grain"), dict):
+        raise InputStateError(
+            f"{what}: field 'grain' must be an object, got "
+            f"{type(parsed.get('grain')).__name__}; the state is corrupt: {_STATE_FIX}"
+        )
+    if version >= 2 and "sources" not in parsed:
+        raise InputStateError(f"{what} has no field 'sources'; the state is corrupt: {_STATE_FIX}")
     return parsed
 
 
@@ -429,9 +532,14 @@ class Input(input_base.Input):
     """A Grain input: `source` builds each feed's dataset of per-feed batches.
 
     State (`iterator_state`): UTF-8 JSON, one per process (no pickle):
-    {"format", "version", "signature" (hash of the config), "shard_index", "num_shards",
-    "start_index", "num_batches", "batches_since_start", "rows_per_batch", "grain" (Grain's own
-    iterator state)}.
+    {"format", "version", "signature" (hash of the config), "shard_index", "num_shards"
+    (the feed count), "start_index", "num_batches", "batches_since_start", "rows_per_batch"
+    (null until a batch is read), "sources" (each file read: path, size, mtime_ns and a
+    fingerprint, see `axlearn.common.input_state_check`), "grain" (Grain's own iterator state)}.
+
+    A restore validates every field (one line naming the field otherwise), refuses a state whose
+    source files changed since it was saved, and computes an elastic position only from integer
+    counters. Version 1 states (no "sources") restore with every check but the source one.
     """
 
     @config_class
@@ -514,9 +622,25 @@ class Input(input_base.Input):
 
     @nowrap
     def element_spec(self) -> Nested[jax.ShapeDtypeStruct]:
-        """Returns the per-feed logical batch's shapes and dtypes (reads the first batch)."""
-        batch = next(iter(self.dataset()))
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), batch)
+        """Returns the per-feed logical batch's shapes and dtypes (reads the first batch).
+
+        To read no real data, build the source from `input_fake.fake_grain_source`.
+
+        Raises:
+            ValueError: If a leaf of the batch is not array-like (has no shape and dtype).
+        """
+        ds = self.dataset()
+        batch = ds[0] if isinstance(ds, grain.MapDataset) else next(iter(ds))
+
+        def spec(x: Any) -> jax.ShapeDtypeStruct:
+            if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+                raise ValueError(
+                    f"{self.path()}: element_spec() requires Tensor-like leaves (with shape and "
+                    f"dtype), got {type(x).__name__} {x!r}; make the source yield NumPy arrays"
+                )
+            return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+        return jax.tree.map(spec, batch)
 
     def __iter__(self) -> Iterator[Nested[Tensor]]:
         """Returns a checkpointable iterator of per-feed physical batches from the start."""
@@ -570,9 +694,20 @@ class Input(input_base.Input):
         Raises:
             InputStateError: If the state cannot be restored here; the message says what to do.
         """
+        what = f"Input '{self.path()}': the saved Grain state"
         if not isinstance(states, (bytes, bytearray, memoryview)):
+            decoded = [decode_state(s, what=f"{what} {i}") for i, s in enumerate(states)]
+            if not decoded:
+                raise InputStateError(f"{what}: no states given; pass the saved states")
+            keys = ("num_shards", "start_index", "batches_since_start", "rows_per_batch")
+            positions = {tuple(d[k] for k in keys) for d in decoded}
+            if len(positions) > 1:  # The global position would depend on which one is used.
+                raise InputStateError(
+                    f"{what}s disagree on the global position ({dict(zip(keys, zip(*positions)))});"
+                    f" they were not saved at one step: {_STATE_FIX}"
+                )
             states = states[0]
-        state = decode_state(states)
+        state = decode_state(states, what=what, name=self.path())
         if check_config and state["signature"] != self._signature:
             raise InputStateError(
                 f"Input '{self.path()}': the saved Grain state belongs to a differently "
@@ -590,6 +725,7 @@ class Input(input_base.Input):
                 )
             dc = dataclasses.replace(dc, start_index=state["start_index"])
             it = GrainInputIterator(self, dispatch_config=dc)
+            self._check_sources(state, it, what=what)
             it.set_grain_state(state)
             return self._physical(it)
         if not self.config.elastic_resume:
@@ -599,12 +735,18 @@ class Input(input_base.Input):
                 f"batch row is one position of shard_dataset (see docs/inputs.md), or resume "
                 f"with {state['num_shards']} feeds"
             )
-        rows = state["rows_per_batch"] or 0
+        # decode_state guarantees rows_per_batch is an integer once a batch was read.
+        rows = state["rows_per_batch"] if state["batches_since_start"] else 0
         start = state["start_index"] + state["batches_since_start"] * rows * state["num_shards"]
         dc = dataclasses.replace(dc, start_index=start)
-        return self._physical(
-            GrainInputIterator(self, dispatch_config=dc, num_batches=state["num_batches"])
-        )
+        it = GrainInputIterator(self, dispatch_config=dc, num_batches=state["num_batches"])
+        self._check_sources(state, it, what=what)
+        return self._physical(it)
+
+    @nowrap
+    def _check_sources(self, state: dict, it: GrainInputIterator, *, what: str) -> None:
+        """Refuses a state saved reading other files than `it` reads (version 1: unchecked)."""
+        input_state_check.check_sources(state.get("sources"), it.sources, what=what, fix=_STATE_FIX)
 
 
 class _PhysicalIterator:

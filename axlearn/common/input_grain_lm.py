@@ -11,6 +11,11 @@ A document `t1 .. tn` becomes inputs `EOS t1 .. tn` and targets `t1 .. tn EOS`, 
 - `packing="streaming"`: documents are cut into `max_len` chunks packed next-fit into rows with
   segment ids and positions (`input_lm.pack`); every token appears exactly once.
 
+AXLearn's lower-level steps are here too: `_make_autoregressive_inputs` (inputs = targets shifted
+right within each packed window or chunk) with `windowed_packing` or `streaming_packing` (chunks
+of up to `max_len` tokens emitted as soon as they fill, flushed every `window_size` examples),
+`_trim_or_pad_and_batch` and `_drop_empty_targets`.
+
 Every stage is a checkpointable Grain IterDataset: a restored iterator continues exactly, also
 mid-window and mid-row.
 """
@@ -28,6 +33,7 @@ from axlearn.common.input_grain import (
     BuildDatasetFn,
     Dataset,
     DispatchConfig,
+    Tensor,
     array_record_dataset,
     maybe_to_iter_dataset,
     pad_for_evaluation,
@@ -267,9 +273,11 @@ def text_to_lm_training_input(
             min_tail=int(max_len * (1 - max_padding_fraction)),
             table=table,
         )
-        ds = unbatch(ds.batch(window_size, batch_fn=list).map(split))
+        ds = unbatch(ds.batch(window_size, batch_fn=list).map(split), skip_empty_batch=True)
     else:
-        chunks = unbatch(ds.map(_Chunks(max_len=max_len, pad_id=pad_id, eos_id=eos_id)))
+        chunks = unbatch(
+            ds.map(_Chunks(max_len=max_len, pad_id=pad_id, eos_id=eos_id)), skip_empty_batch=True
+        )
         ds = _PackIterDataset(chunks, max_len=max_len, pad_id=pad_id, table=table)
     if shuffle_window > 0:
         ds = grain.experimental.WindowShuffleIterDataset(ds, window_size=shuffle_window, seed=seed)
@@ -352,7 +360,9 @@ def text_to_lm_eval_input(
         eos_id=int(vocab.eos_id),
         table=table,
     )
-    return unbatch(maybe_to_iter_dataset(ds, read_options=read_options).map(windows))
+    return unbatch(
+        maybe_to_iter_dataset(ds, read_options=read_options).map(windows), skip_empty_batch=True
+    )
 
 
 def array_record_lm_source(
@@ -451,3 +461,311 @@ def array_record_lm_source(
         )
 
     return build
+
+
+def _trim_or_pad_and_batch(
+    ids: np.ndarray, *, max_len: int, max_padding_fraction: float = 1, pad_id: int = -1
+) -> np.ndarray:
+    """Cuts flat `ids` [n] into rows [n // max_len (+1), max_len].
+
+    A last partial row longer than `max_len * (1 - max_padding_fraction)` is padded with
+    `pad_id`; a shorter one is dropped (so 1 keeps every token, 0 drops any partial row).
+
+    Args:
+        ids: A rank-1 array.
+        max_len: The row length.
+        max_padding_fraction: The largest fraction of a row that may be padding.
+        pad_id: The padding value.
+
+    Returns:
+        The rows.
+
+    Raises:
+        ValueError: If `ids` is not rank 1.
+    """
+    ids = np.asarray(ids)
+    if ids.ndim != 1:
+        raise ValueError(f"_trim_or_pad_and_batch: expected rank-1 ids, got shape {ids.shape}.")
+    remainder = ids.shape[0] % max_len
+    if remainder > int(max_len * (1 - max_padding_fraction)):
+        ids = np.concatenate([ids, np.full(max_len - remainder, pad_id, dtype=ids.dtype)])
+    elif remainder:
+        ids = ids[: ids.shape[0] - remainder]
+    return ids.reshape(-1, max_len)
+
+
+def windowed_packing(
+    ds: Dataset,
+    *,
+    max_len: Optional[int] = None,
+    inner: Optional[Any] = None,
+    window_size: Optional[int] = None,
+    input_key: str = "target_labels",
+    read_options: grain.ReadOptions = grain.ReadOptions(num_threads=1, prefetch_buffer_size=16),
+) -> Dataset:
+    """Groups `window_size` consecutive examples into a list, applies `inner`, then unbatches.
+
+    Args:
+        ds: The examples (a MapDataset or IterDataset).
+        max_len: Unused here (`inner` cuts rows); kept for a uniform packing signature.
+        inner: Maps a list of examples to a dict of [rows, ...] arrays (None: no mapping).
+        window_size: Examples per window.
+        input_key: Unused here; kept for a uniform packing signature.
+        read_options: Grain's read options for the conversion to an IterDataset.
+
+    Returns:
+        An IterDataset of single rows.
+    """
+    del max_len, input_key
+    ds = ds.batch(window_size or 1, drop_remainder=False, batch_fn=list)
+    if inner is not None:
+        ds = ds.map(inner)
+    return unbatch(maybe_to_iter_dataset(ds, read_options=read_options), skip_empty_batch=True)
+
+
+class _StreamingPackIterator(grain.DatasetIterator):
+    """Cuts the concatenated `input_key` tokens of a stream into chunks of up to `max_len`.
+
+    Tokens are buffered across examples; a full `max_len` chunk is emitted as soon as it exists.
+    With `window_size`, the buffer is flushed (in chunks, the last one possibly short) after every
+    `window_size` examples, so no chunk mixes two windows (as `windowed_packing` cuts them). The
+    stream's end flushes the buffer too.
+
+    State: the parent's state before the first buffered example, the number of buffered examples
+    and the number of buffered tokens (a suffix of their concatenation); a restore re-reads those
+    examples, so the state stays small whatever the buffer holds.
+    """
+
+    def __init__(
+        self,
+        parent: grain.DatasetIterator,
+        *,
+        max_len: int,
+        window_size: Optional[int],
+        input_key: str,
+    ):
+        super().__init__(parent)
+        self._max_len, self._window_size, self._key = max_len, window_size, input_key
+        self._num_read = 0  # Examples read from the parent (counts windows).
+        self._pieces: list[np.ndarray] = []  # The buffered tokens, in order.
+        self._num_tokens = 0
+        # The parent's state before each buffered example, and each one's unconsumed tokens.
+        self._sources: list[list] = []
+
+    def _window_done(self) -> bool:
+        return bool(self._window_size) and self._num_read % self._window_size == 0
+
+    def _emit(self) -> dict:
+        tokens = np.concatenate(self._pieces, axis=-1)
+        chunk, rest = tokens[: self._max_len], tokens[self._max_len :]
+        self._pieces = [rest] if rest.size else []
+        self._num_tokens = int(rest.size)
+        consumed = int(chunk.size)
+        while self._sources and consumed >= self._sources[0][1]:
+            consumed -= self._sources.pop(0)[1]
+        if self._sources:
+            self._sources[0][1] -= consumed
+        if not self._pieces:
+            self._sources = []
+        return {self._key: chunk}
+
+    def _read(self) -> bool:
+        state = self._parent.get_state()
+        try:
+            example = next(self._parent)
+        except StopIteration:
+            return False
+        tokens = np.asarray(example[self._key])
+        self._num_read += 1
+        if tokens.size:
+            self._pieces.append(tokens)
+            self._num_tokens += int(tokens.size)
+            self._sources.append([state, int(tokens.size)])
+        return True
+
+    def __next__(self) -> dict:
+        while True:
+            if self._num_tokens >= self._max_len or (self._num_tokens and self._window_done()):
+                return self._emit()
+            if not self._read():
+                if self._num_tokens:
+                    return self._emit()
+                raise StopIteration
+
+    def get_state(self) -> dict:
+        return {
+            "parent": self._parent.get_state(),
+            "num_read": self._num_read,
+            "buffer_start": self._sources[0][0] if self._sources else None,
+            "buffer_examples": len(self._sources),
+            "buffer_tokens": self._num_tokens,
+        }
+
+    def set_state(self, state: dict):
+        self._num_read = state["num_read"]
+        self._pieces, self._sources, self._num_tokens = [], [], 0
+        if not state["buffer_examples"]:
+            self._parent.set_state(state["parent"])
+            return
+        self._parent.set_state(state["buffer_start"])
+        for _ in range(state["buffer_examples"]):
+            before = self._parent.get_state()
+            tokens = np.asarray(next(self._parent)[self._key])
+            self._pieces.append(tokens)
+            self._sources.append([before, int(tokens.size)])
+        # Drop the tokens of the first example that were emitted before the state was taken.
+        extra = sum(n for _, n in self._sources) - state["buffer_tokens"]
+        if not 0 <= extra < self._sources[0][1]:
+            raise ValueError(
+                f"streaming_packing: the state's buffer ({state['buffer_tokens']} tokens of "
+                f"{state['buffer_examples']} examples) does not match the data; restore a state "
+                "saved with the same data"
+            )
+        self._pieces[0] = self._pieces[0][extra:]
+        self._sources[0][1] -= extra
+        self._num_tokens = state["buffer_tokens"]
+
+
+class _StreamingPackIterDataset(grain.IterDataset):
+    def __init__(self, parent, *, max_len: int, window_size: Optional[int], input_key: str):
+        super().__init__(parent)
+        self._max_len, self._window_size, self._key = max_len, window_size, input_key
+
+    def __str__(self) -> str:
+        return f"StreamingPackIterDataset(max_len={self._max_len})"
+
+    def __iter__(self) -> grain.DatasetIterator:
+        return _StreamingPackIterator(
+            self._parent.__iter__(),
+            max_len=self._max_len,
+            window_size=self._window_size,
+            input_key=self._key,
+        )
+
+
+class _ProcessChunk:
+    """Applies `inner` to a chunk; keeps its single row, or None if `inner` dropped it."""
+
+    def __init__(self, inner: Any, input_key: str):
+        self._inner, self._key = inner, input_key
+
+    def __call__(self, chunk: dict) -> Optional[dict]:
+        out = self._inner(chunk)
+        if np.size(out[self._key]) == 0:
+            return None
+        for key, value in out.items():
+            if np.shape(value)[0] != 1:
+                raise ValueError(
+                    f"streaming_packing: inner returned {np.shape(value)[0]} rows for {key!r} "
+                    f"from one chunk of at most max_len tokens; expected 1 (or 0 to drop it)"
+                )
+        return {key: value[0] for key, value in out.items()}
+
+
+def _is_not_none(x: Any) -> bool:
+    return x is not None
+
+
+def streaming_packing(
+    ds: Dataset,
+    *,
+    max_len: int,
+    inner: Any,
+    window_size: Optional[int] = None,
+    input_key: str = "target_labels",
+    read_options: grain.ReadOptions = grain.ReadOptions(num_threads=1, prefetch_buffer_size=16),
+) -> grain.IterDataset:
+    """Packs the `input_key` tokens of consecutive examples into chunks of `max_len`, streaming.
+
+    Unlike `windowed_packing`, no window of examples is held: a chunk is emitted as soon as
+    `max_len` tokens are buffered. With `window_size`, the buffer is also flushed after every
+    `window_size` examples, which gives the rows of `windowed_packing` with the same `inner`.
+    Each chunk ({input_key: [<= max_len]}) goes through `inner`, which returns [1, ...] arrays
+    (or [0, ...] to drop the chunk, e.g. a short tail); the output rows have the leading axis
+    removed.
+
+    Args:
+        ds: Examples with a rank-1 `input_key` (other keys are not kept).
+        max_len: Tokens per chunk.
+        inner: Maps {input_key: tokens} to a dict of [1 or 0, ...] arrays.
+        window_size: Examples per flush; None: flush only at the end of the stream.
+        input_key: The key of the tokens.
+        read_options: Grain's read options for the conversion to an IterDataset.
+
+    Returns:
+        An IterDataset of `inner`'s rows (checkpointable mid-buffer).
+
+    Raises:
+        ValueError: If `max_len` or `window_size` is not positive.
+    """
+    if max_len <= 0 or (window_size is not None and window_size <= 0):
+        raise ValueError(
+            f"streaming_packing: max_len={max_len} and window_size={window_size} must be "
+            "positive (window_size may be None)"
+        )
+    ds = maybe_to_iter_dataset(ds, read_options=read_options)
+    ds = _StreamingPackIterDataset(
+        ds, max_len=max_len, window_size=window_size, input_key=input_key
+    )
+    return ds.map(_ProcessChunk(inner, input_key)).filter(_is_not_none)
+
+
+def _drop_empty_targets(example: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Keeps the rows of a batch whose `target_num_bytes` is positive.
+
+    Args:
+        example: A dict of arrays sharing a leading (row) axis, with "target_num_bytes" [rows].
+
+    Returns:
+        The same keys, with only the rows that have target bytes.
+    """
+    keep = np.asarray(example["target_num_bytes"]) > 0
+    return {key: np.asarray(value)[keep] for key, value in example.items()}
+
+
+def _make_autoregressive_inputs(
+    ds: Dataset,
+    *,
+    max_len: int,
+    packing_fn: Any,
+    input_key: str = "target_labels",
+    split_fn: Optional[ConfigOr[Any]] = None,
+    read_options: grain.ReadOptions = grain.ReadOptions(num_threads=1, prefetch_buffer_size=16),
+    window_size: int = 1,
+) -> Dataset:
+    """Adds `input_ids`: the packed `input_key` tokens shifted right by one (cyclically).
+
+    Within each packed window the flat targets `t1 .. tn` give inputs `tn t1 .. t(n-1)`; both are
+    cut into rows by `split_fn` (default: one row of the whole window).
+
+    Args:
+        ds: Examples with a flat int `input_key` [len] (lengths may differ).
+        max_len: The row length, passed to `split_fn` and `packing_fn`.
+        packing_fn: E.g. `windowed_packing`; called as
+            `packing_fn(ds, max_len=, inner=, window_size=, read_options=)`.
+        input_key: The key of the targets.
+        split_fn: `split_fn(flat_ids, max_len=)` -> [rows, max_len] (or a config of it).
+        read_options: Grain's read options for the conversion to an IterDataset.
+        window_size: Examples per packing window.
+
+    Returns:
+        An IterDataset of {"input_ids": [max_len], "target_labels": [max_len]}.
+    """
+    split = maybe_instantiate(split_fn)
+    if split is None:
+
+        def split(ids, **_):
+            return ids[None]
+
+    def process(examples):
+        if not isinstance(examples, Sequence):
+            examples = [examples]
+        targets = np.concatenate([x[input_key] for x in examples], axis=-1)
+        inputs = np.roll(targets, 1, axis=0)
+        return dict(
+            input_ids=split(inputs, max_len=max_len), target_labels=split(targets, max_len=max_len)
+        )
+
+    return packing_fn(
+        ds, max_len=max_len, inner=process, window_size=window_size, read_options=read_options
+    )

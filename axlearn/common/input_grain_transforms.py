@@ -1,7 +1,8 @@
 """Grain dataset transformations of `axlearn.common.input_grain` (re-exported there).
 
-`maybe_to_iter_dataset`, `rekey`, `unbatch` and `pad_for_evaluation`: each keeps Grain's
-checkpointing (an iterator's `get_state()`/`set_state()` covers the transformation's position).
+`maybe_to_iter_dataset`, `rekey`, `unbatch` (with `RaggedTensor` leaves) and
+`pad_for_evaluation`: each keeps Grain's checkpointing (an iterator's `get_state()`/`set_state()`
+covers the transformation's position).
 """
 
 from __future__ import annotations
@@ -83,16 +84,41 @@ def rekey(
     return ds.map(fn)
 
 
+class RaggedTensor(list):
+    """A batch of arrays of different shapes (a list of them), one per row, for `unbatch`.
+
+    It is a pytree leaf (JAX does not flatten list subclasses): its batch size is its length,
+    and `unbatch` yields its items as they are.
+    """
+
+
+class EmptyBatchError(ValueError, AssertionError):
+    """`unbatch` met a batch of zero rows and `skip_empty_batch` is False."""
+
+
+def _leaf_batch_size(leaf: Any) -> int:
+    if isinstance(leaf, RaggedTensor):
+        return len(leaf)
+    shape = np.shape(leaf)
+    if not shape:
+        raise ValueError(
+            f"unbatch: a leaf of shape () has no batch axis; every leaf needs a leading batch "
+            f"axis (got {type(leaf).__name__})"
+        )
+    return shape[0]
+
+
 def _batch_size_of(batch: Any) -> int:
-    sizes = {np.shape(leaf)[0] for leaf in jax.tree.leaves(batch)}
+    sizes = {_leaf_batch_size(leaf) for leaf in jax.tree.leaves(batch)}
     if len(sizes) != 1:
         raise ValueError(f"unbatch: leaves have different batch sizes {sorted(sizes)}")
     return sizes.pop()
 
 
 class _UnbatchIterator(grain.DatasetIterator):
-    def __init__(self, parent: grain.DatasetIterator):
+    def __init__(self, parent: grain.DatasetIterator, *, skip_empty_batch: bool):
         super().__init__(parent)
+        self._skip_empty_batch = skip_empty_batch
         self._parent_state = parent.get_state()
         self._batch = None
         self._index = 0
@@ -102,8 +128,16 @@ class _UnbatchIterator(grain.DatasetIterator):
         while self._index >= self._size:
             self._parent_state = self._parent.get_state()
             self._batch = next(self._parent)
-            self._size = _batch_size_of(self._batch) if jax.tree.leaves(self._batch) else 0
             self._index = 0
+            if not jax.tree.leaves(self._batch):
+                self._size = 0  # A batch without leaves (e.g. {}) has no rows.
+                continue
+            self._size = _batch_size_of(self._batch)
+            if self._size == 0 and not self._skip_empty_batch:
+                raise EmptyBatchError(
+                    "unbatch: got a batch of 0 rows, (index, batch size) = (0, 0); pass "
+                    "skip_empty_batch=True to skip empty batches"
+                )
         i = self._index
         self._index += 1
         return jax.tree.map(lambda x: x[i], self._batch)
@@ -124,20 +158,33 @@ class _UnbatchIterator(grain.DatasetIterator):
 
 
 class _UnbatchIterDataset(grain.IterDataset):
+    def __init__(self, parent: grain.IterDataset, *, skip_empty_batch: bool):
+        super().__init__(parent)
+        self._skip_empty_batch = skip_empty_batch
+
     def __iter__(self) -> grain.DatasetIterator:
-        return _UnbatchIterator(self._parent.__iter__())
+        return _UnbatchIterator(self._parent.__iter__(), skip_empty_batch=self._skip_empty_batch)
 
 
-def unbatch(ds: grain.IterDataset) -> grain.IterDataset:
-    """Splits each batch (leading axis of every leaf) into examples; empty batches vanish.
+def unbatch(ds: Dataset, *, skip_empty_batch: bool = False) -> grain.IterDataset:
+    """Splits each batch (leading axis of every leaf) into examples.
+
+    A leaf may be a `RaggedTensor` (a list of per-row arrays of any shapes). A batch without
+    leaves (e.g. `{}`) yields nothing.
 
     Args:
-        ds: An IterDataset of batches.
+        ds: A dataset of batches (a MapDataset is converted to an IterDataset).
+        skip_empty_batch: Whether a batch of 0 rows yields nothing; if False, it raises.
 
     Returns:
         An IterDataset of examples (checkpointable mid-batch).
+
+    Raises:
+        EmptyBatchError: (when iterated; a ValueError) On a batch of 0 rows, unless
+            `skip_empty_batch`.
+        ValueError: (when iterated) If a batch's leaves have different batch sizes.
     """
-    return _UnbatchIterDataset(maybe_to_iter_dataset(ds))
+    return _UnbatchIterDataset(maybe_to_iter_dataset(ds), skip_empty_batch=skip_empty_batch)
 
 
 class _AppendIterator(grain.DatasetIterator):
@@ -222,3 +269,71 @@ def pad_for_evaluation(
     if isinstance(ds, grain.MapDataset):
         return grain.MapDataset.concatenate([ds, grain.MapDataset.source(pads)])
     return _AppendIterDataset(ds, pads)
+
+
+class _ProportionalSliceMapDataset(grain.MapDataset):
+    """The positions p of a MapDataset with `range_start <= p % period < range_end`, in order."""
+
+    def __init__(self, parent: grain.MapDataset, *, range_start: int, range_end: int, period: int):
+        super().__init__(parent)
+        if not 0 <= range_start < range_end <= period:
+            raise ValueError(
+                f"shard_dataset_with_proportion: range_start={range_start}, "
+                f"range_end={range_end}, period={period} are invalid; need "
+                f"0 <= range_start < range_end <= period."
+            )
+        self._range_start = range_start
+        self._width = range_end - range_start
+        self._period = period
+        full_periods, rest = divmod(len(parent), period)
+        # Each full period contributes `width` positions; the partial one those below `rest`.
+        self._length = full_periods * self._width + max(0, min(rest, range_end) - range_start)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        if self._length == 0:
+            raise IndexError("shard_dataset_with_proportion: the shard is empty.")
+        index %= self._length  # As Grain's MapDatasets do, e.g. after `.repeat()`.
+        period_index, offset = divmod(index, self._width)
+        return self._parent[period_index * self._period + self._range_start + offset]
+
+    def __str__(self) -> str:
+        return (
+            f"_ProportionalSliceMapDataset[{self._range_start}:"
+            f"{self._range_start + self._width}:{self._period}]"
+        )
+
+
+def shard_dataset_with_proportion(
+    ds: grain.MapDataset, *, range_start: int, range_end: int, period: int
+) -> grain.MapDataset:
+    """Returns the positions `[range_start + period * n, range_end + period * n)` of `ds`.
+
+    For feeds with unequal shares: with total weight `period`, a feed with the weights
+    `[range_start, range_end)` takes that proportion of every `period` consecutive examples
+    (e.g. 0..30 and 30..100 of period 100 split a dataset 30/70).
+
+    Args:
+        ds: A MapDataset.
+        range_start: The first position of each period taken (inclusive).
+        range_end: The end of the positions taken in each period (exclusive).
+        period: The period.
+
+    Returns:
+        The sliced MapDataset.
+
+    Raises:
+        ValueError: If `ds` is not a MapDataset or not 0 <= range_start < range_end <= period.
+    """
+    if not isinstance(ds, grain.MapDataset):
+        raise ValueError(
+            f"shard_dataset_with_proportion: got a {type(ds).__name__}; shard a MapDataset "
+            f"(before maybe_to_iter_dataset/prefetch_dataset)"
+        )
+    return _ProportionalSliceMapDataset(
+        ds, range_start=range_start, range_end=range_end, period=period
+    )

@@ -10,7 +10,13 @@ State: `get_state()` returns bytes (no pickle):
 
 The header records the number of feeds, the process count/index that wrote it, the number of
 batches consumed, the Input config dump (to detect a changed pipeline), and per feed its index,
-mode, skipped-record count and payload slice. A payload is tf.data's own serialization of the
+mode, skipped-record count, payload slice, rows per batch and `sources`: the local files its
+pipeline reads (string constants of its graph naming regular files), each with its size and
+fingerprint (`axlearn.common.input_state_check`). A restore onto files that changed since the
+save is refused naming the file; every header field is validated (one line naming it).
+Version 1 states (without sources and rows) still restore, without the source check.
+
+A payload is tf.data's own serialization of the
 feed's iterator (`SerializeIterator`, stored as a serialized `TensorProto`): buffers of shuffle,
 prefetch and packing ops are saved, so a restored iterator continues with exactly the batches the
 saved one would have produced. Pipelines that call Python (`from_generator`, `py_function`) cannot
@@ -24,19 +30,32 @@ all processes (`set_state([state_0, state_1, ...])`) and each process picks its 
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import numpy as np
 from absl import logging
+
+from axlearn.common import input_state_check
+
+# Defined with the state checks (which raise it); this is its documented import path.
+from axlearn.common.input_state_check import InputStateError
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
 _MAGIC = b"AXINPUT1"
 _FORMAT = "axlearn.input_state"
-_VERSION = 1
+# Version 2 adds per feed "sources" (files read, fingerprinted) and "rows_per_batch".
+_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
+# What to do with a state that cannot be restored (appended to refusals).
+_STATE_FIX = (
+    "resume from a checkpoint saved with the data and input this run has, or set the trainer's "
+    "save_input_iterator=False to start the input from its beginning"
+)
 # Op types that run Python; a pipeline containing them cannot be serialized by tf.data.
 _PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 
@@ -45,21 +64,108 @@ class InputError(RuntimeError):
     """Reading or processing input failed; the message names the input and its source."""
 
 
-class InputStateError(ValueError):
-    """An input iterator state cannot be restored into this input; the message says why."""
+# The `format` of a FakeLmInput state (JSON), the input --data_dir=FAKE puts in a run.
+FAKE_STATE_FORMAT = "axlearn.fake_input_state"
+# The `format` of a Grain input state (JSON).
+GRAIN_STATE_FORMAT = "axlearn.grain_input_state"
+
+_FAKE_INPUT = "FakeLmInput (a run with --data_dir=FAKE)"
+_REAL_INPUT = "an input reading real data (a run without --data_dir=FAKE)"
 
 
-def _graph_ops(ds: tf.data.Dataset) -> set[str]:
+def saved_input_kind(state: bytes) -> str:
+    """Names the kind of input that wrote an input iterator state, from its format marker only.
+
+    Args:
+        state: The saved state bytes.
+
+    Returns:
+        E.g. "FakeLmInput (a run with --data_dir=FAKE)"; the state's content is never included.
+        A JSON state is decoded with `input_state_check.parse_state_json` (bounded in size and
+        depth); one it refuses, or whose "format" is not a string this code writes, is "an
+        unknown input".
+    """
+    state = bytes(state)
+    if state.startswith(_MAGIC):
+        return "a tf.data input reading real data (a run without --data_dir=FAKE)"
+    fmt = None
+    if state.lstrip()[:1] == b"{":
+        # Bounded (size, depth): a huge or deeply nested state is named unknown, not parsed.
+        try:
+            parsed = input_state_check.parse_state_json(state, what="input state", fix="")
+        except InputStateError:
+            parsed = None
+        fmt = parsed.get("format") if isinstance(parsed, dict) else None
+    if fmt == FAKE_STATE_FORMAT:
+        return _FAKE_INPUT
+    if fmt == GRAIN_STATE_FORMAT:
+        return "a Grain input reading real data (a run without --data_dir=FAKE)"
+    return f"an unknown input ({len(state)} bytes that no axlearn input writes)"
+
+
+def foreign_state_message(state: bytes, *, name: str, reader: str) -> str:
+    """The one-line error for a checkpoint whose input state another kind of input wrote.
+
+    Args:
+        state: The saved state bytes.
+        name: The restoring input's name or config path.
+        reader: What the restoring input is (e.g. "a tf.data input reading real data").
+
+    Returns:
+        The message naming both inputs and the fix; the state's content is not shown.
+    """
+    saved = saved_input_kind(state)
+    if saved == _FAKE_INPUT:
+        same = "--data_dir=FAKE again"
+    elif "real data" in saved:
+        same = "the --data_dir of the run that saved it (not FAKE)"
+    else:
+        same = "the input that saved it"
+    return (
+        f"Input '{name}': the checkpoint's input position was saved by {saved}, but this run "
+        f"reads with {reader}; resume with {same}, or train in a fresh --trainer_dir."
+    )
+
+
+def _graph_nodes(ds: tf.data.Dataset) -> list:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     policy = tf.data.experimental.ExternalStatePolicy.IGNORE
     graph = tf.compat.v1.GraphDef()
     # pylint: disable-next=protected-access
     graph.ParseFromString(ds._as_serialized_graph(external_state_policy=policy).numpy())
-    ops = {node.op for node in graph.node}
-    for fn in graph.library.function:
-        ops.update(node.op for node in fn.node_def)
-    return ops
+    return list(graph.node) + [node for fn in graph.library.function for node in fn.node_def]
+
+
+def _graph_ops(ds: tf.data.Dataset) -> set[str]:
+    return {node.op for node in _graph_nodes(ds)}
+
+
+def _string_constants(tensor: Any) -> list[bytes]:
+    """The values of a DT_STRING TensorProto (string_val, or tensor_content's string list)."""
+    if tensor.string_val:
+        return list(tensor.string_val)
+    count = 1
+    for dim in tensor.tensor_shape.dim:
+        count *= dim.size
+    buf, pos, lengths = tensor.tensor_content, 0, []
+    if not buf or count > len(buf):
+        return []
+    for _ in range(count):  # Varint32 lengths, then the strings (TF's EncodeStringList).
+        value, shift = 0, 0
+        while pos < len(buf):
+            byte = buf[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        lengths.append(value)
+    out = []
+    for length in lengths:
+        out.append(buf[pos : pos + length])
+        pos += length
+    return out
 
 
 def is_serializable(ds: tf.data.Dataset) -> bool:
@@ -74,6 +180,37 @@ def is_serializable(ds: tf.data.Dataset) -> bool:
     return not _graph_ops(ds) & _PYTHON_OPS
 
 
+def pipeline_files(ds: tf.data.Dataset, *, nodes: Optional[list] = None) -> list[str]:
+    """The local files a tf.data pipeline names: its string constants that are regular files.
+
+    File-reading datasets (TFRecord, TFDS, text lines) hold their file names as string
+    constants of the pipeline's graph; those naming an existing absolute path of a regular file
+    are the pipeline's source files.
+
+    Args:
+        ds: The dataset.
+        nodes: Its graph's nodes, if already parsed.
+
+    Returns:
+        The paths, each once, in graph order.
+    """
+    _dt_string = 7  # tensorflow.core.framework.types_pb2.DT_STRING
+    paths = []
+    for node in nodes if nodes is not None else _graph_nodes(ds):
+        if node.op != "Const" or "value" not in node.attr:
+            continue
+        tensor = node.attr["value"].tensor
+        if tensor.dtype != _dt_string:
+            continue
+        for value in _string_constants(tensor):
+            if not value.startswith(b"/") or len(value) > 4096:
+                continue
+            path = value.decode("utf-8", errors="replace")
+            if path not in paths and os.path.isfile(path):
+                paths.append(path)
+    return paths
+
+
 class Feed:
     """One tf.data pipeline of an Input and its iterator."""
 
@@ -82,7 +219,12 @@ class Feed:
         self.dataset = dataset
         self.counter = counter
         self.description = description
-        self.serializable = is_serializable(dataset)
+        nodes = _graph_nodes(dataset)
+        self.serializable = not {node.op for node in nodes} & _PYTHON_OPS
+        # The files this feed reads, fingerprinted when it was built (saved with the state).
+        self.sources = input_state_check.source_fingerprints(pipeline_files(dataset, nodes=nodes))
+        # Rows of this feed's batches (from the first batch read; None before).
+        self.rows_per_batch: Optional[int] = None
         self.iterator = iter(dataset)
 
     def num_malformed(self) -> int:
@@ -116,6 +258,14 @@ def _to_numpy(tree: Any) -> Any:
     return tree._numpy() if hasattr(tree, "_numpy") else np.asarray(tree)  # pylint: disable=protected-access
 
 
+def _leaves(tree: Any) -> list:
+    if isinstance(tree, dict):
+        return [x for v in tree.values() for x in _leaves(v)]
+    if isinstance(tree, (list, tuple)):
+        return [x for v in tree for x in _leaves(v)]
+    return [tree]
+
+
 def _concat(parts: list) -> Any:
     first = parts[0]
     if isinstance(first, dict):
@@ -143,35 +293,83 @@ def encode_state(header: dict, payloads: Sequence[bytes]) -> bytes:
     return b"".join([_MAGIC, struct.pack("<I", len(head)), head, *payloads])
 
 
-def decode_state(state: bytes) -> tuple[dict, bytes]:
-    """Unpacks state bytes into (header, payload region).
+def decode_state(
+    state: bytes, *, what: str = "The saved input iterator state", name: str = "input"
+) -> tuple[dict, bytes]:
+    """Unpacks and validates state bytes into (header, payload region).
 
     Args:
         state: Bytes from `InputIterator.get_state()`.
+        what: Names the state in messages.
+        name: The restoring input's name, for the message about a state another input wrote.
 
     Returns:
-        (header dict, the bytes after the header).
+        (header dict, the bytes after the header): every header field the restore uses has its
+        JSON type, counters are in range and payload slices lie inside the payload region.
 
     Raises:
-        InputStateError: If `state` is not an input iterator state.
+        InputStateError: One line naming the field and the fix if `state` is not an input
+            iterator state (content is never shown).
     """
     state = bytes(state)
     if not state.startswith(_MAGIC) or len(state) < len(_MAGIC) + 4:
+        if not state.startswith(_MAGIC):
+            raise InputStateError(
+                foreign_state_message(state, name=name, reader="a tf.data input of real data")
+            )
         raise InputStateError(
             f"Not an axlearn input iterator state (expected it to start with {_MAGIC!r}; the "
             f"{len(state)} bytes given do not, and their content is not shown)"
         )
     (head_len,) = struct.unpack("<I", state[len(_MAGIC) : len(_MAGIC) + 4])
     start = len(_MAGIC) + 4
-    try:
-        header = json.loads(state[start : start + head_len].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputStateError(f"Corrupt input iterator state header: {e}") from e
-    if header.get("format") != _FORMAT or header.get("version") != _VERSION:
+    if start + head_len > len(state):
         raise InputStateError(
-            f"Unsupported input iterator state {header.get('format')} v{header.get('version')}"
+            f"{what}: its header length {head_len} runs past its {len(state)} bytes (truncated); "
+            f"{_STATE_FIX}"
         )
-    return header, state[start + head_len :]
+    fields = dict(what=what, fix=_STATE_FIX)
+    header = input_state_check.parse_state_json(state[start : start + head_len], **fields)
+    if not isinstance(header, dict):
+        raise InputStateError(f"{what}: the header is not a JSON object; {_STATE_FIX}")
+    if header.get("format") != _FORMAT or header.get("version") not in _READABLE_VERSIONS:
+        raise InputStateError(
+            f"Unsupported input iterator state {str(header.get('format'))[:40]} "
+            f"v{str(header.get('version'))[:20]} (this code reads {_FORMAT} "
+            f"v{list(_READABLE_VERSIONS)}); {_STATE_FIX}"
+        )
+    body = state[start + head_len :]
+    num_feeds = input_state_check.require_int(header, "num_feeds", minimum=1, **fields)
+    input_state_check.require_int(header, "process_count", minimum=1, **fields)
+    input_state_check.require_int(header, "process_index", **fields)
+    input_state_check.require_int(header, "num_batches", **fields)
+    if not isinstance(header.get("config"), str):
+        raise InputStateError(f"{what}: field 'config' must be a string; {_STATE_FIX}")
+    feeds = header.get("feeds")
+    if not isinstance(feeds, list) or not all(isinstance(f, dict) for f in feeds):
+        raise InputStateError(f"{what}: field 'feeds' must be a list of objects; {_STATE_FIX}")
+    for i, feed in enumerate(feeds):
+        entry = dict(what=f"{what} (feeds[{i}])", fix=_STATE_FIX)
+        if input_state_check.require_int(feed, "index", **entry) >= num_feeds:
+            raise InputStateError(
+                f"{what}: feeds[{i}].index is {feed['index']}, not below num_feeds={num_feeds}; "
+                f"{_STATE_FIX}"
+            )
+        if feed.get("mode") not in ("tf", "skip"):
+            raise InputStateError(f"{what}: feeds[{i}].mode must be 'tf' or 'skip'; {_STATE_FIX}")
+        input_state_check.require_int(feed, "num_malformed", **entry)
+        offset = input_state_check.require_int(feed, "offset", **entry)
+        if offset + input_state_check.require_int(feed, "size", **entry) > len(body):
+            raise InputStateError(
+                f"{what}: feeds[{i}]'s payload runs past the state's end (truncated); {_STATE_FIX}"
+            )
+        if header["version"] >= 2:
+            input_state_check.require_int(
+                feed, "rows_per_batch", minimum=1, allow_none=True, **entry
+            )
+            if "sources" not in feed:
+                raise InputStateError(f"{what}: feeds[{i}] has no 'sources'; {_STATE_FIX}")
+    return header, body
 
 
 class InputIterator:
@@ -233,6 +431,10 @@ class InputIterator:
     def __next__(self) -> dict[str, np.ndarray]:
         self._fresh = False
         parts = [_to_numpy(self._next_from(feed)) for feed in self._feeds]
+        for feed, part in zip(self._feeds, parts):
+            if feed.rows_per_batch is None:
+                leaves = [x for x in _leaves(part) if np.ndim(x)]
+                feed.rows_per_batch = int(np.shape(leaves[0])[0]) if leaves else None
         self._num_batches += 1
         malformed = self.num_malformed_records
         if malformed > self._reported_malformed:
@@ -264,7 +466,13 @@ class InputIterator:
             mode = "tf" if feed.serializable else "skip"
             payloads.append(feed.serialize() if mode == "tf" else b"")
             header["feeds"].append(
-                {"index": feed.index, "mode": mode, "num_malformed": feed.num_malformed()}
+                {
+                    "index": feed.index,
+                    "mode": mode,
+                    "num_malformed": feed.num_malformed(),
+                    "rows_per_batch": feed.rows_per_batch,
+                    "sources": feed.sources,
+                }
             )
         return encode_state(header, payloads)
 
@@ -285,8 +493,9 @@ class InputIterator:
             states = [bytes(states)]
         found: dict[int, tuple[dict, dict, bytes]] = {}
         num_batches = set()
+        what = f"Input '{self._name}': the saved iterator state"
         for state in states:
-            header, body = decode_state(state)
+            header, body = decode_state(state, what=what, name=self._name)
             if header["num_feeds"] != self._num_feeds:
                 raise InputStateError(
                     f"Input '{self._name}': the saved iterator state has "
@@ -327,6 +536,14 @@ class InputIterator:
             # Start from a fresh iterator so restoring never depends on this one's position.
             if not self._fresh:
                 feed = self._feeds[i] = self._rebuild(feed.index)
+            # Version 1 states (no "sources") restore unchecked.
+            input_state_check.check_sources(
+                entry.get("sources"),
+                feed.sources,
+                what=f"{what} (feed {feed.index})",
+                fix=_STATE_FIX,
+            )
+            feed.rows_per_batch = entry.get("rows_per_batch")
             if entry["mode"] == "tf":
                 if not feed.serializable:
                     raise InputStateError(

@@ -155,7 +155,8 @@ def check_coordinator(
         if initialization_timeout
         else "jax.distributed's default timeout (--initialization_timeout)"
     )
-    logging.warning(
+    # An info line: every healthy multi-process start prints it (a W-line read as a problem).
+    logging.info(
         "Process %d of %d: connecting to the coordinator at %s (process 0's). If process 0 did "
         "not start (see its log: e.g. a busy port), this process stops after %s.",
         process_id,

@@ -11,8 +11,10 @@ the run's events (`axlearn.common.measurement`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import types
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
@@ -24,13 +26,18 @@ from axlearn.common import compilation_cache, measurement, run_record
 from axlearn.common.config.override import apply_overrides
 from axlearn.common.config_diff import parse_config_dump
 from axlearn.common.config_ranges import ConfigRangeError
+from axlearn.common.experiment_registry import (
+    EXPERIMENTS_PACKAGE,
+    ExperimentModuleNotFoundError,
+    get_named_trainer_config,
+)
 from axlearn.common.mesh_resolution import (
     MeshResolution,
     infer_mesh,
     overrides_set_mesh,
     resolve_mesh,
 )
-from axlearn.common.run_lock import RunLock
+from axlearn.common.run_lock import hold_run_dirs
 from axlearn.common.trainer import SpmdTrainer
 from axlearn.common.trainer_metrics import PARAMETER_TABLE_FILE
 from axlearn.common.utils_spmd import (  # noqa: F401 (infer_mesh_shape: a public name here too)
@@ -58,6 +65,32 @@ flags.DEFINE_integer(
     "trainer_watchdog_timeout_seconds",
     3600,
     "If the step does not advance for this long, the trainer logs every thread's stack.",
+)
+flags.DEFINE_integer(
+    "trainer_crash_on_hang_timeout_seconds",
+    None,
+    "If the step does not advance for this long, the trainer kills its process (so that the "
+    "launcher restarts it); used when the config does not set crash_on_hang_timeout_seconds. "
+    "Default: never.",
+)
+flags.DEFINE_integer(
+    "trainer_log_every_n_steps",
+    None,
+    "Log the per-step line every this many steps; used when the config does not set "
+    "log_every_n_steps (default: every step).",
+)
+flags.DEFINE_list(
+    "eval_trace_at_iters",
+    [],
+    "Eval batch indices to trace with the profiler each time an evaler runs (at most 3 "
+    "traces); sets every evaler's trace_at_iters when given.",
+)
+flags.DEFINE_enum(
+    "device_monitor",
+    "none",
+    ["none"],
+    "AXLearn's device monitor (tpu/gpu system metrics); this package has none, so only 'none' "
+    "is accepted (device memory is reported by the trainer's step summaries).",
 )
 flags.DEFINE_string(
     "mesh_selector",
@@ -118,10 +151,27 @@ TrainerConfigFn = Callable[[], SpmdTrainer.Config]
 
 
 def _named_trainer_config_fn(module: str, config: str) -> TrainerConfigFn:
-    # pylint: disable-next=import-outside-toplevel
-    from axlearn.common.experiment_registry import get_named_trainer_config
+    """Looks `config` up in `module`, then in `axlearn.experiments.<module>`.
 
-    return get_named_trainer_config(config, config_module=module)
+    `get_named_trainer_config` is looked up through this module's global, so that tests can
+    patch `launch_trainer.get_named_trainer_config` (as AXLearn's tests do). When the first
+    lookup raises ImportError, AttributeError or KeyError, the name is retried under the
+    experiments package (AXLearn's fallback); the registry's own ExperimentModuleNotFoundError
+    (which already tried both names and lists them) is raised as it is.
+    """
+    try:
+        return get_named_trainer_config(config, config_module=module)
+    except ExperimentModuleNotFoundError:
+        raise
+    except (ImportError, AttributeError, KeyError) as first:
+        if module.startswith(f"{EXPERIMENTS_PACKAGE}."):
+            raise
+        logging.info("Config %r not found in module %r (%s); trying %s.", config, module, first,
+                     f"{EXPERIMENTS_PACKAGE}.{module}")  # fmt: skip
+        try:
+            return get_named_trainer_config(config, config_module=f"{EXPERIMENTS_PACKAGE}.{module}")
+        except ExperimentModuleNotFoundError:
+            raise first from None  # The first error says what went wrong in `module`.
 
 
 def build_trainer_config(
@@ -183,9 +233,12 @@ def get_trainer_config(
         ConfigOverrideError: If a --config_override names no field or has the wrong type.
     """
     if trainer_config_fn is None:
-        if not flag_values.module or not flag_values.config:
+        # --config_module is an alias of --module (read first: a FlagValues copy whose alias
+        # default was set keeps --module's old value).
+        module = _flag(flag_values, "config_module") or flag_values.module
+        if not module or not flag_values.config:
             raise ValueError("--module and --config are required to select a trainer config.")
-        trainer_config_fn = _named_trainer_config_fn(flag_values.module, flag_values.config)
+        trainer_config_fn = _named_trainer_config_fn(module, flag_values.config)
     cfg: SpmdTrainer.Config = trainer_config_fn()
     if flag_values.config_override:
         old_max_step = cfg.max_step
@@ -265,11 +318,11 @@ def apply_launch_settings(
     Raises:
         ValueError: If the trainer dir is not set by the config or --trainer_dir, or is a file.
     """
-    if not isinstance(cfg.dir, str):
+    if not cfg.dir:
         if not flag_values.trainer_dir:
             raise ValueError("--trainer_dir is required (the config does not set `dir`).")
         cfg.dir = flag_values.trainer_dir
-    if os.path.exists(cfg.dir) and not os.path.isdir(cfg.dir):
+    if isinstance(cfg.dir, str) and os.path.exists(cfg.dir) and not os.path.isdir(cfg.dir):
         raise ValueError(
             f"--trainer_dir={cfg.dir} is a file, not a directory: pass a directory (a new one "
             "is created)."
@@ -305,10 +358,35 @@ def apply_launch_settings(
         cfg.start_trace_steps = steps
     if cfg.watchdog_timeout_seconds is None:
         cfg.watchdog_timeout_seconds = flag_values.trainer_watchdog_timeout_seconds
-    data_dir = flag_values.data_dir or os.environ.get("DATA_DIR")
+    if cfg.crash_on_hang_timeout_seconds is None:
+        cfg.crash_on_hang_timeout_seconds = _flag(
+            flag_values, "trainer_crash_on_hang_timeout_seconds"
+        )
+    if cfg.log_every_n_steps is None:
+        cfg.log_every_n_steps = _flag(flag_values, "trainer_log_every_n_steps")
+    eval_iters = _flag(flag_values, "eval_trace_at_iters")
+    if eval_iters:
+        try:
+            iters = [int(i) for i in eval_iters]
+        except ValueError as e:
+            raise ValueError(
+                f"--eval_trace_at_iters={','.join(eval_iters)}: expects a comma-separated list "
+                "of eval batch indices, e.g. --eval_trace_at_iters=0,5"
+            ) from e
+        for evaler_cfg in cfg.evalers.values():
+            evaler_cfg.trace_at_iters = iters
+    data_dir = _flag(flag_values, "data_dir") or os.environ.get("DATA_DIR")
     if data_dir == "FAKE":
         cfg = _use_fake_inputs(cfg)
     return cfg
+
+
+def _flag(flag_values: Any, name: str) -> Any:
+    """The flag's value, or None where `flag_values` lacks it (flags of another program)."""
+    try:
+        return getattr(flag_values, name)
+    except AttributeError:
+        return None
 
 
 def _experiment_name(flag_values: Any) -> str:
@@ -340,6 +418,16 @@ def _flag_values_json(flag_values: flags.FlagValues) -> dict[str, Any]:
     return result
 
 
+def _checkpoint_dir_of(trainer_config: SpmdTrainer.Config) -> Optional[str]:
+    """The checkpointer's dir of a trainer config (its default: `<dir>/checkpoints`)."""
+    ckpt_dir = getattr(trainer_config.checkpointer, "dir", None)
+    if isinstance(ckpt_dir, str) and ckpt_dir:
+        return ckpt_dir
+    if hasattr(trainer_config.checkpointer, "dir"):
+        return os.path.join(trainer_config.dir, "checkpoints")
+    return None
+
+
 def run_trainer(
     trainer_config: SpmdTrainer.Config, *, flag_values: flags.FlagValues = FLAGS
 ) -> Any:
@@ -368,6 +456,10 @@ def run_trainer(
         logging.info("Trainer config:\n%s", dump)
     flags_json = _flag_values_json(flag_values) if flag_values.is_parsed() else {}
     flags_json["data_dir"] = os.environ.get("DATA_DIR")
+    if flags_json.get("module"):
+        # Where the experiment module was imported from, for the one-line fix that `axlearn
+        # generate`/`eval` print when it is not importable where they run (never imported).
+        flags_json["module_file"] = _module_file(flags_json["module"])
 
     def on_run_start(restored_step: int) -> None:
         if jax.process_index() != 0:
@@ -395,10 +487,11 @@ def run_trainer(
         verbose_start=verbose,
         save_and_eval_last_step=max_step_overridden(overrides),
     )
-    lock = RunLock(trainer_config.dir)
+    lock = contextlib.ExitStack()
     if jax.process_index() == 0:
-        # Before anything is written: a second run on this dir fails here, naming the owner.
-        lock.acquire()
+        # Before anything is written: a second run on this dir, or on its checkpoint dir
+        # wherever that is, fails here, naming the owner.
+        lock.enter_context(hold_run_dirs(trainer_config.dir, _checkpoint_dir_of(trainer_config)))
     try:
         if flag_values.is_parsed():
             # After the lock: a second run on a busy dir creates nothing (not even the cache).
@@ -409,7 +502,11 @@ def run_trainer(
                 process_count=jax.process_count(),
             )
             if cache is not None:
-                compilation_cache.enable(cache)
+                compilation_cache.enable(
+                    cache,
+                    trainer_dir=trainer_config.dir,
+                    key=compilation_cache.run_key(dump, platform=jax.default_backend()),
+                )
         try:
             trainer: SpmdTrainer = trainer_config.instantiate(parent=None)
         except ConfigRangeError:
@@ -421,10 +518,28 @@ def run_trainer(
             raise InvalidTrainerConfigError(
                 f"The trainer config does not build: {type(e).__name__}: {e}"
             ) from e
+        # The lock is held and the config built: the run's events (START_JOB on) go to disk.
+        measurement.flush_deferred_events()
         seed = flag_values.trainer_prng_seed if flag_values.is_parsed() else 0
         return trainer.run(jax.random.PRNGKey(seed))
     finally:
-        lock.release()
+        lock.close()
+
+
+def _module_file(module: str) -> Optional[str]:
+    """The file of the imported experiment module a `--module` value names, if imported."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.experiment_registry import candidate_module_names
+
+    try:
+        names = candidate_module_names(module)
+    except ValueError:
+        return None
+    for name in names:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file:
+            return os.path.abspath(file)
+    return None
 
 
 class InvalidTrainerConfigError(ValueError):
@@ -441,8 +556,14 @@ def trainer_config_from_dir(
     config_overrides: Sequence[str] = (),
     check_dump: bool = True,
     step: Optional[int] = None,
+    module: Optional[str] = None,
 ) -> SpmdTrainer.Config:
     """Rebuilds the trainer config of the run in `trainer_dir` from its `launch_trainer_flags`.
+
+    The record is read through the file layer (bounded, no link followed), and the experiment
+    module it names is imported only when it is `module` (the user's `--module`) or one of
+    axlearn's own experiments (`run_record.module_to_import`): nothing read from a run
+    directory runs as code unless the user named it.
 
     The record used is the one the checkpoint of `step` was made with (run_record.py): a later
     start with another config does not change what an older step rebuilds into.
@@ -453,8 +574,8 @@ def trainer_config_from_dir(
     `check_dump`, the config before `config_overrides` is compared with the run's
     `trainer_config` dump (ignoring `dir` and the mesh shape): a difference means that the
     experiment's or the library's code changed since the run; it is logged as a warning that
-    names the fields (a model that no longer matches the checkpoint fails at restore, naming the
-    parameters).
+    names the fields, never their values in the file (a model that no longer matches the
+    checkpoint fails at restore, naming the parameters).
 
     Args:
         trainer_dir: The run's trainer dir (holding `launch_trainer_flags` and `trainer_config`).
@@ -462,12 +583,16 @@ def trainer_config_from_dir(
         check_dump: Whether to compare with the saved dump.
         step: The checkpoint step the config is for; None: the newest committed step under
             `trainer_dir/checkpoints` (or the newest record if there is none).
+        module: The experiment module the user named (`--module`), if any: a record's module
+            outside `axlearn.experiments` is imported only when it is this one.
 
     Returns:
         The trainer config, its `dir` set to `trainer_dir`.
 
     Raises:
-        TrainerDirError: If `launch_trainer_flags` is missing or names no experiment.
+        TrainerDirError: If `launch_trainer_flags` is missing, refused, or names no experiment
+            or one the user did not name, or the experiment module cannot be imported
+            here (one line naming the fix).
     """
     if step is None:
         # pylint: disable-next=import-outside-toplevel
@@ -476,17 +601,33 @@ def trainer_config_from_dir(
         step = latest_checkpoint_step(os.path.join(trainer_dir, "checkpoints"))
     record_dir = run_record.record_dir_for_step(trainer_dir, step)
     flags_path = os.path.join(record_dir, LAUNCH_FLAGS_FILE)
-    if not os.path.exists(flags_path):
+    try:
+        run_flags = run_record.read_launch_flags(trainer_dir, record_dir)
+    except FileNotFoundError as e:
         raise TrainerDirError(
             f"{flags_path} does not exist: {trainer_dir} is not the trainer dir of a run of "
             "launch_trainer_main (which writes it at start)."
-        )
-    with open(flags_path, encoding="utf-8") as f:
-        run_flags = json.load(f)
-    if not run_flags.get("module") or not run_flags.get("config"):
+        ) from e
+    except run_record.RunRecordError as e:
+        raise TrainerDirError(str(e)) from e
+    config_name = run_flags.get("config")
+    overrides = run_flags.get("config_override") or []
+    if not isinstance(config_name, str) or not config_name:
         raise TrainerDirError(f"{flags_path} names no --module/--config.")
-    cfg = _named_trainer_config_fn(run_flags["module"], run_flags["config"])()
-    apply_overrides(cfg, list(run_flags.get("config_override") or []))
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise TrainerDirError(f"{flags_path}: field 'config_override' is not a list of strings.")
+    try:
+        module_name = run_record.module_to_import(
+            run_flags.get("module"),
+            module,
+            source=flags_path,
+            module_file=run_flags.get("module_file"),
+        )
+    except run_record.RunRecordError as e:
+        raise TrainerDirError(str(e)) from e
+    run_flags = {**run_flags, "module": module_name}
+    cfg = _named_trainer_config_fn_for_run(run_flags, module=module, flags_path=flags_path)()
+    apply_overrides(cfg, list(overrides))
     cfg.dir = trainer_dir
     settings = types.SimpleNamespace(
         trainer_dir=trainer_dir,
@@ -499,16 +640,57 @@ def trainer_config_from_dir(
     )
     cfg = apply_launch_settings(cfg, flag_values=settings)
     dump_path = os.path.join(record_dir, TRAINER_CONFIG_FILE)
-    if check_dump and os.path.exists(dump_path):
-        _check_against_dump(cfg.debug_string(), dump_path)
+    if check_dump:
+        try:
+            saved = run_record.read_dump(trainer_dir, record_dir)
+        except run_record.RunRecordError as e:
+            logging.warning("Not compared with the run's config dump: %s", e)
+            saved = None
+        if saved is not None:
+            _check_against_dump(cfg.debug_string(), saved, dump_path)
     return apply_overrides(cfg, list(config_overrides))
 
 
-def _check_against_dump(rebuilt: str, dump_path: str) -> list[str]:
-    """Warns about the fields in which the rebuilt dump and the saved one differ.
+def _named_trainer_config_fn_for_run(
+    run_flags: dict[str, Any], *, module: Optional[str], flags_path: str
+) -> TrainerConfigFn:
+    """The run's config function (`run_flags["module"]`, already allowed), or a one-line error."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.experiment_registry import (
+        ExperimentModuleNotFoundError,
+        NotAnExperimentModuleError,
+        UnknownTrainerConfigError,
+    )
+
+    name = run_flags["module"]
+    try:
+        return _named_trainer_config_fn(name, run_flags["config"])
+    except (NotAnExperimentModuleError, UnknownTrainerConfigError) as e:
+        raise TrainerDirError(f"{e} (--module={name} for the run in {flags_path})") from e
+    except ExperimentModuleNotFoundError as e:
+        if module:
+            raise TrainerDirError(f"--module={module}: {e}") from e
+        raise TrainerDirError(
+            f"The run's experiment module --module={name} cannot be imported here: pass "
+            f"--module=MODULE naming it as it imports here ({flags_path} records the run's "
+            "--module)."
+        ) from e
+
+
+def _check_against_dump(rebuilt: str, saved_text: str, dump_path: str) -> list[str]:
+    """Warns about the fields in which the rebuilt config and the run's saved dump differ.
+
+    The warning names the fields (from the rebuilt config) and counts those only in the dump;
+    it never shows a value or a name read from the file (a dump may hold anything).
+
+    Args:
+        rebuilt: The rebuilt config's dump.
+        saved_text: The run's saved dump.
+        dump_path: Where it was read (named in the warning).
 
     Returns:
-        The differences, one "path: run X, now Y" line each.
+        The differing field paths of the rebuilt config, sorted; then one "<N> fields only in
+        the run's dump" entry if any.
     """
 
     def fields(text: str, source: str) -> dict[str, str]:
@@ -519,20 +701,22 @@ def _check_against_dump(rebuilt: str, dump_path: str) -> list[str]:
             if key != "dir" and not key.startswith("mesh_shape")
         }
 
-    with open(dump_path, encoding="utf-8") as f:
-        saved = fields(f.read(), dump_path)
+    try:
+        saved = fields(saved_text, dump_path)
+    except ValueError:
+        logging.warning("Not compared with the run's config dump %s: it does not parse.", dump_path)
+        return []
     now = fields(rebuilt, "the rebuilt config")
-    diffs = [
-        f"{k}: run {saved.get(k, '<absent>')}, now {now.get(k, '<absent>')}"
-        for k in sorted(set(saved) | set(now))
-        if saved.get(k) != now.get(k)
-    ]
+    diffs = sorted(k for k in now if saved.get(k) != now[k])
+    only_saved = sum(1 for k in saved if k not in now)
+    if only_saved:
+        diffs.append(f"{only_saved} fields only in the run's dump")
     if diffs:
         logging.warning(
             "The experiment's config differs from the run's dump %s in %d fields (the code "
-            "changed since the run):\n  %s",
+            "changed since the run): %s",
             dump_path,
-            len(diffs),
-            "\n  ".join(diffs[:20]),
+            len(diffs) - (1 if only_saved else 0) + only_saved,
+            ", ".join(diffs[:20]) + (", ..." if len(diffs) > 20 else ""),
         )
     return diffs

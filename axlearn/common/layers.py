@@ -20,6 +20,7 @@ from axlearn.common.convolution import Conv2D
 
 # Classification metric layers defined in layers_metrics.py, exported here as in AXLearn.
 from axlearn.common.layers_metrics import (  # noqa: F401
+    BaseClassificationHead,
     BaseClassificationMetric,
     BinaryClassificationMetric,
     CategoricalHingeLossMetric,
@@ -676,6 +677,22 @@ class RedirectToSharedModule(BaseLayer):
         shared_module: Required[str] = REQUIRED
         # Maps this layer's method names to the shared module's (default: the same name).
         method_map: dict[str, str] = {}
+
+        def set(self, **kwargs) -> RedirectToSharedModule.Config:
+            """Sets the known fields and ignores the others (as AXLearn's).
+
+            A parent configures its child in place of the module it redirects to (e.g. an
+            embedding layer setting `dim` on its `token_emb`); such fields belong to the
+            shared module and are dropped here.
+
+            Args:
+                **kwargs: Field values.
+
+            Returns:
+                This config.
+            """
+            known = {k: v for k, v in kwargs.items() if k in self}
+            return super().set(**known)
 
     def _redirect(self, method: str, *args, **kwargs):
         cfg = self.config

@@ -11,7 +11,8 @@ the live examples (labels >= 0; a negative label marks padding) and adds summari
 - `CategoricalHingeLossMetric` (`max(0, max((1 - one_hot) * logits) - true_logit + 1)`):
   "loss".
 
-Defined here to keep layers.py short; they report `axlearn.common.layers` as their module.
+`BaseClassificationHead` (logits from hidden states; `loss` applies one of these metrics) is
+here too. Defined here to keep layers.py short; they report `axlearn.common.layers` as their module.
 """
 
 from typing import Optional
@@ -20,9 +21,10 @@ import jax
 from jax import numpy as jnp
 
 from axlearn.common.base_layer import BaseLayer
-from axlearn.common.config import REQUIRED, Required, config_class
+from axlearn.common.config import REQUIRED, InstantiableConfig, Required, config_class
 from axlearn.common.metrics import WeightedScalar
-from axlearn.common.utils import Tensor
+from axlearn.common.module import Module
+from axlearn.common.utils import NestedTensor, Tensor
 
 
 def _masked_mean(values: Tensor, live: Tensor) -> tuple[Tensor, Tensor]:
@@ -110,8 +112,8 @@ class BinaryClassificationMetric(BaseClassificationMetric):
         super().__init__(cfg, parent=parent)
         if self.config.num_classes != 2:
             raise ValueError(
-                f"{self.path()}: num_classes={self.config.num_classes} must be 2 for binary "
-                "classification"
+                f"{self.path()}: num_classes={self.config.num_classes}, but binary classification "
+                "is only defined for two classes; set num_classes=2"
             )
 
     def forward(
@@ -181,7 +183,52 @@ class CategoricalHingeLossMetric(BaseClassificationMetric):
         return loss
 
 
+class BaseClassificationHead(BaseLayer):
+    """Base of classification heads: `forward` gives logits, `loss` applies the `metric` layer."""
+
+    @config_class
+    class Config(BaseLayer.Config):
+        """Configures BaseClassificationHead."""
+
+        input_dim: Required[int] = REQUIRED  # The hidden-state feature dim.
+        num_classes: Required[int] = REQUIRED  # The number of classes.
+        # The metric layer computing the loss (num_classes is set from the head's).
+        metric: InstantiableConfig = ClassificationMetric.default_config()
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        self._add_child("metric", cfg.metric.set(num_classes=cfg.num_classes))
+
+    def forward(self, input_batch: NestedTensor) -> Tensor:
+        """Returns logits [..., num_classes] from `input_batch["hidden_states"]` [..., input_dim].
+
+        Args:
+            input_batch: A dict with "hidden_states" and the caller's other inputs.
+
+        Returns:
+            The logits.
+        """
+        raise NotImplementedError(type(self))
+
+    def loss(
+        self, *, logits: Tensor, target_labels: Tensor, soft_labels: Optional[Tensor] = None
+    ) -> Tensor:
+        """Returns the metric's scalar loss of `logits` against `target_labels`.
+
+        Args:
+            logits: [..., num_classes].
+            target_labels: [...] ints; labels outside [0, num_classes) are not counted.
+            soft_labels: Optional [..., num_classes] targets; `target_labels` then gives the mask.
+
+        Returns:
+            The scalar loss.
+        """
+        return self.metric(logits, labels=target_labels, soft_labels=soft_labels)
+
+
 for _cls in (
+    BaseClassificationHead,
     BaseClassificationMetric,
     ClassificationMetric,
     BinaryClassificationMetric,

@@ -28,9 +28,9 @@ from typing import Any, Optional
 
 from absl import flags
 
+from axlearn.common import file_access
 from axlearn.common.config import REQUIRED, Required, config_class
 from axlearn.common.measurement_base import Event, Recorder, register_recorder
-from axlearn.common.path_containment import open_no_follow
 
 # The events directory under a trainer dir.
 EVENTS_DIR = "events"
@@ -161,10 +161,14 @@ class LocalRecorder(Recorder):
 
     def _open(self) -> int:
         if self._fd is None:
-            os.makedirs(self._config.dir, exist_ok=True)
-            # Never through a symbolic link planted under the event file's name.
-            fd = open_no_follow(
-                self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644, what="Event file"
+            # Through the file layer, from the directory above the events dir: neither a linked
+            # `events/` nor a link planted under the event file's name is followed.
+            directory = os.path.normpath(self._config.dir)
+            root, name = os.path.dirname(directory) or ".", os.path.basename(directory)
+            os.makedirs(root, exist_ok=True)
+            file_access.makedirs(root, name)
+            fd = file_access.open_fd(
+                root, f"{name}/{os.path.basename(self.path)}", os.O_RDWR | os.O_APPEND | os.O_CREAT
             )
             size = os.fstat(fd).st_size
             if size:

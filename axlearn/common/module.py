@@ -27,7 +27,7 @@ import copy
 import functools
 import inspect
 from collections.abc import Sequence
-from typing import Any, Callable, NamedTuple, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Protocol, TypeVar, Union, runtime_checkable
 
 import jax
 from absl import logging
@@ -59,6 +59,15 @@ from axlearn.common.invocation_context import (  # noqa: F401  (re-exported publ
     set_current_context,
 )
 from axlearn.common.utils import NestedTensor, Tensor, partial_with_fn_metadata, prune_tree
+
+_T = TypeVar("_T")
+
+
+@runtime_checkable  # So that `isinstance(x, Summable)` works.
+class Summable(Protocol):
+    """A value that can be added to another of its type (a summary accumulated over steps)."""
+
+    def __add__(self, other: _T) -> _T: ...
 
 
 class ChildNameConflictError(ValueError):

@@ -290,6 +290,10 @@ class WeightInitializer(Initializer):
             raise ValueError(f"WeightInitializer.fan must be one of {_FANS}, got {cfg.fan!r}")
 
     def initialize(self, name, *, prng_key, shape, dtype, axes=None) -> Tensor:
+        # Draws exactly as AXLearn does (the same JAX initializers, the same float32
+        # arithmetic), so one key gives AXLearn's values bit for bit: with a fan, JAX's
+        # variance_scaling (uniform is U(-1, 1) * sqrt(3 * variance), the variance rounded to
+        # `dtype` first); without, JAX's normal initializer or a bounded uniform.
         cfg = self.config
         shape = tuple(shape)
         if cfg.fan is not None:
@@ -298,17 +302,25 @@ class WeightInitializer(Initializer):
                     f"WeightInitializer with fan={cfg.fan!r} needs fan axes for parameter "
                     f"'{name}' (shape {shape}); the layer must define them (_compute_fan_axes)"
                 )
-            std = math.sqrt(cfg.scale / compute_fans(shape, axes)[cfg.fan])
-        else:
-            std = cfg.scale
+            init = jax.nn.initializers.variance_scaling(
+                cfg.scale,
+                mode=cfg.fan,
+                distribution=cfg.distribution,
+                in_axis=axes.in_axis,
+                out_axis=axes.out_axis,
+                batch_axis=axes.batch_axis,
+                dtype=dtype,
+            )
+            return init(prng_key, shape)
         if cfg.distribution == "normal":
-            return jax.random.normal(prng_key, shape, dtype=dtype) * jnp.asarray(std, dtype)
+            return jax.nn.initializers.normal(cfg.scale, dtype=dtype)(prng_key, shape)
         if cfg.distribution == "truncated_normal":
-            sample = jax.random.truncated_normal(prng_key, -2.0, 2.0, shape, dtype=dtype)
-            return sample * jnp.asarray(std / _TRUNCATED_NORMAL_STDDEV, dtype)
-        # uniform: with a fan the bound gives variance std^2; without, scale is the bound.
-        bound = std * math.sqrt(3.0) if cfg.fan is not None else cfg.scale
-        return jax.random.uniform(prng_key, shape, dtype=dtype, minval=-bound, maxval=bound)
+            sample = jax.random.truncated_normal(prng_key, -2, 2, shape, dtype)
+            return sample * (cfg.scale / jnp.asarray(_TRUNCATED_NORMAL_STDDEV, dtype))
+        # uniform without a fan: scale is the bound.
+        return jax.random.uniform(
+            prng_key, shape, dtype=dtype, minval=-cfg.scale, maxval=cfg.scale
+        )
 
     def debug_string(self, name=None, shape=None, axes=None) -> str:
         cfg = self.config

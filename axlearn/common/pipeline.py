@@ -36,6 +36,7 @@ import numpy as np
 from jax import numpy as jnp
 from jax.sharding import PartitionSpec
 
+from axlearn.common import pipeline_1f1b
 from axlearn.common.base_layer import BaseLayer
 from axlearn.common.config import (
     REQUIRED,
@@ -44,7 +45,21 @@ from axlearn.common.config import (
     Required,
     config_class,
 )
-from axlearn.common.module import Module, child_context, new_output_collection
+from axlearn.common.module import (
+    InvocationContext,
+    Module,
+    child_context,
+    new_output_collection,
+    set_current_context,
+)
+from axlearn.common.pipeline_layout import (
+    _from_microbatches,
+    _to_microbatches,
+    chunk_order_to_rows,
+    rows_to_chunk_order,
+    transpose_from_pipeline_stage_outputs,
+    transpose_to_pipeline_stage_inputs,
+)
 from axlearn.common.repeat import init_stacked_layer, prepend_axis_to_specs
 from axlearn.common.utils import NestedTensor, Tensor, with_sharding_constraint
 from axlearn.common.utils import _current_abstract_mesh as current_abstract_mesh
@@ -95,6 +110,9 @@ class BaseSchedule(Configurable):
                     f"{type(self).__name__}: {name} must be a positive int, got {value!r}; set "
                     f"{type(self).__name__}.{name} to 1 or more."
                 )
+
+    # True for schedules whose backward pass is not autodiff of the forward scan (1F1B).
+    explicit_backward = False
 
     def num_steps(self) -> int:
         """The number of time steps: V * M + S - 1."""
@@ -152,7 +170,53 @@ class StreamSchedule(BaseSchedule):
             )
 
 
-class CircularSchedule(BaseSchedule):
+def _validate_num_virtual_stages(schedule: BaseSchedule) -> int:
+    """Checks a schedule's `num_virtual_stages` config field (shared by the V-chunk schedules).
+
+    Args:
+        schedule: A schedule whose config has `num_virtual_stages`.
+
+    Returns:
+        V.
+
+    Raises:
+        ValueError: If V is not an int >= 1.
+    """
+    v = schedule.config.num_virtual_stages
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        name = type(schedule).__name__
+        raise ValueError(
+            f"{name}: num_virtual_stages must be >= 1, got {v!r}; set {name}.num_virtual_stages "
+            "to the number of chunks of layers per stage (2 or more; 1 holds one chunk)."
+        )
+    return v
+
+
+class _VirtualStagesSchedule(BaseSchedule):
+    """A schedule whose stages hold `num_virtual_stages` chunks of layers each (a base class).
+
+    Shares the config field, its property and its validation between `CircularSchedule` and
+    `InterleavedOneFOneBSchedule`.
+    """
+
+    @config_class
+    class Config(BaseSchedule.Config):
+        """Configures _VirtualStagesSchedule."""
+
+        # V: the number of chunks of layers (virtual stages) per stage.
+        num_virtual_stages: Required[int] = REQUIRED
+
+    @property
+    def num_virtual_stages(self) -> int:
+        """V: how many non-adjacent chunks of layers each stage holds."""
+        return self.config.num_virtual_stages
+
+    def _validate(self):
+        super()._validate()
+        _validate_num_virtual_stages(self)
+
+
+class CircularSchedule(_VirtualStagesSchedule):
     """The circular (interleaved) schedule: each stage holds V non-adjacent chunks of layers.
 
     Microbatches run through the S stages V times; stage s holds chunks s, s + S, ...,
@@ -161,23 +225,10 @@ class CircularSchedule(BaseSchedule):
     last stage re-enters the first one M steps after it first entered it).
     """
 
-    @config_class
-    class Config(BaseSchedule.Config):
-        """Configures CircularSchedule."""
-
-        # V: the number of chunks of layers (virtual stages) per stage.
-        num_virtual_stages: Required[int] = REQUIRED
-
-    @property
-    def num_virtual_stages(self) -> int:
-        return self.config.num_virtual_stages
-
     def _validate(self):
         super()._validate()
         cfg = self.config
         v = cfg.num_virtual_stages
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"CircularSchedule: num_virtual_stages must be >= 1, got {v!r}")
         if v > 1 and cfg.num_microbatches < cfg.num_stages:
             raise ValueError(
                 f"CircularSchedule with num_virtual_stages={v} needs num_microbatches >= "
@@ -186,86 +237,67 @@ class CircularSchedule(BaseSchedule):
             )
 
 
-def _chunk_layout(num_stages: int, num_virtual_stages: int) -> np.ndarray:
-    """chunk_of_row[r] = the chunk held by stacked row r = s * V + v, i.e. v * S + s."""
-    s, v = np.meshgrid(np.arange(num_stages), np.arange(num_virtual_stages), indexing="ij")
-    return (v * num_stages + s).reshape(-1)
+class OneFOneBSchedule(BaseSchedule):
+    """1F1B (PipeDream-flush, https://arxiv.org/abs/2104.04473): bounded activation memory.
 
-
-def chunk_order_to_rows(x: Tensor, *, num_stages: int, num_virtual_stages: int) -> Tensor:
-    """Reorders a leading chunk axis (chunk c = v * S + s) into the stacked row order (s * V + v).
-
-    Args:
-        x: [S * V, ...], indexed by chunk.
-        num_stages: S.
-        num_virtual_stages: V.
-
-    Returns:
-        [S * V, ...], indexed by stacked row.
+    Each stage holds one chunk of layers. The backward pass is not autodiff of the forward
+    scan: a `jax.custom_vjp` around the pipelined layer runs, per tick, one forward (under
+    `jax.vjp`) and one backward on every stage, keeping residuals in a ring buffer of
+    min(M, 2 S - 1) slots per stage, so activation memory does not grow with M (see
+    `axlearn.common.pipeline_1f1b`). The forward runs twice (forward pass, then again inside
+    the backward pass). Bubble: (S - 1) / (M + S - 1), as GPipe. Any M >= 1.
     """
-    return x[_chunk_layout(num_stages, num_virtual_stages)]
+
+    explicit_backward = True
+
+    def num_steps(self) -> int:
+        """The ticks of the 1F1B scan (forward and backward): V M + V S + S - 2."""
+        return pipeline_1f1b.num_ticks(
+            self.num_stages, self.num_virtual_stages, self.num_microbatches
+        )
+
+    def bubble_fraction(self) -> float:
+        """Idle forward and backward slots: (S - 1) / (V * M + S - 1)."""
+        s, v, m = self.num_stages, self.num_virtual_stages, self.num_microbatches
+        return (s - 1) / (v * m + s - 1)
+
+    def tick_table(self) -> dict[str, Any]:
+        """What every stage runs at every tick (see `pipeline_1f1b.tick_table`).
+
+        Returns:
+            The tick table dict.
+        """
+        return pipeline_1f1b.tick_table(
+            self.num_stages, self.num_virtual_stages, self.num_microbatches
+        )
 
 
-def rows_to_chunk_order(x: Tensor, *, num_stages: int, num_virtual_stages: int) -> Tensor:
-    """The inverse of `chunk_order_to_rows`.
+class InterleavedOneFOneBSchedule(OneFOneBSchedule, _VirtualStagesSchedule):
+    """Interleaved 1F1B (Megatron's virtual pipeline stages): V chunks of layers per stage.
 
-    Args:
-        x: [S * V, ...], indexed by stacked row.
-        num_stages: S.
-        num_virtual_stages: V.
-
-    Returns:
-        [S * V, ...], indexed by chunk.
+    Stage s holds chunks s, s + S, ..., s + (V - 1) S (the circular layout); microbatches go
+    through the stages in groups of S, round by round, so it needs num_microbatches to be a
+    multiple of num_stages. Bubble (S - 1) / (V * M + S - 1), about V times smaller than
+    1F1B's; a ring of (V + 1) S - 1 chunk residuals ((1 + 1/V) S - 1/V microbatches of a
+    stage) per stage.
     """
-    return x[np.argsort(_chunk_layout(num_stages, num_virtual_stages))]
 
+    @config_class
+    class Config(_VirtualStagesSchedule.Config):
+        """Configures InterleavedOneFOneBSchedule."""
 
-def transpose_to_pipeline_stage_inputs(x: Tensor) -> Tensor:
-    """Layer-major [N, M, ...] to pipeline-major [M + N - 1, N, ...] (GPipe time steps).
-
-    Args:
-        x: [N, M, ...], x[i, j] the input of layer (stage) i for microbatch j.
-
-    Returns:
-        y: [M + N - 1, N, ...] with y[i + j, i] == x[i, j] (zeros elsewhere): stage i sees
-        microbatch j at time step i + j.
-    """
-    n, m = x.shape[:2]
-    t = np.arange(m + n - 1)[:, None] - np.arange(n)[None, :]  # [T, N] microbatch index.
-    valid = (t >= 0) & (t < m)
-    y = x[np.arange(n)[None, :], np.clip(t, 0, m - 1)]
-    mask = jnp.asarray(valid).reshape(valid.shape + (1,) * (x.ndim - 2))
-    return jnp.where(mask, y, jnp.zeros_like(y))
-
-
-def transpose_from_pipeline_stage_outputs(x: Tensor) -> Tensor:
-    """Pipeline-major [M + N - 1, N, ...] to layer-major [N, M, ...].
-
-    Args:
-        x: [T = M + N - 1, N, ...], x[t, i] the output of stage i at time step t.
-
-    Returns:
-        y: [N, M, ...] with y[i, j] == x[i + j, i].
-    """
-    t, n = x.shape[:2]
-    m = t - n + 1
-    i = np.arange(n)[:, None]
-    return x[i + np.arange(m)[None, :], i]
-
-
-def _to_microbatches(x: Tensor, num_microbatches: int) -> Tensor:
-    """[B, ...] -> [M, B // M, ...]; microbatch m holds rows m, m + M, m + 2M, ...
-
-    Strided rows keep each device's batch shard within every microbatch (no resharding when
-    the batch axis is sharded over data/fsdp).
-    """
-    b = x.shape[0]
-    return jnp.swapaxes(x.reshape(b // num_microbatches, num_microbatches, *x.shape[1:]), 0, 1)
-
-
-def _from_microbatches(x: Tensor) -> Tensor:
-    """The inverse of `_to_microbatches`: [M, B // M, ...] -> [B, ...]."""
-    return jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:])
+    def _validate(self):
+        super()._validate()
+        cfg = self.config
+        if cfg.num_microbatches % cfg.num_stages:
+            s = cfg.num_stages
+            below, above = cfg.num_microbatches // s * s, (cfg.num_microbatches // s + 1) * s
+            choices = f"{below} or {above}" if below else f"{above}"
+            raise ValueError(
+                f"InterleavedOneFOneBSchedule: num_microbatches={cfg.num_microbatches} is not a "
+                f"multiple of num_stages={s} (microbatches go round in groups of {s}); set "
+                f"num_microbatches to {choices}, or use CircularSchedule."
+            )
 
 
 class Pipeline(BaseLayer):
@@ -300,9 +332,13 @@ class Pipeline(BaseLayer):
         super().__init__(cfg, parent=parent)
         cfg = self.config
         self._add_child("layer", cfg.layer)
-        self._schedule: BaseSchedule = cfg.schedule.set(
-            num_stages=cfg.num_layers, num_microbatches=cfg.num_microbatches
-        ).instantiate()
+        try:
+            self._schedule: BaseSchedule = cfg.schedule.set(
+                num_stages=cfg.num_layers, num_microbatches=cfg.num_microbatches
+            ).instantiate()
+        except ValueError as e:
+            # One line naming this config's path (num_microbatches and num_layers are set here).
+            raise ValueError(f"{self.path()}.schedule: {e}") from None
 
     @property
     def schedule(self) -> BaseSchedule:
@@ -398,6 +434,8 @@ class Pipeline(BaseLayer):
         side_mb = jax.tree.map(lambda x: _to_microbatches(x, m), side_inputs)
 
         prng_key = self.prng_key
+        if schedule.explicit_backward:
+            return self._run_explicit_backward(fn, buffer, side_mb, prng_key)
         with child_context(
             "layer", module=self.layer, output_collection=new_output_collection()
         ) as layer_context:
@@ -473,6 +511,81 @@ class Pipeline(BaseLayer):
         t_idx = (chunks // num_stages)[:, None] * m + np.arange(m)[None, :] + stage_of[:, None]
         ys = jax.tree.map(lambda y: jax.vmap(_from_microbatches)(y[t_idx, stage_of[:, None]]), ys)
         return self.Output(carry=jax.tree.map(_from_microbatches, buffer), ys=ys)
+
+    def _run_explicit_backward(
+        self,
+        fn: Callable[[NestedTensor, NestedTensor], tuple[NestedTensor, NestedTensor]],
+        buffer: NestedTensor,
+        side_mb: NestedTensor,
+        prng_key: Optional[Tensor],
+    ) -> Output:
+        """`_run` for 1F1B schedules: `pipeline_1f1b.run_pipeline_1f1b` with a custom VJP.
+
+        Each chunk call runs in a root context of `self.layer` (the backward pass is traced
+        after this module's context has closed), with the same PRNG key per (chunk,
+        microbatch) as the other schedules. Tensors `fn` closes over are hoisted with
+        `jax.closure_convert` so that they are differentiated too.
+        """
+        cfg = self.config
+        num_stages, m = cfg.num_layers, cfg.num_microbatches
+        v_stages = self._schedule.num_virtual_stages
+        is_training = self.is_training
+        with child_context(
+            "layer", module=self.layer, output_collection=new_output_collection()
+        ) as layer_context:
+            stacked = layer_context.state
+        # [S, V, ...]: row s * V + v.
+        params = jax.tree.map(lambda p: p.reshape(num_stages, v_stages, *p.shape[1:]), stacked)
+
+        def raw_stage(params_c, key, chunk, microbatch, x, side):
+            if key is not None:
+                key = jax.random.fold_in(key, chunk * m + microbatch)
+            context = InvocationContext(
+                name="layer",
+                parent=None,
+                module=self.layer,
+                state=params_c,
+                is_training=is_training,
+                prng_key=key,
+                output_collection=new_output_collection(),
+            )
+            with set_current_context(context, require_parent=False):
+                return fn(x, side)
+
+        row = jax.tree.map(lambda p: p[0, 0], params)
+        one = lambda t: jax.tree.map(lambda a: a[0], t)  # noqa: E731
+        converted, consts = jax.closure_convert(
+            raw_stage, row, prng_key, jnp.int32(0), jnp.int32(0), one(buffer), one(side_mb)
+        )
+
+        def stage_fn(params_c, key, consts_, chunk, microbatch, x, side):
+            return converted(params_c, key, chunk, microbatch, x, side, *consts_)
+
+        out, ys = pipeline_1f1b.run_pipeline_1f1b(
+            stage_fn,
+            params=params,
+            consts=list(consts),
+            key=prng_key,
+            inputs=buffer,
+            side_inputs=side_mb,
+            num_stages=num_stages,
+            num_virtual_stages=v_stages,
+            num_microbatches=m,
+            constrain=self._constrain,
+            axis_name=cfg.mesh_axis,
+        )
+        # ys: [S, V, M, mb, ...] (rows) -> [S * V (chunk order), B, ...].
+        ys = jax.tree.map(
+            lambda y: jax.vmap(_from_microbatches)(
+                rows_to_chunk_order(
+                    y.reshape(num_stages * v_stages, *y.shape[2:]),
+                    num_stages=num_stages,
+                    num_virtual_stages=v_stages,
+                )
+            ),
+            ys,
+        )
+        return self.Output(carry=jax.tree.map(_from_microbatches, out), ys=ys)
 
 
 def pipeline_summary(cfg: Pipeline.Config) -> dict[str, Any]:
@@ -606,6 +719,8 @@ __all__ = [
     "BaseSchedule",
     "CircularSchedule",
     "GPipeSchedule",
+    "InterleavedOneFOneBSchedule",
+    "OneFOneBSchedule",
     "StreamSchedule",
     "Pipeline",
     "chunk_order_to_rows",

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from axlearn.common.pipeline import chunk_order_to_rows, rows_to_chunk_order
+from axlearn.common.pipeline_layout import chunk_order_to_rows, rows_to_chunk_order
 
 _LAYER_KEY = re.compile(r"layer(\d+)$")
 

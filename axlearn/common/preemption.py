@@ -17,6 +17,11 @@ SIGTERM and kill the process a grace period later (30 s by default on Kubernetes
    with the same code; the newest committed checkpoint is then an earlier one, which a restart
    resumes from.
 
+Ctrl-C (SIGINT) is handled the same way, with exit code `INTERRUPTED_EXIT_CODE` (130, the
+shell's 128 + SIGINT): the step in flight is finished and saved, and the process exits with one
+line. A second Ctrl-C exits at once (same code), saying which step is not saved; the newest
+committed checkpoint is then the one a restart resumes from.
+
 The arrival time is taken by a thread woken through `signal.set_wakeup_fd`, so the deadline
 counts from the signal even while the main thread is blocked in a long device call.
 
@@ -40,13 +45,20 @@ from typing import Callable, Optional
 import jax
 from absl import logging
 
-# The exit code of a trainer stopped by a preemption notice (EX_TEMPFAIL: retry later). The
-# newest committed checkpoint holds the last completed step (unless the deadline passed first).
-PREEMPTED_EXIT_CODE = 75
+from axlearn.common import exit_codes
+
+# The exit code of a trainer stopped by a preemption notice (EX_TEMPFAIL: retry later; defined in
+# exit_codes.py). The newest committed checkpoint holds the last completed step (unless the
+# deadline passed first).
+PREEMPTED_EXIT_CODE = exit_codes.PREEMPTED_EXIT_CODE
 
 # Seconds from the notice to the exit when not configured: under the 30 s grace period that
 # Kubernetes and GCE spot VMs give by default.
 DEFAULT_PREEMPTION_TIMEOUT_SECONDS = 25.0
+
+# The exit code of a trainer stopped by Ctrl-C (SIGINT), saved or not: 128 + SIGINT, what a
+# shell reports for a process ended by Ctrl-C.
+INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
 
 
 class TrainingPreempted(SystemExit):
@@ -60,16 +72,25 @@ class TrainingPreempted(SystemExit):
         notice_to_exit_s: Seconds from the notice to the end of the save.
     """
 
-    def __init__(self, *, step: int, saved_step: Optional[int], notice_to_exit_s: float):
-        super().__init__(PREEMPTED_EXIT_CODE)
+    def __init__(
+        self,
+        *,
+        step: int,
+        saved_step: Optional[int],
+        notice_to_exit_s: float,
+        interrupted: bool = False,
+    ):
+        super().__init__(INTERRUPTED_EXIT_CODE if interrupted else PREEMPTED_EXIT_CODE)
         self.step = step
         self.saved_step = saved_step
         self.notice_to_exit_s = notice_to_exit_s
+        self.interrupted = interrupted
 
     def __str__(self) -> str:
+        what = "Interrupted (Ctrl-C)" if self.interrupted else "Preempted"
         return (
-            f"Preempted after step {self.step}; committed step {self.saved_step} "
-            f"{self.notice_to_exit_s:.2f}s after the notice; exit code {PREEMPTED_EXIT_CODE}."
+            f"{what} after step {self.step}; committed step {self.saved_step} "
+            f"{self.notice_to_exit_s:.2f}s after the notice; exit code {self.code}."
         )
 
 
@@ -90,15 +111,17 @@ class PreemptionHandler:
         self,
         *,
         timeout_seconds: Optional[float] = None,
-        signals: tuple[int, ...] = (signal.SIGTERM,),
+        signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
         exit_fn: Callable[[int], None] = os._exit,  # pylint: disable=protected-access
     ):
         """Initializes the handler (nothing is installed until `__enter__`).
 
         Args:
             timeout_seconds: Seconds from the notice to the exit; None: the default (25 s).
-            signals: The signals that mean "preempted".
-            exit_fn: Called with PREEMPTED_EXIT_CODE when the deadline passes (tests replace it).
+            signals: The signals that mean "stop": SIGINT (Ctrl-C) exits with
+                INTERRUPTED_EXIT_CODE, the others with PREEMPTED_EXIT_CODE.
+            exit_fn: Called with the exit code when the deadline passes or a second Ctrl-C
+                arrives (tests replace it).
 
         Raises:
             ValueError: If timeout_seconds is not positive.
@@ -121,6 +144,10 @@ class PreemptionHandler:
         self._use_jax_sync = False
         self._active = False
         self._doing = "training"
+        # Whether the notice was a Ctrl-C (SIGINT); the number of SIGINTs seen; the last step.
+        self._interrupted = False
+        self._sigint_count = 0
+        self._last_step: Optional[int] = None
 
     @property
     def timeout_seconds(self) -> float:
@@ -192,7 +219,8 @@ class PreemptionHandler:
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         """The Python-level handler (runs in the main thread between bytecodes)."""
         del frame
-        self._record_notice(f"signal {signal.Signals(signum).name}")
+        # The listener thread counts SIGINTs (each signal reaches both it and this handler).
+        self._record_notice(f"signal {signal.Signals(signum).name}", signum=signum)
 
     def _listen(self, read_fd: int) -> None:
         """Wakes on the C-level signal handler's write, even while the main thread is blocked."""
@@ -204,18 +232,54 @@ class PreemptionHandler:
             if not data:
                 return
             for signum in data:
-                if signum in self._signals:
-                    self._record_notice(f"signal {signal.Signals(signum).name}")
+                if signum not in self._signals:
+                    continue
+                if signum == signal.SIGINT:
+                    with self._lock:
+                        self._sigint_count += 1
+                        again = self._sigint_count > 1
+                    if again:
+                        self._exit_now()
+                        return
+                self._record_notice(f"signal {signal.Signals(signum).name}", signum=signum)
 
-    def _record_notice(self, source: str) -> None:
+    def _exit_now(self) -> None:
+        """A second Ctrl-C: exits at once with one line saying what is not saved."""
+        step = "the step in flight" if self._last_step is None else f"step {self._last_step}"
+        line = (
+            f"Second Ctrl-C while {self._doing}: exiting now with code {INTERRUPTED_EXIT_CODE}; "
+            f"{step} is not saved, so a restart resumes from the newest committed "
+            "checkpoint (one Ctrl-C saves before exiting).\n"
+        )
+        try:
+            os.write(2, line.encode())
+        except OSError:
+            pass
+        self._exit_fn(INTERRUPTED_EXIT_CODE)
+
+    @property
+    def exit_code(self) -> int:
+        """The code the process exits with after the notice (Ctrl-C: 130, else 75)."""
+        return INTERRUPTED_EXIT_CODE if self._interrupted else PREEMPTED_EXIT_CODE
+
+    def _record_notice(self, source: str, *, signum: Optional[int] = None) -> None:
         with self._lock:
             if self._notice.is_set():
                 return
+            self._interrupted = signum == signal.SIGINT
             self._notice_time = time.monotonic()
             self._notice.set()
             self._deadline = threading.Timer(self._timeout_seconds, self._on_deadline)
             self._deadline.daemon = True
             self._deadline.start()
+        if self._interrupted:
+            logging.warning(
+                "Ctrl-C: finishing the step in flight, saving it and exiting with code %d "
+                "within %.0f s (press Ctrl-C again to exit at once without saving).",
+                INTERRUPTED_EXIT_CODE,
+                self._timeout_seconds,
+            )
+            return
         logging.warning(
             "Preemption notice (%s): finishing the step in flight, saving it and exiting with "
             "code %d within %.0f s.",
@@ -230,11 +294,11 @@ class PreemptionHandler:
             "committed checkpoint is the one a restart resumes from.",
             self._doing,
             self._timeout_seconds,
-            PREEMPTED_EXIT_CODE,
+            self.exit_code,
         )
         logging.flush()
         sys.stderr.flush()
-        self._exit_fn(PREEMPTED_EXIT_CODE)
+        self._exit_fn(self.exit_code)
 
     def set_activity(self, what: str) -> None:
         """Names what the trainer is doing, for the deadline's message (e.g. "saving step 7")."""
@@ -254,6 +318,7 @@ class PreemptionHandler:
         """
         if not self._active:
             return False
+        self._last_step = step
         if self._use_jax_sync:
             # pylint: disable-next=import-outside-toplevel
             from jax.experimental import multihost_utils
@@ -281,7 +346,10 @@ class PreemptionHandler:
             The exception.
         """
         return TrainingPreempted(
-            step=step, saved_step=saved_step, notice_to_exit_s=self.seconds_since_notice() or 0.0
+            step=step,
+            saved_step=saved_step,
+            notice_to_exit_s=self.seconds_since_notice() or 0.0,
+            interrupted=self._interrupted,
         )
 
 

@@ -32,7 +32,13 @@ from axlearn.common.config import (
 )
 from axlearn.common.module import Module, child_context, scan_in_context
 from axlearn.common.param_init import FanAxes
-from axlearn.common.utils import NestedTensor, Tensor, get_or_none, match_regex_rules
+from axlearn.common.utils import (
+    NestedTensor,
+    Tensor,
+    get_or_none,
+    match_regex_rules,
+    split_prng_key,
+)
 
 
 def _drop_by_regex(rules: Sequence[str]) -> Callable[[str], bool]:
@@ -104,7 +110,7 @@ def init_stacked_layer(
 
     Args:
         owner: The stacking layer; it must have no parameters of its own.
-        prng_key: The key; copy i uses the i-th of `count` splits.
+        prng_key: The key; copy i uses the i-th of `count` successive splits.
         prebuilt: The prebuilt parameters, or None.
         count: How many copies (the leading axis size).
 
@@ -123,7 +129,9 @@ def init_stacked_layer(
             layer=owner.layer.initialize_parameters_recursively(key, prebuilt=prebuilt_layer)
         )
 
-    return jax.vmap(init)(jax.random.split(prng_key, count))
+    # As AXLearn: copy i gets the i-th child of `count` successive splits (not one split into
+    # `count` keys), so a stack draws what the same layers would as children one after another.
+    return jax.vmap(init)(split_prng_key(prng_key, count).keys)
 
 
 class Repeat(BaseLayer):
@@ -202,7 +210,7 @@ class Repeat(BaseLayer):
                 # As many iterations as the state holds layers (a caller may pass the first n).
                 leaves = jax.tree.leaves(layer_context.state)
                 num_iterations = leaves[0].shape[0] if leaves else self._num_layers()
-                scan_xs["prng_key"] = jax.random.split(prng_key, num_iterations)
+                scan_xs["prng_key"] = split_prng_key(prng_key, num_iterations).keys
             carry, ys = scan_in_context(
                 fn,
                 carry=carry,

@@ -101,10 +101,13 @@ class RunData:
         path: The directory.
         label: The run's name in tables and charts (default: the directory's base name).
         summary: `run_summary.json`, or None if the run has not finished.
-        records: `metrics.jsonl` records by step, in step order (a step logged twice, as after a
-            resume, keeps the later record).
+        records: `metrics.jsonl` records by step, in step order, every attempt's (a resumed run
+            moves the records it supersedes to metrics.redone.jsonl; a step logged twice in a
+            file from an older version keeps the later record).
         config_dump: The `trainer_config` dump text, or None.
-        notes: What is missing or partial, in words.
+        notes: What is missing or partial, in words (and where multi-attempt figures come from).
+        goodput: The goodput report of every attempt from the run's events
+            (`GoodputReport.to_dict()`), or None without events (then run_summary.json's).
     """
 
     path: str
@@ -113,6 +116,19 @@ class RunData:
     records: list[dict[str, Any]]
     config_dump: Optional[str]
     notes: list[str]
+    goodput: Optional[dict[str, Any]] = None
+
+    @property
+    def summary_is_partial(self) -> bool:
+        """Whether run_summary.json covers fewer steps than metrics.jsonl (it is written by the
+        last attempt, about its own steps): per-step figures then come from the records."""
+        steps = (self.summary or {}).get("steps")
+        if not self.records or not isinstance(steps, dict):
+            return False
+        first, last = steps.get("first"), steps.get("last")
+        if not isinstance(first, int) or not isinstance(last, int):
+            return False
+        return first > int(self.records[0]["step"]) or last < int(self.records[-1]["step"])
 
     def series(self, key: str) -> list[tuple[int, float]]:
         """Returns (step, value) for every record that has a finite number under `key`."""
@@ -131,9 +147,15 @@ class RunData:
             if isinstance(r.get(STEP_TIME_KEY), (int, float)) and not r.get(EXCLUDED_KEY)
         ]
 
-    def metric(self, name: str) -> Optional[float]:
-        """Returns `run_summary.json`'s metric value, or None."""
-        if not self.summary:
+    def metric(self, name: str, *, per_step: bool = False) -> Optional[float]:
+        """Returns `run_summary.json`'s metric value, or None.
+
+        Args:
+            name: The metric.
+            per_step: Whether it is a per-step figure (step time, throughput): None when the
+                summary covers only the last attempt, so that the caller uses every record.
+        """
+        if not self.summary or (per_step and self.summary_is_partial):
             return None
         entry = (self.summary.get("metrics") or {}).get(name)
         return entry.get("value") if isinstance(entry, dict) else None
@@ -205,14 +227,38 @@ def load_run(path: str, *, label: Optional[str] = None) -> RunData:
     if config_dump is None:
         notes.append(f"no {CONFIG_DUMP} dump: configs cannot be compared")
     name = label or os.path.basename(path.rstrip("/")) or path
-    return RunData(
+    run = RunData(
         path=path,
         label=name,
         summary=summary,
         records=[by_step[s] for s in sorted(by_step)],
         config_dump=config_dump,
         notes=notes,
+        goodput=_events_goodput(path),
     )
+    if run.summary_is_partial:
+        steps = run.summary["steps"]
+        notes.append(
+            f"{RUN_SUMMARY} covers steps {steps['first']}-{steps['last']} (the last attempt); "
+            f"step time, throughput, MFU and overhead rows are computed from the "
+            f"{len(run.records)} records of every attempt in {METRICS_JSONL} (steps "
+            f"{run.records[0]['step']}-{run.records[-1]['step']})"
+        )
+    if run.goodput is not None:
+        notes.append(
+            f"goodput rows from the events of all {run.goodput.get('num_attempts')} attempt(s) "
+            "(events/)"
+        )
+    return run
+
+
+def _events_goodput(path: str) -> Optional[dict[str, Any]]:
+    """The goodput report of every attempt from a local run's events, or None."""
+    if _is_remote(path) or not os.path.isdir(os.path.join(path, "events")):
+        return None
+    from axlearn.common import goodput  # pylint: disable=import-outside-toplevel
+
+    return goodput.goodput_summary(path)
 
 
 def machine_speed_verdict(
@@ -324,7 +370,7 @@ def _overhead_samples(name: str) -> Callable[[RunData], Optional[int]]:
 
 def _overhead(name: str) -> Callable[[RunData], Any]:
     def get(r: RunData) -> Any:
-        if r.summary and "overhead_totals_s" in r.summary:
+        if r.summary and "overhead_totals_s" in r.summary and not r.summary_is_partial:
             return (r.summary.get("overhead_totals_s") or {}).get(name, 0.0)
         if not r.records:
             return None
@@ -335,11 +381,11 @@ def _overhead(name: str) -> Callable[[RunData], Any]:
 
 def _median_step(r: RunData) -> Optional[float]:
     times = r.step_times()
-    return statistics.median(times) if times else r.metric("median_step_s")
+    return statistics.median(times) if times else r.metric("median_step_s", per_step=True)
 
 
 def _avg_step(r: RunData) -> Optional[float]:
-    value = r.metric("avg_step_s")
+    value = r.metric("avg_step_s", per_step=True)
     if value is None:
         times = r.step_times()
         value = sum(times) / len(times) if times else None
@@ -348,7 +394,7 @@ def _avg_step(r: RunData) -> Optional[float]:
 
 def _mean_of(key: str, summary_metric: str) -> Callable[[RunData], Any]:
     def get(r: RunData) -> Any:
-        value = r.metric(summary_metric)
+        value = r.metric(summary_metric, per_step=True)
         if value is None:
             xs = [
                 float(x[key])
@@ -395,7 +441,7 @@ def _goodput(key: str, part: Optional[str] = None) -> Callable[[RunData], Any]:
     """A figure of run_summary.json's `goodput` (see axlearn/common/goodput.py), or None."""
 
     def get(r: RunData) -> Any:
-        report = (r.summary or {}).get("goodput")
+        report = r.goodput if r.goodput is not None else (r.summary or {}).get("goodput")
         if not isinstance(report, dict):
             return None
         value = (report.get("parts_s") or {}).get(part) if part else report.get(key)
@@ -472,12 +518,13 @@ ROWS: list[RowSpec] = [
         "failed_attempts", "Failed attempts", "lower", _goodput("num_failed_attempts"), _num("d")
     ),
     *(
-        RowSpec(f"goodput_{part}_s", title, None, _goodput("parts_s", part), _num(".3g"))
-        for part, title in (
-            ("productive", "Productive s"),
-            ("redone", "Re-done steps s"),
-            ("startup", "Start-up s"),
-            ("idle", "Idle between attempts s"),
+        RowSpec(f"goodput_{part}_s", title, better, _goodput("parts_s", part), _num(".3g"))
+        for part, title, better in (
+            # More productive seconds is a longer run as often as a better one: no direction.
+            ("productive", "Productive s", None),
+            ("redone", "Re-done steps s", "lower"),
+            ("startup", "Start-up s", "lower"),
+            ("idle", "Idle between attempts s", "lower"),
         )
     ),
     RowSpec("steps", "Steps", None, lambda r: r.last_step, _num("d")),

@@ -53,7 +53,10 @@ def read_eval_scalars(run_path: str) -> dict[str, dict[str, list[tuple[int, floa
     out: dict[str, dict[str, dict[int, float]]] = {}
     for path in sorted(files):
         evaler = os.path.basename(os.path.dirname(path))
-        for event in tf.compat.v1.train.summary_iterator(path):
+        # tf.data reads the event records (`summary_iterator` goes through the deprecated
+        # `tf_record_iterator`, which logs a deprecation warning into `axlearn compare`).
+        for record in tf.data.TFRecordDataset(path):
+            event = tf.compat.v1.Event.FromString(record.numpy())
             for value in event.summary.value:
                 if value.HasField("simple_value"):
                     number = float(value.simple_value)

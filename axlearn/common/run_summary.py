@@ -496,7 +496,13 @@ def _format_goodput(report: dict[str, Any]) -> str:
     return (
         _fmt(None if value is None else 100 * value, ".1f", "%")
         + f" of {report.get('wall_s', 0.0):.1f} s wall over {report.get('num_attempts')} "
-        f"attempt(s), {report.get('num_failed_attempts')} failed (re-done steps "
+        f"attempt(s), {report.get('num_failed_attempts')} failed"
+        + (
+            f", {report['num_preempted_attempts']} preempted"
+            if report.get("num_preempted_attempts")
+            else ""
+        )
+        + " (re-done steps "
         f"{parts.get('redone', 0.0):.1f} s, start-up {parts.get('startup', 0.0):.1f} s; "
         "`axlearn goodput` splits it)"
     )

@@ -30,6 +30,16 @@ def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _field_defaults(cls: type) -> dict[str, Any]:
+    """Field defaults: class attributes assigned where a field is annotated (`rate: int = 1`)."""
+    defaults: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        for name in klass.__dict__.get("__annotations__", {}):
+            if name in klass.__dict__:
+                defaults[name] = klass.__dict__[name]
+    return defaults
+
+
 class Summary:
     """Base class of summaries: a pytree of its annotated fields.
 
@@ -52,23 +62,24 @@ class Summary:
             if key not in names or key in values:
                 raise TypeError(f"{type(self).__name__}: unexpected or repeated field {key!r}")
             values[key] = value
-        missing = [n for n in names if n not in values]
+        defaults = _field_defaults(type(self))
+        missing = [n for n in names if n not in values and n not in defaults]
         if missing:
             raise TypeError(f"{type(self).__name__} is missing fields {missing}")
-        for name, value in values.items():
-            object.__setattr__(self, name, value)
+        for name in names:
+            object.__setattr__(self, name, values[name] if name in values else defaults[name])
 
     def _tree_flatten(self):
         names = _field_names(type(self))
         return tuple(getattr(self, n) for n in names), None
 
     def _tree_flatten_with_keys(self):
-        # Children are keyed by field name (paths read "loss/mean"), or by index when a
-        # subclass flattens other than one child per field.
+        # Children are keyed by field name (paths read "loss/mean", "image/_value"), or by
+        # index when a subclass flattens other than one child per field.
         children, aux_data = self._tree_flatten()
-        names = _field_names(type(self))
+        names = getattr(type(self), "_child_fields", None) or _field_names(type(self))
         if len(children) == len(names):
-            keys = [jax.tree_util.GetAttrKey(n.lstrip("_")) for n in names]
+            keys = [jax.tree_util.GetAttrKey(n) for n in names]
         else:
             keys = [jax.tree_util.FlattenedIndexKey(i) for i in range(len(children))]
         return list(zip(keys, children)), aux_data
@@ -140,6 +151,11 @@ class ImageSummary(Summary):
         v = self._value
         return v[None] if v.ndim == 3 else v
 
+    def accumulate(self, other: Summary) -> Summary:
+        """Images are not combined across batches: keeps this (the first) one."""
+        del other
+        return self
+
     def validate(self) -> None:
         """Checks rank and channels.
 
@@ -182,6 +198,11 @@ class CallbackSummary(Summary):
         """The result of `fn(*args, **kwargs)`."""
         return self.fn(*self.args, **self.kwargs)
 
+    def accumulate(self, other: Summary) -> Summary:
+        """Callbacks are not combined across batches: keeps this (the first) one."""
+        del other
+        return self
+
     def validate(self) -> None:
         """Raises ValueError unless `fn` is callable."""
         if not callable(self.fn):
@@ -191,11 +212,13 @@ class CallbackSummary(Summary):
 class AudioSummary(Summary):
     """Audio: [num_samples] or [num_samples, channels] floats in [-1, 1], at `sample_rate` Hz.
 
-    `sample_rate` is static (not traced under jit).
+    `sample_rate` (default 16000) is static (not traced under jit).
     """
 
     _value: typing.Any
-    sample_rate: typing.Any
+    sample_rate: typing.Any = 16000
+    # The pytree children (keys of `_tree_flatten_with_keys`): the rate is static.
+    _child_fields: typing.ClassVar[tuple[str, ...]] = ("_value",)
 
     def _tree_flatten(self):
         return (self._value,), self.sample_rate
@@ -211,6 +234,11 @@ class AudioSummary(Summary):
         """The audio with a channel axis ([num_samples, channels])."""
         v = self._value
         return v[:, None] if v.ndim == 1 else v
+
+    def accumulate(self, other: Summary) -> Summary:
+        """Audio is not combined across batches: keeps this (the first) one."""
+        del other
+        return self
 
     def validate(self) -> None:
         """Checks rank and sample rate.

@@ -29,7 +29,6 @@ Interface for the trainer:
 from __future__ import annotations
 
 import enum
-import errno
 import json
 import math
 import numbers
@@ -46,9 +45,14 @@ from absl import logging
 
 from axlearn.common.config import REQUIRED, ConfigBase, Required, RequiredFieldValue, config_class
 from axlearn.common.config_diff import parse_config_dump
+from axlearn.common.jsonl_records import (  # noqa: F401 (re-exported: the public path)
+    append_whole_line,
+    cut_torn_tail,
+    move_redone_records,
+    redone_path,
+)
 from axlearn.common.metrics import WeightedSummary
 from axlearn.common.module import Module
-from axlearn.common.path_containment import PathContainmentError, open_no_follow
 from axlearn.common.summary import AudioSummary, ImageSummary, Summary
 from axlearn.common.utils import NestedTensor, flatten_items
 
@@ -447,8 +451,10 @@ class JsonlWriter(BaseWriter):
     """Appends one JSON record per call to `<dir>/<filename>` (process 0 only).
 
     A record is `{"step": N, "time": unix_seconds, "<tag>": value, ...}` with '/'-joined tags;
-    scalars and strings only. On a resumed run, steps after the last checkpoint may appear twice;
-    the later line is the resumed run's. Lines are appended whole (`append_whole_line`: a write
+    scalars and strings only. On a resumed run, the records of the steps computed again (those
+    after the restored checkpoint) are moved to `<filename stem>.redone.jsonl` before the first
+    append (`move_redone_records`), so the file holds one record per step: the one whose result
+    counts. Lines are appended whole (`append_whole_line`: a write
     that fails, e.g. on a full disk, leaves no part of its line, and the error names the file);
     a torn last line left by an earlier process is cut, with a warning, before the first append.
     """
@@ -503,88 +509,9 @@ class JsonlWriter(BaseWriter):
             return
         if not self._tail_checked:
             cut_torn_tail(self._path)
+            move_redone_records(self._path, first_step=int(step))
             self._tail_checked = True
         append_whole_line(self._path, line, what=f"the step {step} record")
-
-
-def cut_torn_tail(path: str) -> int:
-    """Cuts a last line without its newline (a write cut short) from a local JSON-lines file.
-
-    Args:
-        path: The file; may not exist.
-
-    Returns:
-        The number of bytes cut (0 if the file ends with a whole line), logged as a warning.
-
-    Raises:
-        OSError: Naming `path`, if it cannot be read or truncated.
-    """
-    try:
-        with os.fdopen(os.open(path, os.O_RDWR | os.O_NOFOLLOW), "r+b") as f:
-            size = f.seek(0, os.SEEK_END)
-            if size == 0:
-                return 0
-            f.seek(size - 1)
-            if f.read(1) == b"\n":
-                return 0
-            start = max(0, size - (1 << 20))
-            f.seek(start)
-            tail = f.read()
-            keep = start + tail.rfind(b"\n") + 1 if b"\n" in tail else 0
-            f.truncate(keep)
-    except FileNotFoundError:
-        return 0
-    except OSError as e:
-        raise OSError(e.errno, f"{path}: cannot check its last line: {e.strerror}") from e
-    logging.warning(
-        "%s ended with a torn line (%d bytes without a newline, from a write cut short, e.g. by "
-        "a full disk): cut before appending.",
-        path,
-        size - keep,
-    )
-    return size - keep
-
-
-def append_whole_line(path: str, line: str, *, what: str = "a record") -> None:
-    """Appends `line` (ending with a newline) to a local file whole, or not at all.
-
-    One `write` on an O_APPEND descriptor; if it fails or writes part of the line (a full disk),
-    the file is truncated back to its size before the write and the error names the file.
-
-    Args:
-        path: The file.
-        line: The text to append.
-        what: What the line is, for the error message.
-
-    Raises:
-        OSError: Naming `path` and what could not be appended.
-    """
-    data = line.encode("utf-8")
-    try:
-        # Never through a symbolic link: a link planted under a run file's name is refused.
-        fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644, what="Run file")
-    except PathContainmentError as e:
-        raise OSError(errno.ELOOP, str(e)) from e
-    except OSError as e:
-        raise OSError(e.errno, f"{path}: cannot open to append {what}: {e.strerror}") from e
-    try:
-        before = os.fstat(fd).st_size
-        try:
-            written = os.write(fd, data)
-            if written != len(data):
-                raise OSError(errno.ENOSPC, f"wrote {written} of {len(data)} bytes")
-        except OSError as e:
-            try:
-                os.ftruncate(fd, before)
-            except OSError:
-                pass  # The next writer cuts the torn tail (`cut_torn_tail`).
-            raise OSError(
-                e.errno,
-                f"{path}: cannot append {what}: {e.strerror} (the file is left whole; free "
-                "space and rerun: the run resumes from its last checkpoint)",
-            ) from e
-    finally:
-        os.close(fd)
 
 
 # The file in a WandBWriter's `dir` holding its W&B run id, so that a restarted job resumes the run.

@@ -392,6 +392,25 @@ def bind_layer(
         yield layer
 
 
+def dummy_padding_mask(*, batch_size: int, max_seq_len: int) -> Tensor:
+    """A padding mask whose rows hold 1 to `max_seq_len` real tokens, then padding.
+
+    The lengths are drawn from `PRNGKey(123)` (as AXLearn's helper draws them), so a test gets the
+    same mask on every run. Example (batch_size=3, max_seq_len=3): [[1, 1, 0], [1, 0, 0], ...].
+
+    Args:
+        batch_size: The number of rows.
+        max_seq_len: The sequence length.
+
+    Returns:
+        A bool [batch_size, max_seq_len] mask, True at real tokens (a prefix of each row).
+    """
+    lengths = 1 + jax.random.randint(
+        jax.random.PRNGKey(123), shape=(batch_size,), minval=0, maxval=max_seq_len
+    )
+    return jnp.arange(max_seq_len)[None, :] < lengths[:, None]
+
+
 def dummy_segments_positions(
     batch: int, seq_len: int, *, num_segments: int, seed: int = 123
 ) -> tuple[Tensor, Tensor]:
@@ -425,3 +444,27 @@ def dummy_segments_positions(
     # Position = index - index of the current segment's first token.
     first = np.maximum.accumulate(np.where(starts, index, 0), axis=-1)
     return jnp.asarray(segment_ids, jnp.int32), jnp.asarray(index - first, jnp.int32)
+
+
+def take_segment(inputs: Tensor, mask: Tensor, *, pad_value: int = 0) -> Tensor:
+    """Left-aligns, per row, the elements of `inputs` where `mask` is True; pads the rest.
+
+    E.g. inputs [[1, 2, 3], [4, 5, 6]], mask [[0, 0, 1], [0, 1, 1]], pad_value -100 give
+    [[3, -100, -100], [5, 6, -100]].
+
+    Args:
+        inputs: [batch, seq_len, ...].
+        mask: Bool [batch, seq_len]: the elements to keep.
+        pad_value: The value of the positions after the kept elements.
+
+    Returns:
+        A tensor of the shape of `inputs`.
+    """
+    mask = jnp.asarray(mask, bool)
+    seq_len = mask.shape[-1]
+    # A stable sort of (not kept) brings the kept positions first, in their order.
+    order = jnp.argsort(~mask, axis=-1, stable=True)
+    expand = (slice(None), slice(None)) + (None,) * (jnp.ndim(inputs) - 2)
+    gathered = jnp.take_along_axis(jnp.asarray(inputs), order[expand], axis=1)
+    keep = jnp.arange(seq_len)[None, :] < mask.sum(axis=-1, keepdims=True)
+    return jnp.where(keep[expand], gathered, jnp.asarray(pad_value, gathered.dtype))

@@ -54,7 +54,7 @@ from axlearn.common.mesh_resolution import (  # noqa: F401 (public name)
 )
 from axlearn.common.module import Module
 from axlearn.common.preemption import PreemptionHandler
-from axlearn.common.run_lock import RunLock, held_by_this_process
+from axlearn.common.run_lock import hold_run_dirs
 from axlearn.common.skip_streak import (  # noqa: F401 (public names)
     DEFAULT_MAX_CONSECUTIVE_SKIPPED_STEPS,
     SkipStreak,
@@ -513,11 +513,11 @@ class SpmdTrainer(Module):
 
     @contextlib.contextmanager
     def _run_lock(self):
-        """Holds `<dir>/run.lock` for the run on process 0 (see axlearn/common/run_lock.py)."""
-        if jax.process_index() != 0 or held_by_this_process(self._config.dir):
-            yield  # Other processes share the dir; or the launcher took the lock already.
-            return
-        with RunLock(self._config.dir):
+        """Holds the run locks of `dir` and the checkpointer's dir on process 0 (run_lock.py)."""
+        ckpt_dir = getattr(self.checkpointer.config, "dir", None)
+        with contextlib.ExitStack() as stack:
+            if jax.process_index() == 0:  # Others share the dirs; a lock held here is not retaken.
+                stack.enter_context(hold_run_dirs(self._config.dir, ckpt_dir))
             yield
 
     def _train_loop(self) -> Optional[dict[str, Any]]:
@@ -734,7 +734,8 @@ class SpmdTrainer(Module):
             # Compile the finiteness check of saves now, not inside a step's interval. (On CPU
             # the step after a save computes it; see trainer_checkpointing._DeferredFinite.)
             jax.block_until_ready(all_finite(checkpointed_floats(self._trainer_state)))
-        self._metrics.log_model_analysis(self.model)
+        learner_kw = dict(learner=self.learner, learner_state_specs=self._learner_state_specs)
+        self._metrics.log_model_analysis(self.model, **learner_kw)
         self._metrics.measure_peak()
         if hasattr(self.summary_writer, "log_config"):
             self.summary_writer.log_config(launch_free_cfg, step=self._step)

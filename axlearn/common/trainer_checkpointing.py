@@ -8,7 +8,6 @@ that talks to the trainer's checkpointer. `TrainerState`, `NonFiniteStateError` 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 import time
@@ -17,7 +16,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 import jax
 from absl import logging
 
-from axlearn.common import utils
+from axlearn.common import file_access, utils
 from axlearn.common.trainer_utils import all_finite
 
 # In the checkpointer dir: the `restore_step` already applied (JSON {"step": N}).
@@ -247,11 +246,16 @@ class CheckpointDriver:
             except StateMismatchError as e:
                 if e.paths - {"input_iter"}:
                     raise  # The model differs: the input iterator is not the cause.
-                logging.warning(
-                    "Restoring with input iterator=%s failed (%s); retrying with %s.",
-                    with_input,
-                    e,
-                    not with_input,
+                # Not a failure: e.g. an imported (hf import) or AXLearn checkpoint has no input
+                # position, or this run does not restore the one it has.
+                logging.info(
+                    "%s: restoring the model and optimizer state; the input starts from its "
+                    "beginning.",
+                    "The checkpoint holds no input position (imported, or saved with "
+                    "save_input_iterator=False)"
+                    if with_input
+                    else "The checkpoint holds an input position this run does not restore "
+                    "(save_input_iterator=False)",
                 )
                 with_input = not with_input and checkpointable
                 step, state = self._checkpointer.restore(
@@ -264,7 +268,17 @@ class CheckpointDriver:
         )
         input_iterator = None
         if self._save_input_iterator and "input_iter" in state:
-            input_iterator = self._input.restore_iterator(state["input_iter"])
+            # pylint: disable-next=import-outside-toplevel
+            from axlearn.common.input_iterator import InputStateError
+
+            try:
+                input_iterator = self._input.restore_iterator(state["input_iter"])
+            except InputStateError as e:  # Name where the state was read from.
+                where = getattr(self._checkpointer, "ckpt_dir", None)
+                where = where(int(step)) if callable(where) else f"step {int(step)}"
+                raise InputStateError(
+                    f"{where} (leaf 'input_iter', process {jax.process_index()}): {e}"
+                ) from None
         return RestoredState(
             step=int(step), trainer_state=trainer_state, input_iterator=input_iterator
         )
@@ -291,15 +305,17 @@ class CheckpointDriver:
         ckpt_dir = self._checkpointer.config.dir
         marker = os.path.join(ckpt_dir, RESTORE_STEP_MARKER)
         try:
-            with open(marker, encoding="utf-8") as f:
-                if json.load(f).get("step") == step:
-                    self._log(
-                        "restore_step=%d was applied by an earlier start (%s); resuming from "
-                        "the newest checkpoint.",
-                        step,
-                        marker,
-                    )
-                    return None
+            applied = file_access.read_json(
+                ckpt_dir, RESTORE_STEP_MARKER, max_bytes=4096, max_depth=4
+            )
+            if isinstance(applied, dict) and applied.get("step") == step:
+                self._log(
+                    "restore_step=%d was applied by an earlier start (%s); resuming from "
+                    "the newest checkpoint.",
+                    step,
+                    marker,
+                )
+                return None
         except (OSError, ValueError):
             pass
         step_dir = self._checkpointer.ckpt_dir(step)
@@ -314,7 +330,7 @@ class CheckpointDriver:
             except layout.CheckpointIndexError as e:
                 raise recovery.CorruptCheckpointError(recovery.corrupt_message(step_dir, e)) from e
             recovery.supersede_newer(ckpt_dir, step)
-            layout.write_json_atomically(marker, {"step": step})
+            layout.write_json_atomically(marker, {"step": step}, root=ckpt_dir)
         return step
 
     def state_spec(self, *, with_input: bool) -> dict[str, Any]:

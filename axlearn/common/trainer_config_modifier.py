@@ -16,12 +16,15 @@ Each modifier is called as `modifier(trainer_cfg) -> trainer_cfg` and edits the 
 Module paths are dotted paths of config fields from the trainer config's root (e.g.
 `model.decoder.transformer.layer`); dict entries are addressed by their key
 (`evalers.validation`). A path that does not exist, or a field the target lacks, is an error
-naming the path: a modifier never silently does nothing.
+naming the path and listing the keys that do exist (a `ModifierPathError`, both a ValueError and
+an AttributeError): a modifier never silently does nothing.
+
+Modifiers that edit the learner (`GradientAccumulationModifier`, `FP8ConfigModifier`) first set
+an unset (REQUIRED) `learner` to `Learner.default_config()`.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -36,18 +39,36 @@ from axlearn.common.config import (
     config_for_function,
     maybe_instantiate,
 )
-from axlearn.common.config.paths import lookup_path, replace_path, split_path
+from axlearn.common.config.errors import RequiredFieldValue, UnknownFieldError
+from axlearn.common.config.paths import ConfigPathError, lookup_path, replace_path, split_path
 from axlearn.common.metrics import MetricAccumulator
+from axlearn.common.update_transformation import OverrideInplaceUpdateTransformation
 
 __all__ = [
     "ChainConfigModifier",
     "FP8ConfigModifier",
     "GradientAccumulationModifier",
     "MeshShapeModifier",
+    "ModifierPathError",
     "ModuleConfigModifier",
+    "OverrideInplaceUpdateTransformation",
     "PartitionSpecModifier",
     "RematSpecModifier",
+    "ReplaceLayerConfigModifier",
 ]
+
+
+class ModifierPathError(ConfigPathError, UnknownFieldError):
+    """A modifier's path or field does not exist (a ValueError and an AttributeError)."""
+
+
+def _keys_hint(node: Any, key: str) -> str:
+    """`"<key> (keys are [...])"` for a config or dict `node`, else `key`."""
+    if isinstance(node, ConfigBase):
+        return f"{key} (keys are {sorted(node.keys())})"
+    if isinstance(node, dict):
+        return f"{key} (keys are {sorted(node, key=str)})"
+    return key
 
 
 def _split(path: str) -> list[str]:
@@ -65,9 +86,27 @@ def find_config(cfg: ConfigBase, path: str) -> Any:
         The value (usually a config).
 
     Raises:
-        ValueError: Naming the path if a part of it does not exist.
+        ModifierPathError: Naming the path, and the keys that exist, if a part of it does not
+            exist.
     """
-    return lookup_path(cfg, path)
+    try:
+        return lookup_path(cfg, path)
+    except ConfigPathError as e:
+        parts = split_path(e.prefix)
+        parent = lookup_path(cfg, ".".join(parts[:-1])) if len(parts) > 1 else cfg
+        raise ModifierPathError(f"{e}: {_keys_hint(parent, parts[-1])}", prefix=e.prefix) from e
+
+
+def _learner_config(cfg: ConfigBase, modifier: str) -> ConfigBase:
+    """Returns `cfg.learner`, first set to `Learner.default_config()` if it is REQUIRED."""
+    if "learner" not in cfg:
+        raise ValueError(f"{modifier}: {type(cfg).__name__} has no field 'learner'")
+    if isinstance(cfg.learner, RequiredFieldValue):
+        # pylint: disable-next=import-outside-toplevel
+        from axlearn.common.learner import Learner  # learner imports optimizers and models.
+
+        cfg.learner = Learner.default_config()
+    return cfg.learner
 
 
 def _has_field(node: Any, name: str) -> bool:
@@ -85,8 +124,9 @@ def replace_config(cfg: ConfigBase, path: str, value: Any) -> None:
         value: The new value.
 
     Raises:
-        ValueError: Naming the path if it does not exist.
+        ModifierPathError: Naming the path if it does not exist.
     """
+    find_config(cfg, path)  # Must exist (raises a ModifierPathError naming the keys).
     replace_path(cfg, path, value)
 
 
@@ -175,7 +215,11 @@ class RematSpecModifier(ConfigModifier):
         for path, remat_spec in self.config.remat_policies.items():
             target = find_config(cfg, path)
             if not _has_field(target, "remat_spec"):
-                raise ValueError(f"RematSpecModifier: {path} has no remat_spec field")
+                raise ModifierPathError(
+                    f"RematSpecModifier: {path} has no remat_spec field: "
+                    f"{_keys_hint(target, 'remat_spec')}",
+                    prefix=f"{path}.remat_spec",
+                )
             if isinstance(remat_spec, str):
                 # pylint: disable-next=import-outside-toplevel
                 from axlearn.common.attention import remat_spec_by_name
@@ -227,15 +271,14 @@ class GradientAccumulationModifier(ConfigModifier):
         steps = self.config.grad_acc_steps
         if steps < 1:
             raise ValueError(f"GradientAccumulationModifier: grad_acc_steps must be >= 1: {steps}")
-        learner = find_config(cfg, "learner")
+        learner = _learner_config(cfg, "GradientAccumulationModifier")
         if not _has_field(learner, "forward_fn_transformation"):
             raise ValueError(
                 "GradientAccumulationModifier: learner has no forward_fn_transformation field"
             )
-        transformation = config_for_function(with_minibatch_steps).set(steps=steps)
-        if "metric_accumulator" in inspect.signature(with_minibatch_steps).parameters:
-            transformation.metric_accumulator = self.config.metric_accumulator
-        learner.forward_fn_transformation = transformation
+        learner.forward_fn_transformation = config_for_function(with_minibatch_steps).set(
+            steps=steps, metric_accumulator=self.config.metric_accumulator
+        )
         return cfg
 
 
@@ -306,7 +349,11 @@ class PartitionSpecModifier(ConfigModifier):
             target = find_config(cfg, path)
             for name, spec in specs.items():
                 if not _has_field(target, name):
-                    raise ValueError(f"PartitionSpecModifier: {path} has no field {name!r}")
+                    raise ModifierPathError(
+                        f"PartitionSpecModifier: {path} has no field {name!r}: "
+                        f"{_keys_hint(target, name)}",
+                        prefix=f"{path}.{name}",
+                    )
                 setattr(target, name, spec)
         return cfg
 
@@ -332,6 +379,9 @@ class PipelineModifier(ConfigModifier):
         num_microbatches: Required[int] = REQUIRED
         # Chunks of layers per stage: 1 is GPipeSchedule, more is CircularSchedule.
         num_virtual_stages: int = 1
+        # Schedule name ("gpipe", "circular", "1f1b", "interleaved_1f1b"); None: by
+        # num_virtual_stages as above.
+        schedule: Optional[str] = None
 
     def __call__(self, cfg: ConfigBase) -> ConfigBase:
         """Replaces the stack config.
@@ -363,6 +413,7 @@ class PipelineModifier(ConfigModifier):
                 num_stages=mcfg.num_stages,
                 num_microbatches=mcfg.num_microbatches,
                 num_virtual_stages=mcfg.num_virtual_stages,
+                schedule=mcfg.schedule,
             ),
         )
         return cfg
@@ -405,7 +456,6 @@ class FP8ConfigModifier(ConfigModifier):
             get_all_fp8_param_names,
             set_quantized_dot_general_recursively,
         )
-        from axlearn.common.update_transformation import OverrideInplaceUpdateTransformation
 
         # pylint: enable=import-outside-toplevel
         length = self.config.fp8_amax_history_length
@@ -420,7 +470,7 @@ class FP8ConfigModifier(ConfigModifier):
                 "under `model`); remove FP8ConfigModifier from this config's mesh rules or build "
                 "the model from Linear layers"
             )
-        learner = find_config(cfg, "learner")
+        learner = _learner_config(cfg, "FP8ConfigModifier")
         if not _has_field(learner, "optimizer"):
             raise ValueError(
                 f"FP8ConfigModifier: learner ({type(learner).__name__}) has no `optimizer` field "

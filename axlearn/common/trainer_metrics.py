@@ -57,6 +57,61 @@ def write_text_file(path: str, text: str) -> None:
         f.write(text + "\n")
 
 
+
+def trainable_parameter_counts(
+    param_specs: NestedTensor, *, learner: Any, learner_state_specs: Optional[NestedTensor] = None
+) -> dict[str, int]:
+    """Counts the parameters a learner trains and freezes, and its optimizer state's values.
+
+    Args:
+        param_specs: The model's parameter specs (or arrays).
+        learner: A learner with `should_update_with_optimizers(params) -> Nested[bool]`.
+        learner_state_specs: The learner's state specs; its "optimizer" entry is counted (None:
+            not counted).
+
+    Returns:
+        {"total", "trainable", "frozen", "optimizer_state"} element counts; trainable + frozen ==
+        total by construction; "optimizer_state" is -1 when `learner_state_specs` is None.
+    """
+    mask = learner.should_update_with_optimizers(param_specs)
+    specs = jax.tree_util.tree_leaves(param_specs)
+    keeps = jax.tree_util.tree_leaves(mask)
+    if len(specs) != len(keeps):
+        raise ValueError(
+            f"learner.should_update_with_optimizers gave {len(keeps)} leaves for "
+            f"{len(specs)} parameters"
+        )
+    sizes = [int(np.prod(x.shape, dtype=np.int64)) for x in specs]
+    trainable = sum(n for n, keep in zip(sizes, keeps) if keep)
+    total = sum(sizes)
+    optimizer_state = -1
+    if learner_state_specs is not None:
+        optimizer_state = utils.count_model_params(learner_state_specs.get("optimizer", {}))
+    return dict(
+        total=total, trainable=trainable, frozen=total - trainable, optimizer_state=optimizer_state
+    )
+
+
+def format_trainable_counts(counts: dict[str, int]) -> str:
+    """One log line of `trainable_parameter_counts`'s result.
+
+    Args:
+        counts: The counts.
+
+    Returns:
+        E.g. "Trainable parameters: 1,024 of 10,240 (10.00%); frozen: 9,216; optimizer state:
+        2,049 values".
+    """
+    share = 100.0 * counts["trainable"] / counts["total"] if counts["total"] else 0.0
+    line = (
+        f"Trainable parameters: {counts['trainable']:,} of {counts['total']:,} ({share:.2f}%); "
+        f"frozen: {counts['frozen']:,}"
+    )
+    if counts["optimizer_state"] >= 0:
+        line += f"; optimizer state: {counts['optimizer_state']:,} values"
+    return line
+
+
 class MetricsRecorder:
     """Turns each step's timing and scalars into the step record and reports it.
 
@@ -130,11 +185,22 @@ class MetricsRecorder:
             description = self._peak.describe()
         self._log("Peak for MFU: %s", description)
 
-    def log_model_analysis(self, model: Any) -> None:
+    def log_model_analysis(
+        self,
+        model: Any,
+        *,
+        learner: Optional[Any] = None,
+        learner_state_specs: Optional[NestedTensor] = None,
+    ) -> None:
         """Writes the parameter table, logs the parameter count and the pipeline report.
+
+        With `learner` given, also logs how many parameters it trains and freezes (its update
+        rules, e.g. LoRA's adapters only) and how many values its optimizer state holds.
 
         Args:
             model: The model module (for the pipeline report).
+            learner: The learner (its `should_update_with_optimizers`), or None.
+            learner_state_specs: The learner's state specs (the "optimizer" entry is counted).
         """
         num_params = utils.count_model_params(self._param_specs)
         self._num_params = num_params
@@ -142,9 +208,17 @@ class MetricsRecorder:
             f"{path:<60} {str(tuple(spec.shape)):<20} {spec.mesh_axes}"
             for path, spec in utils.flatten_items(self._param_specs)
         ]
+        header = f"Model parameters: {num_params:,}\n"
+        if learner is not None:
+            counts = trainable_parameter_counts(
+                self._param_specs, learner=learner, learner_state_specs=learner_state_specs
+            )
+            header += format_trainable_counts(counts) + "\n"
         table_path = os.path.join(self._cfg.dir, PARAMETER_TABLE_FILE)
         if jax.process_index() == 0:
-            write_text_file(table_path, f"Model parameters: {num_params:,}\n" + "\n".join(rows))
+            write_text_file(table_path, header + "\n".join(rows))
+        if learner is not None:
+            self._log("%s", format_trainable_counts(counts))
         if self._verbose_start:
             self._log("Model parameters: %s", f"{num_params:,}")
             for row in rows:

@@ -24,12 +24,25 @@ from typing import Any, Callable, Literal, NamedTuple, Optional, Protocol, Union
 
 import jax
 import optax
+from jax import numpy as jnp
 
-from axlearn.common.config import REQUIRED, ConfigOr, Required, config_class, maybe_instantiate
+from axlearn.common.config import (
+    REQUIRED,
+    ConfigOr,
+    InstantiableConfig,
+    Required,
+    config_class,
+    maybe_instantiate,
+)
 from axlearn.common.module import Module
-from axlearn.common.optimizer_base import OptParam, PartitionedGradientTransformation
+from axlearn.common.optimizer_base import (
+    OptParam,
+    OptStateSpec,
+    PartitionedGradientTransformation,
+)
 from axlearn.common.utils import (
     Nested,
+    PartitionSpec,
     Tensor,
     TensorSpec,
     flatten_items,
@@ -127,9 +140,21 @@ class Updates:
         )
 
     def param_specs(self) -> Nested[TensorSpec]:
-        """Returns the specs (shape, dtype) of `opt_params` (same structure)."""
+        """Returns the `ParameterSpec`s of `opt_params` (same structure).
+
+        Each spec has the parameter's shape and dtype and its OptParam's `factorization_spec`
+        (as `factorization`) and `weight_decay_scale`.
+        """
+        # pylint: disable-next=import-outside-toplevel
+        from axlearn.common.base_layer import ParameterSpec  # base_layer imports module.
+
         return jax.tree.map(
-            lambda p: TensorSpec(shape=p.value.shape, dtype=p.value.dtype),
+            lambda p: ParameterSpec(
+                shape=p.value.shape,
+                dtype=p.value.dtype,
+                factorization=p.factorization_spec,
+                weight_decay_scale=p.weight_decay_scale,
+            ),
             self.opt_params,
             is_leaf=lambda x: isinstance(x, OptParam),
         )
@@ -323,3 +348,92 @@ class OverrideInplaceUpdateTransformation(WrappedPartitionedGradientTransformati
         for path, value in inplace.items():
             set_recursively(nested, path=path, value=value)
         return dataclasses.replace(inner, delta_updates=deltas, inplace_updates=nested)
+
+
+class _ShouldUpdateState(NamedTuple):
+    """ConditionalUpdateTransformation's own state."""
+
+    # The number of calls so far (the step given to `update_schedule`).
+    count: Tensor
+
+
+class ConditionalUpdateTransformation(UpdateTransformation):
+    """Applies `inner`'s update only at the steps where `update_schedule(step)` is true.
+
+    At every call `inner` runs (so the computation does not depend on the schedule); then, where
+    `update_schedule(count)` is true, its deltas and new state are taken, and elsewhere the deltas
+    are zeros and `inner`'s state stays as it was. `count` (the 0-based call number) is always
+    incremented. The state is `{"should_update": _ShouldUpdateState(count), "inner": ...}`.
+
+    `inner` may be the config of an UpdateTransformation or of a
+    PartitionedGradientTransformation (wrapped by `WrappedPartitionedGradientTransformation`).
+    Incoming `inplace_updates` are not supported (they would be applied on skipped steps too).
+    """
+
+    @config_class
+    class Config(UpdateTransformation.Config):
+        """Configures ConditionalUpdateTransformation."""
+
+        # The wrapped transformation: an UpdateTransformation config, or the config of a
+        # PartitionedGradientTransformation (e.g. config_for_function(adamw_optimizer)).
+        inner: Required[InstantiableConfig] = REQUIRED
+        # step (int32 scalar, 0-based) -> bool scalar: whether to apply the update; None: always.
+        update_schedule: Optional[Callable[[Union[int, Tensor]], Union[bool, Tensor]]] = None
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module] = None):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        inner = cfg.inner
+        if not isinstance(inner, UpdateTransformation.Config):
+            inner = WrappedPartitionedGradientTransformation.default_config().set(
+                transformation=inner
+            )
+        self.inner: UpdateTransformation = self._add_child("inner", inner)
+        self._update_schedule = cfg.update_schedule or (lambda step: True)
+
+    def create_state_partition_specs(self, model_param_specs: Nested[Any]) -> Any:
+        return dict(
+            should_update=_ShouldUpdateState(
+                count=OptStateSpec(shape=[], dtype=jnp.int32, mesh_axes=PartitionSpec())
+            ),
+            inner=self.inner.create_state_partition_specs(model_param_specs),
+        )
+
+    def init(self, model_params: Nested[OptParam]) -> Any:
+        return dict(
+            should_update=_ShouldUpdateState(count=jnp.zeros([], jnp.int32)),
+            inner=self.inner.init(model_params),
+        )
+
+    def transform_update(self, updates: Updates) -> Updates:
+        inplace = [
+            path
+            for path, v in flatten_items(updates.inplace_updates or {})
+            if not isinstance(v, optax.MaskedNode)
+        ]
+        if inplace:
+            raise NotImplementedError(
+                f"{self.path()}: inplace_updates are not supported by "
+                f"ConditionalUpdateTransformation (got {inplace}); move the state updates into "
+                "another (sub-)learner."
+            )
+        count = self.state["should_update"].count
+        apply = jnp.asarray(self._update_schedule(count), dtype=bool)
+        prev_state = self.state["inner"]
+        new_updates = self.inner(updates)
+        new_state = self.get_invocation_context().get_state_updates().get("inner", prev_state)
+        if isinstance(prev_state, dict) and isinstance(new_state, dict):
+            # A transformation updating only some entries keeps the others.
+            new_state = {**prev_state, **new_state}
+
+        def pick(new, old):
+            return jnp.where(apply, new, old)
+
+        zeros = jax.tree.map(jnp.zeros_like, new_updates.delta_updates)
+        deltas = jax.tree.map(pick, new_updates.delta_updates, zeros)
+        state = jax.tree.map(pick, new_state, prev_state)
+        self.add_state_update(
+            "should_update", _ShouldUpdateState(optax.safe_int32_increment(count))
+        )
+        self.add_state_update("inner", state)
+        return dataclasses.replace(new_updates, delta_updates=deltas)

@@ -28,6 +28,14 @@ class DataPartitionType(enum.Enum):
     FULL = "full"
     # Every device holds the whole batch.
     REPLICATED = "replicated"
+    # The batch axis is split over the mesh's batch axes ("data", "fsdp"), the second (sequence)
+    # axis over its "seq" axis; other mesh axes replicate.
+    BATCH = "batch"
+
+
+# The mesh axes `DataPartitionType.BATCH` splits the batch and the sequence axes over.
+_BATCH_AXES = ("data", "fsdp")
+_SEQ_AXES = ("seq",)
 
 
 def current_mesh() -> Optional[jax.sharding.Mesh]:
@@ -67,7 +75,9 @@ def data_partition_type_to_spec(partition: Any) -> Any:
 
     Args:
         partition: `DataPartitionType.FULL` (the batch axis over every mesh axis),
-            `DataPartitionType.REPLICATED`, a PartitionSpec, or a dict tree of PartitionSpecs.
+            `DataPartitionType.REPLICATED`, `DataPartitionType.BATCH` (batch axis over the
+            "data"/"fsdp" mesh axes, second axis over "seq"), a PartitionSpec, or a dict tree of
+            PartitionSpecs.
 
     Returns:
         The PartitionSpec (or the tree of them, unchanged).
@@ -79,6 +89,15 @@ def data_partition_type_to_spec(partition: Any) -> Any:
         return input_partition_spec()
     if partition == DataPartitionType.REPLICATED:
         return PartitionSpec(None)
+    if partition == DataPartitionType.BATCH:
+        mesh = current_mesh()
+        if mesh is None:
+            raise ValueError(
+                "DataPartitionType.BATCH needs a mesh: resolve it inside `with mesh:`."
+            )
+        batch = tuple(name for name in mesh.axis_names if name in _BATCH_AXES)
+        seq = tuple(name for name in mesh.axis_names if name in _SEQ_AXES)
+        return PartitionSpec(batch, seq)
     if isinstance(partition, (PartitionSpec, dict)):
         return partition
     raise NotImplementedError(f"Unsupported partition: {partition}")
@@ -88,7 +107,11 @@ def _specs_for(host_arrays: Any, partition: Any) -> Any:
     """A tree of PartitionSpecs with `host_arrays`' structure."""
     spec = data_partition_type_to_spec(partition)
     if isinstance(spec, PartitionSpec):
-        return jax.tree.map(lambda _: spec, host_arrays)
+        # A spec longer than an array's rank (BATCH's [batch, seq] on a 1-D leaf) is cut.
+        return jax.tree.map(
+            lambda x: PartitionSpec(*spec[: np.ndim(x)]) if len(spec) > np.ndim(x) else spec,
+            host_arrays,
+        )
     specs = complete_partition_spec_tree(jax.tree_util.tree_structure(host_arrays), spec)
     # None (replicated) becomes PartitionSpec().
     return jax.tree.map(
@@ -203,7 +226,8 @@ def split_prng_key(prng_key: Union[Tensor, StackedKeyArray], num_keys: Any) -> S
 
     Key i is the child of the i-th split in `key, child = jax.random.split(key)`, so a vmapped
     loop over the keys gives the same randomness as the sequential loop (threefry keys).
-    Already stacked keys are returned unchanged (after checking their stacked shape).
+    Already stacked keys are returned unchanged (after checking that their stacked shape starts
+    with `num_keys`).
 
     Args:
         prng_key: A key, or a `StackedKeyArray` from an earlier split.
@@ -218,7 +242,8 @@ def split_prng_key(prng_key: Union[Tensor, StackedKeyArray], num_keys: Any) -> S
     dims = tuple(num_keys) if isinstance(num_keys, (tuple, list)) else (num_keys,)
     if isinstance(prng_key, StackedKeyArray):
         shape = _stacked_shape(prng_key)
-        assert shape == dims, f"Stacked keys have shape {shape}, expected {dims}"
+        # A prefix check, as AXLearn's: keys pre-split as (stages, layers) pass for (stages,).
+        assert shape[: len(dims)] == dims, f"Stacked keys have shape {shape}, expected {dims}"
         return prng_key
 
     def step(key, _):

@@ -77,6 +77,8 @@ def setup(
 ) -> None:
     """Sets up JAX for SPMD, initializing `jax.distributed` for multi-process runs.
 
+    Selects JAX's "rbg" PRNG implementation (as AXLearn's launcher does).
+
     Must be called before any JAX call touches devices. On TPU, peers are discovered
     automatically and the three distributed arguments must be None. On CPU/GPU, either all three
     are None (one process) or `num_processes` and `process_id` are given, plus
@@ -92,6 +94,9 @@ def setup(
     Raises:
         ValueError: On an inconsistent combination of arguments.
     """
+    # JAX's "rbg" PRNG, as AXLearn's launcher selects it for every backend (GSPMD-friendly key
+    # splitting): a run's `prng_key` is uint32[4] and its draws are those of an AXLearn run.
+    jax.config.update("jax_default_prng_impl", "rbg")
     global _jax_distributed_initialized  # pylint: disable=global-statement
     if jax_backend == "cpu" and num_processes is not None and num_processes > 1:
         # Cross-process collectives on CPU need an explicit implementation.

@@ -160,6 +160,28 @@ def _remat_table(reports) -> str:
     return "\n".join(lines)
 
 
+# The exit code after Ctrl-C (128 + SIGINT, as a shell reports it).
+INTERRUPTED_EXIT_CODE = 130
+
+
+def exit_interrupted(prog: str) -> None:
+    """After Ctrl-C: one line, then exits 130 at once.
+
+    `os._exit` skips the interpreter's teardown, in which libtpu (its compile threads still
+    running) would print a crash dump of every thread.
+
+    Args:
+        prog: The command's name for the line, e.g. "axlearn aot".
+    """
+    sys.stdout.flush()
+    sys.stderr.write(
+        f"{prog}: interrupted (Ctrl-C) before the report was written; nothing was saved. "
+        "Rerun the same command to compile again.\n"
+    )
+    sys.stderr.flush()
+    os._exit(INTERRUPTED_EXIT_CODE)  # pylint: disable=protected-access
+
+
 def main(argv=None) -> int:
     """The absl entry point (`python -m axlearn.experiments.run_aot_compilation`)."""
     # pylint: disable-next=import-outside-toplevel
@@ -206,6 +228,15 @@ def main(argv=None) -> int:
     except flags.Error as e:
         print(f"run_aot_compilation: {e}", file=sys.stderr)
         return 2
+    try:
+        return _run_aot_from_flags(fv)
+    except KeyboardInterrupt:
+        exit_interrupted("run_aot_compilation")
+        raise  # Not reached.
+
+
+def _run_aot_from_flags(fv) -> int:
+    """`run_aot` with the parsed flags."""
     return run_aot(
         module=fv.module,
         config=fv.config,

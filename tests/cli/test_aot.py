@@ -192,3 +192,48 @@ def test_remat_all_reports_every_choice(tmp_path, capsys):
         assert row[-1] == "yes"
     # Saving less keeps fewer activations for the backward pass.
     assert temps["full"] < temps["none"] and temps["save_context"] < temps["save_matmuls"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_compiling_is_one_line_and_exit_130(tmp_path):
+    """Issue 55 case 7: Ctrl-C during `axlearn aot`'s compile prints one line and exits 130,
+    without a KeyboardInterrupt traceback or libtpu's dump of every thread."""
+    import select  # pylint: disable=import-outside-toplevel
+    import signal  # pylint: disable=import-outside-toplevel
+    import time  # pylint: disable=import-outside-toplevel
+
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "axlearn.cli.main", "aot", *TINY, "--topology=v5p-8"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        # A non-interactive parent may ignore SIGINT; a terminal's child does not.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    err = ""
+    try:
+        deadline = time.monotonic() + 600
+        while "Compiling the train step" not in err and time.monotonic() < deadline:
+            if select.select([proc.stderr], [], [], 1)[0]:
+                line = proc.stderr.readline()
+                if not line:
+                    break
+                err += line
+        time.sleep(1.0)  # Inside XLA's compile.
+        proc.send_signal(signal.SIGINT)
+        err += proc.communicate(timeout=300)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "Compiling the train step" in err, err[-4000:]
+    assert proc.returncode == 130, err[-4000:]
+    assert err.strip().splitlines()[-1] == (
+        "axlearn aot: interrupted (Ctrl-C) before the report was written; nothing was saved. "
+        "Rerun the same command to compile again."
+    )
+    for dump in ("Traceback", "KeyboardInterrupt", "*** SIG", "Stack trace", "PC: "):
+        assert dump not in err, err[-4000:]

@@ -30,12 +30,14 @@ def _hf_logits(hf_dir: str, ids: np.ndarray) -> np.ndarray:
 @pytest.mark.slow
 def test_export_loads_in_transformers_with_the_same_logits(trained_dir, tmp_path):
     out = str(tmp_path / "hf")
-    proc = axlearn("hf", "export", f"--trainer_dir={trained_dir}", f"--output={out}")
+    proc = axlearn(
+        "hf", "export", f"--trainer_dir={trained_dir}", f"--output={out}", f"--module={MODULE}"
+    )
     assert "Exported step 6" in proc.stdout
     assert {"config.json", "model.safetensors", "tokenizer.model", "tokenizer_config.json"} <= set(
         os.listdir(out)
     )
-    runner = InferenceRunner.from_trainer_dir(trained_dir, evalers=[])
+    runner = InferenceRunner.from_trainer_dir(trained_dir, evalers=[], module=MODULE)
     runner.restore()
     ids = np.random.default_rng(0).integers(2, 4096, size=(8, 24))  # 8 rows: one per device.
     ours = runner.predict(ids)
@@ -44,7 +46,7 @@ def test_export_loads_in_transformers_with_the_same_logits(trained_dir, tmp_path
 
     # Sharded: several files and the index that from_pretrained follows; same logits.
     sharded = str(tmp_path / "hf_sharded")
-    step, written = export_trainer_dir(trained_dir, sharded, max_shard_bytes=200_000)
+    step, written = export_trainer_dir(trained_dir, sharded, max_shard_bytes=200_000, module=MODULE)
     assert step == 6 and SAFETENSORS_INDEX_FILE in written
     shards = [w for w in written if w.startswith("model-")]
     assert len(shards) > 1
@@ -66,7 +68,7 @@ def test_export_loads_in_transformers_with_the_same_logits(trained_dir, tmp_path
 @pytest.mark.slow
 def test_import_restores_exactly_and_fine_tunes(trained_dir, tmp_path):
     out = str(tmp_path / "hf")
-    export_trainer_dir(trained_dir, out)
+    export_trainer_dir(trained_dir, out, module=MODULE)
     new_dir = str(tmp_path / "finetune")
     proc = axlearn(
         "hf",
@@ -95,9 +97,9 @@ def test_import_restores_exactly_and_fine_tunes(trained_dir, tmp_path):
     records = tu.read_metrics(new_dir)
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     # The imported step-0 parameters are the trained run's, bit for bit.
-    original = InferenceRunner.from_trainer_dir(trained_dir, evalers=[])
+    original = InferenceRunner.from_trainer_dir(trained_dir, evalers=[], module=MODULE)
     original.restore(6)
-    imported = InferenceRunner.from_trainer_dir(new_dir, evalers=[])
+    imported = InferenceRunner.from_trainer_dir(new_dir, evalers=[], module=MODULE)
     assert imported.restore(0) == 0
     for a, b in zip(jax_leaves(original.params), jax_leaves(imported.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.trained_run import REPO_ROOT, _env, axlearn
+from tests.trained_run import MODULE, REPO_ROOT, _env, axlearn
 
 
 def _tb_scalars(path: str) -> dict[str, dict[int, float]]:
@@ -39,7 +39,7 @@ def test_eval_reproduces_the_runs_validation_metrics_on_another_mesh(trained_dir
     trained = _tb_scalars(os.path.join(trained_dir, "summaries", "validation"))
     assert 6 in trained["loss"]
     # Two devices (the run had one): the checkpoint is resharded; the numbers must not move.
-    proc = axlearn("eval", f"--trainer_dir={trained_dir}", devices=2)
+    proc = axlearn("eval", f"--trainer_dir={trained_dir}", f"--module={MODULE}", devices=2)
     assert "Evaluating step 6 of" in proc.stdout
     printed = {}
     for line in proc.stdout.splitlines():
@@ -53,16 +53,22 @@ def test_eval_reproduces_the_runs_validation_metrics_on_another_mesh(trained_dir
         np.testing.assert_allclose(printed[name], expected, rtol=1e-5, atol=1e-5, err_msg=name)
         np.testing.assert_allclose(evaluated[name][6], expected, rtol=1e-5, atol=1e-5)
     # Nothing was trained: the checkpoints and metrics.jsonl are as the run left them.
-    assert sorted(os.listdir(os.path.join(trained_dir, "checkpoints"))) == ["step_00000006"]
+    # (The checkpoint dir also holds the run lock, `run.lock`.)
+    ckpt_dir = os.path.join(trained_dir, "checkpoints")
+    assert sorted(n for n in os.listdir(ckpt_dir) if n != "run.lock") == ["step_00000006"]
 
 
 def test_eval_errors_name_the_problem(trained_dir, tmp_path):
     proc = axlearn("eval", f"--trainer_dir={tmp_path}", check=False)
     assert proc.returncode == 1
     assert "launch_trainer_flags does not exist" in proc.stderr
-    proc = axlearn("eval", f"--trainer_dir={trained_dir}", "--evaler=valid", check=False)
+    proc = axlearn(
+        "eval", f"--trainer_dir={trained_dir}", f"--module={MODULE}", "--evaler=valid", check=False
+    )
     assert proc.returncode == 1 and "Unknown evaler(s) ['valid']" in proc.stderr
-    proc = axlearn("eval", f"--trainer_dir={trained_dir}", "--step=3", check=False)
+    proc = axlearn(
+        "eval", f"--trainer_dir={trained_dir}", f"--module={MODULE}", "--step=3", check=False
+    )
     assert proc.returncode == 1 and "Cannot restore step 3: no such step" in proc.stderr
     # Case 13 of issue 29: the message lists the committed steps, in one line, no traceback.
     assert "committed steps: [6]. Pass one of them as --step" in proc.stderr
@@ -73,6 +79,7 @@ def _generate(trained_dir: str, *extra: str) -> str:
     proc = axlearn(
         "generate",
         f"--trainer_dir={trained_dir}",
+        f"--module={MODULE}",
         "--prompt=The Python",
         "--max_new_tokens=12",
         "--temperature=3.0",
@@ -97,6 +104,7 @@ def test_generate_prints_text_deterministic_per_seed_and_streams_on_a_terminal(t
             "axlearn.cli.main",
             "generate",
             f"--trainer_dir={trained_dir}",
+            f"--module={MODULE}",
             "--prompt=The Python",
             "--max_new_tokens=12",
             "--temperature=3.0",
@@ -150,7 +158,14 @@ def test_generate_starts_without_accelerator_probe_errors_and_bounds_the_context
 
     def generate(*extra):
         return subprocess.run(
-            [sys.executable, "-m", "axlearn.cli.main", "generate", f"--trainer_dir={trained_dir}"]
+            [
+                sys.executable,
+                "-m",
+                "axlearn.cli.main",
+                "generate",
+                f"--trainer_dir={trained_dir}",
+                f"--module={MODULE}",
+            ]
             + ["--prompt=The", *extra],
             env=env,
             cwd=REPO_ROOT,
@@ -169,3 +184,21 @@ def test_generate_starts_without_accelerator_probe_errors_and_bounds_the_context
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert last.startswith("axlearn generate: error: --max_new_tokens=1000000000: the prompt")
     assert "exceed the model's context of 32 tokens" in last, last
+
+
+def test_a_custom_module_not_importable_here_is_one_line_naming_the_fix(tmp_path):
+    """Issue 55 case 5: the run of a custom module, `generate`/`eval` from another folder."""
+    import json  # pylint: disable=import-outside-toplevel
+
+    run = tmp_path / "run"
+    run.mkdir()
+    record = {"module": "nu_my_exp", "config": "my-tiny"}
+    record["module_file"] = "/work/exps/nu_my_exp.py"
+    (run / "launch_trainer_flags").write_text(json.dumps(record))
+    for command in (["eval"], ["generate", "--prompt=x"]):
+        proc = axlearn(*command, f"--trainer_dir={run}", check=False)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        assert "--module=nu_my_exp (it was imported from /work/exps/nu_my_exp.py" in last, last
+        assert "PYTHONPATH=/work/exps axlearn" in last and "--module=MODULE" in last, last

@@ -1,6 +1,7 @@
 """Tests for the `axlearn` command (axlearn/cli/main.py, axlearn/cli/config_commands.py)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -167,3 +168,41 @@ def test_version_matches_pyproject(capsys):
     assert e.value.code == 0
     line = capsys.readouterr().out.strip()
     assert line.startswith(f"axlearn {version} (jax {importlib.metadata.version('jax')}, Python ")
+
+
+@pytest.mark.parametrize(
+    "argv,code,expected",
+    [
+        (["config", "dump", "--module=" + "a" * 10_000_000, "--config=x"], 2, "argument 3 "),
+        (
+            [
+                "hf",
+                "import",
+                "/tmp",
+                "--module=m",
+                "--config=c",
+                "--trainer_dir=/t",
+                "--config_override=max_step=" + "9" * 10_000_000,
+            ],
+            2,
+            "argument 7 .* is 10000027 characters",
+        ),
+        (
+            ["config", "dump", "--module=text.gpt.tiny", "--config=" + "a" * 60_000],
+            1,
+            r"characters cut\].*Available configs",
+        ),
+        (
+            ["hf", "export", "--trainer_dir=/tmp/" + "a" * 60_000, "--output=/tmp/o"],
+            1,
+            r"File name too long|does not exist",
+        ),
+    ],
+)
+def test_oversized_arguments_are_one_short_line(argv, code, expected, capsys):
+    """Unclear case: a gigantic --config_override (10 MB) or argument: no traceback, one line."""
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and len(err) < 4200, len(err)
+    assert re.search(expected, err), err[:300]
+    assert "Traceback" not in err

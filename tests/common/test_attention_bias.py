@@ -3,7 +3,9 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+from axlearn.common import attention_bias as ab
 from axlearn.common.attention_bias import (
     NEG_INF,
     CausalAttentionBias,
@@ -124,3 +126,184 @@ def test_apply_attention_logit_biases_and_padding_biases():
     np.testing.assert_allclose(bias[0, 0], (pad[:, None] + pad[None, :]) * NEG_INF)
     assert not compute_padding_biases(ids, pad_token_id=None).any()
     assert [_next_power_of_two(x) for x in (300, 127.1, 128, 0.1)] == [512, 128, 128, 2]
+
+
+def test_window_masks_match_numpy():
+    q = np.arange(6)[:, None]
+    k = np.arange(6)[None, :]
+    for left, right in [(0, 0), (2, 0), (2, 1), (1, 3)]:
+        got = np.asarray(ab.left_right_window_mask(left, right)(jnp.asarray(q), jnp.asarray(k)))
+        expected = np.array([[i - left <= j <= i + right for j in range(6)] for i in range(6)])
+        np.testing.assert_array_equal(got, expected)
+    with pytest.raises(ValueError, match="left_context=-1"):
+        ab.left_right_window_mask(-1, 0)
+    got = np.asarray(ab.truncated_key_mask(3)(jnp.asarray(q), jnp.asarray(k)))
+    np.testing.assert_array_equal(got, (np.arange(6) < 3)[None])
+    both = ab.and_masks(ab.causal_mask, ab.truncated_key_mask(2))(jnp.asarray(q), jnp.asarray(k))
+    either = ab.or_masks(ab.causal_mask, ab.truncated_key_mask(2))(jnp.asarray(q), jnp.asarray(k))
+    np.testing.assert_array_equal(np.asarray(both), (k <= q) & (k < 2))
+    np.testing.assert_array_equal(np.asarray(either), (k <= q) | (k < 2))
+
+
+def test_left_right_window_attention_bias_value():
+    pos = jnp.arange(5)[None]
+    bias = ab.LeftRightWindowAttentionBias(
+        target_positions=pos, source_positions=pos, left_context=2, right_context=1
+    )
+    i, j = np.arange(5)[:, None], np.arange(5)[None, :]
+    expected = np.where((j >= i - 2) & (j <= i + 1), 0.0, ab.NEG_INF).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(bias.value())[0, 0], expected)
+
+
+def test_split_takes_out_types_and_keeps_the_sum():
+    pos = jnp.arange(5)[None]
+    causal = ab.CausalAttentionBias(target_positions=pos, source_positions=pos)
+    upper = ab.MaskFnAttentionBias(
+        target_positions=pos, source_positions=pos, mask=lambda q, k: q < k
+    )
+    segments = ab.SegmentIdAttentionBias(jnp.asarray([[1, 1, 2, 2, 2]]))
+    got = list(
+        ab.split(
+            ab.CompositeAttentionBias([upper, causal]),
+            ab.CausalAttentionBias,
+            ab.MaskFnAttentionBias,
+        )
+    )
+    assert got[0] is causal and got[1] is upper and got[2].value() is None
+    zero, rest = ab.split(causal + segments, ab.TensorAttentionBias)
+    assert isinstance(zero, ab.ZeroAttentionBias) and not zero.has_value()
+    np.testing.assert_array_equal(np.asarray(rest.value()), np.asarray((causal + segments).value()))
+    # Two MaskFn parts merge into one whose mask is their AND: the sum of the two NEG_INF biases
+    # is not reproduced, but the connected set (bias == 0) is.
+    part, rest = ab.split(
+        ab.CompositeAttentionBias([upper, segments, causal]), ab.MaskFnAttentionBias
+    )
+    i, j = np.arange(5)[:, None], np.arange(5)[None, :]
+    np.testing.assert_array_equal(np.asarray(part.value())[0, 0] == 0, (i < j) & (j <= i))
+    assert len(rest.biases) == 1 and rest.biases[0] is segments
+    seg = np.array([1, 1, 2, 2, 2])
+    expected = np.where(seg[:, None] == seg[None, :], 0.0, ab.NEG_INF).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(rest.value())[0, 0], expected)
+
+
+def test_tensor_attention_bias_from_tensor_is_4d():
+    value = np.arange(12, dtype=np.float32).reshape(3, 4)
+    bias = ab.TensorAttentionBias.from_tensor(jnp.asarray(value))
+    assert bias.bias.shape == (1, 1, 3, 4)
+    np.testing.assert_array_equal(np.asarray(bias.value()), value[None, None])
+    masked = ab.MaskFnAttentionBias(
+        ab.causal_mask, target_positions=jnp.arange(3)[None], source_positions=jnp.arange(3)[None]
+    )
+    np.testing.assert_array_equal(np.asarray(masked.value())[0, 0] == 0, np.tri(3, dtype=bool))
+
+
+def test_subclass_value_is_cast_and_broadcast():
+    """A subclass implementing only `_value()` gets 4-D values, cast by `astype`."""
+
+    class Explicit(ab.BaseAttentionBias):
+        def __init__(self, tensor, **kwargs):
+            super().__init__(**kwargs)
+            self.tensor = tensor
+
+        def _value(self):
+            return self.tensor
+
+    for shape, expected in [((5, 7), (1, 1, 5, 7)), ((3, 5, 7), (3, 1, 5, 7))]:
+        assert Explicit(jnp.ones(shape)).value().shape == expected
+    value = np.arange(6, dtype=np.float32).reshape(2, 3)
+    bias = TensorAttentionBias.from_tensor(jnp.asarray(value))
+    assert bias.dtype is None and bias.value().dtype == jnp.float32
+    half = bias.astype(jnp.bfloat16)
+    assert half.dtype == jnp.bfloat16 and bias.dtype is None
+    assert half.value().dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(half.value(), np.float32)[0, 0], value)
+    # The dtype is static: it survives jit and is not a leaf.
+    assert jax.jit(lambda b: b.value())(half).dtype == jnp.bfloat16
+    assert len(jax.tree.leaves(half)) == 1
+    assert half.eval_shape() == (1, 1, 2, 3)
+    with pytest.raises(ValueError, match="ZeroAttentionBias has no value"):
+        ZeroAttentionBias().eval_shape()
+
+
+def test_bool_biases_match_numpy():
+    rng = np.random.default_rng(0)
+    mask = rng.random((2, 4, 6)) > 0.5
+    bias = ab.BoolTensorAttentionBias.from_tensor(jnp.asarray(mask))
+    np.testing.assert_array_equal(np.asarray(bias.bool_value()), mask[:, None])
+    np.testing.assert_array_equal(
+        np.asarray(bias.value()), np.where(mask[:, None], 0.0, NEG_INF).astype(np.float32)
+    )
+    assert isinstance(bias, ab.BoolAttentionBias)
+    with pytest.raises(ValueError, match="must be bool"):
+        ab.BoolTensorAttentionBias(jnp.ones((1, 1, 2, 2)))
+    with pytest.raises(ValueError, match="must be 4-D"):
+        ab.BoolTensorAttentionBias(jnp.ones((2, 2), bool))
+    assert ZeroAttentionBias().bool_value() is None
+    # Per-example query positions: the mask function gets [batch, target, 1] and [1, 1, source].
+    target = np.array([[0, 1, 2], [2, 1, 0]])
+    seen = []
+
+    def mask_fn(q, k):
+        seen.append((q.shape, k.shape))
+        return q >= k
+
+    masked = ab.MaskFnAttentionBias(
+        mask_fn, target_positions=jnp.asarray(target), source_positions=jnp.arange(4)[None]
+    )
+    expected = target[:, :, None] >= np.arange(4)[None, None, :]
+    np.testing.assert_array_equal(np.asarray(masked.bool_value()), expected[:, None])
+    assert seen[-1] == ((2, 3, 1), (1, 1, 4))
+    with pytest.raises(ValueError, match="MaskFnAttentionBias: target_positions"):
+        ab.MaskFnAttentionBias(
+            mask_fn, target_positions=jnp.arange(3), source_positions=jnp.arange(4)
+        ).value()
+    # Unbatched segment ids [length] still give a bias (shape [length, 1, 1, length]).
+    seg = np.array([1, 1, 2])
+    got = SegmentIdAttentionBias(jnp.asarray(seg)).bool_value()
+    np.testing.assert_array_equal(np.asarray(got)[:, 0, 0], seg[:, None] == seg[None, :])
+
+
+def test_as_attention_bias_and_from_sequence_shapes():
+    assert isinstance(ab.as_attention_bias(None), ZeroAttentionBias)
+    converted = ab.as_attention_bias(jnp.zeros((3, 3)))
+    assert isinstance(converted, TensorAttentionBias) and converted.value().shape == (1, 1, 3, 3)
+    causal = CausalAttentionBias(target_positions=jnp.arange(3)[None], source_positions=None)
+    assert ab.as_attention_bias(causal) is causal
+    with pytest.raises(ValueError, match="must be floating"):
+        ab.as_attention_bias(jnp.zeros((3, 3), bool))
+    with pytest.raises(NotImplementedError):
+        ab.as_attention_bias("causal")
+    small = CausalAttentionBias(
+        target_positions=jnp.arange(3)[None], source_positions=jnp.arange(3)[None]
+    )
+    large = CausalAttentionBias(
+        target_positions=jnp.arange(4)[None], source_positions=jnp.arange(4)[None]
+    )
+    with pytest.raises(ValueError, match="shape"):
+        CausalAttentionBias.from_sequence([small, large])
+
+
+def test_partition_specs_follow_the_pytree():
+    from jax.sharding import PartitionSpec as P
+
+    specs = {"bnts": P("data", "model", None, None), "bsnh": P("data", None, "model", None)}
+    pos = jnp.arange(4)[None]
+    causal = CausalAttentionBias(target_positions=jnp.ones((2, 4), jnp.int32), source_positions=pos)
+    tensor = TensorAttentionBias.from_tensor(jnp.zeros((2, 4, 4)))
+    seg = SegmentIdAttentionBias(jnp.ones((2, 4), jnp.int32))
+    total = causal + tensor + seg + ZeroAttentionBias()
+    spec = total.partition_spec(specs)
+    # Same structure as the (flat) sum: one spec per member.
+    assert isinstance(spec, CompositeAttentionBias) and len(spec.biases) == 4
+    causal_spec, tensor_spec, seg_spec, zero_spec = spec.biases
+    # Batched target positions keep the batch sharding; broadcast (size 1) ones do not.
+    assert causal_spec.target_positions == P("data", None)
+    assert causal_spec.source_positions == P(None, None)
+    # The tensor has one head: that dim is not sharded.
+    assert tensor_spec == P("data", None, None, None)
+    assert seg_spec == P("data", None)
+    assert zero_spec == P()
+    assert ab.CompositeAttentionBias([ZeroAttentionBias()]).partition_spec(specs).biases == [P()]
+    with pytest.raises(ValueError, match="SegmentIdAttentionBias.partition_spec"):
+        seg.partition_spec({"bsnh": P("data", "seq", None, None)})
+    assert seg.partition_spec({"bsnh": P(None)}) == P(None)

@@ -126,16 +126,26 @@ def test_dtype_and_param_init_inherited():
     np.testing.assert_array_equal(params["layer0"]["weight"], 2.0)
 
 
-def test_adding_sibling_keeps_values():
+def test_keys_split_in_child_order_as_axlearn():
+    """Child i gets the i-th child key of successive splits, so siblings after it change nothing
+    before it, and siblings before it move its draw (AXLearn's rule)."""
     key = jax.random.PRNGKey(3)
     base = _init(_model(names=("layer0", "layer1")), key)
-    # Siblings added after and before (same dims for layer0/layer1 in both cases).
     after = _init(_model(names=("layer0", "layer1", "zzz", "yyy")), key)
     before = _init(_model(names=("aaa", "bbb", "layer0", "layer1")), key)
-    for other in (after, before):
-        for name in ("layer0", "layer1"):
-            jax.tree.map(np.testing.assert_array_equal, base[name], other[name])
-    assert not np.array_equal(after["zzz"]["weight"], base["layer0"]["weight"])
+    for name in ("layer0", "layer1"):
+        jax.tree.map(np.testing.assert_array_equal, base[name], after[name])
+    assert not np.array_equal(before["layer0"]["weight"], base["layer0"]["weight"])
+    # The reference, written here: key, child = split(key) per child; Linear's own weight is
+    # the first split of its key (bias next, constant 0); Xavier uniform over fan_avg.
+    k = key
+    for name in ("layer0", "layer1"):
+        k, child = jax.random.split(k)
+        weight_key = jax.random.split(child)[1]
+        shape = base[name]["weight"].shape
+        bound = np.float32(np.sqrt(3 * np.float32(2.0 / sum(shape))))
+        ref = jax.random.uniform(weight_key, shape, jnp.float32, -1) * bound
+        np.testing.assert_allclose(base[name]["weight"], ref, rtol=1e-6)
 
 
 def test_prebuilt():

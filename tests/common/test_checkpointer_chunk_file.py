@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from axlearn.common.checkpointer import chunk_file
+from axlearn.common.file_access import resolve as fa_resolve
 
 # Empty, one byte, exactly one block, one block and a byte, several bounce buffers and a tail.
 SIZES = [0, 1, 4096, 4097, 3 * (8 << 20) + 123]
@@ -41,10 +42,14 @@ def test_direct_on_this_disk_and_fallback_where_refused(tmp_path, monkeypatch):
     direct = chunk_file.write_file_durably(str(tmp_path / "direct"), data).direct
     real_open = os.open
 
-    def open_without_direct(path, flags, *args):
+    # The component-by-component resolver opens with os.open (openat2 is a raw syscall).
+    monkeypatch.setitem(fa_resolve._openat2_state, "fn", None)
+    monkeypatch.setitem(fa_resolve._openat2_state, "checked", True)
+
+    def open_without_direct(path, flags, *args, **kwargs):
         if flags & getattr(os, "O_DIRECT", 0):
             raise OSError(errno.EINVAL, "Invalid argument", path)
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", open_without_direct)
     buffered = chunk_file.write_file_durably(str(tmp_path / "buffered"), data)
@@ -92,11 +97,16 @@ def test_read_falls_back_to_page_cache_where_direct_is_refused(tmp_path, monkeyp
     direct = getattr(os, "O_DIRECT", 0)
     real_open, real_preadv, direct_fds, flags_seen = os.open, os.preadv, set(), []
 
-    def fake_open(file, flags, *args):
+    monkeypatch.setitem(fa_resolve._openat2_state, "fn", None)  # Open with os.open.
+    monkeypatch.setitem(fa_resolve._openat2_state, "checked", True)
+
+    def fake_open(file, flags, *args, **kwargs):
+        if flags & os.O_DIRECTORY:  # The file layer opening the directory: not the file.
+            return real_open(file, flags, *args, **kwargs)
         flags_seen.append(flags)
         if refused_at == "open" and flags & direct:
             raise OSError(errno.EINVAL, "Invalid argument", file)
-        fd = real_open(file, flags, *args)
+        fd = real_open(file, flags, *args, **kwargs)
         if flags & direct:
             direct_fds.add(fd)
         return fd

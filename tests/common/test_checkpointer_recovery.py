@@ -38,10 +38,15 @@ def _target() -> dict:
 
 
 def _files(root: str) -> dict[str, bytes]:
-    """{relative path: content} of every file under root (step dirs renamed: step part kept)."""
+    """{relative path: content} of every file under root (step dirs renamed: step part kept).
+
+    The run lock (`run.lock`, a trainer's lock on its checkpoint dir) is not checkpoint data.
+    """
     out = {}
     for d, _, names in os.walk(root):
         for n in names:
+            if d == root and n == "run.lock":
+                continue
             path = os.path.join(d, n)
             rel = os.path.relpath(path, root).split(os.sep)
             rel[0] = rel[0][: len("step_00000000")]  # A set-aside dir keeps its step prefix.

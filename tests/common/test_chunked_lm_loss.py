@@ -230,7 +230,9 @@ def test_model_chunked_equals_plain_fp32(which, chunk_size):
     (loss_c, sum_c), grads_c = _loss_and_grads(chunked, params, batch)
     assert _rel_err(loss_c, loss_p) < 1e-6
     for key in _METRICS + (("bits_per_byte",) if which == "random" else ()):
-        assert _rel_err(sum_c[key].mean, sum_p[key].mean) < 1e-6, key
+        # exp() multiplies the loss's relative error by the loss (~9 here): perplexity gets more.
+        tol = 5e-6 if key == "perplexity" else 1e-6
+        assert _rel_err(sum_c[key].mean, sum_p[key].mean) < tol, key
         assert float(sum_c[key].weight) == float(sum_p[key].weight), key
     assert 0 < float(sum_p["accuracy"].mean) or which == "random"
     for (path, g_c), (_, g_p) in zip(flatten_items(grads_c), flatten_items(grads_p)):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from axlearn.common import logit_modifiers
+from axlearn.common import decoding, logit_modifiers
 from axlearn.common.decoding import (
     NEG_INF,
     CompositeDecodingCondition,
@@ -116,7 +116,7 @@ def test_stop_conditions():
         both(index=jnp.array([2, 3]), sequences=seqs, prefix_len=jnp.array([1, 1])),
         [[True], [True]],
     )
-    with pytest.raises(ValueError, match="non-empty"):
+    with pytest.raises(ValueError, match="Zero length stopping seqs"):
         StopOnSubsequence([[1], []])
     with pytest.raises(ValueError, match="at least one"):
         CompositeDecodingCondition([])
@@ -304,3 +304,70 @@ def test_beam_search_small_beam_keeps_best():
         np.testing.assert_allclose(scores[i], raw, rtol=1e-5)
     # The best finished sequence is at least as good as stopping right away.
     assert scores[0] >= table[3, EOS] - 1e-6
+
+
+def test_gather_beams_matches_numpy_indexing():
+    from axlearn.common.decoding import _gather_beams  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.RandomState(0)
+    x = rng.randint(0, 100, size=(2, 3, 4))
+    y = rng.randn(2, 3, 2, 5).astype(np.float32)
+    idx = np.asarray([[2, 0, 0, 1, 2], [1, 1, 0, 2, 2]])
+    expected = [x[np.arange(2)[:, None], idx], y[np.arange(2)[:, None], idx]]
+    for one_hot in (True, False):
+        got = _gather_beams(
+            dict(x=x, y=y, step=jnp.zeros([])), jnp.asarray(idx), 2, 3, 5, one_hot=one_hot
+        )
+        np.testing.assert_array_equal(got["x"], expected[0])
+        np.testing.assert_allclose(got["y"], expected[1], rtol=1e-6)
+        assert got["step"].shape == ()
+
+
+def test_decode_and_beam_init_states():
+    from axlearn.common.decoding import _beam_init, _decode_init  # pylint: disable=import-outside-toplevel
+
+    inputs = jnp.asarray([[5, 6, 0], [5, 0, 0]])
+    time_step = decoding.infer_initial_time_step(inputs, pad_id=0)
+    scores = jnp.asarray([[0.5, 0.25, 0.0], [0.75, 0.0, 0.0]])
+    state = _decode_init(
+        inputs=inputs,
+        time_step=time_step,
+        num_decodes=2,
+        max_decode_len=5,
+        cache=dict(k=jnp.ones((2, 7))),
+        prng_key=jax.random.PRNGKey(0),
+        pad_id=0,
+        token_scores=scores,
+    )
+    np.testing.assert_array_equal(state.cur_index, [1, 0])
+    np.testing.assert_array_equal(state.sequences[:, 0], [[5, 6, 0, 0, 0], [5, 0, 0, 0, 0]])
+    np.testing.assert_allclose(state.token_scores[:, 1, 1:4], scores)
+    np.testing.assert_array_equal(state.token_scores[:, :, 0], 0)
+    assert state.cache["k"].shape == (2, 2, 7) and not state.stop_decoding.any()
+    with pytest.raises(ValueError, match="token_scores.shape"):
+        _decode_init(
+            **{
+                **dict(inputs=inputs, time_step=time_step, num_decodes=1),
+                **dict(max_decode_len=3, cache={}, prng_key=None, pad_id=0),
+                "token_scores": scores,
+            }
+        )
+    beam = _beam_init(
+        inputs=inputs, time_step=time_step, beam_size=3, max_decode_len=4, cache={}, pad_id=0
+    )
+    np.testing.assert_array_equal(beam.live_scores[0], [0.0, decoding.NEG_INF, decoding.NEG_INF])
+    np.testing.assert_array_equal(beam.live_seqs[1, 2], [5, 0, 0, 0])
+    assert beam.prefix_merger is None
+    with pytest.raises(ValueError, match="max_decode_len"):
+        _beam_init(
+            inputs=inputs, time_step=time_step, beam_size=1, max_decode_len=2, cache={}, pad_id=0
+        )
+    with pytest.raises(ValueError, match="time_step.shape"):
+        _beam_init(
+            inputs=inputs,
+            time_step=time_step[:1],
+            beam_size=1,
+            max_decode_len=4,
+            cache={},
+            pad_id=0,
+        )

@@ -169,3 +169,24 @@ def test_no_static_import_of_experiments():
                     if stripped.startswith(("import experiments", "from experiments")):
                         offenders.append(f"{path}:{lineno}: {stripped}")
     assert not offenders, offenders
+
+
+def test_unknown_config_of_a_big_module_is_a_short_line(monkeypatch):
+    """Issue 55 case 7: 60 configs -> at most 5 suggestions, closest first, and the command
+    that lists them all instead of every name (was: one 4.4 KB line)."""
+    import types  # pylint: disable=import-outside-toplevel
+
+    names = [f"fuji-{size}B-v{v}" for size in (1, 3, 7, 8, 70) for v in (1, 2, 3)]
+    names = [n + s for n in names for s in ("", "-flash", "-flash-fp8", "-single-host")]
+    module = types.ModuleType("axlearn_test_big_experiment")
+    module.named_trainer_configs = lambda: {n: (lambda: None) for n in names}
+    monkeypatch.setitem(sys.modules, "axlearn_test_big_experiment", module)
+    with pytest.raises(UnknownTrainerConfigError) as e:
+        get_named_trainer_config("fuji-7B-v4", config_module="axlearn_test_big_experiment")
+    msg = str(e.value)
+    suggested = msg.split("Did you mean: ", 1)[1].split("?", 1)[0].split(", ")
+    assert len(names) == 60 and len(suggested) == 5 and suggested[0] == "fuji-7B-v1", msg
+    assert msg.endswith(
+        "`axlearn config list --module=axlearn_test_big_experiment` lists its 60 configs."
+    )
+    assert len(msg) < 300, len(msg)

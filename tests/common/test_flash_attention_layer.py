@@ -85,14 +85,16 @@ def test_backend_overrides_are_checked_and_keep_values():
     # Every known key is accepted; none changes the values of our (XLA) core.
     overrides = {key: 256 for key in KNOWN_BACKEND_OVERRIDES}
     overrides["splash_use_fused_bwd_kernel"] = False
+    # AXLearn's all-gather switch: no effect on one device (outside a mesh).
+    overrides["all_gather_attention"] = True
     tuned = _layer(FlashAttention, True, backend_overrides=overrides)
     np.testing.assert_array_equal(_run(tuned, params, dict(query=x)), expected)
-    assert len(KNOWN_BACKEND_OVERRIDES) == 9
+    assert len(KNOWN_BACKEND_OVERRIDES) == 10
 
     with pytest.raises(
         ValueError,
         match=r"^attn\.backend_overrides: unknown key 'splash_block_size'; known keys: "
-        r"splash_use_fused_bwd_kernel, splash_block_q, .*splash_block_kv_dq$",
+        r"splash_use_fused_bwd_kernel, splash_block_q, .*splash_block_kv_dq, all_gather_attention$",
     ):
         _layer(FlashAttention, True, backend_overrides={"splash_block_size": 512})
     with pytest.raises(ValueError, match=r"\['splash_use_fused_bwd_kernel'\]=1 must be True"):

@@ -122,3 +122,34 @@ def test_errors():
         )(_params())
     with pytest.raises(ValueError, match="steps must be >= 1"):
         with_minibatch_steps(steps=0)
+
+
+def test_summary_summaries_are_combined_by_the_metric_accumulator():
+    from axlearn.common.metrics import MaxSummary, MetricAccumulator, MinSummary, WeightedSummary
+
+    def per_batch_fn(*, model_params, inputs):
+        x = inputs["input_batch"]["x"]  # [b, 5]
+        loss = jnp.mean((x @ model_params["w1"]) ** 2)
+        collection = new_output_collection()
+        collection.summaries["min"] = MinSummary(jnp.min(x, axis=0))
+        collection.summaries["nested"] = dict(max=MaxSummary(jnp.max(x, axis=0)))
+        collection.summaries["count"] = WeightedSummary(jnp.mean(x[:, 0]), jnp.float32(x.shape[0]))
+        collection.summaries["plain"] = jnp.mean(x)
+        return learner_lib.ForwardOutputs(loss=loss, aux={}, output_collection=collection)
+
+    x = _batch()["x"]
+    for accumulator in (None, MetricAccumulator.default_config()):
+        wrapped = with_minibatch_steps(steps=4, metric_accumulator=accumulator)(per_batch_fn)
+        # Positional call (as pjit makes it) and keyword call give the same outputs.
+        out = jax.jit(wrapped)(_params(), dict(input_batch=dict(x=x)))
+        summaries = out.output_collection.summaries
+        # Min/max over all microbatches = over the whole batch (NumPy reference).
+        np.testing.assert_allclose(summaries["min"].value(), x.min(axis=0), rtol=1e-6)
+        np.testing.assert_allclose(summaries["nested"]["max"].value(), x.max(axis=0), rtol=1e-6)
+        # Equal-weight microbatch means combine to the full-batch mean; weights add up.
+        assert float(summaries["count"].mean) == pytest.approx(float(x[:, 0].mean()), abs=1e-6)
+        assert float(summaries["count"].weight) == 16.0
+        # Plain summaries are averaged over the microbatches.
+        assert float(summaries["plain"]) == pytest.approx(float(x.mean()), abs=1e-6)
+        kw_out = wrapped(model_params=_params(), inputs=dict(input_batch=dict(x=x)))
+        assert float(kw_out.loss) == pytest.approx(float(out.loss), abs=1e-6)

@@ -120,3 +120,41 @@ def test_index_without_weight_map_names_the_file(tmp_path, index):
     path.write_text(index if isinstance(index, str) else json.dumps(index))
     with pytest.raises(HfConversionError, match=SAFETENSORS_INDEX_FILE.replace(".", r"\.")):
         load_hf_state_dict(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda p: p.write_bytes(b"{" + b" " * (2 << 20) + b"}"), "over|bytes"),
+        (lambda p: p.write_bytes(b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"), "nested"),
+        (lambda p: p.write_bytes(b'{"model_type": "\xff"}'), "UTF-8"),
+        (lambda p: os.mkfifo(p), "regular file"),
+        (lambda p: os.symlink(p.parent / "nowhere", p), "does not exist|cannot|No such"),
+    ],
+)
+def test_config_json_is_read_bounded_through_the_file_layer(tmp_path, make, match):
+    """Unclear cases: hf import's config.json huge, deeply nested, non-UTF-8, a FIFO, a link."""
+    from axlearn.common.hf_checkpoint import check_hf_config
+
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    make(hf_dir / "config.json")
+    with pytest.raises(HfConversionError, match=match) as e:
+        check_hf_config(str(hf_dir), model_cfg=None)
+    assert "\n" not in str(e.value) and "config.json" in str(e.value)
+
+
+def test_config_json_linked_as_in_the_hf_cache_is_read(tmp_path):
+    from axlearn.common.hf_checkpoint import check_hf_config
+
+    hf_dir, blobs = tmp_path / "hf", tmp_path / "blobs"
+    hf_dir.mkdir()
+    blobs.mkdir()
+    (blobs / "sha").write_text(json.dumps({"model_type": "bert"}), encoding="utf-8")
+    (hf_dir / "config.json").symlink_to(blobs / "sha")
+    with pytest.raises(HfConversionError, match="model_type is 'bert', not 'llama'"):
+        check_hf_config(str(hf_dir), model_cfg=None)
+    (hf_dir / SAFETENSORS_INDEX_FILE).write_bytes(b"[" * 100_000)
+    with pytest.raises(HfConversionError, match="nested") as e:
+        load_hf_state_dict(str(hf_dir))
+    assert "\n" not in str(e.value)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from axlearn.common.inference import InferenceRunner, logits_modifier
+from tests.trained_run import MODULE
 
 # Each test decodes with the trained run's model (a compilation or two each, plus the training
 # run of the session fixture): seconds alone, tens of seconds on a loaded 2-core machine.
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def runner(trained_dir) -> InferenceRunner:
-    runner = InferenceRunner.from_trainer_dir(trained_dir, evalers=[])
+    runner = InferenceRunner.from_trainer_dir(trained_dir, evalers=[], module=MODULE)
     assert runner.restore() == 6
     return runner
 
@@ -157,7 +158,7 @@ def test_restore_refuses_an_index_leaf_outside_the_checkpoint(trained_dir, tmp_p
     sentinel = Sentinel(str(chunk), chunk.read_bytes())
     leaf["file"] = str(outside)
     (step_dir / "index").write_text(json.dumps(index))
-    runner = InferenceRunner.from_trainer_dir(str(run), evalers=[])
+    runner = InferenceRunner.from_trainer_dir(str(run), evalers=[], module=MODULE)
     with pytest.raises(ValueError) as e:
         runner.restore(6)
     assert "is absolute" in str(e.value) and "stay inside it" in str(e.value)

@@ -107,3 +107,104 @@ def test_partition_by_path_rank():
     }
     with pytest.raises(ValueError, match=r"no rule for input 'image' of rank 4"):
         fn({"image": np.zeros((2, 3, 4, 5))})
+
+
+def test_partition_by_path_rank_keys_and_values():
+    from jax.sharding import PartitionSpec
+
+    from axlearn.common.input_base import PathAndRank, partition_by_path_rank
+
+    fn = partition_by_path_rank(
+        {
+            PathAndRank("target_num_.*", None): PartitionSpec.UNCONSTRAINED,
+            PathAndRank("input_ids", 2): None,  # Replicated.
+            PathAndRank(None, None): PartitionSpec("data"),  # The rest, any rank.
+        }
+    )
+    batch = {
+        "input_ids": np.zeros((4, 8)),
+        "target_labels": np.zeros((4, 8)),
+        "target_num_bytes": np.zeros((4,)),
+        "image": np.zeros((4, 2, 2, 3)),
+    }
+    assert fn(batch) == {
+        "input_ids": PartitionSpec(),
+        "target_labels": PartitionSpec("data"),
+        "target_num_bytes": PartitionSpec.UNCONSTRAINED,
+        "image": PartitionSpec("data"),
+    }
+    with pytest.raises(ValueError, match="No rules matched"):
+        partition_by_path_rank({})(batch)
+
+
+def _sharding_specs(inp, batch, mesh):
+    """The PartitionSpecs of dispatch_global_batch's outputs under jit on `mesh`."""
+    with jax.set_mesh(mesh):
+        out = jax.jit(inp.dispatch_global_batch)(batch)
+    return jax.tree.map(lambda x: x.sharding.spec, out)
+
+
+def test_dispatch_global_batch_partition_spec_and_partitioner():
+    from jax.sharding import PartitionSpec
+
+    from axlearn.common.input_base import partition_by_path_rank
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "seq"))
+    batch = {"input_ids": np.ones((4, 8), np.int32), "target_num_bytes": np.ones((4,), np.int32)}
+    inp = _input(partition_spec=PartitionSpec("data"))
+    specs = _sharding_specs(inp, batch, mesh)
+    assert specs == {"input_ids": PartitionSpec("data"), "target_num_bytes": PartitionSpec("data")}
+    # A partitioner returning specs: input_ids further over seq, target_num_bytes left as is.
+    partitioner = partition_by_path_rank(
+        {
+            (".*", 2): PartitionSpec("data", "seq"),
+            ("target_num_bytes", None): PartitionSpec.UNCONSTRAINED,
+        }
+    )
+    inp = _input(partition_spec=PartitionSpec("data"), input_partitioner=partitioner)
+    specs = _sharding_specs(inp, batch, mesh)
+    assert specs["input_ids"] == PartitionSpec("data", "seq")
+    assert specs["target_num_bytes"] == PartitionSpec("data")
+
+    # A partitioner that constrains the batch itself (AXLearn's kind) is used as it is.
+    def replicate_ids(b):
+        return {**b, "input_ids": jax.lax.with_sharding_constraint(b["input_ids"], PartitionSpec())}
+
+    inp = _input(partition_spec=PartitionSpec("data"), input_partitioner=replicate_ids)
+    assert _sharding_specs(inp, batch, mesh)["input_ids"] == PartitionSpec()
+    # Values are unchanged by any of this.
+    with jax.set_mesh(mesh):
+        out = jax.jit(inp.dispatch_global_batch)(batch)
+    np.testing.assert_array_equal(out["input_ids"], batch["input_ids"])
+    from axlearn.common.config import config_for_function
+
+    with pytest.raises(ValueError, match="input.input_partitioner must be callable"):
+        _input(input_partitioner=config_for_function(lambda: 3))
+
+
+def test_partition_spec_property_and_spmd_dispatcher_gets_the_spec():
+    from jax.sharding import PartitionSpec
+
+    from axlearn.common.input_dispatch import SpmdInputDispatcher
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
+    with jax.set_mesh(mesh):
+        assert _input().partition_spec == PartitionSpec(("data", "model"))
+        inp = _input(
+            batch_size=4,
+            partition_spec=PartitionSpec("data"),
+            input_dispatcher=SpmdInputDispatcher.default_config().set(global_logical_batch_size=4),
+        )
+        assert inp.input_dispatcher.config.partition_spec == PartitionSpec("data")
+        assert inp.partition_spec == PartitionSpec("data")
+        shapes = inp.input_dispatcher.logical_to_physical_shapes(inp.element_spec())
+        assert shapes["input_ids"].shape == (4, 1)
+        inp = _input(
+            batch_size=4,
+            partition_spec=PartitionSpec("data"),
+            input_dispatcher=InputDispatcher.default_config().set(global_logical_batch_size=4),
+        )
+        # InputDispatcher pads the feed to the 8 devices.
+        shapes = inp.input_dispatcher.logical_to_physical_shapes(inp.element_spec())
+        assert shapes["input_ids"].shape == (8, 1)
+        assert inp.partition_spec == PartitionSpec(("data", "model"))

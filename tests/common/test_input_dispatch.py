@@ -271,3 +271,45 @@ def test_spmd_dispatcher_bad_configs(spec, batch, match):
 def test_spmd_dispatcher_needs_a_mesh():
     with pytest.raises(ValueError, match=r"dispatcher: SpmdInputDispatcher must be instantiated"):
         _spmd(global_logical_batch_size=8, partition_spec=PartitionSpec("data"))
+
+
+def test_base_dispatcher_is_the_interface():
+    from axlearn.common.input_dispatch import BaseInputDispatcher
+
+    assert issubclass(InputDispatcher, BaseInputDispatcher)
+    assert issubclass(SpmdInputDispatcher, BaseInputDispatcher)
+    base = (
+        BaseInputDispatcher.default_config()
+        .set(name="base", global_logical_batch_size=4)
+        .instantiate(parent=None)
+    )
+    for name in ("num_logical_feeds", "feed_logical_batch_size", "partition_spec"):
+        with pytest.raises(NotImplementedError):
+            getattr(base, name)
+    with pytest.raises(NotImplementedError):
+        base.logical_to_physical_batch({})
+
+
+def test_logical_to_physical_shapes():
+    # Logical 2 over 4 feeds, physical 8 (defaults: max(1 * 4, 8 devices)): 2 rows per feed.
+    d = _dispatcher(global_logical_batch_size=2, num_physical_feeds=4, physical_feed_index=3)
+    logical = {
+        "input_ids": jax.ShapeDtypeStruct((1, 5), np.int32),
+        "nested": {"w": np.zeros((1, 2, 3), np.float32)},  # Arrays have shape/dtype too.
+    }
+    physical = d.logical_to_physical_shapes(logical)
+    assert physical["input_ids"] == jax.ShapeDtypeStruct((2, 5), np.int32)
+    assert physical["nested"]["w"] == jax.ShapeDtypeStruct((2, 2, 3), np.float32)
+    # The shapes agree with the batches logical_to_physical_batch makes (its dispatch key aside).
+    batch = d.logical_to_physical_batch({"input_ids": np.zeros((1, 5), np.int32)})
+    assert batch["input_ids"].shape == physical["input_ids"].shape
+    with pytest.raises(ValueError, match="InputDispatcher.logical_to_physical_shapes: a leaf"):
+        d.logical_to_physical_shapes({"x": jax.ShapeDtypeStruct((), np.int32)})
+    with pytest.raises(ValueError, match="expected leaves with shape and dtype"):
+        d.logical_to_physical_shapes({"x": 3})
+    with jax.set_mesh(_mesh()):
+        spmd = _spmd(global_logical_batch_size=8, partition_spec=PartitionSpec("data"))
+        # InputDispatcher's global batch spans every mesh axis.
+        assert d.partition_spec == PartitionSpec(tuple(_mesh().axis_names))
+    shapes = {"x": np.zeros((8, 3), np.int64)}
+    assert spmd.logical_to_physical_shapes(shapes) == {"x": jax.ShapeDtypeStruct((8, 3), np.int64)}

@@ -8,6 +8,7 @@ import pytest
 from axlearn.common import input_tf_data
 from axlearn.common.config import REQUIRED, ConfigBase, Required, config_class, config_for_function
 from axlearn.common.input_fake import FakeLmInput, replace_inputs_with_fake
+from axlearn.common.input_iterator import InputStateError
 from axlearn.experiments.text.common import embedded_vocab_config
 from axlearn.experiments.text.gpt.common import tfds_input
 
@@ -134,5 +135,64 @@ def test_restoring_another_inputs_state_says_so():
     )
     fake = cfg.instantiate(parent=None)
     for state in (b"\x80\x04binary tf.data state", b'{"format": "tf_data"}'):
-        with pytest.raises(ValueError, match=r"belongs to another input, not FakeLmInput"):
+        with pytest.raises(ValueError, match=r"saved by an unknown input .* FakeLmInput"):
             fake.restore_iterator(state)
+    # Issue 55 case 1: a real-data run's state (tf.data, Grain) resumed with --data_dir=FAKE is
+    # one line naming both inputs and both fixes; the state's bytes are not shown.
+    for state, saved in (
+        (b"AXINPUT1\x10\x00\x00\x00secret-payload", "a tf.data input reading real data"),
+        (b'{"format": "axlearn.grain_input_state", "x": "secret-payload"}', "a Grain input"),
+    ):
+        with pytest.raises(InputStateError) as e:
+            fake.restore_iterator(state)
+        msg = str(e.value)
+        assert "\n" not in msg and "secret-payload" not in msg
+        assert f"input position was saved by {saved}" in msg, msg
+        assert "(a run without --data_dir=FAKE), but this run reads with FakeLmInput" in msg
+        assert msg.endswith(
+            "resume with the --data_dir of the run that saved it (not FAKE), or train in a "
+            "fresh --trainer_dir."
+        ), msg
+
+
+_HEAD = b'{"format": "axlearn.fake_input_state", '
+
+
+@pytest.mark.parametrize(
+    "state, expected",
+    [
+        # Over input_state_check.MAX_STATE_BYTES (16 MiB): refused before decoding.
+        (_HEAD + b'"num_batches": 1, "pad": "' + b"x" * (16 << 20) + b'"}', "more than the"),
+        # 100k levels: plain json.loads raises RecursionError; the bounded parser refuses.
+        (_HEAD + b'"num_batches": 1, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "deeper"),
+        (_HEAD + b'"num_batches": 3', "not valid JSON at line 1"),  # Truncated.
+        (_HEAD + b'"num_batches": "3"}', "'num_batches' must be an integer, got str"),
+        (_HEAD + b'"num_batches": true}', "'num_batches' must be an integer, got bool"),
+        (_HEAD + b'"num_batches": null}', "'num_batches' must be an integer, got NoneType"),
+        (_HEAD + b'"num_batches": 2.5}', "'num_batches' must be an integer, got float"),
+        (_HEAD + b'"num_batches": -1}', "'num_batches' is -1, outside [0, 2**63 - 1]"),
+        (_HEAD + b'"num_batches": ' + b"9" * 30 + b"}", "outside [0, 2**63 - 1]"),
+        (_HEAD + b'"batches": 3}', "has no field 'num_batches'"),
+    ],
+)
+def test_restoring_a_bad_fake_state_is_one_line(state, expected):
+    """A saved FakeLmInput state is decoded bounded; each defect is one line naming the fix."""
+    fake = _fake().instantiate(parent=None)
+    with pytest.raises(InputStateError) as e:
+        fake.restore_iterator(state)
+    msg = str(e.value)
+    assert expected in msg, msg
+    assert msg.startswith("Input 'input': the checkpoint's") and "\n" not in msg, msg
+    assert len(msg) < 400 and "xxxx" not in msg, msg
+    assert msg.endswith("resume from an earlier checkpoint, or train in a fresh --trainer_dir")
+
+
+def test_restoring_a_fake_state_resumes_its_position():
+    """The reference: the batches after a restore are those a fresh iterator yields there."""
+    reference = iter(_fake().instantiate(parent=None))
+    expected = [next(reference) for _ in range(3)][2]
+    restored = _fake().instantiate(parent=None)
+    it = restored.restore_iterator(b' {"format": "axlearn.fake_input_state", "num_batches": 2}')
+    np.testing.assert_array_equal(next(it)["input_ids"], expected["input_ids"])
+    with pytest.raises(InputStateError, match="holds no input state"):
+        restored.restore_iterator([])

@@ -1,12 +1,13 @@
 """Tests axlearn.common.input_grain against hand computations (NumPy, Python sets)."""
 
 import json
+import os
 
 import grain
 import numpy as np
 import pytest
 
-from axlearn.common import input_grain
+from axlearn.common import input_grain, input_state_check
 from axlearn.common.config import config_for_function
 from axlearn.common.input_dispatch import InputDispatcher
 from axlearn.common.input_grain import (
@@ -237,8 +238,12 @@ def test_state_from_another_pipeline_shape():
     with pytest.raises(InputStateError, match="another shape") as e:
         grain_input(mix=True).restore_iterator(state, check_config=False)
     assert "\n" not in str(e.value)
-    with pytest.raises(InputStateError, match="Not a Grain input state"):
+    with pytest.raises(InputStateError, match="saved by a tf.data input reading real data"):
         inp.restore_iterator(b"AXINPUT1....")
+    # Issue 55 case 1: a --data_dir=FAKE checkpoint resumed with a Grain input.
+    fake_state = b'{"format": "axlearn.fake_input_state", "num_batches": 3}'
+    with pytest.raises(InputStateError, match=r"saved by FakeLmInput .* --data_dir=FAKE again"):
+        inp.restore_iterator(fake_state)
 
 
 def _write_array_record(path, records):
@@ -289,6 +294,24 @@ def test_input_dataset_and_element_spec():
     np.testing.assert_array_equal(first["x"], next(iter(inp))["x"])
 
 
+def test_element_spec_needs_array_leaves():
+    def build(dc):
+        del dc
+        return grain.MapDataset.range(4).map(lambda i: {"x": i})  # Python ints, not arrays.
+
+    inp = Input.default_config().set(name="input", source=build).instantiate(parent=None)
+    with pytest.raises(ValueError, match="input: element_spec.. requires Tensor-like leaves"):
+        inp.element_spec()
+
+    def build_batched(dc):
+        del dc
+        return grain.MapDataset.range(6).map(lambda i: {"x": np.full(3, i, np.float32)}).batch(2)
+
+    inp = Input.default_config().set(name="input", source=build_batched).instantiate(parent=None)
+    spec = inp.element_spec()  # A MapDataset: its element 0.
+    assert spec["x"].shape == (2, 3) and spec["x"].dtype == np.float32
+
+
 def test_source_must_be_callable():
     with pytest.raises(ValueError, match="source must be a BuildDatasetFn"):
         Input.default_config().set(name="input", source=config_for_function(lambda: 3)).instantiate(
@@ -326,3 +349,157 @@ def test_partition_specs():
         .instantiate(parent=None)
     )
     assert inp.partition_specs(batch)["y"] == PartitionSpec("data", "seq")
+
+
+# ---- Resumes prove their position (issue "Safe by construction": the Silent cases). ----
+
+
+def _array_record_input(path_ref: dict, *, elastic=False, num_feeds=None, feed_index=None):
+    """An Input over the ArrayRecord file at path_ref["path"] (read when the dataset is built)."""
+
+    def build(dc):
+        ds = shard_dataset(array_record_dataset(path_ref["path"]), dc).map(lambda r: {"x": len(r)})
+        return per_feed_batch(ds, global_batch_size=2, dispatch_config=dc)
+
+    cfg = Input.default_config().set(name="input", source=build, elastic_resume=elastic)
+    if num_feeds is not None:
+        cfg.input_dispatcher = InputDispatcher.default_config().set(
+            global_logical_batch_size=2,
+            global_physical_batch_size=2,
+            num_physical_feeds=num_feeds,
+            physical_feed_index=feed_index,
+        )
+    return cfg.instantiate(parent=None)
+
+
+def test_silent_replaced_array_record_file_is_refused(tmp_path):
+    """Silent case: an ArrayRecord file replaced between save and resume was read on."""
+    path = tmp_path / "a.array_record"
+    _write_array_record(path, [b"x" * (i + 1) for i in range(20)])
+    ref = {"path": str(path)}
+    inp = _array_record_input(ref)
+    it = iter(inp)
+    first = [next(it)["x"].tolist() for _ in range(3)]
+    assert first == [[1, 2], [3, 4], [5, 6]]
+    state = inp.iterator_state(it)
+    saved = json.loads(state)["sources"]
+    assert [(s["path"], s["size"]) for s in saved] == [(str(path), path.stat().st_size)]
+    # Unchanged file: resumes where it stopped.
+    assert next(_array_record_input(ref).restore_iterator(state))["x"].tolist() == [7, 8]
+    # An identical copy elsewhere (a moved data set) is accepted.
+    copy = tmp_path / "copy.array_record"
+    copy.write_bytes(path.read_bytes())
+    moved = _array_record_input({"path": str(copy)}).restore_iterator(state)
+    assert next(moved)["x"].tolist() == [7, 8]
+    # Replaced by other records, of the same count and the same size: refused, naming the file.
+    _write_array_record(path, [b"y" * (20 - i) for i in range(20)])
+    assert path.stat().st_size == saved[0]["size"]
+    with pytest.raises(InputStateError, match="source file .*a.array_record changed") as e:
+        _array_record_input(ref).restore_iterator(state)
+    assert "\n" not in str(e.value) and "save_input_iterator=False" in str(e.value)
+    # Another size: refused too, elastic restores included.
+    _write_array_record(path, [b"z" for _ in range(30)])
+    for inp2 in (
+        _array_record_input(ref),
+        _array_record_input(ref, elastic=True, num_feeds=2, feed_index=0),
+    ):
+        with pytest.raises(InputStateError, match=r"changed since .*size \d+ -> \d+"):
+            inp2.restore_iterator(state, check_config=False)
+
+
+def test_silent_null_rows_per_batch_is_refused():
+    """Silent case: an elastic state with rows_per_batch null restarted the input at 0."""
+    states = []
+    for s in range(2):
+        inp = grain_input(num_feeds=2, feed_index=s)
+        it = iter(inp)
+        _take(it, 5)
+        states.append(json.loads(inp.iterator_state(it)))
+    states[0]["rows_per_batch"] = None
+    bad = json.dumps(states[0]).encode()
+    with pytest.raises(InputStateError, match="'rows_per_batch' is null after 5 batches") as e:
+        grain_input(num_feeds=1, feed_index=0).restore_iterator(bad)
+    assert "\n" not in str(e.value)
+    # A state saved before any batch has no rows_per_batch and restores at its start exactly.
+    inp = grain_input(num_feeds=2, feed_index=0)
+    fresh = inp.iterator_state(iter(inp))
+    assert json.loads(fresh)["rows_per_batch"] is None
+    restored = grain_input(num_feeds=1, feed_index=0).restore_iterator(fresh)
+    np.testing.assert_array_equal(next(restored)["x"], next(iter(grain_input()))["x"])
+
+
+def test_elastic_states_that_disagree_are_refused():
+    """Given all feeds' states, an elastic restore refuses states of different positions."""
+    states = []
+    for s, n in enumerate((3, 5)):
+        inp = grain_input(num_feeds=2, feed_index=s)
+        it = iter(inp)
+        _take(it, n)
+        states.append(inp.iterator_state(it))
+    with pytest.raises(InputStateError, match="disagree on the global position") as e:
+        grain_input(num_feeds=1, feed_index=0).restore_iterator(states)
+    assert "\n" not in str(e.value)
+
+
+def test_version_1_state_still_restores():
+    """A state of the previous format (no "sources") restores exactly."""
+    inp = grain_input()
+    it = iter(inp)
+    _take(it, 3)
+    state = json.loads(inp.iterator_state(it))
+    expected = next(it)["x"].tolist()
+    del state["sources"]
+    state["version"] = 1
+    restored = grain_input().restore_iterator(json.dumps(state).encode())
+    assert next(restored)["x"].tolist() == expected
+
+
+def _state_with(**changes) -> bytes:
+    inp = grain_input()
+    it = iter(inp)
+    _take(it, 2)
+    state = json.loads(inp.iterator_state(it))
+    state.update(changes)
+    return json.dumps(state).encode()
+
+
+@pytest.mark.parametrize(
+    "state,match",
+    [
+        (lambda: _state_with(num_batches="7b"), "field 'num_batches' must be an integer, got str"),
+        (lambda: _state_with(num_batches=True), "field 'num_batches' must be an integer, got bool"),
+        (lambda: _state_with(start_index=-3), "field 'start_index' is -3, outside"),
+        (lambda: _state_with(num_shards=0), "field 'num_shards' is 0, outside"),
+        (lambda: _state_with(shard_index=4), "'shard_index' is 4, not below num_shards=1"),
+        (lambda: _state_with(rows_per_batch=[4]), "'rows_per_batch' must be an integer, got list"),
+        (lambda: _state_with(grain="x"), "field 'grain' must be an object, got str"),
+        (lambda: _state_with(sources={"a": 1}), "field 'sources' must be a list"),
+        (lambda: _state_with(version="2"), "unsupported version"),
+        (lambda: b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests deeper than 64"),
+        (
+            lambda: _state_with(grain={"a": {"b": [[[[[[[[[[[]]]]]]]]]]]}})[:-1] + b"[" * 100_000,
+            "nests deeper",
+        ),
+        (lambda: b'{"format": "axlearn.grain_input_state", "x": "\xff\xfe"}', "is not UTF-8"),
+        (lambda: b"{" + b" " * (17 * 2**20) + b"}", "more than the 16777216"),
+        (lambda: b'{"format": "axlearn.grain_input_state", ', "is not valid JSON"),
+        (lambda: b'{"num_batches": 1' + b"1" * 5000 + b"}", "not valid JSON|Not a Grain"),
+        (lambda: b"{}", "saved by an unknown input"),
+    ],
+)
+def test_bad_state_is_one_line(state, match):
+    """Unclear cases: wrong JSON types, deep nesting, non-UTF-8, huge: one line each."""
+    with pytest.raises(InputStateError, match=match) as e:
+        grain_input().restore_iterator(state())
+    message = str(e.value)
+    assert "\n" not in message and len(message) < 600
+    assert "Input 'input'" in message or "Not a Grain" in message
+
+
+def test_fifo_source_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "fifo.array_record"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="fifo.array_record is not a regular file"):
+        array_record_dataset(str(fifo))
+    with pytest.raises(InputStateError, match="fifo.array_record: not a regular file"):
+        input_state_check.file_fingerprint(str(fifo))

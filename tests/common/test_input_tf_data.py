@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -10,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from axlearn.common import input_tf_data
+from axlearn.common import input_iterator, input_tf_data
 from axlearn.common.config import config_for_function
 from axlearn.common.input_iterator import InputError, InputStateError
 from axlearn.experiments.text.common import vocab
@@ -214,8 +216,30 @@ def test_resume_refuses_changed_config(embedded_cache):
     state = it.get_state()
     with pytest.raises(InputStateError, match="max_sequence_length"):
         lm_input_config(max_len=8).instantiate(parent=None).restore_iterator(state)
-    with pytest.raises(InputStateError, match="Not an axlearn input iterator state"):
+    with pytest.raises(InputStateError, match="saved by an unknown input"):
         lm_input_config().instantiate(parent=None).restore_iterator(b"garbage")
+    with pytest.raises(InputStateError, match="Not an axlearn input iterator state"):
+        lm_input_config().instantiate(parent=None).restore_iterator(b"AXINPUT1")
+
+
+def test_resuming_a_fake_input_checkpoint_names_both_inputs_and_the_fix(embedded_cache):
+    """Issue 55 case 1: a checkpoint saved with --data_dir=FAKE resumed with real data."""
+    from axlearn.common.input_fake import FakeLmInput  # pylint: disable=import-outside-toplevel
+
+    fake = FakeLmInput.default_config().set(
+        name="fake", is_training=True, global_batch_size=2, source_length=4, max_token_id=10
+    )
+    it = iter(fake.instantiate(parent=None))
+    next(it)
+    with pytest.raises(InputStateError) as e:
+        lm_input_config().instantiate(parent=None).restore_iterator(it.get_state())
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert (
+        "the checkpoint's input position was saved by FakeLmInput (a run with --data_dir=FAKE), "
+        "but this run reads with a tf.data input of real data; resume with --data_dir=FAKE "
+        "again, or train in a fresh --trainer_dir." in msg
+    ), msg
 
 
 def test_resume_python_generator_source_by_replay():
@@ -514,3 +538,100 @@ def test_element_spec_is_shape_dtype_structs():
     assert cfg.instantiate(parent=None).element_spec() == {
         "text": jax.ShapeDtypeStruct((4,), object)
     }
+
+
+# ------------------------------------------------------------------------------------------------
+# Resumes prove their position: the source files and every header field are checked.
+# ------------------------------------------------------------------------------------------------
+
+
+def _tfrecord_source(paths):
+    def fn():
+        import tensorflow as tf
+
+        ds = tf.data.TFRecordDataset(paths)
+        return ds.map(lambda r: {"x": tf.strings.length(r)})
+
+    return fn
+
+
+def _write_tfrecords(path, records):
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for r in records:
+            writer.write(r)
+
+
+def test_resume_refuses_replaced_source_file(tmp_path):
+    """A TFRecord file replaced between save and resume (same size) is refused, naming it."""
+    paths = [str(tmp_path / "a.tfrecord"), str(tmp_path / "b.tfrecord")]
+    _write_tfrecords(paths[0], [b"x" * (i + 1) for i in range(8)])
+    _write_tfrecords(paths[1], [b"y" * 3 for _ in range(8)])
+    cfg = _range_input(processor=config_for_function(input_tf_data.identity), batch_size=2)
+    cfg.source = config_for_function(_tfrecord_source).set(paths=paths)
+    it = iter(cfg.instantiate(parent=None))
+    assert [b["x"].tolist() for b in take(it, 2)] == [[1, 2], [3, 4]]
+    state = it.get_state()
+    header, _ = input_iterator.decode_state(state)
+    (feed,) = header["feeds"]
+    assert [s["path"] for s in feed["sources"]] == paths and feed["rows_per_batch"] == 2
+    assert feed["sources"][0]["size"] == os.path.getsize(paths[0])
+    assert take(cfg.instantiate(parent=None).restore_iterator(state), 1)[0]["x"].tolist() == [5, 6]
+    _write_tfrecords(paths[0], [b"z" * (8 - i) for i in range(8)])  # Same size, other records.
+    with pytest.raises(InputStateError, match="source file .*a.tfrecord changed") as e:
+        cfg.instantiate(parent=None).restore_iterator(state)
+    assert "\n" not in str(e.value) and "save_input_iterator=False" in str(e.value)
+    # A state of the previous version (no sources) restores without the check.
+    header["version"] = 1
+    for f in header["feeds"]:
+        del f["sources"], f["rows_per_batch"]
+    old = input_iterator.encode_state(header, [input_iterator.decode_state(state)[1]])
+    assert cfg.instantiate(parent=None).restore_iterator(old).num_batches == 2
+
+
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (lambda h: h.update(num_batches="7b"), "'num_batches' must be an integer, got str"),
+        (lambda h: h.update(num_feeds=0), "'num_feeds' is 0, outside"),
+        (lambda h: h.update(feeds={"0": 1}), "'feeds' must be a list of objects"),
+        (lambda h: h["feeds"][0].update(index=5), r"feeds\[0\].index is 5, not below"),
+        (lambda h: h["feeds"][0].update(size=10**9), "payload runs past the state's end"),
+        (lambda h: h["feeds"][0].update(mode=1), "mode must be 'tf' or 'skip'"),
+        (lambda h: h.update(config=[1]), "'config' must be a string"),
+        (lambda h: h.update(x="[" * 70), None),  # Brackets in a string are not nesting.
+    ],
+)
+def test_bad_state_header_is_one_line(edit, match):
+    cfg = _range_input()
+    it = iter(cfg.instantiate(parent=None))
+    take(it, 1)
+    header, body = input_iterator.decode_state(it.get_state())
+    edit(header)
+    head = json.dumps(header).encode()
+    state = input_iterator._MAGIC + struct.pack("<I", len(head)) + head + body
+    if match is None:
+        cfg.instantiate(parent=None).restore_iterator(state)
+        return
+    with pytest.raises(InputStateError, match=match) as e:
+        cfg.instantiate(parent=None).restore_iterator(state)
+    assert "\n" not in str(e.value) and "Input 'input'" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "head,match",
+    [
+        (b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests deeper than 64"),
+        (b'{"format": "\xff"}', "is not UTF-8"),
+        (b'{"format": ', "is not valid JSON"),
+    ],
+)
+def test_undecodable_state_header_is_one_line(head, match):
+    state = input_iterator._MAGIC + struct.pack("<I", len(head)) + head
+    with pytest.raises(InputStateError, match=match) as e:
+        _range_input().instantiate(parent=None).restore_iterator(state)
+    assert "\n" not in str(e.value)
+    truncated = input_iterator._MAGIC + struct.pack("<I", 10**6) + b"{}"
+    with pytest.raises(InputStateError, match="truncated"):
+        _range_input().instantiate(parent=None).restore_iterator(truncated)

@@ -22,6 +22,24 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 MODULE = "tests.common.trainer_mp_experiment"
 
 
+def test_get_named_trainer_config_is_patchable_module_global(monkeypatch):
+    from axlearn.common import (  # pylint: disable=import-outside-toplevel
+        experiment_registry,
+        launch_trainer,
+    )
+
+    assert launch_trainer.get_named_trainer_config is experiment_registry.get_named_trainer_config
+    calls = []
+
+    def fake(config_name, *, config_module):
+        calls.append((config_name, config_module))
+        return lambda: "built"
+
+    monkeypatch.setattr(launch_trainer, "get_named_trainer_config", fake)
+    fn = launch_trainer._named_trainer_config_fn("some.module", "cfg-x")  # pylint: disable=protected-access
+    assert fn() == "built" and calls == [("cfg-x", "some.module")]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -125,7 +143,7 @@ def test_config_override_and_quiet_start(tmp_path):
 def test_config_override_bad_path_fails_before_training(tmp_path):
     proc = _launch(str(tmp_path / "run"), "--config_override=max_steps=3")
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 1, out[-3000:]
+    assert proc.returncode == 78, out[-3000:]  # exit_codes.CONFIG_ERROR_EXIT_CODE.
     assert "max_steps" in out and "did you mean max_step?" in out
     assert "step 1/" not in out
 
@@ -187,17 +205,20 @@ def test_trainer_config_from_dir_rebuilds_the_run(trained_dir, tmp_path):
     import shutil
 
     from axlearn.common import launch_trainer
+    from tests.trained_run import MODULE
 
-    cfg = launch_trainer.trainer_config_from_dir(trained_dir)
+    cfg = launch_trainer.trainer_config_from_dir(trained_dir, module=MODULE)
     # The run's own overrides (tests/trained_run.py drops QK-norm) are re-applied...
     attention = cfg.model.decoder.transformer.layer.self_attention.attention
     assert attention.query_scale.norm is None and cfg.max_step == 6
     dump_path = os.path.join(trained_dir, "trainer_config")
-    assert launch_trainer._check_against_dump(cfg.debug_string(), dump_path) == []
+    with open(dump_path, encoding="utf-8") as f:
+        saved = f.read()
+    assert launch_trainer._check_against_dump(cfg.debug_string(), saved, dump_path) == []
     # ...then the caller's.
     assert (
         launch_trainer.trainer_config_from_dir(
-            trained_dir, config_overrides=["max_step=2"]
+            trained_dir, config_overrides=["max_step=2"], module=MODULE
         ).max_step
         == 2
     )
@@ -208,10 +229,12 @@ def test_trainer_config_from_dir_rebuilds_the_run(trained_dir, tmp_path):
         lines = ["max_step: 7" if line == "max_step: 6" else line for line in f.read().split("\n")]
     with open(os.path.join(copy, "trainer_config"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
+    with open(os.path.join(copy, "trainer_config"), encoding="utf-8") as f:
+        changed = f.read()
     diffs = launch_trainer._check_against_dump(
-        cfg.debug_string(), os.path.join(copy, "trainer_config")
+        cfg.debug_string(), changed, os.path.join(copy, "trainer_config")
     )
-    assert diffs == ["max_step: run 7, now 6"]
+    assert diffs == ["max_step"]  # Named by field, never with the file's values.
     with pytest.raises(launch_trainer.TrainerDirError, match="launch_trainer_flags does not exist"):
         launch_trainer.trainer_config_from_dir(str(tmp_path))
 
@@ -251,3 +274,127 @@ def test_shortened_max_step_names_derived_fields_and_saves_and_evaluates_the_las
     records = tu.read_metrics(trainer_dir)
     assert [r["step"] for r in records if r.get("perf/overhead/eval", 0) > 0] == [3]
     assert os.listdir(os.path.join(trainer_dir, "summaries", "val"))
+
+
+_CUSTOM_MODULE = """
+from axlearn.experiments.text.gpt.tiny import tiny_trainer_config
+
+
+def named_trainer_configs():
+    return {"custom-tiny": lambda: tiny_trainer_config(max_step=3, num_layers=1, model_dim=32)}
+"""
+
+
+def test_custom_module_of_a_run_is_found_when_importable_else_one_line(tmp_path, monkeypatch):
+    """Issue 55 case 5: `generate`/`eval` of a run of a custom module from another folder."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.launch_trainer import (
+        TrainerDirError,
+        _module_file,
+        trainer_config_from_dir,
+    )
+
+    folder = tmp_path / "my_experiments"
+    folder.mkdir()
+    (folder / "nu_custom_exp.py").write_text(_CUSTOM_MODULE)
+    run = tmp_path / "run"
+    run.mkdir()
+    record = {"module": "nu_custom_exp", "config": "custom-tiny", "config_override": []}
+    record["module_file"] = str(folder / "nu_custom_exp.py")
+    (run / "launch_trainer_flags").write_text(json.dumps(record))
+    # A custom module is never imported without --module (a run record is a file of the run's
+    # directory): one line naming --module, the folder for PYTHONPATH and the file it came from.
+    monkeypatch.syspath_prepend(str(folder))  # Even when importable.
+    with pytest.raises(TrainerDirError) as e:
+        trainer_config_from_dir(str(run), check_dump=False)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert (
+        f"pass --module=nu_custom_exp (it was imported from {folder / 'nu_custom_exp.py'} when "
+        f"the run trained; add {folder} to PYTHONPATH: PYTHONPATH={folder} axlearn ...), or "
+        "--module=MODULE"
+    ) in msg, msg
+    # A --module of the same module that does not import says so.
+    with pytest.raises(TrainerDirError, match="--module=elsewhere.nu_custom_exp: No experiment"):
+        trainer_config_from_dir(str(run), check_dump=False, module="elsewhere.nu_custom_exp")
+    # Named: the record's module is found.
+    cfg = trainer_config_from_dir(str(run), check_dump=False, module="nu_custom_exp")
+    assert cfg.max_step == 3 and cfg.model.decoder.dim == 32 and cfg.dir == str(run)
+    # The user's --module names it under another path: that one is imported.
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (folder / "__init__.py").write_text("")
+    cfg = trainer_config_from_dir(str(run), check_dump=False, module="my_experiments.nu_custom_exp")
+    assert cfg.max_step == 3
+    # The launcher records the file a module was imported from.
+    assert _module_file("nu_custom_exp") == str(folder / "nu_custom_exp.py")
+    assert _module_file("text.gpt.tiny").endswith("axlearn/experiments/text/gpt/tiny.py")
+
+
+def test_launch_settings_for_hang_crash_logging_and_eval_traces(tmp_path):
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.launch_trainer import apply_launch_settings
+    from tests.common import trainer_test_utils as tu  # pylint: disable=import-outside-toplevel
+
+    cfg = tu.bigram_trainer_config(str(tmp_path))
+    assert cfg.evalers, "the test needs a config with an evaler"
+    out = apply_launch_settings(
+        cfg,
+        flag_values=_launch_flags(
+            trainer_crash_on_hang_timeout_seconds=9000,
+            trainer_log_every_n_steps=10,
+            eval_trace_at_iters=["0", "3"],
+        ),
+    )
+    assert out.crash_on_hang_timeout_seconds == 9000 and out.log_every_n_steps == 10
+    assert all(list(e.trace_at_iters) == [0, 3] for e in out.evalers.values())
+    # The config's own values win; flags left unset (or absent) change nothing.
+    cfg = tu.bigram_trainer_config(str(tmp_path)).set(
+        crash_on_hang_timeout_seconds=5000, log_every_n_steps=7
+    )
+    out = apply_launch_settings(
+        cfg, flag_values=_launch_flags(trainer_crash_on_hang_timeout_seconds=9000)
+    )
+    assert out.crash_on_hang_timeout_seconds == 5000 and out.log_every_n_steps == 7
+    out = apply_launch_settings(
+        tu.bigram_trainer_config(str(tmp_path)), flag_values=_launch_flags()
+    )
+    assert out.crash_on_hang_timeout_seconds is None
+    with pytest.raises(ValueError, match=r"--eval_trace_at_iters=a: expects a comma-separated"):
+        apply_launch_settings(cfg, flag_values=_launch_flags(eval_trace_at_iters=["a"]))
+
+
+def test_named_config_lookup_falls_back_to_the_experiments_package(monkeypatch):
+    from axlearn.common import launch_trainer  # pylint: disable=import-outside-toplevel
+    from axlearn.common.experiment_registry import (  # pylint: disable=import-outside-toplevel
+        ExperimentModuleNotFoundError,
+    )
+
+    calls = []
+
+    def fake(config_name, *, config_module):
+        calls.append(config_module)
+        known = {"axlearn.experiments.short.mod": {"cfg": lambda: "found"}}
+        if config_module == "missing.mod":
+            raise ExperimentModuleNotFoundError(
+                "tried missing.mod and axlearn.experiments.missing.mod"
+            )
+        if config_module not in known:
+            raise ImportError(config_module)
+        return known[config_module][config_name]
+
+    monkeypatch.setattr(launch_trainer, "get_named_trainer_config", fake)
+    fn = launch_trainer._named_trainer_config_fn  # pylint: disable=protected-access
+    assert fn("short.mod", "cfg")() == "found"
+    assert calls == ["short.mod", "axlearn.experiments.short.mod"]
+    # The fallback's error when it fails too; a full experiments path is not retried.
+    with pytest.raises(ImportError, match="axlearn.experiments.other"):
+        fn("other", "cfg")
+    calls.clear()
+    with pytest.raises(ImportError, match="^axlearn.experiments.x$"):
+        fn("axlearn.experiments.x", "cfg")
+    assert calls == ["axlearn.experiments.x"]
+    # The registry's own "module not found" (which tried both names) is not retried.
+    calls.clear()
+    with pytest.raises(ExperimentModuleNotFoundError):
+        fn("missing.mod", "cfg")
+    assert calls == ["missing.mod"]

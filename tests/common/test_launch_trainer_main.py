@@ -1,6 +1,7 @@
 """Tests axlearn/common/launch_trainer_main.py: `--help` and the first errors a user meets.
 
-Each mistake below exits 1 with one line naming the bad thing and the fix, and no traceback
+Each mistake below exits with a deterministic-error code (exit_codes.py: 64 or 78) and one line
+naming the bad thing and the fix, and no traceback
 (issue 29 cases 6, 7 and 13). The commands fail before training, so they run in parallel.
 """
 
@@ -122,6 +123,18 @@ def test_user_errors_are_one_line_without_a_traceback(tmp_path):
             _tiny(str(tmp_path / "a_file")),
             f"--trainer_dir={tmp_path / 'a_file'} is a file, not a directory",
         ),
+        "trainer dir under a file (issue 55 case 2)": (
+            _tiny(str(tmp_path / "a_file" / "run")),
+            f"--trainer_dir={tmp_path / 'a_file' / 'run'} is under a file, not a directory",
+        ),
+        "trainer dir in /sys (issue 55 case 2)": (
+            _tiny("/sys/axlearn_test_run"),
+            "--trainer_dir=/sys/axlearn_test_run cannot be written (Operation not permitted)",
+        ),
+        "trainer dir /proc itself (issue 55 case 2)": (
+            _tiny("/proc"),
+            "--trainer_dir=/proc cannot be written",
+        ),
         "zero model dim": (
             _tiny(next(runs), "--config_override=model.decoder.dim=0"),
             "model.decoder.dim=0: a size must be >= 1",
@@ -132,7 +145,7 @@ def test_user_errors_are_one_line_without_a_traceback(tmp_path):
         code, _, err = _finish(proc)
         expected = cases[name][1]
         last = err.strip().splitlines()[-1] if err.strip() else ""
-        assert code == 1, (name, err[-3000:])
+        assert code in (64, 78), (name, code, err[-3000:])
         assert last.startswith("launch_trainer_main: error: "), (name, err[-3000:])
         assert expected in last, (name, last)
         assert "Traceback" not in err, (name, err[-3000:])
@@ -214,7 +227,8 @@ def test_busy_coordinator_port_is_one_line_and_the_peer_says_what_it_waits_for(t
     finally:
         holder.close()
     last = err0.strip().splitlines()[-1]
-    assert code0 == 1 and "Traceback" not in err0, err0[-3000:]
+    # A busy port is the command line's to fix: the usage exit code, never retried by a launcher.
+    assert code0 == 64 and "Traceback" not in err0, err0[-3000:]  # USAGE_ERROR_EXIT_CODE.
     assert last == (
         f"launch_trainer_main: error: --distributed_coordinator=127.0.0.1:{port}: port {port} is "
         "already in use on this host (another run or program holds it). Pass another free port "
@@ -228,3 +242,32 @@ def test_busy_coordinator_port_is_one_line_and_the_peer_says_what_it_waits_for(t
         "--initialization_timeout=10 s." in err1
     ), err1[-3000:]
     assert not os.path.exists(tmp_path / "run" / "trainer_config")
+
+
+def test_refused_or_rejected_runs_write_nothing_into_the_live_runs_events(tmp_path):
+    """Issue 55 item 4: a second trainer refused by the run lock, and a run rejected for a bad
+    --config_override, appended START_JOB (and accelerator-init events) to the live run's
+    events, so `axlearn goodput` listed failed attempts whose parts summed to 102.9% of the
+    wall time. Now nothing is recorded before the lock is held and the trainer is built."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.run_lock import RunLock
+
+    live = tmp_path / "live"
+    events = live / "events"
+    events.mkdir(parents=True)
+    log = events / "process_0.jsonl"
+    log.write_bytes(b'{"event": "START_JOB", "time": 1.0}\n{"event": "START_STEP", "step": 1, '
+                    b'"time": 2.0}\n')  # fmt: skip
+    before = (log.read_bytes(), log.stat().st_mtime_ns)
+    with RunLock(str(live)):  # The live run holds its dir.
+        refused = _start(*_tiny(str(live), "--data_dir=FAKE"))
+        rejected = _start(*_tiny(str(live), "--config_override=max_steps=3", "--data_dir=FAKE"))
+        (code_refused, _, err_refused), (code_rejected, _, err_rejected) = (
+            _finish(refused),
+            _finish(rejected),
+        )
+    assert code_refused == 73, err_refused[-3000:]  # exit_codes.BUSY_EXIT_CODE.
+    assert code_rejected == 78, err_rejected[-3000:]  # exit_codes.CONFIG_ERROR_EXIT_CODE.
+    assert "Traceback" not in err_refused + err_rejected
+    assert (log.read_bytes(), log.stat().st_mtime_ns) == before
+    assert sorted(os.listdir(events)) == ["process_0.jsonl"]

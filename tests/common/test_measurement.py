@@ -117,3 +117,25 @@ def test_process_label(monkeypatch):
     monkeypatch.delenv("TPU_WORKER_ID")
     monkeypatch.setenv("NUM_PROCESSES", "4")
     assert measurement_local.process_label().startswith("host_")
+
+
+def test_linked_events_dir_or_file_is_never_written_through(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    sentinel = outside / "process_0.jsonl"
+    sentinel.write_bytes(b"sentinel\n")
+    before = (sentinel.read_bytes(), sentinel.stat().st_mtime_ns)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "events").symlink_to(outside)  # A linked events/ directory.
+    rec = measurement_local.LocalRecorder.default_config().set(
+        name="t", dir=str(run / "events"), file_label="process_0"
+    ).instantiate()
+    with pytest.raises(OSError, match="link"):
+        rec.record(measurement.Event.START_JOB)
+    (run / "events").unlink()
+    (run / "events").mkdir()
+    (run / "events" / "process_0.jsonl").symlink_to(sentinel)  # A linked event file.
+    with pytest.raises(OSError, match="link"):
+        rec.record(measurement.Event.START_JOB)
+    assert (sentinel.read_bytes(), sentinel.stat().st_mtime_ns) == before

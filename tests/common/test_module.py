@@ -347,3 +347,18 @@ def test_import_is_free_of_tensorflow_and_seqio():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
+
+
+def test_summable_protocol():
+    from axlearn.common.metrics import WeightedScalar  # pylint: disable=import-outside-toplevel
+    from axlearn.common.module import Summable  # pylint: disable=import-outside-toplevel
+
+    class _Adds:
+        def __add__(self, other):
+            return self
+
+    assert isinstance(WeightedScalar(1.0, 2.0), Summable)
+    assert isinstance(_Adds(), Summable) and isinstance(jnp.ones(2), Summable)
+    assert not isinstance(object(), Summable) and not isinstance(None, Summable)
+    total = WeightedScalar(1.0, 1.0) + WeightedScalar(3.0, 3.0)
+    assert float(total.mean) == pytest.approx(2.5) and float(total.weight) == pytest.approx(4.0)

@@ -10,6 +10,7 @@ from axlearn.common.path_containment import (
     CONTAINMENT_RULE,
     PathContainmentError,
     contained_path,
+    contained_relpath,
     open_no_follow,
     write_text_no_follow,
 )
@@ -54,7 +55,7 @@ def test_contained_path_refuses_escapes(tmp_path, entry, reason):
     assert reason in message and CONTAINMENT_RULE in message
 
 
-def test_contained_path_follows_links_only_inside(tmp_path):
+def test_contained_path_refuses_every_link_below_the_directory(tmp_path):
     base = tmp_path / "d"
     (base / "sub").mkdir(parents=True)
     outside = tmp_path / "outside"
@@ -64,7 +65,10 @@ def test_contained_path_follows_links_only_inside(tmp_path):
     assert contained_path(str(base), "sub/f", source="s", what="e") == os.path.join(
         str(base), "sub/f"
     )
-    assert contained_path(str(base), "inner/f", source="s", what="e").endswith("inner/f")
+    # Issue 48: no link is followed below the directory, even one that points inside it (it
+    # could be swapped for one pointing out between the check and the open).
+    with pytest.raises(PathContainmentError, match="crosses a symbolic link out"):
+        contained_path(str(base), "inner/f", source="s", what="e")
     with pytest.raises(PathContainmentError, match="crosses a symbolic link out"):
         contained_path(str(base), "out/f", source="s", what="e")
     # The last component may be a link out only where allowed (a Hugging Face cache's blobs).
@@ -74,6 +78,14 @@ def test_contained_path_follows_links_only_inside(tmp_path):
     assert contained_path(str(base), "weights", source="s", what="e", follow_final_link=True)
     with pytest.raises(PathContainmentError, match="crosses a symbolic link out"):
         contained_path(str(base), "out/f", source="s", what="e", follow_final_link=True)
+
+
+def test_contained_relpath_is_lexical(tmp_path):
+    assert contained_relpath("a/./b//c", source="s", what="e") == "a/b/c"
+    assert contained_relpath("a/../b", source="s", what="e") == "b"
+    for bad in ("/abs", "..", "a/../..", ".", "", None, "a\0b"):
+        with pytest.raises(PathContainmentError, match="s: e names the path"):
+            contained_relpath(bad, source="s", what="e")
 
 
 def test_open_no_follow_refuses_a_link(tmp_path):

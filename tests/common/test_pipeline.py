@@ -19,7 +19,6 @@ from axlearn.common.module import functional
 from axlearn.common.pipeline import (
     CircularSchedule,
     GPipeSchedule,
-    Pipeline,
     chunk_order_to_rows,
     gpipe_bubble_fraction,
     pipeline_summary,
@@ -29,6 +28,12 @@ from axlearn.common.pipeline import (
 )
 from axlearn.common.pipeline_checkpoint import pipelined_to_repeated, repeated_to_pipelined
 from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
+from tests.common.pipeline_test_utils import (
+    DropoutPipeline,
+    LinearPipeline,
+    assert_linear_pipeline_matches_plain_jax,
+    run_trainer,
+)
 
 # ----------------------------------------------------------------------------------------------
 # Schedules.
@@ -117,15 +122,6 @@ def test_chunk_row_order():
 # ----------------------------------------------------------------------------------------------
 
 
-class _LinearPipeline(Pipeline):
-    def forward(self, x):
-        def fn(carry, _):
-            y = jnp.tanh(self.layer(carry))
-            return y, dict(y_sum=jnp.sum(y, axis=-1))
-
-        return self._run(fn, x)
-
-
 @pytest.mark.parametrize("v", [1, 2])
 def test_pipeline_of_linear_layers_matches_numpy(v):
     s, m, dim, batch = 4, 4, 6, 8
@@ -135,7 +131,7 @@ def test_pipeline_of_linear_layers_matches_numpy(v):
         else CircularSchedule.default_config().set(num_virtual_stages=v)
     )
     layer = (
-        _LinearPipeline.default_config()
+        LinearPipeline.default_config()
         .set(
             name="pipe",
             layer=Linear.default_config().set(input_dim=dim, output_dim=dim),
@@ -188,44 +184,16 @@ def test_pipeline_gradients_match_plain_jax(v, remat):
     if remat:
         stage.set(remat_spec=RematSpec(prevent_cse=False))
     layer = (
-        _LinearPipeline.default_config()
+        LinearPipeline.default_config()
         .set(name="pipe", layer=stage, num_layers=s, num_microbatches=m, schedule=schedule)
         .instantiate(parent=None)
     )
-    params = layer.initialize_parameters_recursively(jax.random.PRNGKey(1))
-    params = jax.tree.map(lambda p: p + 0.1 * jnp.cos(jnp.arange(p.size).reshape(p.shape)), params)
     x = jax.random.normal(jax.random.PRNGKey(2), (batch, dim))
-
-    def pipelined_loss(params, x):
-        out, _ = functional(layer, None, params, [x], is_training=True)
-        return jnp.sum(out.carry**2) + jnp.sum(out.ys["y_sum"])
-
-    def plain_loss(chunk_params, x):
-        total = 0.0
-        for c in range(s * v):
-            x = jnp.tanh(x @ chunk_params["weight"][c] + chunk_params["bias"][c])
-            total += jnp.sum(x)
-        return jnp.sum(x**2) + total
-
     mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("pipeline", "model"))
-    with jax.set_mesh(mesh):
-        loss, grads = jax.jit(jax.value_and_grad(pipelined_loss, argnums=(0, 1)))(params, x)
+    assert_linear_pipeline_matches_plain_jax(
+        layer, x=x, weights=jnp.ones((s * v, batch)), mesh=mesh
+    )
     assert ("forward" in layer.layer._remat_methods) == remat
-    to_chunks = lambda t: jax.tree.map(  # noqa: E731
-        lambda a: rows_to_chunk_order(np.asarray(a), num_stages=s, num_virtual_stages=v), t
-    )
-    ref_loss, ref_grads = jax.value_and_grad(plain_loss, argnums=(0, 1))(
-        to_chunks(params["layer"]), x
-    )
-    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
-    # Gradients within 1e-5 of each tensor's largest magnitude (float32 summation order).
-    for actual, expected in (
-        (to_chunks(grads[0]["layer"])["weight"], ref_grads[0]["weight"]),
-        (to_chunks(grads[0]["layer"])["bias"], ref_grads[0]["bias"]),
-        (grads[1], ref_grads[1]),
-    ):
-        expected = np.asarray(expected)
-        np.testing.assert_allclose(actual, expected, atol=1e-5 * np.abs(expected).max())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -257,10 +225,14 @@ def _model_cfg(*, remat: bool, dropout_rate: float = 0.0):
     )
 
 
-def _pipelined(cfg, *, s, v, m):
+def _pipelined(cfg, *, s, v, m, schedule=None):
     cfg = cfg.clone()
     cfg.decoder.transformer = pipelined_stack_config(
-        cfg.decoder.transformer, num_stages=s, num_microbatches=m, num_virtual_stages=v
+        cfg.decoder.transformer,
+        num_stages=s,
+        num_microbatches=m,
+        num_virtual_stages=v,
+        schedule=schedule,
     )
     return cfg
 
@@ -273,12 +245,12 @@ def _batch(seed=3):
 _PIPELINED = {}
 
 
-def _pipelined_result(s, v, m, remat):
+def _pipelined_result(s, v, m, remat, schedule=None):
     """(loss, grads converted to the repeated layout, compiled HLO text) of a pipelined run."""
-    key = (s, v, m, remat)
+    key = (s, v, m, remat, schedule)
     if key not in _PIPELINED:
         params = _reference(remat)[0]
-        cfg = _pipelined(_model_cfg(remat=remat), s=s, v=v, m=m)
+        cfg = _pipelined(_model_cfg(remat=remat), s=s, v=v, m=m, schedule=schedule)
         pipe_params = repeated_to_pipelined(params, num_stages=s, num_virtual_stages=v)
         layer = pipe_params["decoder"]["transformer"]["pipeline"]["layer"]
         assert sorted(layer) == [f"layer{k}" for k in range(NUM_LAYERS // (s * v))]
@@ -359,6 +331,27 @@ def test_pipelined_decoder_matches_unpipelined(s, v, m, remat):
     _assert_grads_close(grads, ref_grads)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "s,v,m,remat,schedule",
+    [
+        (4, 1, 4, False, "1f1b"),
+        (4, 1, 8, True, "1f1b"),
+        (2, 1, 4, False, "1f1b"),
+        (2, 2, 4, False, "interleaved_1f1b"),
+        (4, 2, 4, False, "interleaved_1f1b"),
+        (4, 2, 8, True, "interleaved_1f1b"),
+    ],
+)
+def test_1f1b_decoder_matches_unpipelined(s, v, m, remat, schedule):
+    """1F1B and interleaved 1F1B: the unpipelined loss within 1e-5, gradients within 1e-5."""
+    _, ref_loss, ref_grads = _reference(remat)
+    loss, grads, hlo, _ = _pipelined_result(s, v, m, remat, schedule)
+    assert abs(loss - ref_loss) <= 1e-5 * max(1.0, abs(ref_loss)), (loss, ref_loss)
+    _assert_grads_close(grads, ref_grads)
+    assert _hlo_ops(hlo, "collective-permute"), "no collective-permute between stages"
+
+
 def _hlo_ops(hlo: str, op: str) -> list[str]:
     return [line for line in hlo.splitlines() if re.search(rf"= \S+ {op}(-start)?\(", line)]
 
@@ -422,9 +415,35 @@ def test_bad_inputs_name_values():
         pipelined_stack_config(base, num_stages=4, num_microbatches=2, num_virtual_stages=2).set(
             name="t"
         ).instantiate(parent=None)
+    with pytest.raises(
+        ValueError,
+        match=r"^t\.pipeline\.schedule: InterleavedOneFOneBSchedule: num_microbatches=6 is not a "
+        r"multiple of num_stages=4 .*; set num_microbatches to 4 or 8, or use CircularSchedule\.$",
+    ):
+        pipelined_stack_config(
+            base,
+            num_stages=4,
+            num_microbatches=6,
+            num_virtual_stages=2,
+            schedule="interleaved_1f1b",
+        ).set(name="t").instantiate(parent=None)
+    with pytest.raises(
+        ValueError,
+        match=r"^t: num_layers=8 is not divisible by num_stages=2 x num_virtual_stages=3 \(= 6\); "
+        r"set t\.num_layers to a multiple of 6 or change num_stages / num_virtual_stages\.$",
+    ):
+        pipelined_stack_config(
+            base,
+            num_stages=2,
+            num_microbatches=4,
+            num_virtual_stages=3,
+            schedule="interleaved_1f1b",
+        ).set(name="t").instantiate(parent=None)
+    with pytest.raises(ValueError, match=r"schedule='zb' is not one of \('gpipe'"):
+        pipelined_stack_config(base, num_stages=2, num_microbatches=4, schedule="zb")
 
     layer = (
-        _LinearPipeline.default_config()
+        LinearPipeline.default_config()
         .set(
             name="pipe",
             layer=Linear.default_config().set(input_dim=4, output_dim=4),
@@ -453,15 +472,10 @@ def test_bad_inputs_name_values():
         run(jnp.ones((3, 4)), good)
 
 
-class _DropoutPipeline(Pipeline):
-    def forward(self, x):
-        return self._run(lambda carry, _: (self.layer(carry), {}), x)
-
-
 def test_dropout_masks_differ_per_microbatch_and_stage():
     s, m = 2, 4
     layer = (
-        _DropoutPipeline.default_config()
+        DropoutPipeline.default_config()
         .set(
             name="pipe",
             layer=Dropout.default_config().set(rate=0.5),
@@ -551,14 +565,6 @@ def pipeline_trainer_config(
     return cfg
 
 
-def _run_trainer(cfg):
-    from tests.common.trainer_test_utils import read_metrics
-
-    trainer = cfg.instantiate(parent=None)
-    trainer.run(jax.random.PRNGKey(0))
-    return trainer, read_metrics(cfg.dir)
-
-
 def _losses(records, steps):
     by_step = {r["step"]: r for r in records}
     return np.array([by_step[s]["loss"] for s in steps]), [
@@ -586,9 +592,9 @@ def test_trainer_resumes_across_layouts_with_matching_losses(tmp_path, direction
     b = pipeline_trainer_config(
         tmp_path / "b", pipelined=not first_pipelined, stack="repeat", max_step=max_step
     )
-    _, records_a = _run_trainer(a)
+    _, records_a = run_trainer(a)
     assert convert_trainer_checkpoint(a, b, step=5) == 5
-    _, records_b = _run_trainer(b)
+    _, records_b = run_trainer(b)
     resumed = list(range(6, max_step + 1))
     assert [r["step"] for r in records_b] == resumed
     loss_a, _ = _losses(records_a, resumed)
@@ -621,9 +627,9 @@ def test_trainer_fp16_loss_scaling_skips_the_same_steps_pipelined(tmp_path):
     kw = dict(stack="repeat", fp16=True, checkpoint_every=3)
     a = pipeline_trainer_config(tmp_path / "a", pipelined=False, **kw)
     b = pipeline_trainer_config(tmp_path / "b", pipelined=True, **kw)
-    _, records_a = _run_trainer(a)
+    _, records_a = run_trainer(a)
     convert_trainer_checkpoint(a, b, step=3)
-    _, records_b = _run_trainer(b)
+    _, records_b = run_trainer(b)
     steps = list(range(4, 11))
     loss_a, skipped_a = _losses(records_a, steps)
     loss_b, skipped_b = _losses(records_b, steps)

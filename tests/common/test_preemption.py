@@ -21,6 +21,7 @@ import pytest
 
 from axlearn.common.checkpointer import FAULT_ACTION_ENV, FAULT_ENV
 from axlearn.common.preemption import (
+    INTERRUPTED_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     PreemptionHandler,
     TrainingPreempted,
@@ -83,6 +84,32 @@ def test_notice_time_is_taken_while_the_main_thread_is_blocked():
         age = handler.seconds_since_notice()
         sender.join()
     assert age is not None and age > blocked_for - 0.6, (age, blocked_for)
+
+
+def test_ctrl_c_is_a_notice_with_code_130_and_a_second_one_exits_at_once(capfd):
+    """Issue 55 case 3: SIGINT is handled like SIGTERM (save, exit 130); a second exits now."""
+    previous = signal.getsignal(signal.SIGINT)
+    exits = []
+    with PreemptionHandler(timeout_seconds=60, exit_fn=exits.append) as handler:
+        assert not handler.requested(step=218)
+        os.kill(os.getpid(), signal.SIGINT)  # No KeyboardInterrupt: the handler takes it.
+        deadline = time.monotonic() + 5
+        while not handler.requested(step=219) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert handler.requested(step=219) and exits == []
+        err = handler.preempted(step=219, saved_step=219)
+        assert err.code == INTERRUPTED_EXIT_CODE == 130 and err.interrupted
+        assert str(err).startswith("Interrupted (Ctrl-C) after step 219; committed step 219")
+        handler.set_activity("saving step 219")
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 5
+        while not exits and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert exits == [130]
+    assert signal.getsignal(signal.SIGINT) is previous
+    line = capfd.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("Second Ctrl-C while saving step 219: exiting now with code 130")
+    assert "step 219 is not saved" in line
 
 
 def test_timeout_must_be_positive():
@@ -319,3 +346,53 @@ def test_launcher_exits_with_the_preempted_code_and_the_same_command_resumes(tmp
     assert again.returncode == 0, log[-4000:]
     assert f"Restored checkpoint at step {last}" in log
     assert sorted(rtu.losses_by_step(trainer_dir)) == list(range(1, MAX_STEP + 1))
+    # Issue 55 item 4: the preemption is its own attempt outcome, not "failed: ended without
+    # END_JOB".
+    from axlearn.common import goodput  # pylint: disable=import-outside-toplevel
+
+    report = goodput.compute_goodput(trainer_dir)
+    assert [a.status for a in report.attempts] == ["preempted", "ok"], report.warnings
+    assert report.attempts[0].committed_step == last and report.attempts[0].redone_steps == 0
+    assert "ended without END_JOB" not in goodput.format_goodput(report)
+
+
+def _interrupt_run(tmp_path, name: str, *, signals: int) -> tuple[subprocess.Popen, str, str]:
+    """Starts the tiny run, sends `signals` SIGINTs (10 ms apart) once 3 steps are logged."""
+    trainer_dir = str(tmp_path / name)
+    proc = _launch(trainer_dir, tmp_path / f"{name}.log")
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(rtu.losses_by_step(trainer_dir)) >= 3:
+                break
+            time.sleep(0.02)
+        for _ in range(signals):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.01)
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    proc.log.seek(0)
+    return proc, trainer_dir, proc.log.read().decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_the_step_and_exits_130_and_a_second_exits_at_once(tmp_path):
+    """Issue 55 case 3, a real process: Ctrl-C saves and exits 130 with one line, no traceback;
+    two Ctrl-C exit at once saying the step is not saved."""
+    from tests.common.preemption_experiment import MAX_STEP
+
+    proc, trainer_dir, log = _interrupt_run(tmp_path, "once", signals=1)
+    assert proc.returncode == INTERRUPTED_EXIT_CODE, log[-4000:]
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-4000:]
+    last = max(rtu.losses_by_step(trainer_dir))
+    assert 3 <= last < MAX_STEP
+    committed, partial = rtu.committed_and_partial(os.path.join(trainer_dir, "checkpoints"))
+    assert committed == [last] and partial == []
+    assert f"Interrupted (Ctrl-C) after step {last}; committed step {last}" in log
+
+    proc, trainer_dir, log = _interrupt_run(tmp_path, "twice", signals=2)
+    assert proc.returncode == INTERRUPTED_EXIT_CODE, log[-4000:]
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-4000:]
+    assert "Second Ctrl-C while " in log and "is not saved" in log, log[-4000:]

@@ -214,3 +214,99 @@ def test_runs_of_different_lengths_compare_overheads_per_step(tmp_path):
         comparison.row(k).diffs[1].verdict != rc.IMPROVED
         for k in ("overhead_input_s", "overhead_checkpoint_s", "overhead_eval_s")
     ), improved
+
+
+# The direction of every row: "lower" or "higher" is better, None has none (issue 55 case 5:
+# eval and checkpoint seconds are better when lower).
+_DIRECTIONS = {
+    "parameters": None,
+    "final_loss": "lower",
+    "tflops_per_device": "higher",
+    "tokens_per_s_per_device": "higher",
+    "avg_step_s": "lower",
+    "median_step_s": "lower",
+    "mfu_pct": "higher",
+    "machine_gflops": None,
+    "memory_pct": "lower",
+    "peak_memory_bytes": "lower",
+    "overhead_compile_s": "lower",
+    "overhead_eval_s": "lower",
+    "overhead_checkpoint_s": "lower",
+    "overhead_input_s": "lower",
+    "goodput_pct": "higher",
+    "failed_attempts": "lower",
+    "goodput_productive_s": None,
+    "goodput_redone_s": "lower",
+    "goodput_startup_s": "lower",
+    "goodput_idle_s": "lower",
+    "steps": None,
+    "jax_version": None,
+    "device_kind": None,
+    "device_count": None,
+    "git_commit": None,
+    "config_hash": None,
+}
+
+
+def test_every_row_has_its_direction_and_lower_seconds_are_better():
+    assert {row.key: row.better for row in rc.ROWS} == _DIRECTIONS
+    for row in rc.ROWS:
+        if row.better is None:
+            continue
+        base, better, worse = (1.0, 0.5, 2.0) if row.better == "lower" else (1.0, 2.0, 0.5)
+        plain = rc.dataclasses.replace(row, noise=False, tolerance=0.0, abs_tolerance=0.0)
+        assert rc._diff(plain, base, better, None).verdict == rc.IMPROVED, row.key
+        assert rc._diff(plain, base, worse, None).verdict == rc.REGRESSED, row.key
+
+
+def test_a_resumed_run_is_compared_over_every_attempt(tmp_path):
+    """Issue 55 case 5: run_summary.json covers only the last attempt (steps 9-12 here); the
+    per-step and overhead rows come from metrics.jsonl's records of every attempt and goodput
+    from the events of both attempts, and the notes say which."""
+    from tests.common.test_goodput import _LAUNCHER, _process_events, _write
+
+    runs = []
+    for name, eval_s in (("plain", (0.5, 0.5)), ("resumed", (13.3, 92.1))):
+        d = tmp_path / name
+        d.mkdir()
+        records = []
+        for step in range(1, 13):
+            record = {"step": step, "loss": 10.0 / step, "perf/step_time_s": 0.1 * step}
+            record["excluded_reason"] = ""
+            if step in (4, 12):
+                record["perf/overhead/eval"] = eval_s[step == 4]
+            records.append(record)
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        first = 9 if name == "resumed" else 1
+        summary = {
+            "steps": {"first": first, "last": 12},
+            "metrics": {"avg_step_s": {"value": 99.0}},
+            "overhead_totals_s": {"eval": eval_s[0] if name == "resumed" else sum(eval_s)},
+        }
+        (d / "run_summary.json").write_text(json.dumps(summary))
+        if name == "resumed":
+            _write(str(d / "events" / "process_0.jsonl"), _process_events())
+            _write(str(d / "events" / "launcher.jsonl"), _LAUNCHER)
+        runs.append(rc.load_run(str(d)))
+    plain, resumed = runs
+    assert not plain.summary_is_partial and resumed.summary_is_partial
+    comparison = rc.compare_runs(runs)
+    all_steps = statistics.mean(0.1 * s for s in range(1, 13))
+    avg = comparison.row("avg_step_s").values
+    assert avg[0] == 99.0 and avg[1] == pytest.approx(all_steps)  # Not the summary's 99.
+    evals = comparison.row("overhead_eval_s")
+    assert evals.values == [pytest.approx(1.0), pytest.approx(13.3 + 92.1)]
+    assert evals.diffs[1].verdict != rc.IMPROVED  # More eval seconds is never "better".
+    # Goodput of both attempts, from the events: what `axlearn goodput` reports for the run
+    # (its productive seconds over its wall time), not the last attempt's summary.
+    from axlearn.common import goodput  # pylint: disable=import-outside-toplevel
+
+    report = goodput.compute_goodput(str(tmp_path / "resumed"))
+    assert len(report.attempts) == 2
+    want = 100 * report.parts["productive"] / report.wall_s
+    assert comparison.row("goodput_pct").values[1] == pytest.approx(want)
+    assert comparison.row("failed_attempts").values[1] == 1
+    notes = " | ".join(comparison.warnings)
+    assert "resumed: run_summary.json covers steps 9-12 (the last attempt)" in notes
+    assert "computed from the 12 records of every attempt in metrics.jsonl (steps 1-12)" in notes
+    assert "resumed: goodput rows from the events of all 2 attempt(s)" in notes

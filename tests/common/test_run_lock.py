@@ -78,3 +78,10 @@ def test_a_trainer_dir_that_is_a_file_is_one_line(tmp_path):
     with pytest.raises(RunLockError, match="is a file, not a directory: pass a directory"):
         RunLock(str(path)).acquire()
     assert path.read_text() == "data"
+
+
+def test_a_fifo_planted_as_run_lock_is_refused_without_blocking(tmp_path):
+    """Issue 48: `run.lock` planted as a FIFO: one RunLockError naming it, no hang."""
+    os.mkfifo(tmp_path / LOCK_FILE)
+    with pytest.raises(RunLockError, match=r"run.lock: only regular files .* a FIFO"):
+        RunLock(str(tmp_path)).acquire()

@@ -3,6 +3,7 @@
 import os
 
 import numpy as np
+import pytest
 
 from axlearn.common import run_comparison as rc
 from axlearn.common import run_plots
@@ -51,3 +52,25 @@ def test_eval_scalars_from_events():
     assert "validation" in scalars
     steps = {s for points in scalars["validation"].values() for s, _ in points}
     assert steps == {30, 60}
+
+
+@pytest.mark.slow  # A subprocess importing TensorFlow (~23 s on the shared machine).
+def test_reading_events_logs_no_deprecation_warning():
+    """Issue 55 case 6: `axlearn compare` printed TF's `tf_record_iterator is deprecated`."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = (
+        "from axlearn.common import run_plots\n"
+        f"s = run_plots.read_eval_scalars({run_path('lr3e-3')!r})\n"
+        "print(sorted({st for p in s['validation'].values() for st, _ in p}))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[30, 60]"
+    assert "deprecat" not in proc.stderr.lower(), proc.stderr[-3000:]
+    assert not [line for line in proc.stderr.splitlines() if line[:2] in ("E0", "W0")]

@@ -100,7 +100,119 @@ def test_config_of_a_step_comes_from_its_record(tmp_path):
     os.makedirs(trainer_dir)
     _write_record(trainer_dir, [], -1)
     _write_record(trainer_dir, ["model.decoder.transformer.num_layers=3"], 10)
-    old = launch_trainer.trainer_config_from_dir(trainer_dir, step=10, check_dump=False)
-    new = launch_trainer.trainer_config_from_dir(trainer_dir, step=12, check_dump=False)
+    old = launch_trainer.trainer_config_from_dir(
+        trainer_dir, step=10, check_dump=False, module="tests.common.trainer_mp_experiment"
+    )
+    new = launch_trainer.trainer_config_from_dir(
+        trainer_dir, step=12, check_dump=False, module="tests.common.trainer_mp_experiment"
+    )
     assert new.model.decoder.transformer.num_layers == 3
     assert old.model.decoder.transformer.num_layers != 3
+
+
+SECRET = "hunter2-SECRET-in-a-run-file"
+
+
+def _flags_dir(tmp_path, flags_text: str) -> str:
+    trainer_dir = str(tmp_path / "run")
+    os.makedirs(trainer_dir, exist_ok=True)
+    with open(os.path.join(trainer_dir, "launch_trainer_flags"), "w", encoding="utf-8") as f:
+        f.write(flags_text)
+    return trainer_dir
+
+
+def test_insecure_record_module_is_imported_only_when_named(tmp_path, monkeypatch):
+    """Insecure: the module a run record names was imported, so its code ran. Now only the
+    module named on the command line (or one of axlearn's own experiments) is imported."""
+    code_dir = tmp_path / "code"
+    code_dir.mkdir()
+    ran = tmp_path / "ran"
+    (code_dir / "planted_experiment.py").write_text(
+        f"open({str(ran)!r}, 'w').write('ran')\n"
+        "def named_trainer_configs():\n    return {}\n"
+    )
+    monkeypatch.syspath_prepend(str(code_dir))
+    trainer_dir = _flags_dir(
+        tmp_path, json.dumps(dict(module="planted_experiment", config="gpt-tiny-test"))
+    )
+    with pytest.raises(launch_trainer.TrainerDirError) as e:
+        launch_trainer.trainer_config_from_dir(trainer_dir, step=None, check_dump=False)
+    message = str(e.value)
+    assert "\n" not in message
+    assert "names the experiment module planted_experiment, which is not one of axlearn's" in (
+        message
+    )
+    assert "pass --module=planted_experiment" in message
+    assert not ran.exists()  # Its code did not run.
+    with pytest.raises(launch_trainer.TrainerDirError, match="pass --module=planted_experiment"):
+        launch_trainer.trainer_config_from_dir(
+            trainer_dir, check_dump=False, module="text.gpt.tiny"
+        )
+    assert not ran.exists()
+
+
+def test_record_with_axlearn_experiment_or_named_module_is_rebuilt(tmp_path):
+    trainer_dir = _flags_dir(
+        tmp_path, json.dumps(dict(module="text.gpt.tiny", config="gpt-tiny", data_dir="FAKE"))
+    )
+    cfg = launch_trainer.trainer_config_from_dir(trainer_dir, check_dump=False)
+    assert cfg.dir == trainer_dir
+    trainer_dir = _flags_dir(
+        tmp_path,
+        json.dumps(dict(module="tests.common.trainer_mp_experiment", config="gpt-tiny-test")),
+    )
+    cfg = launch_trainer.trainer_config_from_dir(
+        trainer_dir, check_dump=False, module="tests.common.trainer_mp_experiment"
+    )
+    assert cfg.dir == trainer_dir
+
+
+@pytest.mark.parametrize(
+    "text,reason",
+    [
+        (json.dumps(dict(module=7, config="c")), "names no valid --module"),
+        (json.dumps(dict(module="text.gpt.tiny", config=["c"])), "names no --module/--config"),
+        (json.dumps(dict(module="text.gpt.tiny", config="gpt-tiny", config_override="x=1")),
+         "field 'config_override' is not a list of strings"),
+        (json.dumps([SECRET]), "not a JSON object of flags"),
+        ("[" * 100_000 + "]" * 100_000, "launch_trainer_flags"),
+        ('{"module": "' + SECRET * 100_000 + '"}', "launch_trainer_flags"),
+        (b"\xff\xfe".decode("latin-1") + SECRET, "launch_trainer_flags"),
+    ],
+)  # fmt: skip
+def test_bad_launch_flags_are_one_line_without_content(tmp_path, text, reason):
+    trainer_dir = _flags_dir(tmp_path, text)
+    with pytest.raises(launch_trainer.TrainerDirError) as e:
+        launch_trainer.trainer_config_from_dir(trainer_dir, check_dump=False)
+    message = str(e.value)
+    assert reason in message and "\n" not in message and SECRET not in message
+
+
+def test_linked_record_files_are_refused(tmp_path):
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps(dict(module="text.gpt.tiny", config="gpt-tiny", x=SECRET)))
+    trainer_dir = str(tmp_path / "run")
+    os.makedirs(trainer_dir)
+    os.symlink(outside, os.path.join(trainer_dir, "launch_trainer_flags"))
+    with pytest.raises(launch_trainer.TrainerDirError, match="link") as e:
+        launch_trainer.trainer_config_from_dir(trainer_dir, check_dump=False)
+    assert SECRET not in str(e.value)
+
+
+def test_insecure_config_comparison_never_logs_the_files_content(tmp_path, caplog):
+    """Insecure: generate/eval/hf export compared the run's config dump with a file the run dir
+    names and logged that file's first "fields" (secrets). Now only field names of the rebuilt
+    config and a count are logged."""
+    trainer_dir = _flags_dir(
+        tmp_path, json.dumps(dict(module="text.gpt.tiny", config="gpt-tiny", data_dir="FAKE"))
+    )
+    fresh = launch_trainer.trainer_config_from_dir(trainer_dir, check_dump=False)
+    dump = fresh.debug_string().replace("max_step: ", f"max_step: '{SECRET}' # ", 1)
+    dump += f"\n{SECRET}_field: '{SECRET}'\n"
+    with open(os.path.join(trainer_dir, "trainer_config"), "w", encoding="utf-8") as f:
+        f.write(dump)
+    with caplog.at_level("WARNING"):
+        launch_trainer.trainer_config_from_dir(trainer_dir)
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "max_step" in logged and "1 fields only in the run's dump" in logged
+    assert SECRET not in logged

@@ -46,3 +46,19 @@ def test_callback_summary_calls_on_the_host():
     np.testing.assert_array_equal(out.value(), [0, 2, 4])
     with pytest.raises(ValueError, match="must be callable"):
         CallbackSummary(3).validate()
+
+
+def test_media_summaries_keep_the_first_when_accumulated_and_key_by_field_name():
+    from axlearn.common.summary import AudioSummary
+    from axlearn.common.utils import flatten_items
+
+    first, second = ImageSummary(jnp.ones((1, 2, 2, 3))), ImageSummary(jnp.zeros((1, 2, 2, 3)))
+    assert first.accumulate(second) is first
+    audio = AudioSummary(jnp.zeros(4))
+    assert audio.sample_rate == 16000 and audio.accumulate(AudioSummary(jnp.ones(4))) is audio
+    assert AudioSummary(jnp.zeros(4), sample_rate=8000).sample_rate == 8000
+    cb = CallbackSummary(lambda: 1)
+    assert cb.accumulate(CallbackSummary(lambda: 2)) is cb
+    # Paths use the field names as they are (AXLearn's "_value").
+    paths = [p for p, _ in flatten_items(dict(a=first, b=audio))]
+    assert paths == ["a/_value", "b/_value"]

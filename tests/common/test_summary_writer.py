@@ -18,6 +18,7 @@ from axlearn.common.summary_writer import (
     JsonlWriter,
     NoOpWriter,
     SummaryWriter,
+    cut_torn_tail,
     fetch_to_host,
 )
 
@@ -402,3 +403,41 @@ def test_jsonl_full_disk_leaves_whole_lines_and_a_torn_tail_is_cut(tmp_path, mon
     run = run_comparison.load_run(d)
     assert [r["step"] for r in run.records] == [1, 2, 3, 5]
     assert any("metrics.jsonl:4: not valid JSON" in n and "skipped" in n for n in run.notes)
+
+
+def test_jsonl_torn_record_longer_than_1mib_cuts_only_itself(tmp_path):
+    """Issue 48: a torn last record longer than 1 MiB is cut at the last whole line; the records
+    of the steps before it stay (it used to truncate the whole file)."""
+    path = str(tmp_path / "metrics.jsonl")
+    whole = "".join(json.dumps({"step": i, "loss": 1.0 / i}) + "\n" for i in range(1, 6))
+    torn = '{"step": 6, "text": "' + "x" * (3 * (1 << 20) + 17)
+    with open(path, "w") as f:
+        f.write(whole + torn)
+    assert cut_torn_tail(path) == len(torn)
+    with open(path) as f:
+        assert f.read() == whole
+    # A file that is one torn record with no newline at all is emptied.
+    with open(path, "w") as f:
+        f.write(torn)
+    assert cut_torn_tail(path) == len(torn)
+    assert os.path.getsize(path) == 0
+
+
+def test_resumed_run_moves_redone_records_aside_one_record_per_step(tmp_path):
+    """Issue 55 case 5: after a resume from step 6 of a run that reached step 10, metrics.jsonl
+    holds steps 1-12 once each (the resumed run's 7-10); the first attempt's 7-10 are kept in
+    metrics.redone.jsonl (was: 14 records for 12 steps, nothing marking which counts)."""
+    d = str(tmp_path)
+    first = _writer(JsonlWriter.default_config().set(dir=d))
+    for step in range(1, 11):
+        first(step, dict(loss=jnp.float32(step), attempt="first"))
+    resumed = _writer(JsonlWriter.default_config().set(dir=d))
+    for step in range(7, 13):
+        resumed(step, dict(loss=jnp.float32(step), attempt="resumed"))
+    with open(os.path.join(d, "metrics.jsonl"), encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    assert [r["step"] for r in records] == list(range(1, 13))
+    assert [r["attempt"] for r in records] == ["first"] * 6 + ["resumed"] * 6
+    with open(os.path.join(d, "metrics.redone.jsonl"), encoding="utf-8") as f:
+        redone = [json.loads(line) for line in f]
+    assert [(r["step"], r["attempt"]) for r in redone] == [(s, "first") for s in range(7, 11)]

@@ -134,3 +134,33 @@ def test_dummy_segments_positions():
             count[seg] = pos + 1
     with pytest.raises(ValueError, match="num_segments=0"):
         test_utils.dummy_segments_positions(1, 2, num_segments=0)
+
+
+def test_take_segment_left_aligns_kept_elements():
+    inputs = np.array([[1, 2, 3], [4, 5, 6]])
+    mask = np.array([[0, 0, 1], [0, 1, 1]], bool)
+    np.testing.assert_array_equal(
+        test_utils.take_segment(inputs, mask, pad_value=-100), [[3, -100, -100], [5, 6, -100]]
+    )
+    # Trailing feature axes move with their positions (NumPy loop reference).
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5, 2)).astype(np.float32)
+    m = rng.random((3, 5)) < 0.5
+    expected = np.zeros_like(x)
+    for b in range(3):
+        kept = x[b][m[b]]
+        expected[b, : len(kept)] = kept
+    np.testing.assert_array_equal(test_utils.take_segment(x, m), expected)
+
+
+def test_dummy_padding_mask_is_a_prefix_of_drawn_lengths():
+    mask = np.asarray(test_utils.dummy_padding_mask(batch_size=64, max_seq_len=5))
+    assert mask.shape == (64, 5) and mask.dtype == np.bool_
+    lengths = mask.sum(axis=1)
+    # Each row: `length` real tokens, then padding; at least one real token.
+    np.testing.assert_array_equal(mask, np.arange(5)[None, :] < lengths[:, None])
+    assert lengths.min() >= 1 and lengths.max() <= 5 and len(set(lengths.tolist())) > 1
+    expected = 1 + np.asarray(jax.random.randint(jax.random.PRNGKey(123), (64,), 0, 5))
+    np.testing.assert_array_equal(lengths, expected)
+    # The same on every call.
+    np.testing.assert_array_equal(mask, test_utils.dummy_padding_mask(batch_size=64, max_seq_len=5))

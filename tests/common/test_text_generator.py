@@ -7,6 +7,7 @@ import pytest
 from axlearn.common import inference
 from axlearn.common.inference import InferenceRunner
 from axlearn.common.text_generator import TextGenerator
+from tests.trained_run import MODULE
 
 # Decodes with the trained run's model (the session fixture's training run, one compilation).
 pytestmark = pytest.mark.slow
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def runner(trained_dir) -> InferenceRunner:
-    runner = InferenceRunner.from_trainer_dir(trained_dir, evalers=[])
+    runner = InferenceRunner.from_trainer_dir(trained_dir, evalers=[], module=MODULE)
     assert runner.restore() == 6
     return runner
 

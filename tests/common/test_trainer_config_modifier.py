@@ -283,3 +283,46 @@ def test_fp8_config_modifier_without_matmul_layers():
     modifier = FP8ConfigModifier.default_config().set(fp8_amax_history_length=16).instantiate()
     with pytest.raises(ValueError, match=r"FP8ConfigModifier: model \(BaseModel\) has no matmul"):
         modifier(cfg)
+
+
+def test_missing_paths_and_fields_list_the_existing_keys():
+    from axlearn.common.trainer_config_modifier import ModifierPathError
+
+    cfg = _trainer_config()
+    decoder_keys = sorted(cfg.model.decoder.keys())
+    with pytest.raises(ModifierPathError) as e:
+        find_config(cfg, "model.decoder.nope")
+    # Both a ValueError and an AttributeError; names the path, the missing key and the keys.
+    assert isinstance(e.value, ValueError) and isinstance(e.value, AttributeError)
+    assert e.value.prefix == "model.decoder.nope"
+    assert f"nope (keys are {decoder_keys})" in str(e.value)
+    path = f"{LAYER}.feed_forward.linear1"
+    bad = PartitionSpecModifier.default_config().set(partition_specs={path: dict(no_spec=None)})
+    with pytest.raises(AttributeError, match=r"no_spec \(keys are \[") as e:
+        bad.instantiate()(_trainer_config())
+    assert e.value.prefix == f"{path}.no_spec"
+    bad = ModuleConfigModifier.default_config().set(
+        target_config="model.nope", modification=attention.StackedTransformerLayer.default_config()
+    )
+    with pytest.raises(AttributeError, match=r"model\.nope.*nope \(keys are"):
+        bad.instantiate()(_trainer_config())
+
+
+def test_learner_modifiers_fill_an_unset_learner():
+    from axlearn.common.trainer_config_modifier import (
+        FP8ConfigModifier,
+        OverrideInplaceUpdateTransformation,
+    )
+    from axlearn.common.update_transformation import (
+        OverrideInplaceUpdateTransformation as FromUpdateTransformation,
+    )
+
+    assert OverrideInplaceUpdateTransformation is FromUpdateTransformation
+    cfg = _trainer_config().set(learner=SpmdTrainer.default_config().learner)  # REQUIRED.
+    cfg = GradientAccumulationModifier.default_config().set(grad_acc_steps=2).instantiate()(cfg)
+    assert cfg.learner.klass is learner.Learner
+    assert cfg.learner.forward_fn_transformation.steps == 2
+    cfg = _trainer_config().set(learner=SpmdTrainer.default_config().learner)
+    cfg = FP8ConfigModifier.default_config().set(fp8_amax_history_length=4).instantiate()(cfg)
+    assert cfg.learner.klass is learner.Learner
+    assert isinstance(cfg.learner.optimizer, OverrideInplaceUpdateTransformation.Config)

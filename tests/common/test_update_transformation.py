@@ -16,6 +16,7 @@ from axlearn.common.config import config_class, config_for_function
 from axlearn.common.module import functional as F
 from axlearn.common.module import new_output_collection
 from axlearn.common.update_transformation import (
+    ConditionalUpdateTransformation,
     ForwardPass,
     Updates,
     UpdateTransformation,
@@ -273,3 +274,81 @@ def test_override_inplace_bad_rule():
     )
     with pytest.raises(ValueError, match=r"o\.rules\[0\]: bad regex"):
         cfg.instantiate(parent=None)
+
+
+def _quadratic_loss(*, model_params, inputs):
+    del inputs
+    # 0.5 * ||x - t||^2: the gradient is x - t.
+    loss = 0.5 * jnp.sum((model_params["x"] - jnp.arange(3.0)) ** 2)
+    return learner_lib.ForwardOutputs(loss=loss, aux={}, output_collection=new_output_collection())
+
+
+def test_param_specs_carry_factorization_and_weight_decay_scale():
+    from axlearn.common.base_layer import ParameterSpec
+    from axlearn.common.optimizer_base import OptParam
+
+    updates = Updates(
+        opt_params=dict(
+            w=OptParam(
+                value=np.ones((2, 3), np.float32), factorization_spec=None, weight_decay_scale=0.5
+            ),
+            masked=optax.MaskedNode(),
+        )
+    )
+    spec = updates.param_specs()["w"]
+    assert isinstance(spec, ParameterSpec)
+    assert (tuple(spec.shape), spec.dtype, spec.weight_decay_scale) == ((2, 3), np.float32, 0.5)
+    assert updates.param_specs()["masked"] == optax.MaskedNode()
+
+
+@pytest.mark.parametrize("wrap_inner", [False, True])
+def test_conditional_update_applies_only_on_scheduled_steps(wrap_inner):
+    sgd = config_for_function(optimizers.sgd_optimizer).set(
+        learning_rate=0.1, decouple_weight_decay=True, momentum=0.9
+    )
+    inner = (
+        WrappedPartitionedGradientTransformation.default_config().set(transformation=sgd)
+        if wrap_inner
+        else sgd
+    )
+    learner = _learner(
+        ConditionalUpdateTransformation.default_config().set(
+            inner=inner, update_schedule=lambda step: step % 2 == 0
+        )
+    ).instantiate(parent=None)
+    params = {"x": np.array([3.0, -1.0, 0.5], np.float32)}
+    state = learner.init(opt_params(params))
+    step = forward_and_backward_step(learner, _quadratic_loss)
+    # Reference: optax SGD with momentum, applied at steps 0 and 2 only.
+    ref_opt = optax.sgd(0.1, momentum=0.9)
+    ref_x = params["x"].copy()
+    ref_state = ref_opt.init(ref_x)
+    for i in range(4):
+        assert int(state["optimizer"]["should_update"].count) == i
+        out, coll = step(params, state, {})
+        new_x = np.asarray(out.backward_outputs.updated_params["x"])
+        if i % 2 == 0:
+            u, ref_state = ref_opt.update(ref_x - np.arange(3.0, dtype=np.float32), ref_state)
+            ref_x = ref_x + np.asarray(u)
+        else:
+            # Skipped step: no change of the parameters nor of the inner optimizer state.
+            np.testing.assert_array_equal(new_x, params["x"])
+            for a, b in zip(
+                jax.tree.leaves(coll.state_updates["optimizer"]["inner"]),
+                jax.tree.leaves(state["optimizer"]["inner"]),
+            ):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_allclose(new_x, ref_x, rtol=1e-6)
+        params, state = {"x": new_x}, coll.state_updates
+    # The state specs match the state.
+    specs = learner.create_state_partition_specs({"x": TensorSpec(shape=(3,), dtype=jnp.float32)})
+    is_spec = lambda x: isinstance(x, TensorSpec)  # noqa: E731
+    assert jax.tree.structure(specs, is_leaf=is_spec) == jax.tree.structure(state)
+
+
+def test_conditional_update_rejects_inplace_updates():
+    learner = _learner(ConditionalUpdateTransformation.default_config().set(inner=_adamw()))
+    learner = learner.instantiate(parent=None)
+    state = learner.init(opt_params(_params()))
+    with pytest.raises(NotImplementedError, match="learner.optimizer: inplace_updates"):
+        forward_and_backward_step(learner, _loss_fn)(_params(), state, _batch())

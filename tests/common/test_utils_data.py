@@ -46,6 +46,24 @@ def test_partition_specs():
         assert data_partition_type_to_spec(DataPartitionType.FULL) == PartitionSpec("z")
 
 
+def test_batch_partition_uses_the_batch_and_seq_axes():
+    with Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("fsdp", "seq", "model")):
+        assert data_partition_type_to_spec(DataPartitionType.BATCH) == PartitionSpec(
+            ("fsdp",), ("seq",)
+        )
+    with _mesh():
+        spec = data_partition_type_to_spec(DataPartitionType.BATCH)
+        assert spec == PartitionSpec(("data",), ())
+        host = {"x": np.arange(16).reshape(8, 2), "y": np.arange(8)}
+        arrays = host_to_global_device_array(host, partition=DataPartitionType.BATCH)
+        # Split 4 ways over "data" only: each device holds 2 rows (replicated over "model").
+        assert {s.data.shape for s in arrays["x"].addressable_shards} == {(2, 2)}
+        assert {s.data.shape for s in arrays["y"].addressable_shards} == {(2,)}
+        np.testing.assert_array_equal(np.asarray(arrays["x"]), host["x"])
+    with pytest.raises(ValueError, match="needs a mesh"):
+        data_partition_type_to_spec(DataPartitionType.BATCH)
+
+
 def test_host_to_global_and_back():
     host = {"x": np.arange(16).reshape(8, 2), "y": np.arange(4)}
     with _mesh():

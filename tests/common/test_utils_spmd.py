@@ -108,6 +108,17 @@ def test_host_to_global_array(batch):
 
 
 def test_setup_validation():
+    saved = jax.config.jax_default_prng_impl
+    try:
+        _check_setup_validation()
+        # As AXLearn's launcher: setup selects the rbg PRNG (keys are uint32[4]).
+        assert jax.config.jax_default_prng_impl == "rbg"
+        assert jax.random.PRNGKey(0).shape == (4,)
+    finally:
+        jax.config.update("jax_default_prng_impl", saved)
+
+
+def _check_setup_validation():
     with pytest.raises(ValueError, match="must all be None on the tpu backend"):
         utils_spmd.setup(jax_backend="tpu", num_processes=2)
     with pytest.raises(ValueError, match="must be given together"):

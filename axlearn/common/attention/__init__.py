@@ -27,9 +27,11 @@ from axlearn.common.attention.multihead import (
 )
 from axlearn.common.attention.parallel import ParallelTransformerLayer
 from axlearn.common.attention.pipelined import (
+    SCHEDULES,
     PipelinedTransformerLayer,
     _TransformerPipeline,
     pipelined_stack_config,
+    schedule_config,
 )
 from axlearn.common.attention.q_linear import KVState, QLinear
 from axlearn.common.attention.qkv import (
@@ -190,6 +192,8 @@ __all__ = [
     "make_causal_biases",
     "make_segment_mask",
     "pipelined_stack_config",
+    "schedule_config",
+    "SCHEDULES",
     "pow_scale_fn",
     "remat_choices_of",
     "remat_name_of",

@@ -72,6 +72,9 @@ class _MaskInfo(NamedTuple):
     source_positions: Tensor
     # Whether target/source positions are both arange(length) (full-sequence forward).
     default_positions: bool
+    # [batch, length] self-attention segment ids that are not in the biases (see
+    # `_segment_ids_in_mask`); None: none, or already added to the biases.
+    segment_ids: Optional[Tensor] = None
 
 
 class MultiheadAttention(BaseLayer):
@@ -150,8 +153,9 @@ class MultiheadAttention(BaseLayer):
         self._mask_fn = causal_mask if cfg.causal else maybe_instantiate(cfg.mask)
         per_head_dim = self.per_head_dim()
         i_proj_cfg = _input_linear_config(cfg, per_head_dim=per_head_dim)
+        # Children in AXLearn's order (i_proj, o_proj, dropout, scale_query, scale_key,
+        # kv_cache): parameter init splits the key through them in this order.
         self._add_child("i_proj", i_proj_cfg)
-        self._add_child("kv_cache", cfg.kv_cache or KVCache.default_config())
         self._add_child(
             "o_proj",
             cfg.output_linear.clone(
@@ -163,6 +167,7 @@ class MultiheadAttention(BaseLayer):
         self._add_child("dropout", cfg.dropout)
         self._add_child("scale_query", cfg.query_scale.clone(per_head_dim=per_head_dim))
         self._add_child("scale_key", cfg.key_scale.clone(per_head_dim=per_head_dim))
+        self._add_child("kv_cache", cfg.kv_cache or KVCache.default_config())
 
     def _create_layer_parameter_specs(self) -> dict[str, ParameterSpec]:
         cfg = self.config
@@ -265,7 +270,9 @@ class MultiheadAttention(BaseLayer):
             default_positions=default_positions,
         )
         segment_bias = None
-        if segment_ids is not None:
+        if segment_ids is not None and self._segment_ids_in_mask():
+            mask = mask._replace(segment_ids=segment_ids)
+        elif segment_ids is not None:
             segment_bias = make_segment_mask(
                 source_segments=segment_ids, target_segments=segment_ids
             )
@@ -278,6 +285,13 @@ class MultiheadAttention(BaseLayer):
             return_aux=return_aux,
             kv_state=kv_state,
         )
+
+    def _segment_ids_in_mask(self) -> bool:
+        """Whether `forward` passes segment ids in the mask info instead of as a [B, 1, T, T] bias.
+
+        A subclass whose `_compute_attention` reads `mask.segment_ids` returns True.
+        """
+        return False
 
     def _project(
         self,

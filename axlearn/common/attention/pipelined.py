@@ -20,8 +20,14 @@ from axlearn.common.attention.stack import BaseStackedTransformerLayer, StackedT
 from axlearn.common.attention.transformer import BaseTransformerLayer
 from axlearn.common.config import REQUIRED, InstantiableConfig, Required, config_class
 from axlearn.common.module import Module
-from axlearn.common.pipeline import CircularSchedule, GPipeSchedule, Pipeline
-from axlearn.common.utils import NestedTensor, Tensor
+from axlearn.common.pipeline import (
+    CircularSchedule,
+    GPipeSchedule,
+    InterleavedOneFOneBSchedule,
+    OneFOneBSchedule,
+    Pipeline,
+)
+from axlearn.common.utils import NestedTensor, Tensor, get_or_none, split_prng_key
 
 
 class _TransformerPipeline(Pipeline):
@@ -90,7 +96,8 @@ class PipelinedTransformerLayer(BaseStackedTransformerLayer):
         # The config of one chunk of layers (num_layers and layer are set by this layer).
         stage: InstantiableConfig = StackedTransformerLayer.default_config()
         # The pipeline config (layer, num_layers and num_microbatches are set by this layer;
-        # set `pipeline.schedule` to pick GPipeSchedule or CircularSchedule).
+        # set `pipeline.schedule` to pick GPipeSchedule, CircularSchedule, OneFOneBSchedule or
+        # InterleavedOneFOneBSchedule).
         pipeline: InstantiableConfig = _TransformerPipeline.default_config()
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
@@ -112,7 +119,9 @@ class PipelinedTransformerLayer(BaseStackedTransformerLayer):
         if cfg.num_layers % chunks != 0:
             raise ValueError(
                 f"{self.path()}: num_layers={cfg.num_layers} is not divisible by num_stages="
-                f"{cfg.num_stages} x num_virtual_stages={num_virtual} (= {chunks})"
+                f"{cfg.num_stages} x num_virtual_stages={num_virtual} (= {chunks}); set "
+                f"{self.path()}.num_layers to a multiple of {chunks} or change num_stages / "
+                "num_virtual_stages."
             )
         stage = cfg.stage.clone(
             input_dim=cfg.input_dim,
@@ -126,9 +135,33 @@ class PipelinedTransformerLayer(BaseStackedTransformerLayer):
             ),
         )
 
+    def initialize_parameters_recursively(
+        self, prng_key: Tensor, *, prebuilt: Optional[NestedTensor] = None
+    ) -> NestedTensor:
+        """Pre-splits `num_layers` keys as [chunks, layers per chunk] (as AXLearn).
+
+        Layer j of chunk c gets the (c * layers_per_chunk + j)-th successive split, the key a
+        StackedTransformerLayer or RepeatedTransformerLayer of the same layers gives it.
+
+        Args:
+            prng_key: The key.
+            prebuilt: See `BaseLayer.initialize_parameters_recursively`.
+
+        Returns:
+            {"pipeline": {"layer": params stacked on [chunks]}}.
+        """
+        cfg = self.config
+        chunks = cfg.num_stages * self.num_virtual_stages(cfg)
+        keys = split_prng_key(prng_key, (chunks, cfg.num_layers // chunks))
+        return dict(
+            pipeline=self.pipeline.initialize_parameters_recursively(
+                keys, prebuilt=get_or_none(prebuilt, "pipeline")
+            )
+        )
+
     @staticmethod
     def num_virtual_stages(cfg: Config) -> int:
-        """V of `cfg.pipeline.schedule` (1 unless it is a CircularSchedule)."""
+        """V of `cfg.pipeline.schedule` (1 unless it has num_virtual_stages)."""
         return getattr(cfg.pipeline.schedule, "num_virtual_stages", 1)
 
     def forward(self, data: Tensor, **layer_kwargs) -> BaseTransformerLayer.Output:
@@ -154,6 +187,7 @@ def pipelined_stack_config(
     num_stages: int,
     num_microbatches: int,
     num_virtual_stages: int = 1,
+    schedule: Optional[str] = None,
 ) -> PipelinedTransformerLayer.Config:
     """A PipelinedTransformerLayer config computing the same function as `stack_cfg`.
 
@@ -162,10 +196,15 @@ def pipelined_stack_config(
             layer and input_dim are kept).
         num_stages: S, the size of the `pipeline` mesh axis.
         num_microbatches: M.
-        num_virtual_stages: V; 1 gives GPipeSchedule, more a CircularSchedule.
+        num_virtual_stages: V; 1 gives GPipeSchedule, more a CircularSchedule (by default).
+        schedule: One of SCHEDULES ("gpipe", "circular", "1f1b", "interleaved_1f1b"); None
+            picks "gpipe" for V = 1 and "circular" otherwise.
 
     Returns:
         The pipelined config.
+
+    Raises:
+        ValueError: On an unknown schedule name, or V > 1 with "gpipe"/"1f1b".
     """
     cfg = PipelinedTransformerLayer.default_config().set(
         num_layers=stack_cfg.num_layers,
@@ -175,13 +214,47 @@ def pipelined_stack_config(
     )
     if stack_cfg.input_dim is not REQUIRED:
         cfg.set(input_dim=stack_cfg.input_dim)
-    if num_virtual_stages == 1:
-        cfg.pipeline.schedule = GPipeSchedule.default_config()
-    else:
-        cfg.pipeline.schedule = CircularSchedule.default_config().set(
-            num_virtual_stages=num_virtual_stages
-        )
+    cfg.pipeline.schedule = schedule_config(schedule, num_virtual_stages=num_virtual_stages)
     return cfg
 
 
-__all__ = ["PipelinedTransformerLayer", "_TransformerPipeline", "pipelined_stack_config"]
+# Schedule names accepted by `schedule_config` (and PipelineModifier.schedule).
+SCHEDULES = ("gpipe", "circular", "1f1b", "interleaved_1f1b")
+
+
+def schedule_config(name: Optional[str], *, num_virtual_stages: int = 1):
+    """The pipeline schedule config for a schedule name.
+
+    Args:
+        name: One of SCHEDULES, or None ("gpipe" if num_virtual_stages == 1, else "circular").
+        num_virtual_stages: V (for "circular" and "interleaved_1f1b").
+
+    Returns:
+        The schedule config.
+
+    Raises:
+        ValueError: On an unknown name, or V > 1 for a schedule with one chunk per stage.
+    """
+    if name is None:
+        name = "gpipe" if num_virtual_stages == 1 else "circular"
+    if name not in SCHEDULES:
+        raise ValueError(f"schedule={name!r} is not one of {SCHEDULES}; pick one of them.")
+    if name in ("gpipe", "1f1b"):
+        if num_virtual_stages != 1:
+            raise ValueError(
+                f"schedule={name!r} has one chunk per stage but num_virtual_stages="
+                f"{num_virtual_stages}; set num_virtual_stages=1 or use "
+                f"{'circular' if name == 'gpipe' else 'interleaved_1f1b'}."
+            )
+        return (GPipeSchedule if name == "gpipe" else OneFOneBSchedule).default_config()
+    klass = CircularSchedule if name == "circular" else InterleavedOneFOneBSchedule
+    return klass.default_config().set(num_virtual_stages=num_virtual_stages)
+
+
+__all__ = [
+    "PipelinedTransformerLayer",
+    "SCHEDULES",
+    "_TransformerPipeline",
+    "pipelined_stack_config",
+    "schedule_config",
+]

@@ -8,13 +8,20 @@ from typing import Any, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from axlearn.common.attention.scale import ScaleKey, ScaleQuery, constant_scale_fn
 from axlearn.common.base_layer import BaseLayer, ParameterSpec
-from axlearn.common.config import REQUIRED, InstantiableConfig, Required, config_class
+from axlearn.common.config import (
+    REQUIRED,
+    InstantiableConfig,
+    Required,
+    config_class,
+    config_for_function,
+)
 from axlearn.common.module import Module, child_context
 from axlearn.common.param_init import FanAxes
 from axlearn.common.quantized_dot_general.layers import DenseGeneralBaseLayer
 from axlearn.common.repeat import prepend_axis_to_specs
-from axlearn.common.utils import NestedTensor, Tensor
+from axlearn.common.utils import NestedTensor, Tensor, split_prng_key
 
 
 class BaseMultiheadLinear(DenseGeneralBaseLayer):
@@ -280,7 +287,8 @@ class FusedQKVLinear(BaseQKVLinear):
         def init(key):
             return dict(qkv_proj=self.qkv_proj.initialize_parameters_recursively(key, **kwargs))
 
-        return jax.vmap(init)(jax.random.split(prng_key, 3))
+        # As AXLearn: q, k, v get the children of three successive splits.
+        return jax.vmap(init)(split_prng_key(prng_key, 3).keys)
 
     def forward(
         self,
@@ -494,10 +502,14 @@ class RoFormerQKVLinear(BaseQKVLinear):
         self._rotary_dim = _rotary_dim(cfg)
         self._add_child("rope_pos_emb_layer", cfg.rope_pos_emb_layer.clone(dim=self._rotary_dim))
         self._add_child("i_proj", _input_linear_config(cfg, per_head_dim=cfg.per_head_dim))
-        if cfg.query_scale is not None:
-            self._add_child("query_scale", cfg.query_scale.clone(per_head_dim=cfg.per_head_dim))
-        if cfg.key_scale is not None:
-            self._add_child("key_scale", cfg.key_scale.clone(per_head_dim=cfg.per_head_dim))
+        # As AXLearn, the scale children are always there, named `scale_query`/`scale_key` (an
+        # identity scale when the field is None, which forward then skips): they take their
+        # place in the key splits of parameter init, so the draws after them equal AXLearn's.
+        identity = config_for_function(constant_scale_fn).set(value=1.0)
+        query_scale = cfg.query_scale or ScaleQuery.default_config().set(scale_factor=identity)
+        key_scale = cfg.key_scale or ScaleKey.default_config().set(scale_factor=identity)
+        self._add_child("scale_query", query_scale.clone(per_head_dim=cfg.per_head_dim))
+        self._add_child("scale_key", key_scale.clone(per_head_dim=cfg.per_head_dim))
 
     @property
     def num_kv_heads(self) -> int:
@@ -517,7 +529,7 @@ class RoFormerQKVLinear(BaseQKVLinear):
             # Shared keys/values (QLinear inside) are already rotated: rotate the query only.
             q, k, v = self.i_proj(query, key=key, value=value, kv_state=kv_state)
             if cfg.query_scale is not None:
-                q = self.query_scale(q, positions=query_positions)
+                q = self.scale_query(q, positions=query_positions)
             sin_cos = self.rope_pos_emb_layer(positions=query_positions, max_seq_len=q.shape[1])
             return self.Output(query=self._rotate(q, sin_cos), key=k, value=v)
         q, k, v = self.i_proj(query, key=key, value=value)
@@ -528,9 +540,9 @@ class RoFormerQKVLinear(BaseQKVLinear):
             )
         # The keys are rotated at the query positions too; so they are scaled at them.
         if cfg.query_scale is not None:
-            q = self.query_scale(q, positions=query_positions)
+            q = self.scale_query(q, positions=query_positions)
         if cfg.key_scale is not None:
-            k = self.key_scale(k, positions=query_positions)
+            k = self.scale_key(k, positions=query_positions)
         sin_cos = self.rope_pos_emb_layer(positions=query_positions, max_seq_len=q.shape[1])
         q = self._rotate(q, sin_cos)
         k = self._rotate(k, sin_cos)

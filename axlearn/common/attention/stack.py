@@ -28,7 +28,15 @@ from axlearn.common.config import (
 from axlearn.common.layers import get_stochastic_depth_linear_rate, stochastic_depth_rate_scale
 from axlearn.common.module import Module, child_context
 from axlearn.common.repeat import Repeat
-from axlearn.common.utils import NestedTensor, SavePattern, Tensor, VDict
+from axlearn.common.utils import (
+    NestedTensor,
+    SavePattern,
+    StackedKeyArray,
+    Tensor,
+    VDict,
+    get_or_none,
+    split_prng_key,
+)
 from axlearn.common.utils import save_and_offload_only_these_names_regex as _save_offload
 
 
@@ -159,6 +167,27 @@ class StackedTransformerLayer(BaseStackedTransformerLayer):
             for i, layer_cfg in enumerate(layer_cfgs)
         ]
         self._data_merger = None if cfg.data_merger is None else cfg.data_merger.instantiate()
+
+    def initialize_parameters_recursively(
+        self, prng_key: Union[Tensor, StackedKeyArray], *, prebuilt: Optional[NestedTensor] = None
+    ) -> NestedTensor:
+        """Layer i gets the i-th of `num_layers` successive splits of `prng_key` (as AXLearn).
+
+        Args:
+            prng_key: A key, or keys already split per layer (a StackedKeyArray, e.g. from a
+                PipelinedTransformerLayer), so stacked, repeated and pipelined stacks draw alike.
+            prebuilt: See `BaseLayer.initialize_parameters_recursively`.
+
+        Returns:
+            {"layer0": params, ...}.
+        """
+        keys = split_prng_key(prng_key, self.config.num_layers).keys
+        return {
+            layer.name: layer.initialize_parameters_recursively(
+                jax.tree.map(lambda x, i=i: x[i], keys), prebuilt=get_or_none(prebuilt, layer.name)
+            )
+            for i, layer in enumerate(self._layers)
+        }
 
     def forward(self, data: Tensor, **layer_kwargs) -> BaseTransformerLayer.Output:
         """Runs the layers in order; see `TransformerLayer.forward` for `layer_kwargs`.
@@ -315,6 +344,24 @@ class RepeatedTransformerLayer(BaseStackedTransformerLayer):
                 f"{self.path()}.carry={tuple(self.config.carry)!r}: a RepeatedTransformerLayer "
                 "carries only 'data'; use StackedTransformerLayer to carry other fields."
             )
+
+    def initialize_parameters_recursively(
+        self, prng_key: Tensor, *, prebuilt: Optional[NestedTensor] = None
+    ) -> NestedTensor:
+        """Passes `prng_key` to `repeat` unsplit (as AXLearn), so the draws equal a stacked one's.
+
+        Args:
+            prng_key: The key.
+            prebuilt: See `BaseLayer.initialize_parameters_recursively`.
+
+        Returns:
+            {"repeat": {"layer": params stacked on a leading layer axis}}.
+        """
+        return dict(
+            repeat=self.repeat.initialize_parameters_recursively(
+                prng_key, prebuilt=get_or_none(prebuilt, "repeat")
+            )
+        )
 
     def forward(self, data: Tensor, **layer_kwargs) -> BaseTransformerLayer.Output:
         """See `_TransformerRepeat.forward`; `scan_kwargs` arguments are scanned per layer."""

@@ -279,7 +279,8 @@ class Checkpointer(BaseCheckpointer):
         Uncommitted directories older than the newest committed one are abandoned saves and are
         removed, except those whose chunks are complete (an interrupted save after its chunks,
         or an index lost after the save), which are set aside as step_%08d.unindexed-<time>;
-        such a set-aside directory is removed once a newer step has committed.
+        such a set-aside directory is removed only once the keep policy would not keep its step
+        if it were committed (`recovery.kept_as_if_committed`).
 
         Returns:
             The directories removed.
@@ -336,7 +337,14 @@ class Checkpointer(BaseCheckpointer):
                     removed.append(path)
                 except OSError as e:
                     logging.warning("Failed to remove %s: %s", path, e)
-            removed.extend(recovery.remove_unindexed_older_than(cfg.dir, newest))
+            removed.extend(
+                recovery.remove_unindexed_older_than(
+                    cfg.dir,
+                    newest,
+                    keep_last_n=cfg.keep_last_n,
+                    keep_every_n_steps=cfg.keep_every_n_steps,
+                )
+            )
             return removed
 
     @staticmethod

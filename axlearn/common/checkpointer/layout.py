@@ -9,7 +9,16 @@
     index                       JSON, written last: the commit marker
 ```
 
+AXLearn's own layout (a list `index`, zstd zarr arrays, `tf_<i>/` iterators) is read too: see
+`axlearn_layout`.
+
 A step directory without a readable `index` is uncommitted: it is never restored.
+
+Every file here is opened through `axlearn.common.file_access`: relative to a descriptor of the
+checkpointer directory (the directory the user named), with no symbolic link followed at any
+component below it (the step directory included), regular files only, metadata reads bounded in
+size and nesting. A path the index names is checked lexically here (relative, no `..`) and is
+contained by the open itself, so there is no window between a check and an open.
 """
 
 from __future__ import annotations
@@ -20,11 +29,14 @@ import functools
 import json
 import os
 import re
+import stat
 from typing import Any, Optional
 
 from absl import logging
 
-from axlearn.common.path_containment import PathContainmentError, contained_path
+from axlearn.common import file_access
+from axlearn.common.checkpointer import axlearn_layout
+from axlearn.common.path_containment import PathContainmentError, contained_relpath
 
 # Directory name of a step: `step_` followed by exactly 8 digits.
 STEP_DIR_PREFIX = "step_"
@@ -32,7 +44,7 @@ _STEP_DIR_RE = re.compile(r"^step_(\d{8})$")
 # The commit marker, written after every array of the step has been written.
 INDEX_FILE = "index"
 # Sub-directory holding one zarr array per array leaf.
-ARRAYS_DIR = "gda"
+ARRAYS_DIR = axlearn_layout.ARRAYS_DIR  # "gda"
 # Sub-directory holding per-process bytes leaves.
 HOST_DIR = "host"
 # Sub-directory where processes leave their shard checksums for process 0 (multi-process only).
@@ -45,11 +57,16 @@ INDEX_VERSION = 1
 # renamed `SkipClipState.grad_norm_var_ema` to `grad_norm_square_ema` (AXLearn's layouts).
 STATE_LAYOUT_VERSION = 2
 # Kinds of leaves in the index.
-KIND_ARRAY = "array"
-KIND_VALUE = "value"
-KIND_BYTES = "bytes"
+KIND_ARRAY = axlearn_layout.KIND_ARRAY  # "array"
+KIND_VALUE = axlearn_layout.KIND_VALUE  # "value"
+KIND_BYTES = axlearn_layout.KIND_BYTES  # "bytes"
 # Name used for the leaf path of a state that is a single leaf (empty tree path).
 ROOT_LEAF_NAME = "_root"
+# The most bytes an `index` may hold (about 200 bytes per leaf and 20 per chunk checksum: far
+# above any model's); a larger one is refused unread.
+MAX_INDEX_BYTES = 256 << 20
+# The deepest JSON nesting of an index (its own is 5; value leaves add a little).
+MAX_INDEX_DEPTH = 64
 
 
 class CheckpointIndexError(ValueError):
@@ -91,6 +108,26 @@ def parse_step_from_dir(step_dir: str) -> int:
     return int(match.group(1))
 
 
+def open_step_dir(step_dir: str) -> file_access.RunDir:
+    """Opens a step directory for reading its files: the step directory itself is not a link.
+
+    The checkpointer directory (its parent, as the user named it) is opened as given; the step
+    directory below it and every path below that are opened with no link followed.
+
+    Args:
+        step_dir: `<checkpointer dir>/step_%08d` (or any directory: its last component is not
+            followed if it is a link).
+
+    Returns:
+        A `file_access.RunDir` of the step directory (the caller closes it).
+
+    Raises:
+        FileAccessError: If it is missing, a link or not a directory.
+    """
+    parent, name = os.path.split(os.path.normpath(step_dir))
+    return file_access.open_subdir(parent or ".", name)
+
+
 def step_dirs(base_dir: str) -> list[tuple[int, str]]:
     """Returns (step, path) of every `step_%08d` directory under `base_dir`, committed or not.
 
@@ -101,18 +138,24 @@ def step_dirs(base_dir: str) -> list[tuple[int, str]]:
         Pairs sorted by step.
     """
     try:
-        names = os.listdir(base_dir)
-    except FileNotFoundError:
+        root = file_access.RunDir(base_dir)
+    except file_access.FileAccessError:
         return []
     result = []
-    for name in names:
-        match = _STEP_DIR_RE.match(name)
-        path = os.path.join(base_dir, name)
-        if match and os.path.islink(path):
-            _warn_linked_step_dir(path)
-            continue
-        if match and os.path.isdir(path):
-            result.append((int(match.group(1)), path))
+    with root:
+        for name in file_access.listdir(root):
+            match = _STEP_DIR_RE.match(name)
+            if not match:
+                continue
+            try:
+                st = file_access.lstat(root, name)
+            except file_access.FileAccessError:
+                continue  # Removed meanwhile.
+            path = os.path.join(base_dir, name)
+            if stat.S_ISLNK(st.st_mode):
+                _warn_linked_step_dir(path)
+            elif stat.S_ISDIR(st.st_mode):
+                result.append((int(match.group(1)), path))
     return sorted(result)
 
 
@@ -128,8 +171,15 @@ def _warn_linked_step_dir(path: str) -> None:
             "their directory: restore, garbage collection and set-aside leave it and its target "
             "alone. Replace it with a copy of the step to use it.",
             path,
-            os.readlink(path),
+            _readlink(path),
         )
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
 
 
 def is_committed(step_dir: str) -> bool:
@@ -138,7 +188,10 @@ def is_committed(step_dir: str) -> bool:
     A step directory that is a symbolic link is never committed: it is not a step of this
     directory (see `step_dirs`).
     """
-    return not os.path.islink(step_dir) and os.path.isfile(os.path.join(step_dir, INDEX_FILE))
+    parent, name = os.path.split(os.path.normpath(step_dir))
+    # Any entry named `index` (a link or a FIFO too) commits the step: such a step is corrupt
+    # (its index is refused when read), never silently skipped as uncommitted.
+    return file_access.exists(parent or ".", f"{name}/{INDEX_FILE}")
 
 
 def checkpoint_paths(base_dir: str) -> list[str]:
@@ -210,7 +263,7 @@ def sync_filesystem(path: str) -> None:
     if syncfs is None:
         os.sync()
         return
-    fd = os.open(path, os.O_RDONLY)
+    fd = file_access.open_dir(path)
     try:
         if syncfs(fd) != 0:
             err = ctypes.get_errno()
@@ -228,30 +281,23 @@ def _libc() -> Optional[ctypes.CDLL]:
         return None
 
 
-def _fsync_dir(path: str) -> None:
-    """Makes the entries of directory `path` (files created, renamed or removed) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomically(path: str, value: Any) -> None:
-    """Writes `value` as JSON to `path` via a temporary file, fsync and rename.
+def write_json_atomically(path: str, value: Any, *, root: Optional[str] = None) -> None:
+    """Writes `value` as JSON to `path` via a temporary file, fsync and rename (no link followed).
 
     Args:
         path: The destination file.
         value: A JSON-serializable value.
+        root: The run directory `path` lies in (no link is followed below it); default: the
+            file's own directory.
     """
-    tmp_path = f"{path}.tmp.{os.getpid()}"
     data = json.dumps(value, sort_keys=True).encode("utf-8")
-    with open(tmp_path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp_path, path)
-    _fsync_dir(os.path.dirname(path) or ".")
+    path = os.path.normpath(path)
+    if root is None:
+        root = os.path.dirname(path) or "."
+    rel = file_access.split_root(path, root)
+    if rel is None:
+        raise ValueError(f"{path} is not inside {root}")
+    file_access.write_atomic(root, rel, data)
 
 
 def write_index_file(step_dir: str, index: dict) -> None:
@@ -261,7 +307,12 @@ def write_index_file(step_dir: str, index: dict) -> None:
         step_dir: The step directory.
         index: The index (see `make_index`).
     """
-    write_json_atomically(os.path.join(step_dir, INDEX_FILE), index)
+    # Below the checkpointer dir: the step directory itself is not followed if it is a link.
+    write_json_atomically(
+        os.path.join(step_dir, INDEX_FILE),
+        index,
+        root=os.path.dirname(os.path.normpath(step_dir)) or ".",
+    )
 
 
 def make_index(*, step: int, process_count: int, leaves: list[dict]) -> dict:
@@ -312,21 +363,25 @@ def read_index_file(step_dir: str) -> dict:
         CheckpointIndexError: If the file is missing, not JSON, or malformed.
     """
     path = os.path.join(step_dir, INDEX_FILE)
+    parent, name = os.path.split(os.path.normpath(step_dir))
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            index = json.loads(f.read().decode("utf-8"))
-    except FileNotFoundError as e:
-        raise CheckpointIndexError(f"{path} does not exist (uncommitted checkpoint)") from e
-    except OSError as e:
+        index = file_access.read_json(
+            parent or ".",
+            f"{name}/{INDEX_FILE}",
+            max_bytes=MAX_INDEX_BYTES,
+            max_depth=MAX_INDEX_DEPTH,
+        )
+    except file_access.FileAccessError as e:
+        if e.errno == errno.ENOENT:
+            raise CheckpointIndexError(f"{path} does not exist (uncommitted checkpoint)") from e
         if e.errno == errno.ELOOP:
             raise CheckpointIndexError(
-                f"{path} is a symbolic link; an index is never read through a link (its target "
-                "is outside what this step directory holds)"
+                f"{path}: the index (or its step directory) is a symbolic link; an index is "
+                "never read through a link (its target is outside what this step directory holds)"
             ) from e
-        raise CheckpointIndexError(f"{path} is not a readable JSON index: {e}") from e
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointIndexError(f"{path} is not a readable JSON index: {e}") from e
+        raise CheckpointIndexError(f"{path} is not a readable JSON index: {e.rule}") from e
+    if axlearn_layout.is_axlearn_index(index):
+        return _read_axlearn_index(index, step_dir, path)
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
         raise CheckpointIndexError(f"{path} is not an {INDEX_FORMAT} index")
     if index.get("version") != INDEX_VERSION:
@@ -346,12 +401,32 @@ def read_index_file(step_dir: str) -> dict:
     return index
 
 
+def _read_axlearn_index(value: list, step_dir: str, shown: str) -> dict:
+    """Our index dict for AXLearn's list `index` (see `axlearn_layout`), `layout` "axlearn"."""
+    try:
+        with open_step_dir(step_dir) as root:
+            step, leaves = axlearn_layout.parse_pairs(value, root=root, shown=shown)
+    except (axlearn_layout.AXLearnIndexError, file_access.FileAccessError) as e:
+        raise CheckpointIndexError(str(e)) from e
+    for leaf in leaves:
+        _check_leaf_files(step_dir, shown, leaf)
+    return dict(
+        format=INDEX_FORMAT,
+        layout=axlearn_layout.LAYOUT_NAME,
+        version=INDEX_VERSION,
+        step=step,
+        process_count=None,
+        state_layout=STATE_LAYOUT_VERSION,
+        leaves=leaves,
+    )
+
+
 def _check_leaf_files(step_dir: str, index_path: str, leaf: dict) -> None:
     """Refuses a leaf whose `file` (or a process's bytes `file`) reaches outside `step_dir`."""
     what = f"leaf {leaf['path']!r:.200}"
     try:
         if leaf["kind"] == KIND_ARRAY:
-            contained_path(step_dir, leaf["file"], source=index_path, what=what)
+            contained_relpath(leaf["file"], source=index_path, what=what)
         elif leaf["kind"] == KIND_BYTES:
             per_process = leaf["per_process"]
             if not isinstance(per_process, dict):
@@ -361,8 +436,8 @@ def _check_leaf_files(step_dir: str, index_path: str, leaf: dict) -> None:
                     raise CheckpointIndexError(
                         f"{index_path}: {what}, process {proc!r:.20} has a malformed entry"
                     )
-                contained_path(
-                    step_dir, info.get("file"), source=index_path, what=f"{what}, process {proc}"
+                contained_relpath(
+                    info.get("file"), source=index_path, what=f"{what}, process {proc}"
                 )
     except PathContainmentError as e:
         raise CheckpointIndexError(str(e)) from e

@@ -5,7 +5,9 @@ The policy (docs/checkpoints.md, "Damaged checkpoints"):
   and later removed by garbage collection, as always; except when every chunk its `.zarray`
   files describe is present at full size (the save was interrupted just before its index, or
   the index was lost): then it is set aside as `step_%08d.unindexed-<UTC time>`, and garbage
-  collection removes it once a newer step has committed.
+  collection removes it only once newer steps have committed and the keep policy would not keep
+  its step (`keep_last_n` counts it as if it were committed): a committed step whose index was
+  lost is never deleted while it would be kept.
 - A step directory whose `index` exists but cannot be read, or whose chunks fail their
   checksums, is *corrupt*. A corrupt checkpoint is never deleted. By default the trainer refuses
   to start, naming the file and the flags that choose what to do: `--restore_fallback=previous`
@@ -30,6 +32,7 @@ from typing import Optional
 
 from absl import logging
 
+from axlearn.common import file_access
 from axlearn.common.checkpointer import layout, metadata, tensorstore_save
 from axlearn.common.checkpointer.tensorstore_restore import CheckpointCorruptionError
 
@@ -146,21 +149,21 @@ def set_aside(step_dir: str, *, reason: str) -> str:
     Returns:
         The new path.
     """
-    base = f"{step_dir.rstrip('/')}.{reason}-{_utc_stamp()}"
-    new_path, n = base, 0
-    while os.path.exists(new_path):
-        n += 1
-        new_path = f"{base}.{n}"
-    os.rename(step_dir, new_path)
-    parent = os.path.dirname(new_path) or "."
-    try:
-        fd = os.open(parent, os.O_RDONLY)
+    parent, name = os.path.split(os.path.normpath(step_dir))
+    parent = parent or "."
+    base = f"{name}.{reason}-{_utc_stamp()}"
+    new_name, n = base, 0
+    with file_access.RunDir(parent) as root:
+        while file_access.exists(root, new_name):
+            n += 1
+            new_name = f"{base}.{n}"
+        # By the directory's descriptor: a link at either name is moved, never followed.
+        file_access.rename(root, name, new_name)
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:  # Some filesystems cannot fsync a directory; the rename still happened.
-        pass
+            os.fsync(root.fd)
+        except OSError:  # Some filesystems cannot fsync a directory; the rename still happened.
+            pass
+    new_path = os.path.join(parent, new_name)
     # A supersede is the user's choice (info); a lost index is recovered from (warning).
     log = {REASON_SUPERSEDED: logging.info, REASON_UNINDEXED: logging.warning}.get(
         reason, logging.error
@@ -181,37 +184,88 @@ def set_aside_dirs(base_dir: str) -> list[str]:
         Their paths.
     """
     try:
-        names = os.listdir(base_dir)
-    except FileNotFoundError:
+        root = file_access.RunDir(base_dir)
+    except file_access.FileAccessError:
         return []
-    return sorted(
-        os.path.join(base_dir, n)
-        for n in names
-        if _SET_ASIDE_RE.match(n) and not os.path.islink(os.path.join(base_dir, n))
-    )
+    with root:
+        return sorted(
+            os.path.join(base_dir, n)
+            for n in file_access.listdir(root)
+            if _SET_ASIDE_RE.match(n) and file_access.is_dir(root, n)
+        )
 
 
-def remove_unindexed_older_than(base_dir: str, step: int) -> list[str]:
-    """Removes the `step_%08d.unindexed-<time>` directories of steps before committed `step`.
+def kept_as_if_committed(
+    step: int,
+    committed: list[int],
+    *,
+    keep_last_n: int,
+    keep_every_n_steps: Optional[int] = None,
+) -> bool:
+    """Whether garbage collection would keep `step` if it were committed.
+
+    An unindexed step (its index lost after the save, or a save cut just before its index) may
+    be a committed step: it is kept exactly as long as the keep policy would keep its step.
+
+    Args:
+        step: The step of an unindexed directory.
+        committed: The committed steps of the directory.
+        keep_last_n: `Checkpointer.Config.keep_last_n`.
+        keep_every_n_steps: `Checkpointer.Config.keep_every_n_steps`.
+
+    Returns:
+        True if `step` is among the newest `keep_last_n` of `committed` plus itself, or a
+        multiple of `keep_every_n_steps`.
+    """
+    if keep_every_n_steps and step % keep_every_n_steps == 0:
+        return True
+    return sum(1 for s in committed if s > step) < keep_last_n
+
+
+def remove_unindexed_older_than(
+    base_dir: str,
+    step: int,
+    *,
+    keep_last_n: int = 1,
+    keep_every_n_steps: Optional[int] = None,
+) -> list[str]:
+    """Removes the `step_%08d.unindexed-<time>` directories the keep policy no longer keeps.
 
     A save interrupted after its chunks but before its index looks like a step whose index was
-    lost: restore and garbage collection set it aside rather than delete it. Once a newer step
-    has committed, the run has moved past it and it is removed (never through a link: a linked
-    one is removed as a link).
+    lost: restore and garbage collection set it aside rather than delete it. It is removed only
+    once a newer step has committed *and* the keep policy would not keep its step if it were
+    committed (`kept_as_if_committed`): a committed step that lost its index is never deleted
+    while `keep_last_n` would keep it. Removal never follows a link (a linked one is removed
+    as a link).
 
     Args:
         base_dir: The checkpointer directory.
-        step: A committed step.
+        step: The newest committed step.
+        keep_last_n: `Checkpointer.Config.keep_last_n`.
+        keep_every_n_steps: `Checkpointer.Config.keep_every_n_steps`.
 
     Returns:
         The directories removed.
     """
     removed = []
+    committed = [s for s, p in layout.step_dirs(base_dir) if layout.is_committed(p)]
     for path in set_aside_dirs(base_dir):
         match = _SET_ASIDE_RE.match(os.path.basename(path))
         if match.group(2) != REASON_UNINDEXED or int(match.group(1)) >= step:
             continue
-        logging.info("Removing %s: step %d has committed since it was set aside.", path, step)
+        if kept_as_if_committed(
+            int(match.group(1)),
+            committed,
+            keep_last_n=keep_last_n,
+            keep_every_n_steps=keep_every_n_steps,
+        ):
+            continue
+        logging.info(
+            "Removing %s: newer steps have committed and the keep policy (keep_last_n=%d) "
+            "would not keep its step.",
+            path,
+            keep_last_n,
+        )
         try:
             tensorstore_save.remove_step_dir(path)
             removed.append(path)

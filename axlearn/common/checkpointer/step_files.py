@@ -3,19 +3,24 @@
 `read_manifest` reads what each process of a multi-process save left for process 0 to index,
 refusing a bytes leaf whose file would lie outside the step directory; `remove_step_dir` removes
 a step directory commit marker first, and a step "directory" that is a symbolic link as a link
-only (never through it).
+only (never through it). Both go through `axlearn.common.file_access`: relative to a directory
+descriptor, no link followed at any component, reads bounded.
 """
 
 from __future__ import annotations
 
-import json
+import errno
 import os
-import shutil
+import stat
 
 from absl import logging
 
+from axlearn.common import file_access
 from axlearn.common.checkpointer import layout
-from axlearn.common.path_containment import contained_path
+from axlearn.common.path_containment import contained_relpath
+
+# The most bytes a process's manifest may hold (its chunk checksums: ~20 bytes per chunk).
+MAX_MANIFEST_BYTES = 256 << 20
 
 
 def read_manifest(ckpt_dir: str, process: int) -> dict:
@@ -36,12 +41,22 @@ def read_manifest(ckpt_dir: str, process: int) -> dict:
             the leaf and the rule).
         OSError: If the manifest is missing or a symbolic link.
     """
-    path = os.path.join(ckpt_dir, layout.MANIFESTS_DIR, f"process_{process}.json")
-    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
-        manifest = json.loads(f.read().decode("utf-8"))
+    rel = f"{layout.MANIFESTS_DIR}/process_{process}.json"
+    path = os.path.join(ckpt_dir, rel)
+    with layout.open_step_dir(ckpt_dir) as step:
+        manifest = file_access.read_json(
+            step, rel, max_bytes=MAX_MANIFEST_BYTES, max_depth=layout.MAX_INDEX_DEPTH
+        )
+    if (
+        not isinstance(manifest, dict)
+        or not isinstance(manifest.get("bytes"), dict)
+        or not isinstance(manifest.get("chunks"), dict)
+    ):
+        raise file_access.FileAccessError(
+            path, "is not a manifest (a JSON object with 'chunks' and 'bytes' objects)"
+        )
     for leaf, entry in manifest["bytes"].items():
-        contained_path(
-            ckpt_dir,
+        contained_relpath(
             entry.get("file") if isinstance(entry, dict) else None,
             source=path,
             what=f"bytes leaf {leaf!r:.200}",
@@ -58,15 +73,19 @@ def remove_step_dir(step_dir: str) -> None:
     Args:
         step_dir: The directory.
     """
-    if os.path.islink(step_dir):
-        logging.warning("Removing the symbolic link %s only (its target is not touched).", step_dir)
-        os.unlink(step_dir)
-        return
-    index_path = os.path.join(step_dir, layout.INDEX_FILE)
+    parent, name = os.path.split(os.path.normpath(step_dir))
+    parent = parent or "."
     try:
-        os.remove(index_path)
+        st = file_access.lstat(parent, name)
     except FileNotFoundError:
-        pass
-    shutil.rmtree(step_dir, ignore_errors=True)
-    if os.path.exists(step_dir):
-        shutil.rmtree(step_dir)  # Raise the error this time.
+        return
+    if stat.S_ISLNK(st.st_mode):
+        logging.warning("Removing the symbolic link %s only (its target is not touched).", step_dir)
+        file_access.remove(parent, name)
+        return
+    try:
+        file_access.remove(parent, f"{name}/{layout.INDEX_FILE}")
+    except file_access.FileAccessError as e:
+        if e.errno not in (errno.ENOENT, errno.ELOOP):
+            raise
+    file_access.rmtree(parent, name, missing_ok=True)

@@ -23,7 +23,8 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from axlearn.common.checkpointer import chunk_file, layout, state_tree
+from axlearn.common import file_access
+from axlearn.common.checkpointer import axlearn_layout, chunk_file, layout, state_tree, tf_iterators
 from axlearn.common.utils import TensorSpec
 
 
@@ -250,7 +251,9 @@ def _assemble(region: state_tree.Region, read: _LeafRead, data: dict[str, np.nda
     return out
 
 
-def _read_chunk(file: str, read: _LeafRead, key: str, region: state_tree.Region) -> np.ndarray:
+def _read_chunk(
+    root: file_access.RunDir, rel: str, read: _LeafRead, key: str, region: state_tree.Region
+) -> np.ndarray:
     """Reads one chunk file, checks its size and CRC-32; returns the chunk clipped to `region`.
 
     Our zarr arrays are uncompressed, C-order and unfiltered, so a chunk file holds exactly the
@@ -259,11 +262,19 @@ def _read_chunk(file: str, read: _LeafRead, key: str, region: state_tree.Region)
     buffer that the devices adopt without a copy, no decoding. (Buffers adopted this way are
     never donated in place by XLA, so a restored array stays intact even if the next step
     donates it.)
+
+    The file is opened below the step directory's descriptor `root` with no link followed
+    (`file_access`): the index's path is contained by the open itself.
     """
+    file = os.path.join(root.path, rel)
     chunk_shape = tuple(max(1, c) for c in read.entry["chunk_shape"])
     extent = tuple(b - a for a, b in region) if region else chunk_shape
+    if read.entry.get("checksum") is None:
+        return _read_axlearn_chunk(root, rel, file, read, chunk_shape, extent)
     try:
-        data = chunk_file.read_chunk(file, dtype=read.dtype, chunk_shape=chunk_shape, extent=extent)
+        data = chunk_file.read_chunk(
+            rel, dtype=read.dtype, chunk_shape=chunk_shape, extent=extent, root=root
+        )
     except FileNotFoundError as e:
         raise CheckpointCorruptionError(
             f"Chunk file {file} of leaf {read.path!r} is missing"
@@ -272,6 +283,10 @@ def _read_chunk(file: str, read: _LeafRead, key: str, region: state_tree.Region)
         raise CheckpointCorruptionError(
             f"Chunk file {file} of leaf {read.path!r} has the wrong size ({e.size} bytes, "
             f"expected {e.expected}): the file was truncated or altered"
+        ) from e
+    except file_access.FileAccessError as e:
+        raise CheckpointCorruptionError(
+            f"Chunk file {file} of leaf {read.path!r} is refused: {e.rule}"
         ) from e
     except OSError as e:
         raise CheckpointCorruptionError(
@@ -287,14 +302,58 @@ def _read_chunk(file: str, read: _LeafRead, key: str, region: state_tree.Region)
     return data
 
 
+def _read_axlearn_chunk(
+    root: file_access.RunDir,
+    rel: str,
+    file: str,
+    read: _LeafRead,
+    chunk_shape: tuple[int, ...],
+    extent: tuple[int, ...],
+) -> np.ndarray:
+    """Reads and decodes one chunk of AXLearn's layout (zstd or raw; it has no checksum)."""
+    raw = int(np.prod(chunk_shape, dtype=np.int64)) * read.dtype.itemsize
+    try:
+        data = file_access.read_bytes(root, rel, max_bytes=axlearn_layout.max_chunk_file_bytes(raw))
+    except file_access.FileMissingError as e:
+        raise CheckpointCorruptionError(
+            f"Chunk file {file} of leaf {read.path!r} is missing (every chunk of the array's "
+            "grid is written by AXLearn's save)"
+        ) from e
+    except file_access.FileAccessError as e:
+        raise CheckpointCorruptionError(
+            f"Chunk file {file} of leaf {read.path!r} is refused: {e.rule}"
+        ) from e
+    try:
+        chunk = axlearn_layout.decode_chunk(
+            data, compressor=read.entry.get("compressor"), dtype=read.dtype, chunk_shape=chunk_shape
+        )
+    except ValueError as e:
+        raise CheckpointCorruptionError(
+            f"Chunk file {file} of leaf {read.path!r} is not a valid "
+            f"{read.entry.get('compressor') or 'raw'} chunk of "
+            f"{_describe(read.dtype, chunk_shape)} "
+            f"({len(data)} bytes): {str(e)[:200]}"
+        ) from e
+    return chunk[tuple(slice(0, n) for n in extent)]
+
+
 class _Reader:
     def __init__(self, ckpt_dir: str, *, timeout_s: float):
         self.ckpt_dir = ckpt_dir
         self.timeout_s = timeout_s
         self.num_bytes = 0
+        try:
+            # Every file of the step is opened below this descriptor, no link followed.
+            self.root = layout.open_step_dir(ckpt_dir)
+        except file_access.FileAccessError as e:
+            raise CheckpointCorruptionError(f"Step directory {ckpt_dir}: {e.rule}") from e
+
+    def close(self) -> None:
+        """Closes the step directory's descriptor."""
+        self.root.close()
 
     def _chunk_file(self, read: _LeafRead, key: str) -> str:
-        return os.path.join(self.ckpt_dir, read.entry["file"], key)
+        return f"{read.entry['file']}/{key}"
 
     def read_group(self, group: list[_LeafRead]):
         """Issues every chunk read of `group`, then yields (read, {key: verified chunk}) per leaf.
@@ -307,7 +366,7 @@ class _Reader:
                 (
                     key,
                     state_tree.submit_io(
-                        _read_chunk, self._chunk_file(read, key), read, key, region
+                        _read_chunk, self.root, self._chunk_file(read, key), read, key, region
                     ),
                 )
                 for key, region in read.chunks.items()
@@ -340,17 +399,47 @@ class _Reader:
                 f"Leaf {path!r} of {self.ckpt_dir} has no value for process {me} (saved by "
                 f"processes {sorted(entry['per_process'])})"
             )
-        file = os.path.join(self.ckpt_dir, info["file"])
+        file = os.path.join(self.ckpt_dir, str(info["file"]))
+        if info.get("axlearn_tf"):
+            return self._read_axlearn_tf(path, str(info["file"]))
+        size = info.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise CheckpointCorruptionError(
+                f"Leaf {path!r} of {self.ckpt_dir}: its index entry has no valid size"
+            )
         try:
-            with os.fdopen(os.open(file, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
-                value = f.read()
-        except OSError as e:
-            raise CheckpointCorruptionError(f"File {file} of leaf {path!r}: {e}") from e
+            value = file_access.read_bytes(self.root, str(info["file"]), max_bytes=size)
+        except file_access.FileAccessError as e:
+            raise CheckpointCorruptionError(f"File {file} of leaf {path!r}: {e.rule}") from e
         if len(value) != info["size"] or state_tree.crc32_hex(value) != info["checksum"]:
             raise CheckpointCorruptionError(
                 f"File {file} of leaf {path!r} does not match its size/checksum in the index"
             )
         return value
+
+    def _read_axlearn_tf(self, path: str, prefix: str) -> bytes:
+        """Packs AXLearn's `tf_<i>/<path>.index|.data-*` into `tf_iterators`' archive bytes."""
+        parent, base = os.path.split(prefix)
+        files = {}
+        try:
+            for name in sorted(file_access.listdir(self.root, parent)):
+                if name.startswith(f"{base}.") and (
+                    name == f"{base}.index" or name.startswith(f"{base}.data-")
+                ):
+                    files[tf_iterators.AXLEARN_PREFIX + name[len(base) :]] = file_access.read_bytes(
+                        self.root,
+                        f"{parent}/{name}",
+                        max_bytes=axlearn_layout.MAX_TF_FILE_BYTES,
+                    )
+        except file_access.FileAccessError as e:
+            raise CheckpointCorruptionError(
+                f"tf.data iterator {prefix} of leaf {path!r} in {self.ckpt_dir}: {e.rule}"
+            ) from e
+        if f"{tf_iterators.AXLEARN_PREFIX}.index" not in files:
+            raise CheckpointCorruptionError(
+                f"{self.ckpt_dir}/{prefix}.index of leaf {path!r} is missing"
+            )
+        return tf_iterators.pack_files(files)
 
 
 def restore_state(
@@ -382,8 +471,109 @@ def restore_state(
     """
     start = time.perf_counter()
     pairs, treedef = state_tree.flatten_state(state)
+    pairs, rbg_paths = _map_axlearn_rbg_keys(index, pairs)
     entries = check_target(ckpt_dir, index, pairs, validation)
     reader = _Reader(ckpt_dir, timeout_s=timeout_s)
+    try:
+        restored, stats = _restore_with(reader, index, pairs, treedef, entries, start, budget_bytes)
+    finally:
+        reader.close()
+    if rbg_paths:
+        restored = _map_prng_keys(ckpt_dir, restored, rbg_paths)
+    return restored, stats
+
+
+# AXLearn's launcher runs JAX's `rbg` PRNG: its raw key is uint32[4], `[a, b, a, b]` where the
+# threefry key at the same point is `[a, b]`. A key saved under one implementation restores into
+# a target of the other by that mapping: AXLearn's rbg keys into a threefry run, and the threefry
+# keys of our earlier checkpoints (before the trainer selected rbg as AXLearn's launcher does)
+# into an rbg run.
+_RBG_KEY_SHAPE = (4,)
+_THREEFRY_KEY_SHAPE = (2,)
+# The trainer state's key leaf; only it is mapped from threefry to rbg.
+_PRNG_KEY_PATH = "prng_key"
+
+
+def _map_axlearn_rbg_keys(index: dict, pairs: list) -> tuple[list, dict]:
+    """Reads a saved PRNG key of the other implementation in its saved shape.
+
+    A uint32[4] key of AXLearn's layout restored into a uint32[2] target, or the uint32[2]
+    `prng_key` of our layout restored into a uint32[4] target, is read as saved (mapped by
+    `_map_prng_keys` afterwards).
+
+    Returns:
+        (pairs, {mapped path: (saved shape, the target's sharding, None for a host array)}).
+    """
+    entries = {leaf["path"]: leaf for leaf in index["leaves"]}
+    out, mapped = [], {}
+    for path, leaf in pairs:
+        entry = entries.get(path)
+        saved = None
+        if (
+            entry is not None
+            and entry["kind"] == layout.KIND_ARRAY
+            and entry["dtype"] == "uint32"
+            and _target_kind(leaf) == layout.KIND_ARRAY
+            and np.dtype(leaf.dtype) == np.uint32
+        ):
+            pair = (tuple(entry["shape"]), tuple(leaf.shape))
+            if pair == (_RBG_KEY_SHAPE, _THREEFRY_KEY_SHAPE) and (
+                index.get("layout") == axlearn_layout.LAYOUT_NAME
+            ):
+                saved = _RBG_KEY_SHAPE
+            elif pair == (_THREEFRY_KEY_SHAPE, _RBG_KEY_SHAPE) and path == _PRNG_KEY_PATH:
+                saved = _THREEFRY_KEY_SHAPE
+        if saved is not None:
+            sharding = _target_sharding(leaf)
+            mapped[path] = (saved, sharding)
+            if sharding is not None:
+                # A key is replicated: read all its words on every device.
+                leaf = jax.ShapeDtypeStruct(
+                    saved,
+                    np.uint32,
+                    sharding=jax.sharding.SingleDeviceSharding(jax.local_devices()[0]),
+                )
+            else:
+                leaf = np.zeros(saved, np.uint32)
+        out.append((path, leaf))
+    return out, mapped
+
+
+def _map_prng_keys(ckpt_dir: str, restored: Any, paths: dict) -> Any:
+    """Maps each key at `paths`: rbg `[a, b, a, b]` to threefry `[a, b]`, or the reverse."""
+
+    def convert(path, value):
+        if path not in paths:
+            return value
+        saved, sharding = paths[path]
+        key = np.asarray(value)
+        if saved == _THREEFRY_KEY_SHAPE:
+            result = np.concatenate([key, key])
+        elif not np.array_equal(key[:2], key[2:]):
+            raise StateMismatchError(
+                f"{ckpt_dir}: leaf {path!r} is an rbg key {key.tolist()} that is not of the form "
+                "[a, b, a, b], so it has no threefry equivalent; run with the rbg PRNG "
+                "(jax_default_prng_impl=rbg) to restore it",
+                paths=frozenset([path]),
+            )
+        else:
+            result = key[:2].copy()
+        return result if sharding is None else jax.device_put(result, sharding)
+
+    pairs, treedef = state_tree.flatten_state(restored)
+    return jax.tree_util.tree_unflatten(treedef, [convert(p, v) for p, v in pairs])
+
+
+def _restore_with(
+    reader: _Reader,
+    index: dict,
+    pairs: list,
+    treedef: Any,
+    entries: dict,
+    start: float,
+    budget_bytes: int,
+) -> tuple[Any, RestoreStats]:
+    """Reads every leaf of `pairs` through `reader` (see `restore_state`)."""
     out: list[Any] = [None] * len(pairs)
     reads = []
     for i, (path, leaf) in enumerate(pairs):

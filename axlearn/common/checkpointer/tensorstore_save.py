@@ -35,7 +35,6 @@ import collections
 import dataclasses
 import math
 import os
-import shutil
 import sys
 import time
 from typing import Any, Callable, Collection, Optional
@@ -44,6 +43,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from axlearn.common import file_access
 from axlearn.common.checkpointer import (
     chunk_file,
     faults,
@@ -224,7 +224,11 @@ def _owned_shards(arr: jax.Array, chunk_shape: tuple[int, ...]) -> list[_Shard]:
 
 
 def write_chunk_file(
-    path: str, data: np.ndarray, chunk_shape: tuple[int, ...], niceness: int = 0
+    path: str,
+    data: np.ndarray,
+    chunk_shape: tuple[int, ...],
+    niceness: int = 0,
+    root: Optional[file_access.Root] = None,
 ) -> str:
     """Writes one zarr v2 chunk file (uncompressed, C order) and returns the data's CRC-32.
 
@@ -236,10 +240,12 @@ def write_chunk_file(
     back through TensorStore as an independent reader.
 
     Args:
-        path: The chunk file, e.g. <step dir>/arrays/<leaf>/0.1.
+        path: The chunk file, e.g. <step dir>/arrays/<leaf>/0.1 (relative to `root` if given).
         data: The chunk's region of the array (smaller than `chunk_shape` at the array's edge).
         chunk_shape: The array's zarr chunk shape (each dimension at least 1).
         niceness: Niceness for the calling (pool) thread; see thread_priority.
+        root: The step directory (a `file_access.RunDir`): the file is opened below it with no
+            link followed.
 
     Returns:
         The CRC-32 (8 hex digits) of `data`'s bytes, as the index records it.
@@ -250,13 +256,13 @@ def write_chunk_file(
         data = data.astype(data.dtype.newbyteorder("<"))
     chunk_shape = tuple(max(1, c) for c in chunk_shape)
     if data.shape == chunk_shape:
-        # The CRC-32 comes from the write, computed as the bytes are staged.
-        return chunk_file.write_file_durably(path, data, fsync=False).crc32  # Synced later.
+        # The CRC-32 comes from the write, computed as the bytes are staged (synced later).
+        return chunk_file.write_file_durably(path, data, fsync=False, root=root).crc32
     # An edge chunk: zarr stores it padded with zeros; the index checksums the data alone.
     crc = state_tree.crc32_hex(data)
     padded = np.zeros(chunk_shape, data.dtype)
     padded[tuple(slice(0, n) for n in data.shape)] = data
-    chunk_file.write_file_durably(path, padded, fsync=False)  # write_snapshot syncs them all.
+    chunk_file.write_file_durably(path, padded, fsync=False, root=root)  # Synced later.
     return crc
 
 
@@ -439,6 +445,20 @@ class _Writer:
         self._mid_transfer_fired = False
         self.transfer_s = 0.0
         self.device_bytes = 0
+        self._root: Optional[file_access.RunDir] = None
+
+    @property
+    def root(self) -> file_access.RunDir:
+        """The step directory's descriptor (opened once it exists): every file goes below it."""
+        if self._root is None:
+            self._root = layout.open_step_dir(self.plan.ckpt_dir)
+        return self._root
+
+    def close(self) -> None:
+        """Closes the step directory's descriptor."""
+        if self._root is not None:
+            self._root.close()
+            self._root = None
 
     def prepare(self) -> None:
         """Process 0: replaces any earlier directory of this step, writes the zarr metadata.
@@ -449,17 +469,19 @@ class _Writer:
         the training steps. It becomes durable with the chunks (one filesystem sync per save).
         """
         ckpt_dir = self.plan.ckpt_dir
-        if os.path.lexists(ckpt_dir):  # lexists: a dangling link is removed, not written through.
+        parent, name = os.path.split(os.path.normpath(ckpt_dir))
+        os.makedirs(parent or ".", exist_ok=True)  # The checkpointer dir, as the user named it.
+        if file_access.exists(parent or ".", name):  # A link is removed, not written through.
             logging.warning("Removing existing directory %s before saving into it.", ckpt_dir)
             remove_step_dir(ckpt_dir)
-        os.makedirs(os.path.join(ckpt_dir, layout.ARRAYS_DIR), exist_ok=True)
+        file_access.makedirs(parent or ".", f"{name}/{layout.ARRAYS_DIR}")
+        root = self.root
         for item in self.plan.arrays:
-            leaf_dir = os.path.join(ckpt_dir, item.zarr_path)
-            os.makedirs(leaf_dir, exist_ok=True)
+            file_access.makedirs(root, item.zarr_path)
             metadata = state_tree.zarr_metadata_json(
                 shape=item.shape, dtype=item.dtype, chunk_shape=item.chunk_shape
             )
-            with open(os.path.join(leaf_dir, ".zarray"), "wb") as f:
+            with file_access.open_write(root, f"{item.zarr_path}/.zarray") as f:
                 f.write(metadata)
 
     def _pieces(self) -> list[list[tuple[_ArrayLeaf, _Shard]]]:
@@ -573,10 +595,11 @@ class _Writer:
                     staged = 0
                 future = state_tree.submit_write(
                     write_chunk_file,
-                    os.path.join(plan.ckpt_dir, item.zarr_path, shard.key),
+                    f"{item.zarr_path}/{shard.key}",
                     data,
                     item.chunk_shape,
                     self.niceness,
+                    self.root,
                 )
                 inflight.append((staged, future, item.path, shard.key, shard.host_array))
                 shard.host_array = None
@@ -611,9 +634,8 @@ class _Writer:
         me = jax.process_index()
         for path, value in self.plan.byte_leaves.items():
             rel = f"{layout.HOST_DIR}/process_{me}/{path}"
-            full = os.path.join(self.plan.ckpt_dir, rel)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            with open(full, "wb") as f:  # Made durable by write_snapshot's filesystem sync.
+            file_access.makedirs(self.root, os.path.dirname(rel))
+            with file_access.open_write(self.root, rel) as f:  # Synced with the chunks.
                 f.write(value)
             result[path] = dict(file=rel, size=len(value), checksum=state_tree.crc32_hex(value))
         return result
@@ -688,7 +710,6 @@ def write_snapshot(
         multihost.BarrierTimeoutError: Naming processes that did not arrive at a barrier.
     """
     start = time.perf_counter()
-    me, count = jax.process_index(), jax.process_count()
     writer = _Writer(
         plan,
         budget_bytes=budget_bytes,
@@ -696,6 +717,21 @@ def write_snapshot(
         niceness=niceness,
         host_transfer=host_transfer,
     )
+    try:
+        return _write_snapshot(writer, plan, start=start, on_commit=on_commit)
+    finally:
+        writer.close()
+
+
+def _write_snapshot(
+    writer: _Writer,
+    plan: SavePlan,
+    *,
+    start: float,
+    on_commit: Optional[Callable[[int, str], None]],
+) -> SaveResult:
+    me, count = jax.process_index(), jax.process_count()
+    timeout_s = writer.timeout_s
     step = plan.step
     if me == 0:
         writer.prepare()
@@ -713,8 +749,12 @@ def write_snapshot(
     layout.sync_filesystem(plan.ckpt_dir)
     manifests_dir = os.path.join(plan.ckpt_dir, layout.MANIFESTS_DIR)
     if count > 1:
-        os.makedirs(manifests_dir, exist_ok=True)
-        layout.write_json_atomically(os.path.join(manifests_dir, f"process_{me}.json"), manifest)
+        file_access.makedirs(writer.root, layout.MANIFESTS_DIR)
+        layout.write_json_atomically(
+            os.path.join(manifests_dir, f"process_{me}.json"),
+            manifest,
+            root=os.path.dirname(os.path.normpath(plan.ckpt_dir)) or ".",
+        )
     faults.maybe_inject_fault("after_arrays", step=step)
     multihost.barrier(
         f"{plan.barrier_prefix}/written", timeout_s=timeout_s, what=f"shards written, step {step}"
@@ -726,7 +766,10 @@ def write_snapshot(
         index = writer.build_index(manifests)
         layout.write_index_file(plan.ckpt_dir, index)
         if count > 1:
-            shutil.rmtree(manifests_dir, ignore_errors=True)
+            try:
+                file_access.rmtree(writer.root, layout.MANIFESTS_DIR, missing_ok=True)
+            except OSError as e:
+                logging.warning("Could not remove %s: %s", manifests_dir, e)
         logging.info(
             "Committed checkpoint %s (%.3f GB from this process in %.2fs).",
             plan.ckpt_dir,

@@ -21,6 +21,8 @@ from typing import Any
 import jax
 
 _PREFIX = "iterator"
+# Prefix of an iterator saved by AXLearn (`tf.train.Checkpoint(iterator)`, the root object).
+AXLEARN_PREFIX = "axlearn_root"
 
 
 def is_tf_iterator(x: Any) -> bool:
@@ -51,6 +53,24 @@ def serialize(iterator: Any) -> bytes:
         return buffer.getvalue()
 
 
+def pack_files(files: dict[str, bytes]) -> bytes:
+    """Returns an uncompressed tar archive of `files` ({name: content}), names sorted.
+
+    Args:
+        files: The files of one TF checkpoint prefix.
+
+    Returns:
+        The archive's bytes (what `restore` reads).
+    """
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size = len(files[name])
+            tar.addfile(info, io.BytesIO(files[name]))
+    return buffer.getvalue()
+
+
 def restore(iterator: Any, data: bytes) -> Any:
     """Restores `serialize` bytes into `iterator` (in place) and returns it.
 
@@ -77,7 +97,12 @@ def restore(iterator: Any, data: bytes) -> Any:
             raise ValueError(
                 f"The saved state ({len(data)} bytes) is not a tf.data iterator checkpoint: {e}"
             ) from e
-        tf.train.Checkpoint(iterator=iterator).read(os.path.join(tmp, _PREFIX)).assert_consumed()
+        if os.path.exists(os.path.join(tmp, f"{AXLEARN_PREFIX}.index")):
+            # AXLearn's layout: the iterator is the checkpoint's root object.
+            tf.train.Checkpoint(iterator).read(os.path.join(tmp, AXLEARN_PREFIX)).assert_consumed()
+        else:
+            checkpoint = tf.train.Checkpoint(iterator=iterator)
+            checkpoint.read(os.path.join(tmp, _PREFIX)).assert_consumed()
     return iterator
 
 

@@ -43,10 +43,16 @@ def parse_override(text: str) -> tuple[str, Any]:
     Raises:
         ConfigOverrideError: If `text` has no '=' or an empty path.
     """
+    if len(text) > MAX_OVERRIDE_CHARS:
+        raise ConfigOverrideError(
+            f"Config override {text[:_SHOWN_CHARS]!r}... is {len(text)} characters, more than the "
+            f"{MAX_OVERRIDE_CHARS} an override may have; set large values in the experiment's "
+            "code (a config function or modifier) instead."
+        )
     path, sep, raw = text.partition("=")
     path = path.strip()
     if not sep or not path:
-        raise ConfigOverrideError(f"Config override {text!r} must have the form PATH=VALUE.")
+        raise ConfigOverrideError(f"Config override {_shown(text)} must have the form PATH=VALUE.")
     raw = raw.strip()
     if raw.lower() in _FLOAT_WORDS:
         # Not Python literals, but what a user means by them: floats (then range-checked).
@@ -56,6 +62,26 @@ def parse_override(text: str) -> tuple[str, Any]:
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         value = raw
     return path, value
+
+
+# The longest override accepted (a long list of regexes fits; a pasted file does not).
+MAX_OVERRIDE_CHARS = 65536
+# The most characters of a value shown in an error.
+_SHOWN_CHARS = 200
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)`, cut to `_SHOWN_CHARS` characters (with the full length) for messages."""
+    if isinstance(value, str) and len(value) > _SHOWN_CHARS:
+        return f"{value[:_SHOWN_CHARS]!r}... ({len(value)} characters)"
+    return _cut(repr(value))
+
+
+def _cut(text: str) -> str:
+    """`text` cut to `_SHOWN_CHARS` characters (with its full length)."""
+    return (
+        text if len(text) <= _SHOWN_CHARS else f"{text[:_SHOWN_CHARS]}... ({len(text)} characters)"
+    )
 
 
 # Values that `float()` reads and a user writes for a float: nan, inf, -inf, +inf, infinity.
@@ -133,7 +159,7 @@ def _check_value(parent: ConfigBase, name: str, old: Any, value: Any, path: str)
     # None removes an optional child (e.g. `...query_scale.norm=None`); set() checks the rest.
     if isinstance(old, ConfigBase) and value is not None and not isinstance(value, ConfigBase):
         raise ConfigOverrideError(
-            f"Config override {path}={value!r}: {path} is a config "
+            f"Config override {path}={_shown(value)}: {path} is a config "
             f"({type(old).__qualname__}); override its fields instead, e.g. "
             f"{path}.{old.keys()[0] if old.keys() else 'FIELD'}=..."
         )
@@ -145,7 +171,7 @@ def _check_value(parent: ConfigBase, name: str, old: Any, value: Any, path: str)
     names, hint = checked
     if not typecheck.matches(value, hint):
         raise ConfigOverrideError(
-            f"Config override {path}={value!r}: expects {names}, got {type(value).__name__}"
+            f"Config override {path}={_shown(value)}: expects {names}, got {type(value).__name__}"
         )
 
 
@@ -166,10 +192,12 @@ def apply_override(cfg: ConfigBase, path: str, value: Any) -> None:
     for i, key in enumerate(keys):
         found, child = lookup_child(node, key)
         if not found:
-            nearest = nearest_path(path, all_paths(cfg))
+            # A path far longer than any field's has no useful nearest one (and difflib is slow).
+            nearest = nearest_path(path, all_paths(cfg)) if len(path) <= 1000 else None
             hint = f"; did you mean {nearest}?" if nearest else ""
+            missing = _cut(".".join(keys[: i + 1]))
             raise ConfigOverrideError(
-                f"Config override {path}={value!r}: {'.'.join(keys[: i + 1])} does not exist{hint}"
+                f"Config override {_cut(path)}={_shown(value)}: {missing} does not exist{hint}"
             )
         if i == len(keys) - 1:
             break
@@ -180,7 +208,9 @@ def apply_override(cfg: ConfigBase, path: str, value: Any) -> None:
         try:
             setattr(node, name, value)
         except (InvalidConfigValueError, TypeError, ValueError) as e:
-            raise ConfigOverrideError(f"Config override {path}={value!r}: {e}") from e
+            raise ConfigOverrideError(
+                f"Config override {path}={_shown(value)}: {_cut(str(e))}"
+            ) from e
         # attrs validators of the class may reject the value only at instantiate; check now.
         if attr.has(type(node)):
             attr.validate(node)
@@ -193,13 +223,13 @@ def apply_override(cfg: ConfigBase, path: str, value: Any) -> None:
         whole[int(name)] = value
         parent = ".".join(keys[:-1])
         raise ConfigOverrideError(
-            f"Config override {path}={value!r}: {parent} is a tuple, whose items cannot be set "
-            f"one by one; set the whole tuple instead: --config_override='{parent}="
+            f"Config override {path}={_shown(value)}: {parent} is a tuple, whose items cannot be "
+            f"set one by one; set the whole tuple instead: --config_override='{parent}="
             f"{tuple(whole)!r}'"
         )
     else:
         raise ConfigOverrideError(
-            f"Config override {path}={value!r}: cannot set an item of a {type(node).__name__}"
+            f"Config override {path}={_shown(value)}: cannot set an item of a {type(node).__name__}"
         )
 
 

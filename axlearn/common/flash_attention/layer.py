@@ -31,7 +31,14 @@ from typing import Any, Optional
 from jax.sharding import PartitionSpec
 
 from axlearn.common.attention import FlashAttention as _FusedAttention
+from axlearn.common.attention_bias import add_biases, make_segment_mask
 from axlearn.common.config import ConfigBase, ConfigModifier, config_class
+from axlearn.common.flash_attention.context_parallel import (
+    ContextParallelConfig,
+    check_context_parallel_config,
+    context_parallel_attention,
+    context_parallel_degree,
+)
 from axlearn.common.module import Module
 from axlearn.common.utils import Tensor, with_sharding_constraint
 
@@ -48,7 +55,14 @@ _SPLASH_BLOCK_KEYS = (
     "splash_block_q_dq",
     "splash_block_kv_dq",
 )
-KNOWN_BACKEND_OVERRIDES: tuple[str, ...] = ("splash_use_fused_bwd_kernel", *_SPLASH_BLOCK_KEYS)
+# "all_gather_attention" (AXLearn's TPUSplashAttentionWithAllGather switch): context parallelism
+# in the all-gather form over the "seq" mesh axis (see `context_parallel`).
+_BOOL_KEYS = ("splash_use_fused_bwd_kernel", "all_gather_attention")
+KNOWN_BACKEND_OVERRIDES: tuple[str, ...] = (
+    "splash_use_fused_bwd_kernel",
+    *_SPLASH_BLOCK_KEYS,
+    "all_gather_attention",
+)
 
 
 def check_backend_overrides(overrides: Optional[dict[str, Any]], *, path: str) -> None:
@@ -59,7 +73,8 @@ def check_backend_overrides(overrides: Optional[dict[str, Any]], *, path: str) -
         path: The config path of the field, for the error message.
 
     Raises:
-        ValueError: On an unknown key, a non-bool `splash_use_fused_bwd_kernel`, or a block size
+        ValueError: On an unknown key, a non-bool `splash_use_fused_bwd_kernel` or
+            `all_gather_attention`, or a block size
             that is not a positive multiple of 128.
     """
     for key, value in (overrides or {}).items():
@@ -67,7 +82,7 @@ def check_backend_overrides(overrides: Optional[dict[str, Any]], *, path: str) -
             raise ValueError(
                 f"{path}: unknown key {key!r}; known keys: {', '.join(KNOWN_BACKEND_OVERRIDES)}"
             )
-        if key == "splash_use_fused_bwd_kernel":
+        if key in _BOOL_KEYS:
             if not isinstance(value, bool):
                 raise ValueError(f"{path}[{key!r}]={value!r} must be True or False")
         elif isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % 128:
@@ -98,12 +113,44 @@ class FlashAttention(_FusedAttention):
         # AXLearn's kernel options {key: value}, keys in KNOWN_BACKEND_OVERRIDES (checked, no
         # effect on our XLA/cuDNN cores); None: none.
         backend_overrides: Optional[dict[str, Any]] = None
+        # Splits self-attention over a mesh axis (ring or all-gather form, see
+        # `axlearn.common.flash_attention.context_parallel`); None: off (unless
+        # backend_overrides["all_gather_attention"]).
+        context_parallel: Optional[ContextParallelConfig] = None
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
-        check_backend_overrides(
-            self.config.backend_overrides, path=f"{self.path()}.backend_overrides"
-        )
+        cfg = self.config
+        check_backend_overrides(cfg.backend_overrides, path=f"{self.path()}.backend_overrides")
+        self._cp = cfg.context_parallel
+        self._cp_path = f"{self.path()}.context_parallel"
+        if self._cp is None and (cfg.backend_overrides or {}).get("all_gather_attention"):
+            # AXLearn's switch: the all-gather form over "seq" (skipped where "seq" is 1).
+            self._cp = ContextParallelConfig(mesh_axis="seq", form="all_gather")
+            self._cp_path = f"{self.path()}.backend_overrides['all_gather_attention']"
+        if self._cp is not None:
+            check_context_parallel_config(self._cp, path=self._cp_path)
+            self._check_context_parallel_support()
+
+    def _check_context_parallel_support(self):
+        """Raises a one-line ValueError for a layer setting the context-parallel path lacks."""
+        cfg = self.config
+        problems = []
+        if cfg.logit_sink:
+            problems.append(("logit_sink", cfg.logit_sink, "unset logit_sink"))
+        if cfg.implementation not in (None, "xla"):
+            problems.append(
+                ("implementation", cfg.implementation, "set implementation=None or 'xla'")
+            )
+        for field, value, fix in problems:
+            raise ValueError(
+                f"{self.path()}.{field}={value!r} cannot run with {self._cp_path} set (the "
+                f"context-parallel attention is computed by XLA); {fix} or unset "
+                f"context_parallel."
+            )
+
+    def _segment_ids_in_mask(self) -> bool:
+        return self._cp is not None
 
     def _compute_attention(self, *, q_proj, k_proj, v_proj, biases, mask, need_probs):
         cfg = self.config
@@ -112,6 +159,40 @@ class FlashAttention(_FusedAttention):
         k_proj = _constrain(k_proj, specs.get("bsnh"))
         v_proj = _constrain(v_proj, specs.get("bsnh"))
         biases = _constrain(biases, specs.get("bnts"))
+        if self._use_context_parallel(q_proj, k_proj, mask):
+            dropout_rate = getattr(cfg.dropout, "rate", None) or 0.0
+            if need_probs or biases is not None or (self.is_training and dropout_rate > 0):
+                what = (
+                    "attention probabilities were requested"
+                    if need_probs
+                    else "attention_logit_biases were passed (e.g. a decoder attention_mask)"
+                    if biases is not None
+                    else f"dropout rate {dropout_rate} is active"
+                )
+                raise ValueError(
+                    f"{self.path()} ({self._cp_path}): {what}, which context parallelism cannot "
+                    "do; mask with "
+                    "the layer's causal/mask fields and segment ids, without probs or dropout, "
+                    "or unset context_parallel."
+                )
+            context = context_parallel_attention(
+                q_proj,
+                k_proj,
+                v_proj,
+                segment_ids=mask.segment_ids,
+                mask_fn=mask.mask_fn,
+                cfg=self._cp,
+                path=self._cp_path,
+                logit_cap=cfg.atten_logit_cap,
+            )
+            return _constrain(context, cfg.output_dim_to_partition_spec.get("btnh")), None
+        if mask.segment_ids is not None:
+            # Not split (one device, decoding or cross-attention): segment ids as a bias.
+            segments = mask.segment_ids
+            biases = add_biases(
+                biases, make_segment_mask(source_segments=segments, target_segments=segments)
+            )
+            mask = mask._replace(segment_ids=None)
         context, probs = super()._compute_attention(
             q_proj=q_proj,
             k_proj=k_proj,
@@ -121,6 +202,17 @@ class FlashAttention(_FusedAttention):
             need_probs=need_probs,
         )
         return _constrain(context, cfg.output_dim_to_partition_spec.get("btnh")), probs
+
+    def _use_context_parallel(self, q_proj: Tensor, k_proj: Tensor, mask) -> bool:
+        """Whether this call splits the attention: a full-sequence self-attention forward
+        under a mesh whose context-parallel axis is larger than 1 (decoding never is)."""
+        if self._cp is None or not mask.default_positions or q_proj.shape[1] != k_proj.shape[1]:
+            return False
+        degree = context_parallel_degree(self._cp.mesh_axis, path=self._cp_path)
+        if self._cp.degree is not None and self._cp.degree != degree:
+            # Let the attention raise its one-line mismatch error.
+            return True
+        return degree > 1
 
 
 def default_mha_dim_to_partition_spec(

@@ -204,3 +204,316 @@ def test_too_many_restarts_lists_the_causes():
     )
     with pytest.raises(ValueError, match="--max_restarts must be >= 0, got -1"):
         local_launch.launch_local(["true"], num_processes=1, max_restarts=-1)
+
+
+# Starts two grandchildren (one in its own session, one in the command's process group), writes
+# their pids and its own, then sleeps (or exits at once with EXIT_AT_ONCE).
+GRANDCHILDREN = (
+    "import os, subprocess, sys, time\n"
+    "d = sys.argv[1]\n"
+    "sleep = [sys.executable, '-c', 'import time; time.sleep(300)']\n"
+    "a = subprocess.Popen(sleep, start_new_session=True)\n"
+    "b = subprocess.Popen(sleep)\n"
+    "open(os.path.join(d, 'pids.tmp'), 'w').write(f'{os.getpid()} {a.pid} {b.pid}')\n"
+    "os.rename(os.path.join(d, 'pids.tmp'), os.path.join(d, 'pids'))\n"
+    "if os.environ.get('EXIT_AT_ONCE'):\n"
+    "    sys.exit(0)\n"
+    "time.sleep(300)\n"
+)
+
+
+def _wait_for(path, proc=None, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc is None or proc.poll() is None, "the launcher exited early"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return [int(x) for x in path.read_text().split()]
+
+
+def _all_gone(pids, timeout=10) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(_alive(pid) for pid in pids)
+
+
+def test_launcher_grandchild_does_not_outlive_a_sigkilled_launcher(tmp_path):
+    """Launcher: the parent-death signal reached the direct child only, so a grandchild (even
+    one in its own session) outlived a SIGKILLed launcher. The supervisor now kills the tree."""
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "axlearn.cli.main", "local", "launch", "--"]
+        + [sys.executable, "-c", GRANDCHILDREN, str(tmp_path)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pids = []
+    try:
+        pids = _wait_for(tmp_path / "pids", launcher)
+        assert all(_alive(pid) for pid in pids)
+        launcher.kill()
+        assert launcher.wait(timeout=30) == -signal.SIGKILL
+        assert _all_gone(pids), "a grandchild outlived the SIGKILLed launcher"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+# The launcher, with the supervisors' pids written to `sup` (outer, inner) before the command runs.
+LAUNCH_ONE = (
+    "import sys\n"
+    "from axlearn.cloud.common.local_launch import launch_local\n"
+    "sys.exit(launch_local(sys.argv[1:], num_processes=1))\n"
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux supervisor")
+@pytest.mark.parametrize("level", ["outer", "inner"])
+def test_a_sigkilled_supervisor_leaves_no_orphan(tmp_path, level):
+    """SIGKILL of a process's supervisor (either of its two levels), the launcher alive: the
+    command and its grandchildren (one in its own session) end; none is left writing as an
+    orphan of init. With one level, the command died (parent-death signal) but its children,
+    which do not inherit that signal, outlived it."""
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH_ONE, sys.executable, "-c", GRANDCHILDREN, str(tmp_path)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pids = []
+    try:
+        pids = _wait_for(tmp_path / "pids", launcher)
+        inner = _parent_of(pids[0])
+        outer = _parent_of(inner)
+        assert _parent_of(outer) == launcher.pid and outer != inner
+        os.kill(outer if level == "outer" else inner, signal.SIGKILL)
+        assert launcher.wait(timeout=30) == 128 + signal.SIGKILL, launcher.stderr.read()
+        assert "was killed by SIGKILL (exit code 137)" in launcher.stderr.read()
+        assert _all_gone(pids + [inner, outer]), "a process outlived its SIGKILLed supervisor"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_tree_ends_when_the_command_exits(tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    env = dict(os.environ, EXIT_AT_ONCE="1")
+    rc = local_launch.launch_local(
+        [sys.executable, "-c", GRANDCHILDREN, str(tmp_path)],
+        num_processes=1,
+        base_env=env,
+        out=out,
+        err=err,
+    )
+    pids = [int(x) for x in (tmp_path / "pids").read_text().split()]
+    try:
+        assert rc == 0, err.getvalue()
+        assert _all_gone(pids, timeout=5), "a grandchild outlived its launched process"
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+# On SIGTERM: "saves" for 3 s (writing `saved` at the end) and exits 75, as the trainer does.
+SLOW_SAVE = (
+    "import os, signal, sys, time\n"
+    "d = sys.argv[1]\n"
+    "def on_term(*_):\n"
+    "    time.sleep(3)\n"
+    "    open(os.path.join(d, 'saved'), 'w').write('ok')\n"
+    "    os._exit(75)\n"
+    "signal.signal(signal.SIGTERM, on_term)\n"
+    "open(os.path.join(d, 'pids'), 'w').write(str(os.getpid()))\n"
+    "time.sleep(300)\n"
+)
+LAUNCH_WITH_GRACE = (
+    "import sys\n"
+    "from axlearn.cloud.common.local_launch import launch_local\n"
+    "sys.exit(launch_local(sys.argv[2:], num_processes=1, grace_s=float(sys.argv[1])))\n"
+)
+
+
+def test_launcher_second_sigterm_keeps_the_grace_period(tmp_path):
+    """Launcher: a second SIGTERM within the grace period killed the child mid-save."""
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH_WITH_GRACE, "20", sys.executable, "-c", SLOW_SAVE]
+        + [str(tmp_path)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(tmp_path / "pids", launcher)
+        launcher.send_signal(signal.SIGTERM)
+        for _ in range(3):  # Impatient: SIGTERM again, and Ctrl-C.
+            time.sleep(0.4)
+            launcher.send_signal(signal.SIGTERM)
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=60)
+        assert (tmp_path / "saved").exists(), err  # The save finished: not killed mid-save.
+        assert launcher.returncode == 128 + signal.SIGTERM, err
+        assert "SIGTERM again: still stopping; the processes keep the rest of their 20 s grace" in (
+            err
+        )
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def test_launcher_attempt_log_is_never_appended_through_a_link(tmp_path):
+    """Insecure: the attempt log was appended through a link (a user's .bashrc got JSON)."""
+    bashrc = tmp_path / "bashrc"
+    bashrc.write_bytes(b"export PATH=$PATH\n")
+    before = (bashrc.read_bytes(), bashrc.stat().st_mtime_ns)
+    for linked in ("file", "dir"):
+        run = tmp_path / f"run_{linked}"
+        if linked == "file":
+            (run / "events").mkdir(parents=True)
+            (run / "events" / "launcher.jsonl").symlink_to(bashrc)
+        else:
+            run.mkdir()
+            (run / "events").symlink_to(tmp_path)
+        err = io.StringIO()
+        rc = local_launch.launch_local(
+            ["true"], num_processes=1, err=err, out=io.StringIO(), events_dir=str(run / "events")
+        )
+        assert rc == 0
+        lines = err.getvalue().splitlines()
+        assert len(lines) == 1 and "the attempt log is not written" in lines[0], lines
+        assert "link" in lines[0] and "export" not in lines[0]
+    assert (bashrc.read_bytes(), bashrc.stat().st_mtime_ns) == before
+    assert not (tmp_path / "launcher.jsonl").exists()
+
+
+@pytest.mark.parametrize("code", [64, 65, 73, 78])
+def test_deterministic_errors_are_not_retried(tmp_path, code):
+    err = io.StringIO()
+    start = time.monotonic()
+    rc = local_launch.launch_local(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; print('config error', file=sys.stderr); sys.exit({code})",
+        ],
+        num_processes=1,
+        out=io.StringIO(),
+        err=err,
+        max_restarts=3,
+        events_dir=str(tmp_path / "events"),
+    )
+    assert rc == code
+    assert time.monotonic() - start < 10
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"axlearn local launch: process 0 of 1 exited with code {code} (")
+    assert lines[1].startswith("axlearn local launch: not restarting: ")
+    assert "the same on every attempt" in lines[1]
+    # Refused (e.g. by a live run's lock, exit 73): nothing in that run's attempt log.
+    assert not (tmp_path / "events" / "launcher.jsonl").exists()
+
+
+def _descendants(pid: int) -> set[int]:
+    """`pid`'s descendants now (from /proc's children lists)."""
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children", encoding="ascii") as f:
+                    kids = {int(x) for x in f.read().split()} - found
+                    found |= kids
+                    todo.extend(kids)
+        except OSError:
+            pass
+    return found
+
+
+def _trainer_events(trainer_dir) -> list[dict]:
+    path = trainer_dir / "events" / "process_0.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_bytes().split(b"\n")[:-1]  # Whole lines only.
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _run_dir_sizes(trainer_dir) -> dict[str, int]:
+    return {
+        os.path.join(d, name): os.lstat(os.path.join(d, name)).st_size
+        for d, _, names in os.walk(trainer_dir)
+        for name in names
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux supervisor")
+def test_a_sigkilled_supervisor_ends_the_trainer_and_its_input_workers(tmp_path):
+    """The real main job (`gpt-tiny-grain` with one Grain worker process): once its input
+    worker runs, SIGKILL the trainer's supervisor (its direct parent). The trainer and its Grain
+    worker (which does not inherit the trainer's parent-death signal) end; nothing writes into
+    the run dir afterwards; run.lock is free. (78 s on a 2-core machine at load 21.)"""
+    trainer_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    for key in ("DISTRIBUTED_COORDINATOR", "NUM_PROCESSES", "PROCESS_ID"):
+        env.pop(key, None)
+    command = [
+        sys.executable, "-m", "axlearn.cli.main", "local", "launch", "--",
+        sys.executable, "-m", "axlearn.common.launch_trainer_main",
+        "--module=text.gpt.tiny", "--config=gpt-tiny-grain", f"--trainer_dir={trainer_dir}",
+        "--jax_backend=cpu", "--config_override=max_step=100000",
+        "--config_override=input.source.num_workers=1",
+    ]  # fmt: skip
+    log = open(tmp_path / "log", "w", encoding="utf-8")  # pylint: disable=consider-using-with
+    launcher = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    tree = set()
+    try:
+        # Kill once the input's worker runs (after data loading: the trainer is preparing and
+        # compiling, writing run records and events), not after compiling: ~100 s cheaper.
+        deadline = time.monotonic() + 240
+        trainer, workers = None, set()
+        while not workers:
+            assert launcher.poll() is None, (tmp_path / "log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no Grain worker process after data loading"
+            loaded = [e for e in _trainer_events(trainer_dir) if e["event"] == "END_DATA_LOADING"]
+            if loaded:
+                trainer = loaded[0]["pid"]
+                workers = _descendants(trainer)
+            time.sleep(0.2)
+        inner = _parent_of(trainer)
+        outer = _parent_of(inner)
+        assert _parent_of(outer) == launcher.pid
+        tree = {trainer, inner, outer} | workers
+        os.kill(inner, signal.SIGKILL)
+        assert launcher.wait(timeout=60) == 128 + signal.SIGKILL
+        assert _all_gone(tree), f"left running: {[p for p in tree if _alive(p)]}"
+        sizes = _run_dir_sizes(trainer_dir)
+        time.sleep(2)
+        assert _run_dir_sizes(trainer_dir) == sizes, "something still writes into the run dir"
+        lock = RunLock(str(trainer_dir))
+        lock.acquire()
+        lock.release()
+    finally:
+        log.close()
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in tree:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

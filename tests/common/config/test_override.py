@@ -120,3 +120,23 @@ def test_tuple_item_override_names_the_whole_tuple_to_set():
     assert suggestion in str(e.value)
     apply_overrides(cfg, [suggestion])
     assert tuple(cfg.mesh_axis_names) == expected
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("max_step=" + "9" * 10_000_000, r"is 10000009 characters, more than the 65536"),
+        ("x" * 10_000_000, "is 10000000 characters"),
+        ("max_step='" + "a" * 60_000 + "'", r"expects int or float, got str"),
+        ("model.nope" + "x" * 60_000 + "=1", r"does not exist"),
+        ("model.decoder.dim=[" + "[" * 30_000 + "]" * 30_001, r"expects int, got str"),
+    ],
+)
+def test_oversized_override_is_one_short_line(override, expected):
+    """Unclear case: a gigantic --config_override (10 MB) echoed whole, or a traceback."""
+    cfg = tiny_trainer_config()
+    with pytest.raises(ConfigOverrideError, match=expected) as e:
+        apply_overrides(cfg, [override])
+    message = str(e.value)
+    assert "\n" not in message and len(message) < 1000, len(message)
+    assert "characters)" in message or "65536" in message

@@ -29,6 +29,11 @@ DEFAULT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Patterns known to match every character (Llama 3's; its last alternatives take any whitespace
+# run, the ones before every letter, digit and other character).
+_TOTAL_PATTERNS = frozenset({DEFAULT_PATTERN})
+# The largest tokenizer file read (Llama 3's is about 9 MB).
+_MAX_TOKENIZER_BYTES = 256 * 2**20
 EOS_TOKEN = "<|end_of_text|>"  # The end-of-sequence special token.
 PAD_TOKEN = "<|finetune_right_pad_id|>"  # The padding special token.
 BOS_TOKEN = "<|begin_of_text|>"  # The beginning-of-sequence special token.
@@ -118,27 +123,75 @@ def load_tiktoken_encoding(path: str) -> Any:
 
     fix = "vocab_cfg.filename must name a byte-level BPE tokenizer.json (e.g. Llama 3's)"
     try:
+        if not os.path.isfile(path):  # A FIFO would block the open; a directory is no file.
+            raise ValueError("not a regular file")
+        if os.path.getsize(path) > _MAX_TOKENIZER_BYTES:
+            raise ValueError(f"over {_MAX_TOKENIZER_BYTES} bytes")
         with open(path, encoding="utf-8") as f:
             spec = json.load(f)
         token_ids = spec["model"]["vocab"]
         if not isinstance(token_ids, dict) or not token_ids:
             raise ValueError("model.vocab is not a non-empty token -> id mapping")
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+        detail = str(e)[:200]
         raise ValueError(
-            f"{path} is not a valid tokenizer file ({type(e).__name__}: {e}); {fix}."
-        ) from e
+            f"{path} is not a valid tokenizer file ({type(e).__name__}: {detail}); {fix}."
+        ) from None
     ranks = {_token_bytes(token, path=path): int(i) for token, i in token_ids.items()}
-    specials = {
-        t["content"]: int(t["id"])
-        for t in spec.get("added_tokens", []) or []
-        if t.get("special", False) and t["content"] not in token_ids
-    }
     return tiktoken.Encoding(
         name=os.path.basename(path),
         pat_str=_pattern(spec.get("pre_tokenizer")) or DEFAULT_PATTERN,
         mergeable_ranks=ranks,
-        special_tokens=specials,
+        special_tokens=_special_tokens(spec, token_ids, path=path),
     )
+
+
+def _special_tokens(spec: dict, token_ids: dict, *, path: str) -> dict[str, int]:
+    """The special added tokens {content: id}: each id outside the ordinary tokens' ids.
+
+    Args:
+        spec: The parsed tokenizer.json.
+        token_ids: Its `model.vocab` (ordinary token -> id).
+        path: The file, for messages.
+
+    Returns:
+        The special tokens not already ordinary tokens.
+
+    Raises:
+        ValueError: If an id is not a non-negative integer, or is an ordinary token's or another
+            special token's id (the message names both tokens).
+    """
+    by_id = {int(i): token for token, i in token_ids.items()}
+    added = spec.get("added_tokens", []) or []
+    if not isinstance(added, list):
+        raise ValueError(f"{path}: added_tokens must be a list; fix the tokenizer file")
+    specials: dict[str, int] = {}
+    special_by_id: dict[int, str] = {}
+    for i, t in enumerate(added):
+        if not isinstance(t, dict) or not t.get("special", False):
+            continue
+        content, tid = t.get("content"), t.get("id")
+        if not isinstance(content, str) or not isinstance(tid, int) or isinstance(tid, bool):
+            raise ValueError(
+                f"{path}: added_tokens[{i}] needs a string content and an integer id; fix the "
+                f"tokenizer file"
+            )
+        if content in token_ids:
+            continue  # Already an ordinary token.
+        if tid < 0 or tid in by_id:
+            other = f"ordinary token {by_id[tid]!r}" if tid in by_id else "no valid id"
+            raise ValueError(
+                f"{path}: special token {content!r} (added_tokens[{i}]) has id {tid}, which is "
+                f"{other}'s; give special tokens ids outside the ordinary ids "
+                f"(>= {max(by_id) + 1}) in the tokenizer file"
+            )
+        if tid in special_by_id:
+            raise ValueError(
+                f"{path}: special tokens {special_by_id[tid]!r} and {content!r} share id {tid}; "
+                f"give each its own id in the tokenizer file"
+            )
+        specials[content], special_by_id[tid] = tid, content
+    return specials
 
 
 class FujiV3Vocabulary:
@@ -165,6 +218,14 @@ class FujiV3Vocabulary:
         self._pad_id = specials.get(PAD_TOKEN, 0)
         self._bos_id = specials.get(BOS_TOKEN)
         self._extra_ids = 0
+        # Whether the regex matches every character (then tiktoken's own encode is exact);
+        # else encode() also encodes the text between matches.
+        pattern = self._encoding._pat_str  # pylint: disable=protected-access
+        self._total_pattern = pattern in _TOTAL_PATTERNS
+        if not self._total_pattern:
+            import regex  # pylint: disable=import-outside-toplevel (a tiktoken dependency)
+
+            self._regex = regex.compile(pattern)
         import seqio  # pylint: disable=import-outside-toplevel
 
         seqio.Vocabulary.register(FujiV3Vocabulary)
@@ -201,8 +262,24 @@ class FujiV3Vocabulary:
         return self._encoding.n_vocab + self._extra_ids
 
     def encode(self, s: str) -> list[int]:
-        """Token ids of text `s`."""
-        return self._encoding.encode(s, disallowed_special=())
+        """Token ids of text `s`.
+
+        Text the pre-tokenization regex does not match (possible with a file's own regex) is
+        not dropped: each stretch between matches is a piece of its own, encoded byte-level by
+        the BPE (as a Hugging Face `Split` pre-tokenizer keeps it), so `decode(encode(s)) == s`.
+        """
+        if self._total_pattern:
+            return self._encoding.encode(s, disallowed_special=())
+        ids, end = [], 0
+        for match in self._regex.finditer(s):
+            if match.start() > end:
+                ids += self._encoding._encode_single_piece(s[end : match.start()])  # pylint: disable=protected-access
+            if match.end() > match.start():
+                ids += self._encoding._encode_single_piece(match.group())  # pylint: disable=protected-access
+            end = max(end, match.end())
+        if end < len(s):
+            ids += self._encoding._encode_single_piece(s[end:])  # pylint: disable=protected-access
+        return ids
 
     def decode(self, ids) -> str:
         """The text of `ids` (ids outside the vocabulary are dropped)."""

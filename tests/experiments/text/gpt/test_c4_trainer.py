@@ -219,7 +219,8 @@ def test_unknown_fuji_variant_lists_registered_names():
     with pytest.raises(UnknownTrainerConfigError) as e:
         get_named_trainer_config("fuji-13B-v3", config_module="text.gpt.c4_trainer")
     message = str(e.value)
-    assert "fuji-13B-v3" in message and "fuji-7B-v3-flash-single-host" in message
+    assert "fuji-13B-v3" in message and "fuji-7B-v3" in message  # A close name suggested.
+    assert "`axlearn config list --module=text.gpt.c4_trainer` lists its 109 configs" in message
 
 
 def _init_dump_count(name: str, *, num_layers: int, dim: int) -> int:

@@ -108,3 +108,149 @@ def test_is_a_seqio_vocabulary_and_importing_needs_no_tensorflow(vocab):
     )
     env = dict(os.environ, PYTHONPATH=root)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300, env=env)
+
+
+def _write_hf_tokenizer(path, *, pattern: str, specials: list) -> str:
+    """A tokenizer.json that both HF `tokenizers` and FujiV3Vocabulary read: byte ids 0-255,
+    merges he=256, ll=257, hell=258, ' w'=259, pre-tokenized by a Split on `pattern`."""
+    alphabet = _bytes_to_unicode()
+    vocab = {alphabet[b]: b for b in range(256)}
+
+    def token(text: str) -> str:
+        return "".join(alphabet[b] for b in text.encode("utf-8"))
+
+    merges = [("h", "e"), ("l", "l"), ("he", "ll"), (" ", "w")]
+    for i, (a, b) in enumerate(merges):
+        vocab[token(a + b)] = 256 + i
+    spec = {
+        "version": "1.0",
+        "added_tokens": [
+            {
+                "id": i,
+                "content": s,
+                "special": True,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+            }
+            for s, i in specials
+        ],
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {
+                    "type": "Split",
+                    "pattern": {"Regex": pattern},
+                    "behavior": "Isolated",
+                    "invert": False,
+                },
+                {
+                    "type": "ByteLevel",
+                    "add_prefix_space": False,
+                    "trim_offsets": True,
+                    "use_regex": False,
+                },
+            ],
+        },
+        "post_processor": None,
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": True,
+            "trim_offsets": True,
+            "use_regex": True,
+        },
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [[token(a), token(b)] for a, b in merges],
+        },
+    }
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    return str(path)
+
+
+def test_silent_text_the_regex_skips_is_encoded_byte_level(tmp_path):
+    """Silent case: with a file's regex matching letters only, encode('abc cab') lost the space.
+
+    The reference is Hugging Face `tokenizers` reading the same file: its Split keeps the text
+    between matches as pieces; ids and round trips must agree."""
+    import tokenizers
+
+    path = _write_hf_tokenizer(tmp_path / "t.json", pattern=r"\p{L}+", specials=[])
+    vocab = FujiV3Vocabulary(path)
+    hf = tokenizers.Tokenizer.from_file(path)
+    texts = ["abc cab", "hello, world!!  \n 12 hell", " lead and trail ", "", "ünï ☃ x", "  "]
+    for text in texts:
+        ids = vocab.encode(text)
+        assert ids == hf.encode(text).ids, text
+        assert vocab.decode(ids) == text
+    assert vocab.encode("abc cab") == [97, 98, 99, 32, 99, 97, 98]
+    assert vocab.encode("hello world") == [258, 111, 32, 119, 111, 114, 108, 100]
+
+
+def test_default_pattern_matches_tiktoken(tmp_path, vocab):
+    """With Llama 3's regex (total), encode is tiktoken's own, and the general path agrees."""
+    import tiktoken
+
+    from axlearn.experiments.text.gpt import vocabulary_fuji_v3
+
+    reference = tiktoken.Encoding(
+        name="ref",
+        pat_str=vocabulary_fuji_v3.DEFAULT_PATTERN,
+        mergeable_ranks=dict(vocab.encoding._mergeable_ranks),
+        special_tokens={},
+    )
+    general = FujiV3Vocabulary(_write_tokenizer(tmp_path / "t2.json"))
+    general._total_pattern = False
+    import regex
+
+    general._regex = regex.compile(vocabulary_fuji_v3.DEFAULT_PATTERN)
+    texts = ["abc cab", "hello   world\n\n x's 12345 ☃\t", "  trailing  ", "a\r\nb"]
+    for text in texts:
+        expected = reference.encode(text)
+        assert vocab.encode(text) == expected == general.encode(text), text
+        assert vocab.decode(expected) == text
+
+
+def test_special_token_ids_outside_the_ordinary_range(tmp_path):
+    """Silent case: an added special token got the id of an ordinary token."""
+    path = _write_hf_tokenizer(
+        tmp_path / "ok.json", pattern=r"\p{L}+", specials=[("<|end_of_text|>", 300)]
+    )
+    vocab = FujiV3Vocabulary(path)
+    assert vocab.eos_id == 300 and vocab.decode([258, 300]) == "hell<|end_of_text|>"
+    clash = _write_hf_tokenizer(
+        tmp_path / "clash.json", pattern=r"\p{L}+", specials=[("<|end_of_text|>", 97)]
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"special token '<\|end_of_text\|>' .* id 97, which is "
+        r"ordinary token 'a''s; .*>= 260",
+    ) as e:
+        FujiV3Vocabulary(clash)
+    assert "\n" not in str(e.value)
+    twice = _write_hf_tokenizer(
+        tmp_path / "twice.json", pattern=r"\p{L}+", specials=[("<|a|>", 300), ("<|b|>", 300)]
+    )
+    with pytest.raises(ValueError, match=r"special tokens '<\|a\|>' and '<\|b\|>' share id 300"):
+        FujiV3Vocabulary(twice)
+
+
+def test_fifo_or_deep_tokenizer_file_is_one_line(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "deep.json").write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    for name, match in [("fifo.json", "not a regular file"), ("deep.json", "not a valid")]:
+        with pytest.raises(ValueError, match=match) as e:
+            FujiV3Vocabulary(str(tmp_path / name))
+        assert "\n" not in str(e.value) and len(str(e.value)) < 600

@@ -1,0 +1,197 @@
+"""Post-training toy runs on the string tasks shipped in axlearn/data/post_training/: SFT and DPO.
+
+    python -m axlearn.common.launch_trainer_main --module=text.gpt.post_training \\
+        --config=sft-tiny-strings --trainer_dir=/tmp/sft --jax_backend=cpu
+    python -m axlearn.common.launch_trainer_main --module=text.gpt.post_training \\
+        --config=dpo-tiny-strings --trainer_dir=/tmp/dpo --jax_backend=cpu
+
+- `sft-tiny-strings`: a 2-layer, dim-64 decoder (character vocabulary) learns the instruction
+  set (`reverse cafe` -> `efac`, ...) with the loss on response tokens only; packed rows of 128
+  tokens. The `validation` evaler's loss is the held-out response loss (every 5th record).
+- `dpo-tiny-strings`: the same model trained with DPO (`dpo.DpoModel`, beta 0.1) on the
+  preference set (the right answer chosen, the input copied rejected); the frozen reference is
+  held in the trainer state without optimizer state. The `validation` evaler reports
+  rewards/accuracy on held-out pairs.
+
+To start either from another run's checkpoint (e.g. DPO from the SFT run, or SFT from an
+imported Hugging Face model, `axlearn hf import`), write a step-0 checkpoint into the new trainer
+dir first: `axlearn.common.finetune.init_from_trainer_dir` (see docs/post_training.md).
+"""
+
+from __future__ import annotations
+
+from axlearn.common import dpo, evaler, learner, optimizers, post_training_data, schedule, sft
+from axlearn.common.checkpointer import every_n_steps_and_last_policy
+from axlearn.common.config import config_for_function
+from axlearn.common.summary_writer import CompositeWriter, JsonlWriter, SummaryWriter
+from axlearn.common.trainer import SpmdTrainer
+from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
+from axlearn.experiments.text.gpt.tiny import BATCH_AXIS_NAMES, MESH_AXIS_NAMES, _mesh
+
+# The chat template of the toy sets.
+TEMPLATE = dict(prompt_format="Q: {prompt}\nA: ", response_format="{response}")
+# The model's vocabulary: CharVocabulary's ids (2 + alphabet), rounded up.
+VOCAB_SIZE = 128
+
+
+def _model(*, num_layers: int, model_dim: int):
+    return transformer_lm_config(
+        num_layers=num_layers,
+        model_dim=model_dim,
+        num_heads=model_dim // 16,
+        hidden_dim=4 * model_dim,
+        vocab_size=VOCAB_SIZE,
+        stack="stack",
+        pad_token_id=sft.PAD_ID,
+        eos_token_id=sft.EOS_ID,
+    )
+
+
+def _learner(*, peak_lr: float, max_step: int, rules=()) -> learner.Learner.Config:
+    lr = config_for_function(schedule.cosine_with_linear_warmup).set(
+        peak_lr=peak_lr,
+        max_step=max_step,
+        warmup_steps=max(1, max_step // 20),
+        begin_value=0.0,
+        alpha=0.1,
+    )
+    return learner.Learner.default_config().set(
+        optimizer=config_for_function(optimizers.skip_and_clip_by_global_norm).set(
+            inner=config_for_function(optimizers.adamw_optimizer).set(
+                learning_rate=lr, b1=0.9, b2=0.95, eps=1e-8, weight_decay=1e-4
+            ),
+            drop_norm=100.0,
+            max_norm=1.0,
+        ),
+        update_rules=list(rules),
+    )
+
+
+def _trainer(*, name: str, max_step: int) -> SpmdTrainer.Config:
+    cfg = SpmdTrainer.default_config().set(
+        name=name,
+        max_step=max_step,
+        mesh_axis_names=MESH_AXIS_NAMES,
+        mesh_shape=_mesh(data=-1),
+        batch_axis_names=BATCH_AXIS_NAMES,
+        mesh_rules=[("cpu-fsdp", _mesh(fsdp=-1))],
+    )
+    cfg.checkpointer.save_policy = config_for_function(every_n_steps_and_last_policy).set(
+        n=max_step, max_step=max_step
+    )
+    cfg.checkpointer.keep_last_n = 2
+    cfg.summary_writer.write_every_n_steps = 10
+    cfg.log_every_n_steps = 10
+    return cfg
+
+
+def _evaler(input_cfg, *, every_n: int, max_step: int) -> evaler.SpmdEvaler.Config:
+    eval_cfg = evaler.SpmdEvaler.default_config().set(input=input_cfg)
+    # Also at step 0 (before training), so the run shows where the held-out metrics start.
+    eval_cfg.eval_policy.set(n=every_n, min_step=0, max_step=max_step)
+    # TensorBoard and <dir>/summaries/<evaler>/jsonl/metrics.jsonl.
+    eval_cfg.summary_writer = CompositeWriter.default_config().set(
+        writers=dict(tensorboard=SummaryWriter.default_config(), jsonl=JsonlWriter.default_config())
+    )
+    return eval_cfg
+
+
+def sft_trainer_config(
+    *,
+    max_step: int = 200,
+    global_batch_size: int = 8,
+    max_len: int = 128,
+    num_layers: int = 2,
+    model_dim: int = 64,
+    peak_lr: float = 3e-3,
+    eval_every_n_steps: int = 50,
+) -> SpmdTrainer.Config:
+    """The SFT toy run: response-only loss on the shipped instruction set.
+
+    Args:
+        max_step: Training steps.
+        global_batch_size: Packed rows per step.
+        max_len: Tokens per row.
+        num_layers: Transformer layers.
+        model_dim: Model dim (heads of dim 16).
+        peak_lr: Peak learning rate of the cosine schedule.
+        eval_every_n_steps: Held-out evaluation interval (also at step 0 and the last step).
+
+    Returns:
+        The trainer config.
+    """
+    cfg = _trainer(name="sft_trainer", max_step=max_step)
+    cfg.model = _model(num_layers=num_layers, model_dim=model_dim)
+
+    def data(split: str, is_training: bool):
+        return sft.SftInput.default_config().set(
+            is_training=is_training,
+            path=post_training_data.INSTRUCTIONS_PATH,
+            split=split,
+            global_batch_size=global_batch_size,
+            max_len=max_len,
+            template=sft.ChatTemplate.default_config().set(**TEMPLATE),
+        )
+
+    cfg.input = data("train", True)
+    cfg.learner = _learner(peak_lr=peak_lr, max_step=max_step)
+    cfg.evalers["validation"] = _evaler(
+        data("validation", False), every_n=eval_every_n_steps, max_step=max_step
+    )
+    return cfg
+
+
+def dpo_trainer_config(
+    *,
+    max_step: int = 150,
+    global_batch_size: int = 16,
+    max_len: int = 40,
+    num_layers: int = 2,
+    model_dim: int = 64,
+    peak_lr: float = 3e-3,
+    beta: float = 0.1,
+    loss_type: str = "sigmoid",
+    eval_every_n_steps: int = 50,
+) -> SpmdTrainer.Config:
+    """The DPO toy run: the policy learns to prefer the right answers on the preference set.
+
+    Args:
+        max_step: Training steps.
+        global_batch_size: Preference pairs per step.
+        max_len: Tokens per row (one response per row).
+        num_layers: Transformer layers.
+        model_dim: Model dim (heads of dim 16).
+        peak_lr: Peak learning rate of the cosine schedule.
+        beta: DPO's beta.
+        loss_type: "sigmoid" (DPO) or "ipo".
+        eval_every_n_steps: Held-out evaluation interval (also at step 0 and the last step).
+
+    Returns:
+        The trainer config.
+    """
+    cfg = _trainer(name="dpo_trainer", max_step=max_step)
+    cfg.model = dpo.DpoModel.default_config().set(
+        policy=_model(num_layers=num_layers, model_dim=model_dim), beta=beta, loss_type=loss_type
+    )
+
+    def data(split: str, is_training: bool):
+        return dpo.PreferenceInput.default_config().set(
+            is_training=is_training,
+            path=post_training_data.PREFERENCES_PATH,
+            split=split,
+            global_batch_size=global_batch_size,
+            max_len=max_len,
+            template=sft.ChatTemplate.default_config().set(**TEMPLATE),
+        )
+
+    cfg.input = data("train", True)
+    cfg.learner = _learner(peak_lr=peak_lr, max_step=max_step, rules=dpo.FROZEN_REFERENCE_RULES)
+    cfg.evalers["validation"] = _evaler(
+        data("validation", False), every_n=eval_every_n_steps, max_step=max_step
+    )
+    return cfg
+
+
+def named_trainer_configs() -> dict:
+    """The named trainer configs of this module."""
+    return {"sft-tiny-strings": sft_trainer_config, "dpo-tiny-strings": dpo_trainer_config}

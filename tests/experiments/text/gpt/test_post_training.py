@@ -1,0 +1,73 @@
+"""The post-training toy runs (axlearn/experiments/text/gpt/post_training.py).
+
+Slow: the SFT run's held-out response loss falls by >= 20% in 30 steps (measured: ~5.8 -> ~2.2
+on 2 loaded cores); the DPO run's accuracy on the training pairs rises above 0.9 within 60 steps
+(measured 1.0; held-out pairs ~0.88), with the reference bit-identical to the initial policy.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from axlearn.common import sft
+from axlearn.experiments.text.gpt import post_training
+
+
+def _records(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_named_configs():
+    configs = post_training.named_trainer_configs()
+    assert sorted(configs) == ["dpo-tiny-strings", "sft-tiny-strings"]
+    vocab = sft.CharVocabulary.default_config().instantiate()
+    for fn in configs.values():
+        cfg = fn()
+        decoder = cfg.model.policy.decoder if "policy" in cfg.model else cfg.model.decoder
+        assert vocab.vocab_size <= decoder.vocab_size == post_training.VOCAB_SIZE
+        assert cfg.input.is_training and cfg.evalers["validation"].input.split == "validation"
+
+
+@pytest.mark.slow
+def test_sft_held_out_response_loss_falls(tmp_path):
+    steps = 30
+    cfg = post_training.sft_trainer_config(max_step=steps, eval_every_n_steps=steps)
+    cfg.set(dir=str(tmp_path))
+    cfg.instantiate(parent=None).run(jax.random.PRNGKey(0))
+    evals = _records(os.path.join(tmp_path, "summaries", "validation", "jsonl", "metrics.jsonl"))
+    assert [r["step"] for r in evals] == [0, steps]
+    before, after = evals[0]["loss"], evals[-1]["loss"]
+    assert after <= 0.8 * before, (before, after)
+    train = _records(os.path.join(tmp_path, "metrics.jsonl"))
+    assert len(train) == steps and "model/loss" in train[0]
+
+
+@pytest.mark.slow
+def test_dpo_accuracy_rises_and_reference_stays_frozen(tmp_path):
+    steps = 60
+    cfg = post_training.dpo_trainer_config(max_step=steps, eval_every_n_steps=steps)
+    cfg.set(dir=str(tmp_path))
+    trainer = cfg.instantiate(parent=None)
+    trainer.run(jax.random.PRNGKey(0))
+    train = _records(os.path.join(tmp_path, "metrics.jsonl"))
+    accuracy = np.asarray([r["model/rewards/accuracy"] for r in train])
+    assert np.isclose(train[0]["model/loss"], np.log(2), atol=1e-5)  # Policy == reference.
+    assert accuracy[0] == 0 and accuracy[-10:].mean() > 0.9, accuracy.round(2).tolist()
+    assert train[-1]["model/rewards/margin"] > 0
+    evals = _records(os.path.join(tmp_path, "summaries", "validation", "jsonl", "metrics.jsonl"))
+    assert evals[0]["rewards/accuracy"] == 0 and evals[-1]["rewards/accuracy"] > 0.75, evals
+    # The reference is bit-identical to the initial policy after the run.
+    fresh = cfg.clone(dir=str(tmp_path / "fresh")).instantiate(parent=None)
+    fresh.init(jax.random.PRNGKey(0))
+    initial = jax.device_get(fresh.trainer_state.model["policy"])
+    final = jax.device_get(trainer.trainer_state.model)
+    for a, b in zip(jax.tree.leaves(final["reference"]), jax.tree.leaves(initial)):
+        np.testing.assert_array_equal(a, b)
+    assert any(
+        not np.array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(final["policy"]), jax.tree.leaves(initial))
+    )
