@@ -21,8 +21,11 @@ import numpy as np
 
 # The folder of the shipped sets.
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
-INSTRUCTIONS_PATH = os.path.join(DATA_DIR, "post_training", "instructions.json")
-PREFERENCES_PATH = os.path.join(DATA_DIR, "post_training", "preferences.json")
+# A config path starting with this prefix names a file under DATA_DIR, wherever the package is
+# installed (so configs and their golden dumps do not hold one machine's absolute path).
+PACKAGE_DATA_PREFIX = "axlearn-data:"
+INSTRUCTIONS_PATH = PACKAGE_DATA_PREFIX + "post_training/instructions.json"
+PREFERENCES_PATH = PACKAGE_DATA_PREFIX + "post_training/preferences.json"
 # The letters of the task strings.
 LETTERS = "abcdefgh"
 
@@ -33,6 +36,31 @@ TASKS: dict[str, Callable[[str], str]] = {
     "upper": lambda s: s.upper(),
     "double": lambda s: "".join(c + c for c in s),
 }
+
+
+def resolve_data_path(path: str) -> str:
+    """The file a config's data path names.
+
+    Args:
+        path: A file path, or `axlearn-data:<relative path>` for a file shipped in the package's
+            `axlearn/data/` folder (e.g. `axlearn-data:post_training/instructions.json`).
+
+    Returns:
+        `path` unchanged, or the shipped file's path on this machine.
+
+    Raises:
+        ValueError: If a shipped-file path is absolute, empty or leaves the data folder.
+    """
+    if not path.startswith(PACKAGE_DATA_PREFIX):
+        return path
+    rel = path[len(PACKAGE_DATA_PREFIX) :]
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(
+            f"{path!r}: a shipped data path is {PACKAGE_DATA_PREFIX}<relative path under "
+            "axlearn/data/>, without '.', '..' or empty components"
+        )
+    return os.path.join(DATA_DIR, *parts)
 
 
 def _word(rng: np.random.Generator, *, min_len: int, max_len: int) -> str:
@@ -94,8 +122,8 @@ def preference_records(
 def write_toy_sets() -> None:
     """Regenerates the shipped JSON files from the generators."""
     for path, records in (
-        (INSTRUCTIONS_PATH, instruction_records()),
-        (PREFERENCES_PATH, preference_records()),
+        (resolve_data_path(INSTRUCTIONS_PATH), instruction_records()),
+        (resolve_data_path(PREFERENCES_PATH), preference_records()),
     ):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w", encoding="utf-8") as f:

@@ -23,13 +23,14 @@ packed and batched.
 
 from __future__ import annotations
 
-import json
+import os
 import string
 from collections.abc import Iterator, Sequence
 from typing import Any, Optional
 
 import numpy as np
 
+from axlearn.common import file_access, post_training_data
 from axlearn.common.config import REQUIRED, Configurable, Required, config_class
 from axlearn.common.module import Module, nowrap
 
@@ -39,6 +40,8 @@ PAD_ID, EOS_ID = 0, 1
 DEFAULT_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
 # The label of a position without a target (prompt tokens and padding).
 IGNORE_LABEL = -1
+# The largest records file `load_records` reads (a bigger one is refused, not read).
+MAX_RECORDS_BYTES = 256 << 20
 
 
 class CharVocabulary(Configurable):
@@ -221,7 +224,8 @@ def load_records(path: str, *, fields: Sequence[str], what: str) -> list[dict[st
     """Reads a JSON list of records and checks that each has `fields` as strings.
 
     Args:
-        path: The JSON file (a list of objects).
+        path: The JSON file (a list of objects), a local path or `axlearn-data:<relative path>`
+            for a set shipped in the package (see `post_training_data.resolve_data_path`).
         fields: The required string fields.
         what: Names the records in messages (e.g. a config path).
 
@@ -229,10 +233,17 @@ def load_records(path: str, *, fields: Sequence[str], what: str) -> list[dict[st
         The records.
 
     Raises:
-        ValueError: If the file is not a list, or a record lacks a field (naming the record).
+        ValueError: If the file cannot be read (missing, not a regular file, a link, bigger than
+            MAX_RECORDS_BYTES, not JSON), is not a list, or a record lacks a field (naming the
+            record).
     """
-    with open(path, encoding="utf-8") as f:
-        records = json.load(f)
+    local = post_training_data.resolve_data_path(path)
+    try:
+        records = file_access.read_json(
+            os.path.dirname(local) or ".", os.path.basename(local), max_bytes=MAX_RECORDS_BYTES
+        )
+    except OSError as e:
+        raise ValueError(f"{what}: cannot read {path}: {e}") from None
     if not isinstance(records, list):
         raise ValueError(f"{what}: {path} must hold a JSON list of records")
     for i, record in enumerate(records):

@@ -408,7 +408,7 @@ def test_axlearn_bert_goldens_hold_hf_outputs():
         for key, value in _flat_case(case).items():
             if key.startswith("params/"):
                 continue
-            np.testing.assert_allclose(stored[key], value, atol=1e-6, err_msg=f"{name} {key}")
+            np.testing.assert_allclose(stored[key], value, atol=1e-5, err_msg=f"{name} {key}")
         cfg = bert.BertModel.default_config().set(
             name="bert",
             dim=16,

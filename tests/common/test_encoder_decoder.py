@@ -484,8 +484,8 @@ def test_axlearn_encoder_decoder_goldens_hold_hf_outputs():
     for src_pad, tgt_pad in _PADDINGS:
         golden = load_golden(GOLDEN_MODULE, f"test_forward_{src_pad}_{tgt_pad}")
         ref = _hf_outputs(golden["params"], golden["inputs"], src_pad, tgt_pad)
-        np.testing.assert_allclose(golden["outputs"]["logits"], ref["logits"], atol=1e-6)
-        np.testing.assert_allclose(golden["outputs"]["loss"], ref["loss"], rtol=1e-6)
+        np.testing.assert_allclose(golden["outputs"]["logits"], ref["logits"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(golden["outputs"]["loss"], ref["loss"], rtol=1e-5)
     # Our model on the packed (segment ids) case, compared with HF at the live positions.
     model = _golden_model_config().instantiate(parent=None)
     inputs = golden["inputs"]

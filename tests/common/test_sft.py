@@ -178,3 +178,84 @@ def test_sft_input_bad_records(tmp_path):
         ValueError, match=r"^input.template: ChatTemplate.response_format='A' leaves"
     ):
         cfg.instantiate(parent=None)
+
+
+def test_load_records_file_cases(tmp_path, monkeypatch):
+    """Every way the records file can be wrong is one ValueError naming the file; never a hang."""
+    import os
+    import threading
+
+    fields = ("prompt", "response")
+
+    def load(path):
+        return sft.load_records(str(path), fields=fields, what="input")
+
+    good = [dict(prompt="ab", response="c")] * 3
+    path = tmp_path / "r.json"
+    cases = {
+        "missing": None,
+        "truncated": json.dumps(good)[:-7],
+        "wrong type": json.dumps({"prompt": "ab"}),
+        "record not an object": json.dumps(["ab"]),
+        "field not a string": json.dumps([dict(prompt=1, response="c")]),
+        "deep": "[" * 100_000 + "]" * 100_000,
+        "not utf-8": b"\xff\xfe[]",
+    }
+    for name, content in cases.items():
+        if path.exists():
+            path.unlink()
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        elif content is not None:
+            path.write_text(content)
+        with pytest.raises(ValueError, match=r"^input: .*r\.json") as e:
+            load(path)
+        assert len(str(e.value).splitlines()) == 1, (name, str(e.value))
+        assert "Traceback" not in str(e.value)
+    # Huge: refused by size, before reading it.
+    monkeypatch.setattr(sft, "MAX_RECORDS_BYTES", 1000)
+    path.write_text(json.dumps(good * 100))
+    with pytest.raises(ValueError, match=r"r\.json"):
+        load(path)
+    monkeypatch.setattr(sft, "MAX_RECORDS_BYTES", 256 << 20)
+    # A link (even to a good file) and a FIFO are refused without following or blocking.
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps(good))
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    with pytest.raises(ValueError, match=r"link\.json"):
+        load(link)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=r"fifo\.json"):
+        load(fifo)
+    # A concurrent writer replacing the file by rename: every read sees a whole version.
+    path.write_text(json.dumps(good))
+    stop = threading.Event()
+
+    def writer():
+        n = 0
+        while not stop.is_set():
+            n += 1
+            tmp = tmp_path / "r.json.tmp"
+            tmp.write_text(json.dumps([dict(prompt="ab", response="c")] * (n % 5 + 1)))
+            os.replace(tmp, path)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        for _ in range(200):
+            records = load(path)
+            assert 1 <= len(records) <= 5 and all(r == good[0] for r in records)
+    finally:
+        stop.set()
+        t.join()
+    # The shipped sets resolve wherever the package is installed.
+    assert (
+        len(
+            sft.load_records(
+                "axlearn-data:post_training/instructions.json", fields=fields, what="x"
+            )
+        )
+        == 400
+    )
