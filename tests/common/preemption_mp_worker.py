@@ -11,6 +11,7 @@ os._exit (0, or PREEMPTED_EXIT_CODE).
 import json
 import os
 import sys
+import time
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
 os.environ["JAX_PLATFORMS"] = "cpu"
@@ -49,6 +50,13 @@ def main():
     result["step"] = trainer.step
     print("RESULT:" + json.dumps(result), flush=True)
     sys.stderr.flush()
+    # Process 0 hosts the coordination service: once it exits, the other process is terminated
+    # (SIGABRT) by its error-polling thread, so it waits for the others to reach this point and
+    # then exits last.
+    client = jax._src.distributed.global_state.client  # pylint: disable=protected-access
+    client.wait_at_barrier("worker_done", 120_000)
+    if pid == 0:
+        time.sleep(2)
     os._exit(result["code"])  # pylint: disable=protected-access
 
 
