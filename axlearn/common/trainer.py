@@ -53,6 +53,7 @@ from axlearn.common.mesh_resolution import (  # noqa: F401 (public name)
     select_mesh_config,
 )
 from axlearn.common.module import Module
+from axlearn.common.monitoring.device_monitor import DeviceMonitor
 from axlearn.common.preemption import PreemptionHandler
 from axlearn.common.run_lock import hold_run_dirs
 from axlearn.common.skip_streak import (  # noqa: F401 (public names)
@@ -153,6 +154,8 @@ class SpmdTrainer(Module):
         watchdog_timeout_seconds: Optional[float] = None
         # If set, kill the process when the step has not advanced for this many seconds.
         crash_on_hang_timeout_seconds: Optional[float] = None
+        # If set, samples the devices; a stall while they are idle is logged as a hang at once.
+        device_monitor: Optional[DeviceMonitor.Config] = None
         # Log the per-step line every this many steps (None: every step).
         log_every_n_steps: Optional[int] = None
         # Peak FLOP/s per device for MFU; None: the peak table, or a matmul probe on CPU.
@@ -268,6 +271,7 @@ class SpmdTrainer(Module):
             timeout_seconds=cfg.watchdog_timeout_seconds,
             crash_timeout_seconds=cfg.crash_on_hang_timeout_seconds,
             name=f"{self.path()}.watchdog",
+            device_monitor=maybe_instantiate(cfg.device_monitor),
         )
         self._profiler = Profiler(
             start_steps=cfg.start_trace_steps,

@@ -97,6 +97,7 @@ NestedTensor = Union[Tensor, dict[str, Any]]
 NestedPartitionSpec = Optional[Union[PartitionSpec, dict[str, Any]]]
 
 __all__ = [
+    "DeviceUsage",
     "HybridMeshShape",
     "MeshShape",
     "Nested",
@@ -121,6 +122,24 @@ __all__ = [
     "push_data_dir",
     "set_data_dir",
 ]
+
+
+@dataclasses.dataclass
+class DeviceUsage:
+    """One device's usage, as a `monitoring.device_monitor` client reads it (None: not read)."""
+
+    # The device's index on its host.
+    device_id: int
+    # Percent of the sampling period the device was busy (0-100).
+    device_duty_cycle_percent: Optional[float] = None
+    # Fraction of the device's compute in use (0-1).
+    device_utilization: Optional[float] = None
+    # Bytes of device memory in use.
+    hbm_memory_usage_bytes: Optional[int] = None
+    # Bytes of device memory in all.
+    hbm_memory_total_bytes: Optional[int] = None
+    # Fraction of the device memory's bandwidth in use (0-1).
+    hbm_memory_bandwidth_utilization: Optional[float] = None
 
 
 @dataclasses.dataclass

@@ -1,0 +1,1 @@
+"""Monitoring of the devices a trainer runs on (see `device_monitor`)."""
