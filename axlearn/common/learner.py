@@ -42,6 +42,11 @@ from axlearn.common.config import (
     config_for_function,
     maybe_instantiate,
 )
+from axlearn.common.learner_updates import (  # noqa: F401 (AXLearn's names)
+    _apply_updates,
+    _split_gradients,
+    _value_and_grad,
+)
 from axlearn.common.module import Module, child_context, functional, new_output_collection
 from axlearn.common.optimizer_base import OptParam, PartitionedGradientTransformation
 from axlearn.common.optimizers import global_norm, opt_params_from_specs, param_ema
@@ -437,7 +442,7 @@ class Learner(BaseLearner):
 
         forward = self._forward_fn_transformation(scaled_fn)
 
-        outputs, grads = _value_and_grad(
+        outputs, grads = _forward_and_grads(
             forward, values=values, inputs=inputs, should_compute=should_compute
         )
 
@@ -639,7 +644,7 @@ class CompositeLearner(BaseLearner):
         ):
             should_compute = self.should_update_with_optimizers(opt_params)
         values = jax.tree.map(lambda p: p.value, opt_params)
-        outputs, grads = _value_and_grad(
+        outputs, grads = _forward_and_grads(
             fn, values=values, inputs=inputs, should_compute=should_compute
         )
         updated = self.update(
@@ -652,7 +657,7 @@ class CompositeLearner(BaseLearner):
         )
 
 
-def _value_and_grad(
+def _forward_and_grads(
     forward: ForwardFn, *, values: Nested[Tensor], inputs: Any, should_compute: Nested[bool]
 ) -> tuple[ForwardOutputs, Nested[Optional[Tensor]]]:
     """Runs `forward` and differentiates its loss w.r.t. the values where `should_compute`.
