@@ -47,7 +47,13 @@ from axlearn.common.learner_updates import (  # noqa: F401 (AXLearn's names)
     _split_gradients,
     _value_and_grad,
 )
-from axlearn.common.module import Module, child_context, functional, new_output_collection
+from axlearn.common.module import (
+    Module,
+    child_context,
+    functional,
+    new_output_collection,
+    nowrap,
+)
 from axlearn.common.optimizer_base import OptParam, PartitionedGradientTransformation
 from axlearn.common.optimizers import global_norm, opt_params_from_specs, param_ema
 from axlearn.common.per_param_settings import (
@@ -161,6 +167,15 @@ class BaseLearner(Module):
         """
         raise NotImplementedError(type(self))
 
+    @nowrap
+    def handles_undefined_loss(self) -> bool:
+        """Whether this learner skips a step whose loss is NaN/inf (so the trainer goes on).
+
+        Returns:
+            True if such a step leaves the parameters and the learner state unchanged.
+        """
+        return False
+
     def forward_and_backward(
         self, *, fn: ForwardFn, inputs: Any, opt_params: Nested[OptParam]
     ) -> ForwardBackwardOutputs:
@@ -259,6 +274,11 @@ class Learner(BaseLearner):
             return UpdateType.ALL_UPDATES
 
         return jax.tree.map(update_type, paths)
+
+    @nowrap
+    def handles_undefined_loss(self) -> bool:
+        """Whether `ignore_undefined_loss` is set (see `BaseLearner.handles_undefined_loss`)."""
+        return self.config.ignore_undefined_loss
 
     def should_update_with_optimizers(self, model_params: Nested[Any]) -> Nested[bool]:
         """Whether each parameter receives optimizer updates (and has optimizer state).
@@ -587,6 +607,11 @@ class CompositeLearner(BaseLearner):
             state["ema"] = self._ema.init(model_params)
         return state
 
+    @nowrap
+    def handles_undefined_loss(self) -> bool:
+        """True if every sub-learner skips a step with an undefined loss (then this one does)."""
+        return all(getattr(self, name).handles_undefined_loss() for name in self.config.learners)
+
     def should_update_with_optimizers(self, model_params: Nested[Any]) -> Nested[bool]:
         learner_tree = self._learner_tree(model_params)
         result = jax.tree.map(lambda _: False, learner_tree)
@@ -599,8 +624,17 @@ class CompositeLearner(BaseLearner):
             )
         return result
 
-    def update(self, updates: Updates) -> Nested[Tensor]:
-        """Lets each sub-learner update its own parameters (see `BaseLearner.update`)."""
+    def update(self, updates: Updates, *, is_valid_step: Optional[Tensor] = None) -> Nested[Tensor]:
+        """Lets each sub-learner update its own parameters (see `BaseLearner.update`).
+
+        Args:
+            updates: The updates of every parameter.
+            is_valid_step: Optional scalar bool; when False no parameter, sub-learner state or
+                EMA changes (each sub-learner is given it).
+
+        Returns:
+            The updated parameter values.
+        """
         learner_tree = self._learner_tree(updates.opt_params)
         values = updates.param_values()
         updated = values
@@ -617,7 +651,7 @@ class CompositeLearner(BaseLearner):
                 lambda _, name=name: jax.tree.map(lambda n: n == name, learner_tree),
                 fields=("opt_params", "delta_updates"),
             )
-            sub_values = getattr(self, name).update(sub_updates)
+            sub_values = getattr(self, name).update(sub_updates, is_valid_step=is_valid_step)
             updated = jax.tree.map(
                 lambda n, new, old, name=name: new if n == name else old,
                 learner_tree,
@@ -632,6 +666,8 @@ class CompositeLearner(BaseLearner):
                     lambda p, v: dataclasses.replace(p, value=v), updates.opt_params, updated
                 ),
             )
+            if is_valid_step is not None:
+                ema_state = _tree_where(is_valid_step, ema_state, self.state["ema"])
             self.add_state_update("ema", ema_state)
         return updated
 
@@ -647,10 +683,13 @@ class CompositeLearner(BaseLearner):
         outputs, grads = _forward_and_grads(
             fn, values=values, inputs=inputs, should_compute=should_compute
         )
+        # Every sub-learner skips a step with an undefined loss: skip it as one step.
+        is_valid_step = jnp.isfinite(outputs.loss) if self.handles_undefined_loss() else None
         updated = self.update(
             _updates_from_forward(
                 fn, opt_params=opt_params, inputs=inputs, outputs=outputs, grads=grads
-            )
+            ),
+            is_valid_step=is_valid_step,
         )
         return ForwardBackwardOutputs(
             forward_outputs=outputs, backward_outputs=BackwardOutputs(updated_params=updated)

@@ -708,7 +708,9 @@ class SpmdTrainer(Module):
         """Restores the latest checkpoint or initializes the state; logs the model analysis."""
         cfg = self._config
         launch_free_cfg = self._launch_free_config()
-        self._skips_nonfinite = learner_skips_nonfinite(cfg.learner)
+        self._skips_nonfinite = (
+            learner_skips_nonfinite(cfg.learner) or self.learner.handles_undefined_loss()
+        )
         self._metrics = MetricsRecorder(
             trainer_config=launch_free_cfg,
             mesh=self._mesh,

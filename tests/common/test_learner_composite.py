@@ -213,3 +213,31 @@ def test_trainer_with_composite_learner_resumes_bit_identically(tmp_path):
     state = full.trainer_state.learner
     assert set(state) == {"emb", "proj"}
     assert rtu.state_digest(resumed.trainer_state) == rtu.state_digest(full.trainer_state)
+
+
+def _nan_loss_fn(*, model_params, inputs):
+    out = _loss_fn(model_params=model_params, inputs=inputs)
+    return out._replace(loss=out.loss * inputs["input_batch"]["scale"])
+
+
+@pytest.mark.parametrize("ignore", [(True, True), (True, False), (False, False)])
+def test_undefined_loss_is_skipped_only_when_every_sub_learner_ignores_it(ignore):
+    """AXLearn's semantics: the composite handles an undefined loss if every sub-learner does;
+    then a NaN step changes no parameter, sub-learner state or EMA; otherwise NaN is applied."""
+    cfg = _composite()
+    cfg.ema.decay = 0.9
+    cfg.learners["enc"].ignore_undefined_loss, cfg.learners["dec"].ignore_undefined_loss = ignore
+    learner = cfg.instantiate(parent=None)
+    assert learner.handles_undefined_loss() is all(ignore)
+    params = _params()
+    state = learner.init(opt_params(params))
+    step = forward_and_backward_step(learner, _nan_loss_fn)
+    out, coll = step(params, state, dict(_batch(), scale=np.float32("nan")))
+    updated = out.backward_outputs.updated_params
+    new_leaves = jax.tree.leaves(coll.state_updates)
+    if all(ignore):
+        jax.tree.map(np.testing.assert_array_equal, updated, params)
+        for new, old in zip(new_leaves, jax.tree.leaves(state)):
+            np.testing.assert_array_equal(new, old)
+    else:
+        assert all(np.isnan(x).all() for x in jax.tree.leaves(updated))

@@ -405,3 +405,17 @@ def test_profiler_trace_and_watchdog(tmp_path, caplog):
     # The 3 s checkpoint stalls the step for longer than the watchdog's 1 s: it logs the stacks.
     messages = [r.getMessage() for r in caplog.records]
     assert any("Watchdog: step 6 has not advanced" in m and "Thread stacks" in m for m in messages)
+
+
+def test_ignore_undefined_loss_learner_skips_nan_steps_and_the_run_goes_on(tmp_path):
+    """A learner with `ignore_undefined_loss=True` (AXLearn's `handles_undefined_loss`): the
+    trainer does not stop at a NaN loss; the skipped step leaves the parameters finite."""
+    cfg = _poisoned(tu.bigram_trainer_config(str(tmp_path), max_step=5), [2])
+    cfg.learner.ignore_undefined_loss = True
+    trainer, out = _run(cfg)
+    assert out["step"] == 5
+    records = _by_step(tu.read_metrics(str(tmp_path)))
+    assert np.isnan(float(records[3]["loss"])) and np.isfinite(float(records[5]["loss"]))
+    assert records[5]["perf/nonfinite_steps"] == 1
+    leaves = jax.tree.leaves(trainer.trainer_state.model)
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in leaves)
