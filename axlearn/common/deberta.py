@@ -22,12 +22,12 @@ max_distance) and `max_relative_positions` = max_distance computes the same func
 (P2C uses no bias, as the original implementation).
 """
 
-import math
-from enum import Enum
 from collections.abc import Sequence
+from enum import Enum
 from typing import Optional, Union
 
 import jax.numpy as jnp
+import numpy as np
 
 from axlearn.common.attention import (
     BaseStackedTransformerLayer,
@@ -69,23 +69,28 @@ def _deberta_make_log_bucket_position(
     |x| = max_distance - 1 reaches num_directional_buckets - 1 and larger |x| keep growing
     (they are clipped when the bucket is used to index the embeddings).
 
+    The log terms are float32 in the order Hugging Face's `make_log_bucket_position` computes
+    them, so that the ceil lands on the same side where the exact value is an integer. A NumPy
+    input is computed with NumPy (as `deberta_relative_position_bucket` does, the positions being
+    static), whose float32 log agrees with PyTorch's more often than XLA's.
+
     Args:
-        relative_position: An int Tensor of any shape.
+        relative_position: An int array (NumPy or JAX) of any shape.
         num_directional_buckets: Buckets in each direction (at least 2).
         max_distance: The distance mapped to the last bucket (at least 2).
 
     Returns:
-        An int Tensor of the shape of `relative_position`.
+        An int array (of the input's kind) of the shape of `relative_position`.
     """
+    xp = np if isinstance(relative_position, np.ndarray) else jnp
     exact = num_directional_buckets // 2
-    sign = jnp.sign(relative_position)
+    sign = xp.sign(relative_position)
     # Positions inside (-exact, exact) are not log-bucketed; clamping them keeps log() finite.
-    magnitude = jnp.maximum(jnp.abs(relative_position), exact - 1)
-    log_ratio = jnp.log(magnitude.astype(jnp.float32) / exact) / math.log(
-        (max_distance - 1) / exact
-    )
-    bucketed = exact + jnp.ceil(log_ratio * (exact - 1)).astype(relative_position.dtype)
-    return jnp.where(magnitude <= exact, relative_position, sign * bucketed)
+    magnitude = xp.maximum(xp.abs(relative_position), exact - 1)
+    ratio = magnitude.astype(np.float32) / np.float32(exact)
+    log_ratio = xp.log(ratio) / xp.log(np.float32((max_distance - 1) / exact))
+    bucketed = exact + xp.ceil(log_ratio * np.float32(exact - 1)).astype(relative_position.dtype)
+    return xp.where(magnitude <= exact, relative_position, sign * bucketed)
 
 
 def deberta_relative_position_bucket(
@@ -115,13 +120,12 @@ def deberta_relative_position_bucket(
             "num_directional_buckets and max_distance must be at least 2, got "
             f"num_directional_buckets={num_directional_buckets}, max_distance={max_distance}."
         )
-    relative = jnp.arange(query_len, dtype=jnp.int32)[:, None] - jnp.arange(
-        key_len, dtype=jnp.int32
-    )[None, :]
+    # The positions are static: computed with NumPy (see `_deberta_make_log_bucket_position`).
+    relative = np.arange(query_len, dtype=np.int32)[:, None] - np.arange(key_len, dtype=np.int32)
     bucket = _deberta_make_log_bucket_position(
         relative, num_directional_buckets=num_directional_buckets, max_distance=max_distance
     )
-    return bucket + num_directional_buckets
+    return jnp.asarray(bucket + num_directional_buckets)
 
 
 class DisentangledAttentionType(Enum):
@@ -214,7 +218,9 @@ class DisentangledSelfAttention(MultiheadAttention):
             # The count of terms sets the logit scale, so a repeat is ambiguous.
             raise ValueError(f"{self.path()}.attention_type has duplicates: {types}.")
         if cfg.max_distance < 2:
-            raise ValueError(f"{self.path()}.max_distance must be at least 2, got {cfg.max_distance}.")
+            raise ValueError(
+                f"{self.path()}.max_distance must be at least 2, got {cfg.max_distance}."
+            )
         if cfg.num_directional_buckets is not None and cfg.num_directional_buckets < 2:
             raise ValueError(
                 f"{self.path()}.num_directional_buckets must be None or at least 2, got "
@@ -387,9 +393,7 @@ class DeBERTaV2Encoder(Encoder):
         """Configures DeBERTaV2Encoder."""
 
         # The shared relative position embedding (dim is set to the encoder's dim).
-        relative_pos_emb: InstantiableConfig = (
-            DeBERTaV2RelativePositionalEmbedding.default_config()
-        )
+        relative_pos_emb: InstantiableConfig = DeBERTaV2RelativePositionalEmbedding.default_config()
 
     @classmethod
     def default_config(cls) -> Config:
