@@ -5,6 +5,7 @@ layout and loaded into HF models built from a small `DebertaV2Config` (no downlo
 must agree within 1e-5 in float32.
 """
 
+import os
 from typing import Optional
 
 import jax
@@ -31,6 +32,7 @@ from axlearn.common.deberta import (
     deberta_v2_model_config,
     deberta_v2_self_attention_config,
 )
+from axlearn.common.golden import golden_path, load_golden
 from axlearn.common.layers import Embedding, set_layer_norm_eps_recursively
 from axlearn.common.module import functional as F
 
@@ -432,3 +434,259 @@ def test_config_helpers():
     assert att.pos_q_proj is None and att.dropout.rate == 0.1
     model = deberta_v2_model_config(encoder_cfg=cfg)
     assert model.param_init.init_by_param_name[".*weight$"].distribution == "normal"
+
+
+# AXLearn's deberta_test reads `load_golden("axlearn.common.deberta_test", ...)`: params (our
+# layout), inputs and reference outputs. The file shipped in axlearn/experiments/testdata is
+# written here (AXLEARN_UPDATE_GOLDENS=1) from HF DeBERTa V2 modules loaded with our
+# (initialized, perturbed) weights; the slow test below recomputes and compares it.
+GOLDEN_MODULE = "axlearn.common.deberta_test"
+UPDATE_ENV = "AXLEARN_UPDATE_GOLDENS"
+# deberta_test's build_cfg: vocab 26, hidden 32, 8 heads, 12 layers, query_len 16, pad id 0.
+G_VOCAB, G_DIM, G_HEADS, G_LAYERS, G_LEN = 26, 32, 8, 12, 16
+G_TYPES = (C2P, P2C)
+
+
+def _golden_key(prefix: str, sp: bool, ndb: Optional[int], md: int, stack=None) -> str:
+    key = f"{prefix}_sp{sp}_ndb{ndb}_md{md}"
+    if stack is not None:
+        key += "_Repeated" if stack is RepeatedTransformerLayer else "_Stacked"
+    return key
+
+
+def _g_hf_config(sp: bool, ndb: Optional[int], md: int, **kwargs):
+    kwargs.setdefault("max_pos", G_LEN)
+    return hf_config(
+        attention_type=G_TYPES,
+        share=sp,
+        max_distance=md,
+        buckets=ndb or md,
+        dim=G_DIM,
+        heads=G_HEADS,
+        layers=G_LAYERS,
+        vocab=G_VOCAB,
+        **kwargs,
+    )
+
+
+def _attention_cases(rng) -> dict:
+    from transformers.models.deberta_v2 import modeling_deberta_v2 as hf_deberta
+
+    cases = {}
+    batch, head_dim = 2, G_DIM // G_HEADS
+    for sp in (True, False):
+        for ndb in (None, 8):
+            for md in (64, 8):
+                num_pos = ndb or md
+                cfg = deberta_v2_self_attention_config(
+                    num_heads=G_HEADS,
+                    max_distance=md,
+                    hidden_dropout=0.0,
+                    attention_dropout=0.0,
+                    share_projections=sp,
+                    num_directional_buckets=ndb,
+                    attention_type=list(G_TYPES),
+                ).set(
+                    name="test",
+                    query_dim=G_DIM,
+                    key_dim=G_DIM,
+                    value_dim=G_DIM,
+                    pos_emb=Embedding.default_config().set(num_embeddings=2 * num_pos, dim=G_DIM),
+                )
+                layer = cfg.instantiate(parent=None)
+                params = flat_params(init_state(layer, seed=len(cases)))
+                sd = {}
+                attention_to_hf(params, "", "", sd, share=sp, types=G_TYPES)
+                hf = load_hf(hf_deberta.DisentangledSelfAttention(_g_hf_config(sp, ndb, md)), sd)
+                rel_emb = rng.standard_normal((2 * num_pos, G_DIM)).astype(np.float32)
+                q, k = (
+                    rng.standard_normal((batch, G_LEN, G_HEADS, head_dim)).astype(np.float32)
+                    for _ in range(2)
+                )
+
+                def heads_first(x):
+                    return torch.tensor(x).permute(0, 2, 1, 3).reshape(-1, G_LEN, head_dim)
+
+                rel_pos = hf_deberta.build_relative_position(
+                    heads_first(q), heads_first(k), bucket_size=num_pos, max_position=md
+                )
+                with torch.no_grad():
+                    ref = hf.disentangled_attention_bias(
+                        heads_first(q), heads_first(k), rel_pos, torch.tensor(rel_emb), 3
+                    )
+                cases[_golden_key("test_disentangled_attention_bias", sp, ndb, md)] = dict(
+                    params=params,
+                    inputs=dict(q_proj=q, k_proj=k, relative_pos_emb=rel_emb),
+                    outputs=dict(ref=ref.reshape(batch, G_HEADS, G_LEN, G_LEN).numpy()),
+                )
+                query, key = (
+                    rng.standard_normal((batch, G_LEN, G_DIM)).astype(np.float32) for _ in range(2)
+                )
+                with torch.no_grad():
+                    _, probs = hf(
+                        torch.tensor(key),
+                        torch.ones(batch, 1, G_LEN, G_LEN, dtype=torch.bool),
+                        output_attentions=True,
+                        query_states=torch.tensor(query),
+                        rel_embeddings=torch.tensor(rel_emb),
+                    )
+                cases[_golden_key("test_disentangled_self_attention", sp, ndb, md)] = dict(
+                    params=params,
+                    inputs=dict(query=query, key=key, relative_pos_emb=rel_emb),
+                    outputs=dict(probs=probs.numpy()),
+                )
+    return cases
+
+
+def _g_ids(rng, batch: int, seq: int, pad_from) -> np.ndarray:
+    ids = rng.integers(1, G_VOCAB, size=(batch, seq)).astype(np.int32)
+    for row, start in enumerate(pad_from):
+        ids[row, start:] = 0
+    return ids
+
+
+def _g_encoder_config(sp: bool, ndb: Optional[int], md: int, stack=None, max_pos=G_LEN):
+    return encoder_config(
+        attention_type=list(G_TYPES),
+        share=sp,
+        max_distance=md,
+        buckets=ndb,
+        max_pos=max_pos,
+        stack_cls=stack,
+        dim=G_DIM,
+        heads=G_HEADS,
+        layers=G_LAYERS,
+        vocab=G_VOCAB,
+    )
+
+
+def _encoder_cases(rng) -> dict:
+    cases = {}
+    for sp in (True, False):
+        for ndb in (None, 8):
+            for md in (64, 8):
+                for stack in (StackedTransformerLayer, RepeatedTransformerLayer):
+                    model = _g_encoder_config(sp, ndb, md, stack).instantiate(parent=None)
+                    params = flat_params(init_state(model, seed=len(cases)))
+                    sd = encoder_to_hf(params, prefix="", layers=G_LAYERS, share=sp, types=G_TYPES)
+                    hf = load_hf(transformers.DebertaV2Model(_g_hf_config(sp, ndb, md)), sd)
+                    # Ours: 1e-7 in the embedding norm, LayerNorm's default 1e-8 elsewhere.
+                    for name, module in hf.named_modules():
+                        if isinstance(module, torch.nn.LayerNorm):
+                            module.eps = 1e-7 if name == "embeddings.LayerNorm" else 1e-8
+                    ids = _g_ids(rng, 2, G_LEN, pad_from=(G_LEN, 10))
+                    cases[_golden_key("test_encoder", sp, ndb, md, stack)] = dict(
+                        params={f"encoder/{k}": v for k, v in params.items()},
+                        inputs=dict(input_ids=ids, padding_mask=(ids != 0).astype(np.int32)),
+                        outputs=dict(last_hidden_state=_hf_hidden(hf, ids)),
+                    )
+    return cases
+
+
+def _model_cases(rng) -> dict:
+    from transformers.models.deberta_v2 import modeling_deberta_v2 as hf_deberta
+
+    cases = {}
+    pooler = BertPooler.default_config().set(name="pooler", input_dim=1536, activation="exact_gelu")
+    pooler = pooler.instantiate(parent=None)
+    params = flat_params(init_state(pooler, seed=100))
+    hf_pooler = hf_deberta.ContextPooler(
+        transformers.DebertaV2Config(
+            hidden_size=1536, pooler_hidden_size=1536, pooler_dropout=0.0, pooler_hidden_act="gelu"
+        )
+    )
+    sd = {
+        "dense.weight": _linear(params["linear/weight"]),
+        "dense.bias": _vec(params["linear/bias"]),
+    }
+    hf_pooler = load_hf(hf_pooler, sd)
+    inputs = rng.standard_normal((2, 5, 1536)).astype(np.float32)
+    with torch.no_grad():
+        ref = hf_pooler(torch.tensor(inputs)).numpy()
+    cases["test_context_pooler"] = dict(
+        params=params, inputs=dict(inputs=inputs), outputs=dict(ref=ref)
+    )
+
+    seq = 64
+    head = BertSequenceClassificationHead.default_config().set(
+        num_classes=2, pooler=BertPooler.default_config().set(activation="exact_gelu")
+    )
+    cfg = deberta_v2_model_config(
+        encoder_cfg=_g_encoder_config(True, None, seq, max_pos=seq), head_cfg=head
+    ).set(name="deberta_model")
+    model = cfg.instantiate(parent=None)
+    params = flat_params(init_state(model, seed=101))
+    encoder_flat = {k[len("encoder/") :]: v for k, v in params.items() if k.startswith("encoder/")}
+    sd = encoder_to_hf(encoder_flat, prefix="deberta.", layers=G_LAYERS, share=True, types=G_TYPES)
+    sd.update(
+        {
+            "pooler.dense.weight": _linear(params["head/pooler/linear/weight"]),
+            "pooler.dense.bias": _vec(params["head/pooler/linear/bias"]),
+            "classifier.weight": _linear(params["head/output/weight"]),
+            "classifier.bias": _vec(params["head/output/bias"]),
+        }
+    )
+    hf_cfg = _g_hf_config(
+        True,
+        None,
+        seq,
+        max_pos=seq,
+        eps=1e-12,
+        num_labels=2,
+        pooler_hidden_size=G_DIM,
+        pooler_hidden_act="gelu",
+        pooler_dropout=0.0,
+    )
+    hf = load_hf(transformers.DebertaV2ForSequenceClassification(hf_cfg), sd)
+    ids = _g_ids(rng, 4, seq, pad_from=(seq, 50, 33, 20))
+    labels = rng.integers(0, 2, size=4).astype(np.int32)
+    with torch.no_grad():
+        out = hf(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            attention_mask=torch.tensor(ids != 0, dtype=torch.long),
+            labels=torch.tensor(labels, dtype=torch.long),
+            output_hidden_states=True,
+        )
+    cases["test_deberta_v2_sequence_classification"] = dict(
+        params=params,
+        inputs=dict(input_ids=ids, padding_mask=(ids != 0).astype(np.int32), target_labels=labels),
+        outputs=dict(
+            last_hidden_state=out.hidden_states[-1].numpy(),
+            logits=out.logits.numpy(),
+            loss=out.loss.numpy(),
+        ),
+    )
+    return cases
+
+
+def _golden_cases() -> dict:
+    torch.manual_seed(0)
+    rng = np.random.default_rng(2023)
+    return {**_attention_cases(rng), **_encoder_cases(rng), **_model_cases(rng)}
+
+
+def _flat_case(case: dict) -> dict:
+    return {
+        f"{group}/{key}": np.asarray(value)
+        for group, values in case.items()
+        for key, value in values.items()
+    }
+
+
+@pytest.mark.slow  # 34 cases, 17 of 12-layer HF models (about 2 minutes on 2 loaded cores).
+def test_axlearn_deberta_goldens_hold_hf_outputs():
+    """The shipped deberta_test golden equals fresh HF outputs of the same weights and inputs."""
+    cases = _golden_cases()
+    path = golden_path(GOLDEN_MODULE)
+    if os.environ.get(UPDATE_ENV):
+        arrays = {}
+        for name, case in cases.items():
+            arrays.update({f"{name}/{k}": v for k, v in _flat_case(case).items()})
+        np.savez(path, **arrays)
+    assert len(cases) == 34
+    for name, case in cases.items():
+        stored = _flat_case(load_golden(GOLDEN_MODULE, name))
+        fresh = _flat_case(case)
+        assert set(stored) == set(fresh), name
+        for key, value in fresh.items():
+            np.testing.assert_allclose(stored[key], value, atol=1e-5, err_msg=f"{name} {key}")
