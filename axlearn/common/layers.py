@@ -706,6 +706,26 @@ class RedirectToSharedModule(BaseLayer):
         with child_context(cfg.shared_module, module=shared.module, state=shared.state):
             return getattr(shared.module, target)(*args, **kwargs)
 
+    def _methods_to_wrap_for_auto_child_context(self) -> dict:
+        # Every key of method_map is a method of this layer (e.g. {"embeddings": "embeddings"}
+        # makes `layer.embeddings()` return the shared module's table), run in this layer's
+        # context as `forward` is.
+        methods = super()._methods_to_wrap_for_auto_child_context()
+        for source in self.config.method_map:
+            if source not in methods:
+                methods[source] = _redirecting_method(source)
+        return methods
+
     def forward(self, *args, **kwargs):
         """Runs the shared module's mapped `forward` (see the class docstring)."""
         return self._redirect("forward", *args, **kwargs)
+
+
+def _redirecting_method(name: str):
+    """An unbound method of RedirectToSharedModule running the shared module's mapped `name`."""
+
+    def method(self, *args, **kwargs):
+        return self._redirect(name, *args, **kwargs)  # pylint: disable=protected-access
+
+    method.__name__ = method.__qualname__ = name
+    return method
