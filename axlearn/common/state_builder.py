@@ -308,6 +308,8 @@ class EmaParamsConverter(Converter):
     def source_to_target(self, source: Builder.State, aux: Any) -> Builder.State:
         """The target with `model` (and a target EMA, if any) from the restored EMA.
 
+        The step stays the target's (as AXLearn's converter), not the checkpoint's.
+
         Args:
             source: The restored source.
             aux: The target state.
