@@ -365,11 +365,14 @@ class InferenceRunner(DecodingMixin, Module):
     def set_params(self, params: NestedTensor, *, step: Optional[int] = None) -> None:
         """Uses `params` (host or device arrays of the model's structure), placed on the mesh.
 
+        Float parameters are cast to `inference_dtype` if it is set.
+
         Args:
             params: The parameter tree.
             step: The step to report, if known.
         """
-        self._params = jax.device_put(params, self._param_shardings)
+        # Cast to `inference_dtype` (if set), as restored parameters are.
+        self._params = jax.device_put(self._inference_cast(params), self._param_shardings)
         self._step = step
 
     def restore(self, step: Optional[int] = None) -> int:

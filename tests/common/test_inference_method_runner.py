@@ -261,3 +261,15 @@ def test_host_rows_of_a_sharded_array():
     sharded = jax.device_put(x, NamedSharding(mesh, PartitionSpec("data", "model")))
     np.testing.assert_array_equal(host_rows(sharded), x)
     np.testing.assert_array_equal(host_rows(x), x)
+
+
+def test_set_params_casts_to_inference_dtype(ckpt):
+    params, _, _ = ckpt
+    runner = _runner_cfg(inference_dtype=jnp.bfloat16).instantiate(parent=None)
+    runner.set_params(params, step=3)
+    weight = runner.inference_runner_state.model["linear"]["weight"]
+    assert weight.dtype == jnp.bfloat16 and runner.step == 3
+    # The default key when none was restored.
+    np.testing.assert_array_equal(
+        np.asarray(runner.inference_runner_state.prng_key), np.asarray(jax.random.PRNGKey(0))
+    )
