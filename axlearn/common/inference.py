@@ -10,16 +10,33 @@
 The runner is built from a trainer config (`InferenceRunner.config_from_trainer`), or from a
 trainer dir, whose run's config is rebuilt from its `launch_trainer_flags` and checked against
 its `trainer_config` dump (`launch_trainer.trainer_config_from_dir`). `restore` reads only the
-`model/...` arrays of a trainer checkpoint: no optimizer state, no input iterator. The mesh is
-the trainer's mesh rule for the devices at hand; the saved shards are resharded onto it, so a
-checkpoint of any mesh restores on any other.
+`model/...` arrays (and the PRNG key) of a trainer checkpoint: no optimizer state, no input
+iterator. The mesh is the trainer's mesh rule for the devices at hand; the saved shards are
+resharded onto it, so a checkpoint of any mesh restores on any other.
+
+AXLearn's API is here too. With `init_state_builder` pointing at a checkpoint (e.g.
+`TensorStoreStateStorageBuilder` with `dir` set to one step's directory, or a
+`RestoreAndConvertBuilder` with `EmaParamsConverter` for the EMA weights), the state (PRNG key
+and model) is built when the runner is constructed: any checkpoint holding at least that state
+restores, also when dtypes differ (`CONTAINS_STATE_UP_TO_DTYPE`). A state can also be passed to
+the constructor (`inference_runner_state`). Then
+
+    for batch in runner.run(batches, method="predict"):   # {"inputs", "outputs", ...}
+        ...
+    method_runner = runner.create_method_runner(method="predict")   # MethodRunner
+    output = method_runner(input_batch)
+
+run a model method on input batches placed with `input_batch_partition_spec`; outputs are
+resharded with `output_batch_partition_spec`. `inference_dtype` casts the parameters and the
+float inputs before the method runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, Optional, Union
+from collections.abc import Callable, Generator, Iterable, Sequence
+from typing import Any, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +44,13 @@ import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
-from axlearn.common import decoding, logit_modifiers
-from axlearn.common.checkpointer import Checkpointer, check_metadata, layout
+from axlearn.common import utils
+from axlearn.common.checkpointer import (
+    Checkpointer,
+    CheckpointValidationType,
+    check_metadata,
+    layout,
+)
 from axlearn.common.checkpointer.recovery import CorruptCheckpointError, corrupt_message
 from axlearn.common.config import (
     REQUIRED,
@@ -38,9 +60,26 @@ from axlearn.common.config import (
 )
 from axlearn.common.config.paths import ConfigPathError, lookup_path
 from axlearn.common.evaler import SpmdEvaler
+
+# Token generation and the method-runner API: public under this module's path too.
+from axlearn.common.inference_decoding import (  # noqa: F401
+    BeamResult,
+    DecodingMixin,
+    logits_modifier,
+)
+from axlearn.common.inference_method_runner import (  # noqa: F401
+    MethodRunner,
+    _InferenceRunnerState,
+    reshard,
+)
 from axlearn.common.mesh_resolution import build_mesh
 from axlearn.common.module import Module
 from axlearn.common.module import functional as F
+from axlearn.common.state_builder import (
+    BaseStateStorageBuilder,
+    Builder,
+    TensorStoreStateStorageBuilder,
+)
 
 # Text in, text out on top of the runner: public under this module's path too.
 from axlearn.common.text_generator import (  # noqa: F401
@@ -50,7 +89,7 @@ from axlearn.common.text_generator import (  # noqa: F401
 )
 from axlearn.common.trainer import SpmdTrainer
 from axlearn.common.trainer_utils import is_unset, shardings_of_specs
-from axlearn.common.utils import NestedTensor, Tensor
+from axlearn.common.utils import DataPartitionType, NestedTensor, Tensor, TensorSpec
 from axlearn.common.utils_spmd import (
     HybridMeshShape,
     MeshShape,
@@ -58,28 +97,26 @@ from axlearn.common.utils_spmd import (
 
 # The prefix of the model parameters' leaves in a trainer checkpoint.
 _MODEL_PREFIX = "model/"
+# The checkpoint leaf of the trainer's PRNG key.
+_PRNG_KEY_PATH = "prng_key"
 
 
-class BeamResult(NamedTuple):
-    """The best beam of a prompt.
+def _builder_is_configured(cfg: Optional[Builder.Config]) -> bool:
+    """Whether `init_state_builder` names a state to build (a storage builder needs a dir)."""
+    if cfg is None:
+        return False
+    if issubclass(cfg.klass, BaseStateStorageBuilder):
+        return getattr(cfg, "dir", None) is not None or cfg.base_dir is not None
+    return True
 
-    Fields:
-        tokens: The generated ids (without EOS) of the best finished beam, or of the best live
-            beam if none finished.
-        score: Its (length-normalized, if finished) log-probability.
-        live_tokens: The best live (unfinished) beam's ids; with one beam this is greedy
-            decoding.
-        live_score: Its log-probability.
+
+class InferenceRunner(DecodingMixin, Module):
+    """Runs a model's methods with parameters restored from a checkpoint.
+
+    See the module docstring: `restore` (a trainer checkpoint through `checkpointer`) or
+    `init_state_builder` (at construction) gives the parameters; `predict`, the decoding
+    methods, `run_method`, `run` and `create_method_runner` use them.
     """
-
-    tokens: list[int]
-    score: float
-    live_tokens: list[int]
-    live_score: float
-
-
-class InferenceRunner(Module):
-    """Runs a model's methods with parameters restored from a trainer checkpoint."""
 
     @config_class
     class Config(Module.Config):
@@ -89,14 +126,26 @@ class InferenceRunner(Module):
         mesh_shape: Required[Union[MeshShape, HybridMeshShape]] = REQUIRED
         # The mesh axis names, one per mesh_shape entry.
         mesh_axis_names: Required[Sequence[str]] = REQUIRED
-        # The mesh axes over which input batches are split.
+        # The mesh axes over which input batches of `predict`/`run_method`/decoding are split.
         batch_axis_names: Optional[Union[str, Sequence[str]]] = "data"
         # The model (e.g. causal_lm.Model).
         model: Required[InstantiableConfig] = REQUIRED
-        # The checkpointer whose `dir` holds the step directories to restore from.
-        checkpointer: Required[InstantiableConfig] = REQUIRED
+        # The checkpointer whose `dir` holds the step directories `restore` reads (None: none).
+        checkpointer: Optional[InstantiableConfig] = None
         # Evalers by name, run by `run_evalers` (their summary writers need `dir` set).
         evalers: dict[str, SpmdEvaler.Config] = {}
+        # Builds the state at construction; a storage builder without dir/base_dir builds none.
+        init_state_builder: Optional[Builder.Config] = (
+            TensorStoreStateStorageBuilder.default_config().set(
+                validation=CheckpointValidationType.CONTAINS_STATE_UP_TO_DTYPE
+            )
+        )
+        # Casts the parameters and float inputs to this dtype before a method runs (None: no).
+        inference_dtype: Optional[jnp.dtype] = None
+        # How `run`/`create_method_runner` place (host) input batches on the mesh.
+        input_batch_partition_spec: DataPartitionType = DataPartitionType.FULL
+        # How `run`/`create_method_runner` shard the output batches.
+        output_batch_partition_spec: DataPartitionType = DataPartitionType.BATCH
 
     @classmethod
     def config_from_trainer(cls, trainer_cfg: SpmdTrainer.Config) -> Config:
@@ -176,33 +225,107 @@ class InferenceRunner(Module):
         runner.trainer_config = trainer_cfg
         return runner
 
-    def __init__(self, cfg: Config, *, parent: Optional[Module] = None, devices=None):
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        parent: Optional[Module] = None,
+        devices: Optional[Union[np.ndarray, Sequence[Any]]] = None,
+        inference_runner_state: Union[_InferenceRunnerState, bool] = False,
+    ):
+        """Builds the mesh, the model and (if configured) the state.
+
+        Args:
+            cfg: The config.
+            parent: The parent module, if any.
+            devices: The devices of the mesh (default: all).
+            inference_runner_state: A state (`_InferenceRunnerState`, e.g. another runner's
+                `inference_runner_state`) to use instead of building one; True: a state of
+                `jax.ShapeDtypeStruct`s (nothing is read; for lowering); False: build the state
+                with `init_state_builder` if that is configured.
+
+        Raises:
+            ValueError: If `inference_dtype` is not a float dtype.
+        """
         super().__init__(cfg, parent=parent)
         cfg = self.config
+        if cfg.inference_dtype is not None:
+            utils.validate_float_dtype(cfg.inference_dtype)
         self._mesh, cfg.mesh_shape = build_mesh(
             cfg.mesh_shape, cfg.mesh_axis_names, devices=devices, config_path=self.path()
         )
+        logging.info("%s: mesh %s", self.path(), self._mesh)
         self._params: Optional[NestedTensor] = None
+        self._prng_key: Optional[Tensor] = None
         self._jit_cache: dict[tuple, Callable] = {}
         # The trainer config the runner was built from, if known (see `from_trainer_dir`).
         self.trainer_config: Optional[SpmdTrainer.Config] = None
         self._step: Optional[int] = None
         with jax.set_mesh(self._mesh):
             self._add_child("model", cfg.model)
-            self._add_child("checkpointer", cfg.checkpointer)
-            self._param_specs = self.model.create_parameter_specs_recursively()
+            if cfg.checkpointer is not None:
+                self._add_child("checkpointer", cfg.checkpointer)
+            self._param_specs = self._inference_cast(
+                self.model.create_parameter_specs_recursively()
+            )
             self._param_shardings = shardings_of_specs(self._mesh, self._param_specs)
             partition_specs = jax.tree.map(lambda s: s.spec, self._param_shardings)
+            key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+            self._state_specs = _InferenceRunnerState(
+                prng_key=TensorSpec(
+                    shape=key.shape, dtype=key.dtype, mesh_axes=PartitionSpec(None)
+                ),
+                model=self._param_specs,
+            )
             self._evalers: dict[str, SpmdEvaler] = {}
             for name, evaler_cfg in cfg.evalers.items():
                 self._evalers[name] = self._add_child(
                     name, evaler_cfg, model=self.model, model_param_partition_specs=partition_specs
                 )
+            if inference_runner_state is True:
+                state = jax.tree.map(
+                    lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), self._state_specs
+                )
+                self._params, self._prng_key = state.model, state.prng_key
+            elif inference_runner_state is not False:
+                self._params = inference_runner_state.model
+                self._prng_key = inference_runner_state.prng_key
+            elif _builder_is_configured(cfg.init_state_builder):
+                self._build_state(cfg.init_state_builder)
+
+    def _build_state(self, builder_cfg: Builder.Config) -> None:
+        """Builds the state with `builder_cfg` (see `init_state_builder`)."""
+        logging.info("%s: building the state with %s", self.path(), builder_cfg.klass.__name__)
+        builder = builder_cfg.clone(name="init_state_builder").instantiate(parent=None)
+        if builder.input_state_type() != Builder.StateType.TENSOR_SPECS:
+            logging.warning(
+                "init_state_builder %s expects StateType.TENSORS, but the runner gives it "
+                "StateType.TENSOR_SPECS.",
+                builder_cfg.klass.__name__,
+            )
+        built = builder(Builder.State(step=0, trainer_state=self._state_specs, built_keys=set()))
+        state: _InferenceRunnerState = built.trainer_state
+        self._params, self._prng_key, self._step = state.model, state.prng_key, built.step
+
+    def mesh(self) -> jax.sharding.Mesh:
+        """The device mesh (also usable as `with runner.mesh():`).
+
+        Returns:
+            The mesh.
+        """
+        return self._mesh
 
     @property
-    def mesh(self) -> jax.sharding.Mesh:
-        """The device mesh."""
-        return self._mesh
+    def inference_runner_state(self) -> _InferenceRunnerState:
+        """The state: the PRNG key and the model parameters (as restored or set).
+
+        Raises:
+            RuntimeError: If no parameters were restored or set.
+        """
+        prng_key = self._prng_key
+        if prng_key is None:
+            prng_key = jax.random.PRNGKey(0)
+        return _InferenceRunnerState(prng_key=prng_key, model=self.params)
 
     @property
     def step(self) -> Optional[int]:
@@ -234,28 +357,6 @@ class InferenceRunner(Module):
         bounds = [b for b in bounds if isinstance(b, int) and b > 0]
         return min(bounds) if bounds else None
 
-    def _check_length(self, prefix_length: int, max_new_tokens: int) -> int:
-        """Returns the decoders' `max_sequence_length` for `max_new_tokens` new tokens.
-
-        The decoders' outputs hold input positions 1..length (position j holds input position
-        j + 1), so the new tokens after a prompt of `prefix_length` tokens fill
-        `prefix_length - 1 + max_new_tokens` positions (asking for one more would decode, and for
-        beam search score, a token the caller never sees).
-        """
-        if max_new_tokens < 1:
-            raise ValueError(
-                f"{self.path()}: max_new_tokens must be >= 1, got {max_new_tokens}; pass 1 or more."
-            )
-        context = self.context_length
-        if context is not None and prefix_length + max_new_tokens > context:
-            raise ValueError(
-                f"max_new_tokens={max_new_tokens}: the prompt ({prefix_length} tokens) plus the "
-                f"new tokens exceed the model's context of {context} tokens (the sequence length "
-                f"it was trained on); ask for at most {max(0, context - prefix_length)} new tokens "
-                "(or a shorter prompt)."
-            )
-        return prefix_length - 1 + max_new_tokens
-
     @property
     def evaler_names(self) -> list[str]:
         """The names of the evalers `run_evalers` can run."""
@@ -264,11 +365,14 @@ class InferenceRunner(Module):
     def set_params(self, params: NestedTensor, *, step: Optional[int] = None) -> None:
         """Uses `params` (host or device arrays of the model's structure), placed on the mesh.
 
+        Float parameters are cast to `inference_dtype` if it is set.
+
         Args:
             params: The parameter tree.
             step: The step to report, if known.
         """
-        self._params = jax.device_put(params, self._param_shardings)
+        # Cast to `inference_dtype` (if set), as restored parameters are.
+        self._params = jax.device_put(self._inference_cast(params), self._param_shardings)
         self._step = step
 
     def restore(self, step: Optional[int] = None) -> int:
@@ -286,6 +390,11 @@ class InferenceRunner(Module):
             ValueError: If there is no committed checkpoint (or not at `step`).
             StateMismatchError: If the saved parameters do not match the model (naming them).
         """
+        if self.config.checkpointer is None:
+            raise ValueError(
+                f"{self.path()}: restore() reads through `checkpointer`, which is not set; set "
+                "it (config_from_trainer does), or restore with `init_state_builder`."
+            )
         ckpt: Checkpointer = self.checkpointer
         base_dir = ckpt.config.dir
         if step is None:
@@ -331,10 +440,29 @@ class InferenceRunner(Module):
                 is_leaf=lambda x: hasattr(x, "mesh_axes"),
             )
         }
+        key_leaves = [leaf for leaf in index["leaves"] if leaf["path"] == _PRNG_KEY_PATH]
+        key_spec = self._state_specs.prng_key
+        if key_leaves and tuple(key_leaves[0].get("shape", ())) == tuple(key_spec.shape):
+            leaves += key_leaves
+            target[_PRNG_KEY_PATH] = jax.ShapeDtypeStruct(
+                key_spec.shape, key_spec.dtype, sharding=NamedSharding(self._mesh, PartitionSpec())
+            )
+        # The parameters are cast to `inference_dtype` (if set) as they are read.
+        validation = (
+            CheckpointValidationType.EXACT
+            if self.config.inference_dtype is None
+            else CheckpointValidationType.EXACT_UP_TO_DTYPE
+        )
         restored = ckpt.storage.restore_from_dir(
-            step, target, ckpt_dir=step_dir, index=dict(index, leaves=leaves)
+            step,
+            target,
+            ckpt_dir=step_dir,
+            index=dict(index, leaves=leaves),
+            validation=validation,
         )
         self._params, self._step = restored["model"], step
+        if _PRNG_KEY_PATH in restored:
+            self._prng_key = restored[_PRNG_KEY_PATH]
         logging.info("%s: restored the model parameters of %s.", self.path(), step_dir)
         return step
 
@@ -414,247 +542,6 @@ class InferenceRunner(Module):
             self._jit_cache[key] = jax.jit(build(), **jit_kwargs)
         return self._jit_cache[key]
 
-    @property
-    def pad_token_id(self) -> int:
-        """The decoder's padding id."""
-        return int(self.config.model.decoder.pad_token_id)
-
-    @property
-    def eos_token_id(self) -> int:
-        """The decoder's end-of-sequence id (also the experiments' prompt token)."""
-        return int(self.config.model.decoder.eos_token_id)
-
-    def _decoder_call(
-        self, params: NestedTensor, method: str, inputs: dict[str, Any], prng_key: Tensor
-    ) -> Any:
-        """Calls `model.decoder.<method>(**inputs)` with the model parameters `params`."""
-        outputs, _ = F(
-            self.model.decoder,
-            prng_key=prng_key,
-            state=params["decoder"],
-            inputs=inputs,
-            is_training=False,
-            method=method,
-        )
-        return outputs
-
-    def sample_decode(
-        self,
-        prompts: Sequence[Sequence[int]],
-        *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: Optional[int] = None,
-        top_p: Optional[float] = None,
-        stop_tokens: Optional[Sequence[int]] = None,
-        seed: int = 0,
-    ) -> list[list[int]]:
-        """Samples a continuation of each prompt with `decoding.sample_decode` on the KV cache.
-
-        Args:
-            prompts: Token ids, each starting with a prompt token (e.g. BOS; the experiments
-                use the EOS id), of any lengths (batched together, right-padded).
-            max_new_tokens: The most tokens generated per prompt.
-            temperature: 0 is greedy decoding; see `logits_modifier`.
-            top_k: See `logits_modifier`.
-            top_p: See `logits_modifier`.
-            stop_tokens: A row stops after any of these; default: the EOS id.
-            seed: The sampling seed; the same seed gives the same tokens.
-
-        Returns:
-            Per prompt, the generated ids (without the stop token).
-
-        Raises:
-            ValueError: On an empty prompt or a value out of range.
-        """
-        if max_new_tokens < 1:
-            raise ValueError(
-                f"{self.path()}: max_new_tokens must be >= 1, got {max_new_tokens}; pass 1 or more."
-            )
-        modifier = logits_modifier(temperature=temperature, top_k=top_k, top_p=top_p)
-        stops = list(stop_tokens) if stop_tokens is not None else [self.eos_token_id]
-        prefix = _pad_prompts(prompts, pad_id=self.pad_token_id)
-        length = self._check_length(prefix.shape[1], max_new_tokens)
-        stop = decoding.StopOnSubsequence([[t] for t in stops]) if stops else _never_stop
-
-        def fn(params, prefix, prng_key):
-            return self._decoder_call(
-                params,
-                "sample_decode",
-                dict(
-                    input_batch=dict(prefix=prefix),
-                    max_sequence_length=length,
-                    num_decodes=1,
-                    logits_modifier=modifier,
-                    stop_decoding_condition=stop,
-                ),
-                prng_key,
-            )
-
-        with jax.set_mesh(self._mesh):
-            jitted = self._cached_jit(
-                ("sample", length, temperature, top_k, top_p, tuple(stops)), lambda: fn
-            )
-            outputs = jitted(self.params, self._to_mesh(prefix), jax.random.PRNGKey(seed))
-        sequences = np.asarray(jax.device_get(outputs.sequences))[:, 0]
-        # Output position j holds input position j + 1: prompt i's first new token is at
-        # len(prompt) - 1.
-        return [
-            _cut(sequences[i, len(p) - 1 : len(p) - 1 + max_new_tokens], stops)
-            for i, p in enumerate(prompts)
-        ]
-
-    def stream_sample(
-        self,
-        prompt: Sequence[int],
-        *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: Optional[int] = None,
-        top_p: Optional[float] = None,
-        stop_tokens: Optional[Sequence[int]] = None,
-        seed: int = 0,
-    ) -> Iterator[int]:
-        """Yields the tokens of `sample_decode([prompt], ...)` one by one as they are sampled.
-
-        Each step is one jitted call of the decoder's `extend_step` on the KV cache, followed by
-        the same key split and draw as `decoding.sample_decode`, so the same seed gives the same
-        tokens.
-
-        Args:
-            prompt: Token ids starting with a prompt token.
-            max_new_tokens: See `sample_decode`.
-            temperature: See `sample_decode`.
-            top_k: See `sample_decode`.
-            top_p: See `sample_decode`.
-            stop_tokens: See `sample_decode`.
-            seed: See `sample_decode`.
-
-        Yields:
-            Token ids (the stop token is not yielded).
-        """
-        if max_new_tokens < 1:
-            raise ValueError(
-                f"{self.path()}: max_new_tokens must be >= 1, got {max_new_tokens}; pass 1 or more."
-            )
-        modifier = logits_modifier(temperature=temperature, top_k=top_k, top_p=top_p)
-        stops = list(stop_tokens) if stop_tokens is not None else [self.eos_token_id]
-        prefix = _pad_prompts([prompt], pad_id=self.pad_token_id)
-        length = self._check_length(prefix.shape[1], max_new_tokens)
-        input_ids = np.full((1, length), self.pad_token_id, np.int32)
-        input_ids[:, : prefix.shape[1]] = prefix
-        time_step = np.asarray([len(prompt) - 1], np.int32)
-
-        def prefill(params, input_ids, time_step, prng_key):
-            states, _ = self._decoder_call(
-                params,
-                "prefill_states",
-                dict(time_step=time_step, input_batch=dict(input_ids=input_ids)),
-                prng_key,
-            )
-            return states
-
-        def step(params, states, token, prng_key):
-            states, outputs = self._decoder_call(
-                params,
-                "extend_step",
-                dict(cached_states=states, input_ids=token[:, None]),
-                prng_key,
-            )
-            log_probs = jax.nn.log_softmax(outputs["logits"][:, -1].astype(jnp.float32), axis=-1)
-            scores = modifier(log_probs) if modifier is not None else log_probs
-            prng_key, sample_key = jax.random.split(prng_key)
-            token = jax.random.categorical(sample_key, scores, axis=-1).astype(jnp.int32)
-            return states, token, prng_key
-
-        key = jax.random.PRNGKey(seed)
-        settings = (length, temperature, top_k, top_p)
-        step_fn = self._cached_jit(("stream_step", *settings), lambda: step, donate_argnums=(1,))
-        with jax.set_mesh(self._mesh):
-            states = self._cached_jit(("stream_prefill", length), lambda: prefill)(
-                self.params, self._to_mesh(input_ids), self._to_mesh(time_step), key
-            )
-            token = jnp.asarray(input_ids[:, len(prompt) - 1])
-            for _ in range(max_new_tokens):
-                states, token, key = step_fn(self.params, states, token, key)
-                value = int(jax.device_get(token)[0])
-                if value in stops:
-                    return
-                yield value
-
-    def beam_search_decode(
-        self,
-        prompts: Sequence[Sequence[int]],
-        *,
-        max_new_tokens: int,
-        num_beams: int,
-        length_penalty: float = 0.0,
-    ) -> list[BeamResult]:
-        """The best beam of each prompt by `decoding.beam_search_decode` on the KV cache.
-
-        Args:
-            prompts: As in `sample_decode`.
-            max_new_tokens: The most tokens generated per prompt.
-            num_beams: The number of beams.
-            length_penalty: Scores are divided by ((5 + length) / 6) ** length_penalty.
-
-        Returns:
-            Per prompt, the best finished beam (ending with EOS) or, if none finished, the best
-            live one: its tokens (without EOS) and score.
-
-        Raises:
-            ValueError: On an empty prompt or a value out of range.
-        """
-        if max_new_tokens < 1:
-            raise ValueError(
-                f"{self.path()}: max_new_tokens must be >= 1, got {max_new_tokens}; pass 1 or more."
-            )
-        if num_beams < 1:
-            raise ValueError(
-                f"{self.path()}: num_beams must be >= 1, got {num_beams}; pass 1 or more."
-            )
-        prefix = _pad_prompts(prompts, pad_id=self.pad_token_id)
-        length = self._check_length(prefix.shape[1], max_new_tokens)
-        penalty = decoding.brevity_penalty_fn(alpha=length_penalty)
-
-        def fn(params, prefix, prng_key):
-            return self._decoder_call(
-                params,
-                "beam_search_decode",
-                dict(
-                    input_batch=dict(prefix=prefix),
-                    max_sequence_length=length,
-                    num_decodes=num_beams,
-                    brevity_penalty=penalty,
-                ),
-                prng_key,
-            )
-
-        with jax.set_mesh(self._mesh):
-            jitted = self._cached_jit(("beam", length, num_beams, length_penalty), lambda: fn)
-            outputs = jax.device_get(
-                jitted(self.params, self._to_mesh(prefix), jax.random.PRNGKey(0))
-            )
-        results = []
-        # A search that ends early pads the rest of its beams.
-        stop_and_pad = [self.eos_token_id, self.pad_token_id]
-        for i, prompt in enumerate(prompts):
-            start = len(prompt) - 1
-            if outputs.scores[i, 0] > decoding.NEG_INF / 2:
-                seq, score = outputs.sequences[i, 0], float(outputs.scores[i, 0])
-            else:
-                seq, score = outputs.live_sequences[i, 0], float(outputs.live_scores[i, 0])
-            live = outputs.live_sequences[i, 0, start : start + max_new_tokens]
-            results.append(
-                BeamResult(
-                    tokens=_cut(seq[start : start + max_new_tokens], stop_and_pad),
-                    score=score,
-                    live_tokens=_cut(live, stop_and_pad),
-                    live_score=float(outputs.live_scores[i, 0]),
-                )
-            )
-        return results
-
     def run_evalers(
         self,
         names: Optional[Sequence[str]] = None,
@@ -689,68 +576,154 @@ class InferenceRunner(Module):
                     on_result(name, summaries)
         return results
 
+    def run(
+        self,
+        input_batches: Iterable[NestedTensor],
+        *,
+        method: str,
+        prng_key: Optional[Tensor] = None,
+        **kwargs,
+    ) -> Generator[dict[str, NestedTensor], None, None]:
+        """Runs `model.<method>` on each batch (see `create_method_runner`).
 
-def logits_modifier(
-    *, temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None
-) -> Optional[logit_modifiers.LogitsToLogitsFn]:
-    """The logit modifier of a sampling setting: temperature, then top-k, then top-p.
+        Args:
+            input_batches: The input batches (host arrays or global arrays).
+            method: The model method; it takes `input_batch` and returns a tree of tensors
+                with a leading batch axis.
+            prng_key: The key of the first batch; default: the state's key.
+            **kwargs: More keyword arguments of the method.
 
-    Args:
-        temperature: 0 is greedy decoding (top-1); otherwise the softmax temperature.
-        top_k: Keep the k most likely tokens.
-        top_p: Keep the nucleus of probability p.
+        Yields:
+            Per batch, {"inputs": the input batch, "outputs": the method's outputs,
+            "module_outputs": the kept module outputs}, as global arrays.
 
-    Returns:
-        The modifier, or None (plain sampling at temperature 1).
+        Raises:
+            AttributeError: If the model has no such method.
+        """
+        runner = self.create_method_runner(method=method, prng_key=prng_key, **kwargs)
+        for input_batch in input_batches:
+            logging.log_first_n(logging.INFO, "Input batch: %s", 3, input_batch)
+            output = runner(input_batch)
+            self.vlog(2, "Output batch: %s", output.output_batch)
+            yield {
+                "inputs": output.input_batch,
+                "outputs": output.output_batch,
+                "module_outputs": output.module_outputs,
+            }
 
-    Raises:
-        ValueError: If a value is out of range.
-    """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if temperature == 0:
-        return logit_modifiers.top_k_logits(1, break_ties="lowest-token-id")
-    mods = []
-    if temperature != 1:
-        mods.append(logit_modifiers.scale_by(temperature))
-    if top_k is not None:
-        mods.append(logit_modifiers.top_k_logits(top_k))
-    if top_p is not None:
-        mods.append(logit_modifiers.top_p_logits(top_p))
-    if not mods:
-        return None
-    return mods[0] if len(mods) == 1 else logit_modifiers.chain(*mods)
+    def create_method_runner(
+        self,
+        *,
+        method: str,
+        prng_key: Optional[Tensor] = None,
+        drop_module_outputs: Callable[[str], bool] = lambda _: True,
+        **kwargs,
+    ) -> MethodRunner:
+        """A `MethodRunner` of `model.<method>`, jitted on the mesh with the state's parameters.
 
+        Input batches are placed with `input_batch_partition_spec` and the outputs resharded
+        with `output_batch_partition_spec`; float inputs and the parameters are cast to
+        `inference_dtype` if it is set.
 
-def _pad_prompts(prompts: Sequence[Sequence[int]], *, pad_id: int) -> np.ndarray:
-    if not prompts:
-        raise ValueError("No prompts given.")
-    for i, prompt in enumerate(prompts):
-        if len(prompt) == 0:
-            raise ValueError(f"Prompt {i} is empty: it needs at least a prompt token (e.g. BOS).")
-        if pad_id in prompt:
-            raise ValueError(f"Prompt {i} contains the pad id {pad_id}: {list(prompt)}")
-    width = max(len(p) for p in prompts)
-    out = np.full((len(prompts), width), pad_id, np.int32)
-    for i, prompt in enumerate(prompts):
-        out[i, : len(prompt)] = prompt
-    return out
+        Args:
+            method: The model method; it takes `input_batch` and returns a tree of tensors
+                with a leading batch axis.
+            prng_key: The key of the first call; default: the state's key.
+            drop_module_outputs: Called with each module output's path ("a/b"); True drops it.
+                Default: drop all. Kept module outputs are replicated.
+            **kwargs: More keyword arguments of the method (closed over by the jitted call).
 
+        Returns:
+            The MethodRunner.
 
-def _never_stop(*, index: Tensor, sequences: Tensor, prefix_len: Tensor) -> Tensor:
-    """A stop condition that never fires (`stop_tokens=[]`)."""
-    del index, prefix_len
-    return jnp.zeros(sequences.shape[:2], bool)
+        Raises:
+            AttributeError: If the model has no such method.
+            RuntimeError: If no parameters were restored or set.
+        """
+        cfg = self.config
+        available = {m for m in dir(self.model) if not m.startswith("_")}
+        if method not in available:
+            raise AttributeError(
+                f"{self.path()}.model does not have method {method}. "
+                f"Available methods are {sorted(available)}."
+            )
+        state = self.inference_runner_state
+        mesh = self._mesh
+        with jax.set_mesh(mesh):
+            input_spec = utils.data_partition_type_to_spec(cfg.input_batch_partition_spec)
+            output_spec = utils.data_partition_type_to_spec(cfg.output_batch_partition_spec)
+        replicated = NamedSharding(mesh, PartitionSpec(None))
 
+        def run_on_batch(model_params, prng_key, input_batch):
+            model_params = jax.lax.with_sharding_constraint(model_params, self._param_shardings)
+            prng_key = jax.lax.with_sharding_constraint(prng_key, replicated)
+            input_batch = jax.tree.map(lambda x: reshard(x, input_spec, mesh), input_batch)
+            next_key, outputs, summaries, module_outputs = self._inference_iter(
+                prng_key,
+                model_params,
+                input_batch,
+                method=method,
+                drop_module_outputs=drop_module_outputs,
+                **kwargs,
+            )
+            outputs = jax.tree.map(lambda x: reshard(x, output_spec, mesh), outputs)
+            next_key = jax.lax.with_sharding_constraint(next_key, replicated)
+            return next_key, outputs, summaries, module_outputs
 
-def _cut(tokens: Sequence[int], stop_tokens: Sequence[int]) -> list[int]:
-    """Tokens up to (excluding) the first stop token."""
-    out = []
-    for t in tokens:
-        if t in stop_tokens:
-            break
-        out.append(int(t))
-    return out
+        jitted = jax.jit(run_on_batch)
+        params = state.model
+
+        def jit_run_on_batch(key, input_batch):
+            return jitted(params, key, input_batch)
+
+        return MethodRunner(
+            prng_key=state.prng_key if prng_key is None else prng_key,
+            mesh=mesh,
+            input_batch_partition_spec=cfg.input_batch_partition_spec,
+            jit_run_on_batch=jit_run_on_batch,
+        )
+
+    def _inference_cast(self, in_tree: NestedTensor) -> NestedTensor:
+        """Casts the floats of a tree (tensors or specs) to `inference_dtype`, if set."""
+        dtype = self.config.inference_dtype
+        if dtype is None:
+            return in_tree
+
+        def cast(x: Any) -> Any:
+            if isinstance(x, TensorSpec):
+                if x.dtype is None or jnp.issubdtype(x.dtype, jnp.floating):
+                    return dataclasses.replace(x, dtype=dtype)
+                return x
+            return utils.cast_floats(x, to_dtype=dtype)
+
+        return jax.tree.map(cast, in_tree, is_leaf=lambda x: isinstance(x, TensorSpec))
+
+    def _inference_iter(
+        self,
+        prng_key: Tensor,
+        model_params: NestedTensor,
+        input_batch: dict[str, Any],
+        *,
+        method: str,
+        drop_module_outputs: Callable[[str], bool] = lambda _: True,
+        **kwargs,
+    ) -> tuple[Tensor, NestedTensor, NestedTensor, NestedTensor]:
+        """One batch (traced): (next key, outputs, summaries, kept module outputs)."""
+        next_key, iter_key = jax.random.split(prng_key)
+        input_batch = utils.dispatch_input_batch(input_batch)
+        outputs, collection = F(
+            self.model,
+            prng_key=iter_key,
+            state=model_params,
+            inputs={"input_batch": self._inference_cast(input_batch), **kwargs},
+            is_training=False,
+            method=method,
+            drop_output_collections=(),
+        )
+        module_outputs = utils.prune_tree(
+            collection.module_outputs, should_prune=lambda path, _: drop_module_outputs(path)
+        )
+        return next_key, outputs, collection.summaries, module_outputs
 
 
 def _config_get(cfg: Any, path: str) -> Any:

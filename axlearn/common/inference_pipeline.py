@@ -1,17 +1,37 @@
-"""Helpers of AXLearn's inference pipeline: string tensors kept out of the device computation.
+"""An inference pipeline: an input, an `InferenceRunner` method, and an output writer.
+
+`InferencePipeline.run()` reads every batch of its input, runs `runner.<model_method>` on it
+through `InferenceRunner.create_method_runner`, writes each process's rows of the inputs and
+outputs with its output writer (`inference_output`), and the method's summaries (at step = the
+batch index) with its summary writer.
 
 Input batches from a `tf.data` input may hold TF string tensors (e.g. example ids), which
 cannot go to the device. `pop_string_tensors` splits a batch into its non-string part and its
-string part, and `merge_with_string_tensors` puts them back together (e.g. to write records of
-the inputs next to the outputs with `inference_output.InputOutputRecordWriter`).
-
-AXLearn's `InferencePipeline` (input -> `InferenceRunner.create_method_runner` -> output writer)
-is not here: our `InferenceRunner` has no method-runner API.
+string part, and `merge_with_string_tensors` puts them back together, so that the writer gets
+them next to the outputs (e.g. `inference_output.InputOutputRecordWriter`).
 """
 
-from typing import Any
+from __future__ import annotations
 
+import time
+from typing import Any, Optional
+
+import jax
+from absl import logging
+from jax.experimental import multihost_utils
+
+from axlearn.common import utils
+from axlearn.common.config import InstantiableConfig, config_class
+from axlearn.common.inference import InferenceRunner, MethodRunner
+from axlearn.common.inference_method_runner import global_to_host_array
+from axlearn.common.inference_output import BaseOutputWriter, OutputRecordWriter
+from axlearn.common.input_tf_data import Input
+from axlearn.common.module import Module
+from axlearn.common.summary_writer import BaseWriter, SummaryWriter
 from axlearn.common.utils import NestedTensor
+
+# Batches between two progress log lines of `InferencePipeline.run`.
+_LOG_EVERY_N_BATCHES = 10
 
 
 def _is_string_tensor(x: Any) -> bool:
@@ -73,3 +93,78 @@ def merge_with_string_tensors(t1: NestedTensor, t2: NestedTensor) -> NestedTenso
     for key, value in t2.items():
         t1[key] = merge_with_string_tensors(t1[key], value) if key in t1 else value
     return t1
+
+
+class InferencePipeline(Module):
+    """Runs a model method over a whole input and writes the outputs (see the module docstring).
+
+    Each process reads its own part of the input and writes its own rows; `run` returns when
+    every process has flushed.
+    """
+
+    @config_class
+    class Config(Module.Config):
+        """Configures InferencePipeline."""
+
+        # The input; its `dataset()` yields this process's batches.
+        input: InstantiableConfig = Input.default_config()
+        # The runner computing the output batches.
+        runner: InferenceRunner.Config = InferenceRunner.default_config()
+        # The model method to run (takes `input_batch`).
+        model_method: str = "predict"
+        # The output writer; its batch_partition_spec is set to the runner's input one.
+        output_writer: BaseOutputWriter.Config = OutputRecordWriter.default_config()
+        # The writer of the method's summaries (step: the batch index).
+        summary_writer: BaseWriter.Config = SummaryWriter.default_config()
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        self._add_child("input", cfg.input)
+        self._add_child("runner", cfg.runner)
+        self._add_child(
+            "output_writer",
+            cfg.output_writer.clone(batch_partition_spec=cfg.runner.input_batch_partition_spec),
+        )
+        self._add_child("summary_writer", cfg.summary_writer)
+
+    def run(self, **kwargs) -> None:
+        """Runs the method on every input batch and writes the results.
+
+        Args:
+            **kwargs: Passed to `InferenceRunner.create_method_runner` (e.g. prng_key, or more
+                arguments of the method).
+        """
+        cfg = self.config
+        method_runner: MethodRunner = self.runner.create_method_runner(
+            method=cfg.model_method, **kwargs
+        )
+        mesh = self.runner.mesh()
+        start = time.perf_counter()
+        for batch_index, input_batch in enumerate(self.input.dataset()):
+            input_batch, string_tensors = pop_string_tensors(input_batch)
+            input_batch = utils.as_numpy_array(input_batch)
+            with jax.set_mesh(mesh):
+                global_batch = utils.host_to_global_device_array(
+                    input_batch, partition=cfg.runner.input_batch_partition_spec
+                )
+            output: MethodRunner.Output = method_runner(global_batch)
+            output_batch = global_to_host_array(output.output_batch)
+            if string_tensors:
+                input_batch = merge_with_string_tensors(input_batch, string_tensors)
+            self.output_writer.write(input_batch=input_batch, output_batch=output_batch)
+            self.summary_writer(step=batch_index, values=output.summaries)
+            if (batch_index + 1) % _LOG_EVERY_N_BATCHES == 0:
+                leaves = jax.tree_util.tree_leaves(global_batch)
+                batch_size = len(leaves[0]) if leaves else 0
+                now = time.perf_counter()
+                logging.info(
+                    "Processed %d batches and %d examples; %.2f s per batch.",
+                    batch_index + 1,
+                    (batch_index + 1) * batch_size,
+                    (now - start) / _LOG_EVERY_N_BATCHES,
+                )
+                start = now
+        self.output_writer.flush()
+        # Every process has flushed when run() returns.
+        multihost_utils.sync_global_devices(self.path())
