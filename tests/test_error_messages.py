@@ -24,14 +24,7 @@ _FIELD_RE = re.compile(r"\b[A-Za-z_]\w*\.[a-z_]\w+(?=[=:\s]|$)")
 
 # (file, class, the first 40 characters of the message's source) of the errors that do not
 # name the config path yet. Remove an entry when its error is fixed; never add one.
-KNOWN_WITHOUT_PATH: set[tuple[str, str, str]] = {
-    # `axlearn generate` turns it into its --max_new_tokens flag error (a leading "--").
-    (
-        "axlearn/common/inference.py",
-        "InferenceRunner",
-        'f"max_new_tokens={max_new_tokens}: the p',
-    ),
-}
+KNOWN_WITHOUT_PATH: set[tuple[str, str, str]] = set()
 
 
 def _classes(sources: dict[str, str]) -> dict[str, list[tuple[list[str], str, ast.ClassDef]]]:
