@@ -44,7 +44,9 @@ from axlearn.common.config import (
 )
 from axlearn.common.learner_updates import (  # noqa: F401 (AXLearn's names)
     _apply_updates,
+    _forward_and_grads,
     _split_gradients,
+    _updates_from_forward,
     _value_and_grad,
 )
 from axlearn.common.module import (
@@ -64,7 +66,7 @@ from axlearn.common.per_param_settings import (
     register_per_param_settings,
 )
 from axlearn.common.per_param_settings import per_param_settings_text as settings_to_text
-from axlearn.common.update_transformation import (
+from axlearn.common.update_transformation import (  # noqa: F401 (re-exported)
     BackwardOutputs,
     ForwardBackwardOutputs,
     ForwardFn,
@@ -488,7 +490,12 @@ class Learner(BaseLearner):
             )
         updated = self.update(
             _updates_from_forward(
-                fn, opt_params=opt_params, inputs=inputs, outputs=outputs, grads=grads
+                fn,
+                opt_params=opt_params,
+                model_params=values,
+                inputs=inputs,
+                outputs=outputs,
+                grads=grads,
             ),
             is_valid_step=is_valid_step,
         )
@@ -687,64 +694,18 @@ class CompositeLearner(BaseLearner):
         is_valid_step = jnp.isfinite(outputs.loss) if self.handles_undefined_loss() else None
         updated = self.update(
             _updates_from_forward(
-                fn, opt_params=opt_params, inputs=inputs, outputs=outputs, grads=grads
+                fn,
+                opt_params=opt_params,
+                model_params=values,
+                inputs=inputs,
+                outputs=outputs,
+                grads=grads,
             ),
             is_valid_step=is_valid_step,
         )
         return ForwardBackwardOutputs(
             forward_outputs=outputs, backward_outputs=BackwardOutputs(updated_params=updated)
         )
-
-
-def _forward_and_grads(
-    forward: ForwardFn, *, values: Nested[Tensor], inputs: Any, should_compute: Nested[bool]
-) -> tuple[ForwardOutputs, Nested[Optional[Tensor]]]:
-    """Runs `forward` and differentiates its loss w.r.t. the values where `should_compute`.
-
-    Returns:
-        The forward outputs and the gradients (None where `should_compute` is False).
-    """
-
-    def loss_fn(grad_values, nograd_values):
-        model_params = jax.tree.map(
-            lambda c, g, n: g if c else n,
-            should_compute,
-            grad_values,
-            nograd_values,
-            is_leaf=lambda x: x is None,
-        )
-        outputs = forward(model_params=model_params, inputs=inputs)
-        return outputs.loss, outputs
-
-    grad_values = _mask_tree(values, should_compute)
-    nograd_values = jax.tree.map(lambda c, v: None if c else v, should_compute, values)
-    (_, outputs), grads = jax.value_and_grad(loss_fn, has_aux=True)(grad_values, nograd_values)
-    return outputs, grads
-
-
-def _updates_from_forward(
-    fn: ForwardFn,
-    *,
-    opt_params: Nested[OptParam],
-    inputs: Any,
-    outputs: ForwardOutputs,
-    grads: Nested[Optional[Tensor]],
-) -> Updates:
-    """The `Updates` of one forward/backward pass: gradients and the forward's state updates."""
-    collection = outputs.output_collection
-    return Updates(
-        opt_params=opt_params,
-        delta_updates=grads,
-        inplace_updates=collection.state_updates if hasattr(collection, "state_updates") else {},
-        forward_pass=dict(
-            default=ForwardPass(
-                forward_fn=fn,
-                inputs=inputs,
-                model_params=jax.tree.map(lambda p: p.value, opt_params),
-                outputs=outputs,
-            )
-        ),
-    )
 
 
 def per_param_settings_records(

@@ -18,7 +18,7 @@ import optax
 
 from axlearn.common.optimizer_base import OptParam
 from axlearn.common.update_transformation import ForwardFn, ForwardOutputs, ForwardPass, Updates
-from axlearn.common.utils import Nested
+from axlearn.common.utils import Nested, Tensor
 
 
 def _split_gradients(
@@ -116,6 +116,63 @@ def _value_and_grad(
         return outputs.loss, outputs
 
     (_, outputs), grads = jax.value_and_grad(loss_fn, has_aux=True)(grad_values, nograd_values)
+    return _updates_from_forward(
+        forward,
+        opt_params=opt_params,
+        model_params=grad_values,
+        inputs=pass_inputs(nograd_values),
+        outputs=outputs,
+        grads=grads,
+    )
+
+
+def _forward_and_grads(
+    forward: ForwardFn, *, values: Nested[Tensor], inputs: Any, should_compute: Nested[bool]
+) -> tuple[ForwardOutputs, Nested[Optional[Tensor]]]:
+    """Runs `forward` and differentiates its loss w.r.t. the values where `should_compute`.
+
+    Args:
+        forward: A forward function `forward(model_params=..., inputs=...) -> ForwardOutputs`.
+        values: The parameter values.
+        inputs: `forward`'s inputs (not differentiated).
+        should_compute: A tree of bools shaped like `values`.
+
+    Returns:
+        The forward outputs and the gradients (None where `should_compute` is False).
+    """
+    split_forward, split = _split_gradients(forward, should_compute_gradients=should_compute)
+    grad_values, nograd_values = split(values)
+
+    def loss_fn(grad_params, nograd_params):
+        outputs = split_forward(model_params=grad_params, inputs=(nograd_params, inputs))
+        return outputs.loss, outputs
+
+    (_, outputs), grads = jax.value_and_grad(loss_fn, has_aux=True)(grad_values, nograd_values)
+    return outputs, grads
+
+
+def _updates_from_forward(
+    fn: ForwardFn,
+    *,
+    opt_params: Nested[OptParam],
+    model_params: Nested[Any],
+    inputs: Any,
+    outputs: ForwardOutputs,
+    grads: Nested[Optional[Tensor]],
+) -> Updates:
+    """The `Updates` of one forward/backward pass: gradients and the forward's state updates.
+
+    Args:
+        fn: The forward function recorded in `forward_pass["default"]`.
+        opt_params: The parameters, as `OptParam`s.
+        model_params: The parameter values `fn` was called with.
+        inputs: The inputs `fn` was called with.
+        outputs: What `fn` returned.
+        grads: The gradients (`delta_updates`).
+
+    Returns:
+        The `Updates`, with the forward's state updates as `inplace_updates`.
+    """
     collection = outputs.output_collection
     return Updates(
         opt_params=opt_params,
@@ -123,10 +180,7 @@ def _value_and_grad(
         inplace_updates=collection.state_updates if hasattr(collection, "state_updates") else {},
         forward_pass=dict(
             default=ForwardPass(
-                forward_fn=forward,
-                model_params=grad_values,
-                inputs=pass_inputs(nograd_values),
-                outputs=outputs,
+                forward_fn=fn, model_params=model_params, inputs=inputs, outputs=outputs
             )
         ),
     )
@@ -159,5 +213,3 @@ def _apply_updates(base: Nested[Any], updates: Nested[Any]) -> Nested[Any]:
     for key, value in updates.items():
         base[key] = value if key not in base else _apply_updates(base[key], value)
     return base
-
-
