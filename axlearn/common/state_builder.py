@@ -37,6 +37,7 @@ from axlearn.common import utils
 from axlearn.common.checkpointer import (
     CheckpointIndexError,
     CheckpointValidationType,
+    StateMismatchError,
     StateStorage,
     TensorStoreStateStorage,
     build_step_dir,
@@ -151,7 +152,8 @@ class TensorStoreStateStorageBuilder(BaseStateStorageBuilder):
 
         Raises:
             CheckpointIndexError: If the step directory holds no committed checkpoint.
-            StateMismatchError: If the state does not match the checkpoint (naming leaves).
+            StateMismatchError: If the state does not match the checkpoint (naming leaves); the
+                source run's input position (`input_iter`) is ignored.
         """
         cfg = self.config
         if cfg.dir is None:
@@ -168,11 +170,30 @@ class TensorStoreStateStorageBuilder(BaseStateStorageBuilder):
             storage_cfg.max_concurrent_restore_gb = cfg.concurrent_gb
         storage = storage_cfg.instantiate()
         logging.info("%s: restoring %s", self.path(), ckpt_dir)
-        restored = storage.restore_from_dir(
-            step, state.trainer_state, ckpt_dir=ckpt_dir, validation=cfg.validation
-        )
+        try:
+            restored = storage.restore_from_dir(
+                step, state.trainer_state, ckpt_dir=ckpt_dir, validation=cfg.validation
+            )
+        except StateMismatchError as e:
+            # Our trainer saves its input position in the state tree (AXLearn's keeps it outside):
+            # it belongs to the source run, so it is no difference of the trainer state.
+            relaxed = _IGNORING_EXTRA.get(cfg.validation)
+            if relaxed is None or e.paths - {_INPUT_ITER_PATH}:
+                raise
+            restored = storage.restore_from_dir(
+                step, state.trainer_state, ckpt_dir=ckpt_dir, validation=relaxed
+            )
         built = state.built_keys | built_paths(restored)
         return Builder.State(step=step, trainer_state=restored, built_keys=built)
+
+
+# The path of the input position in our trainer's checkpoints.
+_INPUT_ITER_PATH = "input_iter"
+# The validation that also accepts leaves only in the checkpoint, for each that does not.
+_IGNORING_EXTRA = {
+    CheckpointValidationType.EXACT: CheckpointValidationType.CONTAINS_STATE,
+    CheckpointValidationType.EXACT_UP_TO_DTYPE: CheckpointValidationType.CONTAINS_STATE_UP_TO_DTYPE,
+}
 
 
 class OrbaxStateBuilder(BaseStateStorageBuilder):

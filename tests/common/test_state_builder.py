@@ -242,10 +242,10 @@ def test_converter_chain_restore_merge_and_order(tmp_path):
         builder=TensorStoreStateStorageBuilder.default_config().set(dir=ckpt_dir),
         converter=ChainConverter.default_config().set(
             converters=[
-                # Closest to the target: keeps the target's "b".
-                MergeStateConverter.default_config().set(selection_regexes=[("b", "TARGET")]),
                 _AddToSource.default_config().set(amount=10.0),
                 _AddToSource.default_config().set(amount=100.0),
+                # Its source_to_target runs last: the target's "b" is kept as it was.
+                MergeStateConverter.default_config().set(selection_regexes=[("b", "TARGET")]),
             ]
         ),
     )
