@@ -338,14 +338,17 @@ class SpmdTrainer(Module):
         return opt_params(model_params, self._model_param_specs)
 
     def init(self, prng_key: Tensor):
-        """Initializes the trainer state (sharded on creation) and sets the step to 0.
+        """Initializes the trainer state (sharded on creation) and sets the step.
 
-        With `init_state_builder`, the builder's state is used (see trainer_init_state.py).
+        With `init_state_builder`, the builder's state is used and the step is the builder's
+        (as in AXLearn; `run` then starts its own step count at 0); see trainer_init_state.py.
+        Without one, the step is 0.
 
         Args:
             prng_key: The initialization key.
         """
         builder = self._children.get("init_state_builder")
+        built = None
         if builder is None or builder.input_state_type() == Builder.StateType.TENSORS:
             self._init_state(prng_key)
             if builder is not None:
@@ -371,7 +374,7 @@ class SpmdTrainer(Module):
                 )
             else:
                 self._init_state(prng_key, prebuilt=built)
-        self._step = 0
+        self._step = 0 if built is None or built.step is None else built.step
 
     def _init_state(self, prng_key: Tensor, prebuilt: Optional[Any] = None) -> None:
         """Randomly initializes the state, except the model parameters `prebuilt` holds."""
@@ -768,6 +771,7 @@ class SpmdTrainer(Module):
         self._restored_step = -1 if restored is None else restored
         if restored is None:
             self.init(prng_key)
+            self._step = 0  # A run starts its step count at 0, whatever a builder restored.
             # Policies with min_step=1 do nothing at step 0.
             due = [n for n, e in self._evalers.items() if eval_due(e, self._step)]
             evaler_summaries = {n: None for n in self._evalers}

@@ -11,8 +11,9 @@ The trainer runs its init state builder only when it starts without a checkpoint
 - a builder of `StateType.TENSORS` runs *after* it, on the initialized arrays, and its output is
   the trainer state.
 
-Either way every array is placed on the trainer's shardings, and the step is 0 (a run
-initialized from another run's state starts its own step count).
+Either way every array is placed on the trainer's shardings. `init` takes the builder's step
+(AXLearn's semantics); a run (`SpmdTrainer.run`) that starts from a builder's state still counts
+its own steps from 0.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from axlearn.common.checkpointer import (
     CheckpointValidationType,
     TensorStoreStateStorage,
     build_step_dir,
+    checkpoint_paths,
 )
 from axlearn.common.config import config_class, config_for_function
 from axlearn.common.module import Module
@@ -155,7 +156,10 @@ def test_the_run_trains_from_the_built_state_and_a_resume_does_not_rebuild(sourc
     )
     trainer = cfg.instantiate(parent=None)
     trainer.run(jax.random.PRNGKey(1))
+    # The run counts its own steps from 0 (the source was at step SOURCE_STEP).
     assert trainer.step == 2
+    saved = [os.path.basename(p) for p in checkpoint_paths(os.path.join(target_dir, "checkpoints"))]
+    assert saved[-1] == "step_00000002" and "step_00000003" not in saved
     # Training moved the parameters away from the source's.
     proj = np.asarray(trainer.trainer_state.model["student"]["proj"]["weight"])
     assert not np.array_equal(proj, source_run["state"].model["proj"]["weight"])
@@ -180,9 +184,9 @@ def test_complete_restore_of_another_run(source_run, tmp_path):
         base_dir=source_run["ckpt_dir"], step=SOURCE_STEP
     )
     trainer = _init(cfg)
-    # Model, learner and PRNG key are the source's; the run's own step count starts at 0.
+    # Model, learner and PRNG key are the source's; `init` takes the builder's step (AXLearn).
     _assert_tree_equal(trainer.trainer_state, source_run["state"])
-    assert trainer.step == 0
+    assert trainer.step == SOURCE_STEP
 
 
 class _DoubleProj(SimpleWeightModifierBuilder):
