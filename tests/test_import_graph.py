@@ -40,6 +40,9 @@ AT_OR_ABOVE_TRAINER_MODULES = {
     "axlearn.common.grpo",  # GRPO's trainer (its rollouts use inference's sampling settings).
     "axlearn.common.grpo.trainer",
     "axlearn.common.hf_checkpoint",  # Converts a trainer checkpoint to Hugging Face files.
+    # Test helpers (`mock_trainer_config` builds a trainer config, as AXLearn's do); nothing in
+    # the library imports them.
+    "axlearn.common.test_utils",
 }
 TRAINER_MODULES = ("axlearn.common.trainer", "axlearn.common.launch_trainer")
 

@@ -121,6 +121,46 @@ class FakeLmIterator:
         )
 
 
+class EmptyInput(Module):
+    """An input that produces no batches (iterating it raises NotImplementedError).
+
+    Stands in for the input of a trainer that is built only for its state specs (e.g. the source
+    trainer of `state_builder.BaseConverterFromPretrainedModel`).
+    """
+
+    @config_class
+    class Config(Module.Config):
+        """Configures EmptyInput."""
+
+        # Whether the input is for training (an evaluation input needs total_num_batches).
+        is_training: Required[bool] = REQUIRED
+        # Examples per global batch (0 is allowed: nothing is ever produced).
+        global_batch_size: Required[int] = REQUIRED
+        # The number of batches; None: unlimited.
+        total_num_batches: Optional[int] = None
+        # Tokens per example.
+        source_length: int = 1024
+        # The largest token id.
+        max_token_id: int = 2048
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        if not cfg.is_training and cfg.total_num_batches is None:
+            raise ValueError(f"{self.path()}: total_num_batches must be set when not is_training")
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        raise NotImplementedError(f"{type(self).__name__} produces no batches")
+
+    @nowrap
+    def dataset(self):
+        """Returns an iterator that produces no batches."""
+        return iter(self)
+
+
 class FakeLmInput(Module):
     """Produces random language-model batches of `global_batch_size` x `source_length` tokens.
 

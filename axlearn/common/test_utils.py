@@ -322,6 +322,46 @@ class DummyForwardModel(BaseModel):
         return self.forward(input_batch)[1]
 
 
+def mock_trainer_config(
+    input_config: Any,
+    model_config: Any,
+    mesh_axis_names: Sequence[str] = ("data", "model"),
+) -> Any:
+    """A small SpmdTrainer config for tests: AdamW on a polynomial schedule, a temporary dir.
+
+    Args:
+        input_config: The training input's config.
+        model_config: The model's config.
+        mesh_axis_names: The mesh axis names; the mesh is (all devices, 1).
+
+    Returns:
+        The `SpmdTrainer.Config` (named "mock_trainer_config").
+    """
+    # Imported here: the trainer imports much of the library, which imports this module.
+    # pylint: disable=import-outside-toplevel
+    from axlearn.common import optimizers, schedule
+    from axlearn.common.config import config_for_function
+    from axlearn.common.learner import Learner
+    from axlearn.common.trainer import SpmdTrainer
+
+    cfg = SpmdTrainer.default_config()
+    cfg.name = "mock_trainer_config"
+    cfg.input = input_config
+    cfg.dir = tempfile.mkdtemp()
+    cfg.mesh_axis_names = mesh_axis_names
+    cfg.mesh_shape = (len(jax.devices()), 1)
+    cfg.model = model_config
+    learning_rate = config_for_function(schedule.polynomial).set(
+        begin_step=0, begin_value=1e-5, end_step=200, end_value=1e-7
+    )
+    cfg.learner = Learner.default_config().set(
+        optimizer=config_for_function(optimizers.adamw_optimizer).set(
+            learning_rate=learning_rate, b1=0.9, b2=0.999, eps=1e-4
+        )
+    )
+    return cfg
+
+
 __all__ = [
     "DummyForwardModel",
     "TestCase",
@@ -332,6 +372,7 @@ __all__ = [
     "clean_hlo",
     "is_supported_mesh_shape",
     "is_supported_platform",
+    "mock_trainer_config",
     "prng_impl",
     "temp_chdir",
 ]

@@ -34,6 +34,7 @@ import jax
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
+from axlearn.common import trainer_init_state as init_state
 from axlearn.common import utils
 from axlearn.common.aot_results import aot_model_analysis  # noqa: F401 (AXLearn: trainer.aot_model_analysis)
 from axlearn.common.checkpointer import Checkpointer
@@ -61,6 +62,7 @@ from axlearn.common.skip_streak import (  # noqa: F401 (public names)
     SkipStreak,
     TooManySkippedStepsError,
 )
+from axlearn.common.state_builder import Builder
 from axlearn.common.summary_writer import BaseWriter, JsonlWriter, SummaryWriter
 from axlearn.common.trainer_checkpointing import (  # noqa: F401 (public names)
     CheckpointDriver,
@@ -138,6 +140,9 @@ class SpmdTrainer(Module):
         learner: Required[InstantiableConfig] = REQUIRED
         # The checkpointer; dir defaults to <dir>/checkpoints.
         checkpointer: Module.Config = Checkpointer.default_config()
+        # If set, builds the initial state of a run that starts without a checkpoint of its own
+        # (e.g. from another run's checkpoint; see trainer_init_state.py and state_builder.py).
+        init_state_builder: Optional[Builder.Config] = None
         # Evalers by name; each runs on its own policy.
         evalers: dict[str, SpmdEvaler.Config] = {}
         # Whether checkpoints include the input iterator position.
@@ -219,6 +224,8 @@ class SpmdTrainer(Module):
             if is_unset(getattr(ckpt_cfg, "dir", None)):
                 ckpt_cfg.dir = os.path.join(cfg.dir, "checkpoints")
             self._add_child("checkpointer", ckpt_cfg)
+            if cfg.init_state_builder is not None:
+                self._add_child("init_state_builder", cfg.init_state_builder)
 
             self._model_param_specs = self.model.create_parameter_specs_recursively()
             self._learner_state_specs = self.learner.create_state_partition_specs(
@@ -335,24 +342,65 @@ class SpmdTrainer(Module):
         return opt_params(model_params, self._model_param_specs)
 
     def init(self, prng_key: Tensor):
-        """Initializes the trainer state (sharded on creation) and sets the step to 0.
+        """Initializes the trainer state (sharded on creation) and sets the step.
+
+        With `init_state_builder`, the builder's state is used and the step is the builder's
+        (as in AXLearn; `run` then starts its own step count at 0); see trainer_init_state.py.
+        Without one, the step is 0.
 
         Args:
             prng_key: The initialization key.
         """
+        builder = self._children.get("init_state_builder")
+        built = None
+        if builder is None or builder.input_state_type() == Builder.StateType.TENSORS:
+            self._init_state(prng_key)
+            if builder is not None:
+                with self._mesh_context():
+                    built = init_state.run_init_state_builder(
+                        builder, step=0, trainer_state=self._trainer_state, path=self.path()
+                    )
+                    self._trainer_state = init_state.place_complete_state(
+                        built,
+                        state_specs=self._trainer_state_specs,
+                        shardings=self._trainer_state_shardings,
+                    )
+        else:
+            with self._mesh_context():
+                built = init_state.run_init_state_builder(
+                    builder, step=None, trainer_state=self._trainer_state_specs, path=self.path()
+                )
+            if init_state.is_complete(built, state_specs=self._trainer_state_specs):
+                self._trainer_state = init_state.place_complete_state(
+                    built,
+                    state_specs=self._trainer_state_specs,
+                    shardings=self._trainer_state_shardings,
+                )
+            else:
+                self._init_state(prng_key, prebuilt=built)
+        self._step = 0 if built is None or built.step is None else built.step
 
-        def init_state(key):
+    def _init_state(self, prng_key: Tensor, prebuilt: Optional[Any] = None) -> None:
+        """Randomly initializes the state, except the model parameters `prebuilt` holds."""
+        specs = self._model_param_specs
+        prebuilt_specs, prebuilt_arrays = None, None
+        if prebuilt is not None:
+            prebuilt_specs, prebuilt_arrays = init_state.prebuilt_model(prebuilt, model_specs=specs)
+
+        def init_fn(key, prebuilt_arrays):
             key, init_key = jax.random.split(key)
-            model_params = self.model.initialize_parameters_recursively(init_key, prebuilt=None)
+            model_params = self.model.initialize_parameters_recursively(
+                init_key, prebuilt=prebuilt_specs
+            )
+            if prebuilt_arrays is not None:
+                model_params = init_state.merge_model_params(specs, prebuilt_arrays, model_params)
             learner_state = self.learner.init(self._opt_params(model_params))
             return TrainerState(prng_key=key, model=model_params, learner=learner_state)
 
         self._step_log("Initializing trainer state.")
         with self._mesh_context():
-            self._trainer_state = jax.jit(init_state, out_shardings=self._trainer_state_shardings)(
-                prng_key
-            )
-        self._step = 0
+            jitted = jax.jit(init_fn, out_shardings=self._trainer_state_shardings)
+            self._trainer_state = jitted(prng_key, prebuilt_arrays)
 
     def restore_checkpoint(self, restore_step: Optional[int] = None) -> Optional[int]:
         """Restores the latest committed checkpoint (or `restore_step`) into the state shardings.
@@ -729,6 +777,7 @@ class SpmdTrainer(Module):
         self._restored_step = -1 if restored is None else restored
         if restored is None:
             self.init(prng_key)
+            self._step = 0  # A run starts its step count at 0, whatever a builder restored.
             # Policies with min_step=1 do nothing at step 0.
             due = [n for n, e in self._evalers.items() if eval_due(e, self._step)]
             evaler_summaries = {n: None for n in self._evalers}

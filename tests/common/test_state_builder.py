@@ -1,148 +1,352 @@
-"""Tests for axlearn/common/state_builder.py: restoring states from TensorStore checkpoints.
+"""Tests for axlearn/common/state_builder.py and SpmdTrainer.Config.init_state_builder.
 
-The checkpoints are saved by `tests/common/inference_helpers.save_trainer_checkpoint` (a
-TrainerState of a linear model); restored values are compared with the saved NumPy arrays.
+The source run is the tiny bigram LM of trainer_test_utils (a few steps, one checkpoint); the
+target runs wrap it under another scope name, so the values it starts from are checked against
+the source checkpoint exactly.
 """
 
 from __future__ import annotations
+
+import os
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec
 
-from axlearn.common.checkpointer import CheckpointValidationType
-from axlearn.common.inference_method_runner import _InferenceRunnerState
+from axlearn.common.base_layer import BaseLayer
+from axlearn.common.checkpointer import (
+    CheckpointIndexError,
+    CheckpointValidationType,
+    TensorStoreStateStorage,
+    build_step_dir,
+    checkpoint_paths,
+)
+from axlearn.common.config import config_class, config_for_function
+from axlearn.common.module import Module
 from axlearn.common.state_builder import (
     Builder,
+    ChainBuilder,
+    ChainConverter,
     Converter,
-    EmaParamsConverter,
+    MergeStateConverter,
+    ModelStateScopeConverter,
     RestoreAndConvertBuilder,
+    SimpleWeightModifierBuilder,
     TensorStoreStateStorageBuilder,
+    UnknownBuilderError,
+    clone_tree,
+    get_builder,
 )
-from axlearn.common.utils import TensorSpec
-from tests.common.inference_helpers import (
-    IN_DIM,
-    OUT_DIM,
-    STEP,
-    host_params,
-    save_trainer_checkpoint,
-)
+from axlearn.common.trainer import SpmdTrainer, TrainerState
+from axlearn.common.utils import flatten_items
+from tests.common import trainer_test_utils as tu
+
+SOURCE_STEP = 3
 
 
-def _specs(dtype=jnp.float32) -> _InferenceRunnerState:
-    def spec(shape, mesh_axes=(None,)):
-        return TensorSpec(shape=shape, dtype=dtype, mesh_axes=PartitionSpec(*mesh_axes))
+class Wrapped(BaseLayer):
+    """The bigram LM under the child name `student` (a renamed scope)."""
 
-    return _InferenceRunnerState(
-        prng_key=TensorSpec(shape=(2,), dtype=jnp.uint32, mesh_axes=PartitionSpec(None)),
-        model={
-            "linear": {
-                "weight": spec((IN_DIM, OUT_DIM), (None, "model")),
-                "bias": spec((OUT_DIM,)),
-            }
-        },
-    )
+    @config_class
+    class Config(BaseLayer.Config):
+        """Configures Wrapped."""
 
+        # The hidden dim of the wrapped LM.
+        dim: int = 32
 
-def _restore(builder_cfg, dtype=jnp.float32) -> Builder.State:
-    builder = builder_cfg.set(name="builder").instantiate(parent=None)
-    mesh = jax.make_mesh((4, 2), ("data", "model"))
-    with jax.set_mesh(mesh):
-        return builder(Builder.State(step=0, trainer_state=_specs(dtype), built_keys=set()))
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        self._add_child("student", tu.BigramLm.default_config().set(dim=self.config.dim))
+
+    def forward(self, input_batch):
+        return self.student(input_batch)
 
 
-@pytest.mark.parametrize("by_base_dir", [False, True])
-def test_tensorstore_builder_restores_a_subset(tmp_path, by_base_dir):
-    params, key = host_params(1), jax.random.PRNGKey(3)
-    ckpt_dir = save_trainer_checkpoint(str(tmp_path), params=params, prng_key=key)
-    cfg = TensorStoreStateStorageBuilder.default_config().set(
-        validation=CheckpointValidationType.CONTAINS_STATE
-    )
-    if by_base_dir:
-        cfg.set(base_dir=str(tmp_path), step=STEP)
-    else:
-        cfg.set(dir=ckpt_dir)
-    built = _restore(cfg)
-    assert built.step == STEP
-    np.testing.assert_array_equal(np.asarray(built.trainer_state.prng_key), np.asarray(key))
-    weight = built.trainer_state.model["linear"]["weight"]
-    np.testing.assert_array_equal(np.asarray(weight), params["linear"]["weight"])
-    assert weight.sharding.spec == PartitionSpec(None, "model")
-    assert built.built_keys == {"prng_key", "model/linear/weight", "model/linear/bias"}
+def _source_fn(trainer_dir: str):
+    """A TrainerConfigFn factory (what `source_trainer_config` instantiates to)."""
+
+    def fn() -> SpmdTrainer.Config:
+        return tu.bigram_trainer_config(trainer_dir, max_step=SOURCE_STEP)
+
+    return fn
 
 
-def test_tensorstore_builder_up_to_dtype(tmp_path):
-    params = host_params(1)
-    ckpt_dir = save_trainer_checkpoint(str(tmp_path), params=params, prng_key=jax.random.PRNGKey(0))
-    cfg = TensorStoreStateStorageBuilder.default_config().set(dir=ckpt_dir)
-    with pytest.raises(Exception, match="bfloat16|dtype"):
-        _restore(cfg.clone(validation=CheckpointValidationType.CONTAINS_STATE), jnp.bfloat16)
-    built = _restore(
-        cfg.clone(validation=CheckpointValidationType.CONTAINS_STATE_UP_TO_DTYPE), jnp.bfloat16
-    )
-    bias = built.trainer_state.model["linear"]["bias"]
-    assert bias.dtype == jnp.bfloat16
-    np.testing.assert_array_equal(
-        np.asarray(bias, np.float32),
-        params["linear"]["bias"].astype(jnp.bfloat16).astype(np.float32),
-    )
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory) -> dict[str, Any]:
+    """Trains the source run for SOURCE_STEP steps; returns its dir and checkpointed arrays."""
+    trainer_dir = str(tmp_path_factory.mktemp("source"))
+    cfg = tu.bigram_trainer_config(trainer_dir, max_step=SOURCE_STEP, checkpoint_every=SOURCE_STEP)
+    trainer = cfg.instantiate(parent=None)
+    trainer.run(jax.random.PRNGKey(0))
+    state = jax.tree.map(np.asarray, trainer.trainer_state)
+    ckpt_dir = os.path.join(trainer_dir, "checkpoints")
+    assert os.path.isdir(build_step_dir(ckpt_dir, step=SOURCE_STEP))
+    return dict(dir=trainer_dir, ckpt_dir=ckpt_dir, state=state)
 
 
-def test_tensorstore_builder_needs_dir_or_base_dir_and_step():
-    for kwargs in ({}, dict(dir="/a/step_00000001", base_dir="/a", step=1), dict(base_dir="/a")):
-        cfg = TensorStoreStateStorageBuilder.default_config().set(name="b", **kwargs)
-        with pytest.raises(ValueError):
-            cfg.instantiate(parent=None)
+def _target_cfg(trainer_dir: str, builder: Optional[Builder.Config], dim: int = 32, **kw):
+    cfg = tu.bigram_trainer_config(trainer_dir, **kw)
+    cfg.model = Wrapped.default_config().set(dim=dim, dtype=jnp.float32)
+    cfg.init_state_builder = builder
+    return cfg
 
 
-def test_ema_converter(tmp_path):
-    params, ema = host_params(1), host_params(2)
-    key = jax.random.PRNGKey(4)
-    ckpt_dir = save_trainer_checkpoint(str(tmp_path), params=params, prng_key=key, ema_params=ema)
-    cfg = RestoreAndConvertBuilder.default_config().set(
+def _scope_builder(source_run, scope, *, base_dir: Optional[str] = None) -> Builder.Config:
+    return RestoreAndConvertBuilder.default_config().set(
         builder=TensorStoreStateStorageBuilder.default_config().set(
-            dir=ckpt_dir, validation=CheckpointValidationType.CONTAINS_STATE
+            base_dir=base_dir or source_run["ckpt_dir"],
+            step=SOURCE_STEP,
+            validation=CheckpointValidationType.CONTAINS_STATE,
         ),
-        converter=EmaParamsConverter.default_config(),
+        converter=ModelStateScopeConverter.default_config().set(
+            source_trainer_config=config_for_function(_source_fn).set(
+                trainer_dir=source_run["dir"]
+            ),
+            scope=scope,
+        ),
     )
-    built = _restore(cfg)
-    for name in ("weight", "bias"):
-        np.testing.assert_array_equal(
-            np.asarray(built.trainer_state.model["linear"][name]), ema["linear"][name]
-        )
-    np.testing.assert_array_equal(np.asarray(built.trainer_state.prng_key), np.asarray(key))
-    # As AXLearn's: the converted state keeps the target's step (not the checkpoint's).
-    assert built.step == 0
 
 
-class _DropBiasConverter(Converter):
-    """A converter whose result lacks the bias (to test RestoreAndConvertBuilder's check)."""
+def _init(cfg: SpmdTrainer.Config, seed: int = 1) -> SpmdTrainer:
+    trainer = cfg.instantiate(parent=None)
+    trainer.init(jax.random.PRNGKey(seed))
+    return trainer
 
-    def target_state_type(self):
-        return Builder.StateType.TENSOR_SPECS
+
+def _assert_tree_equal(actual, expected):
+    actual_items, expected_items = flatten_items(actual), flatten_items(expected)
+    assert [k for k, _ in actual_items] == [k for k, _ in expected_items]
+    for (path, a), (_, e) in zip(actual_items, expected_items):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(e), err_msg=path)
+
+
+def test_finetune_from_a_renamed_scope_of_another_runs_checkpoint(source_run, tmp_path):
+    cfg = _target_cfg(str(tmp_path / "target"), _scope_builder(source_run, {"student": ""}))
+    trainer = _init(cfg)
+    # The model equals the source checkpoint's model exactly, under the new scope.
+    _assert_tree_equal(trainer.trainer_state.model["student"], source_run["state"].model)
+    # The learner state is the target's own fresh state (Adam moments start at zero).
+    assert trainer.step == 0
+    mu = trainer.trainer_state.learner["optimizer"][0].mu["student"]["proj"]["weight"]
+    np.testing.assert_array_equal(np.asarray(mu), 0)
+    # Every array is on the trainer's shardings.
+    shardings = trainer.trainer_stateshardings_of_specs
+    for arr, sharding in zip(
+        jax.tree.leaves(trainer.trainer_state), jax.tree.leaves(shardings), strict=True
+    ):
+        assert arr.sharding.is_equivalent_to(sharding, arr.ndim)
+
+
+def test_partial_scope_keeps_the_random_init_of_the_rest(source_run, tmp_path):
+    builder = _scope_builder(source_run, {"student/proj": "proj"})
+    trainer = _init(_target_cfg(str(tmp_path / "a"), builder))
+    plain = _init(_target_cfg(str(tmp_path / "b"), None))
+    student = trainer.trainer_state.model["student"]
+    _assert_tree_equal(student["proj"], source_run["state"].model["proj"])
+    # The parameters not built get the same values as without a builder.
+    _assert_tree_equal(student["emb"], plain.trainer_state.model["student"]["emb"])
+
+
+def test_the_run_trains_from_the_built_state_and_a_resume_does_not_rebuild(source_run, tmp_path):
+    target_dir = str(tmp_path / "target")
+    cfg = _target_cfg(
+        target_dir, _scope_builder(source_run, {"student": ""}), max_step=2, checkpoint_every=2
+    )
+    trainer = cfg.instantiate(parent=None)
+    trainer.run(jax.random.PRNGKey(1))
+    # The run counts its own steps from 0 (the source was at step SOURCE_STEP).
+    assert trainer.step == 2
+    saved = [os.path.basename(p) for p in checkpoint_paths(os.path.join(target_dir, "checkpoints"))]
+    assert saved[-1] == "step_00000002" and "step_00000003" not in saved
+    # Training moved the parameters away from the source's.
+    proj = np.asarray(trainer.trainer_state.model["student"]["proj"]["weight"])
+    assert not np.array_equal(proj, source_run["state"].model["proj"]["weight"])
+    # A resumed run restores its own checkpoint: the builder (here pointing at nothing) is not
+    # run, so it does not fail.
+    resumed_cfg = _target_cfg(
+        target_dir,
+        _scope_builder(source_run, {"student": ""}, base_dir=str(tmp_path / "missing")),
+        max_step=2,
+        checkpoint_every=2,
+    )
+    resumed = resumed_cfg.instantiate(parent=None)
+    resumed.run(jax.random.PRNGKey(1))
+    np.testing.assert_array_equal(
+        np.asarray(resumed.trainer_state.model["student"]["proj"]["weight"]), proj
+    )
+
+
+def test_complete_restore_of_another_run(source_run, tmp_path):
+    cfg = tu.bigram_trainer_config(str(tmp_path / "target"))
+    cfg.init_state_builder = TensorStoreStateStorageBuilder.default_config().set(
+        base_dir=source_run["ckpt_dir"], step=SOURCE_STEP
+    )
+    trainer = _init(cfg)
+    # Model, learner and PRNG key are the source's; `init` takes the builder's step (AXLearn).
+    _assert_tree_equal(trainer.trainer_state, source_run["state"])
+    assert trainer.step == SOURCE_STEP
+
+
+class _DoubleProj(SimpleWeightModifierBuilder):
+    """Doubles the weight of every `proj` layer."""
+
+    def _modify_weight(self, weight):
+        return weight * 2
+
+
+def test_tensors_builder_runs_after_random_init(tmp_path):
+    builder = _DoubleProj.default_config().set(layer_name="proj")
+    trainer = _init(_target_cfg(str(tmp_path / "a"), builder))
+    plain = _init(_target_cfg(str(tmp_path / "b"), None))
+    got = trainer.trainer_state.model["student"]["proj"]["weight"]
+    want = plain.trainer_state.model["student"]["proj"]["weight"]
+    np.testing.assert_array_equal(np.asarray(got), 2 * np.asarray(want))
+    _assert_tree_equal(
+        trainer.trainer_state.model["student"]["emb"], plain.trainer_state.model["student"]["emb"]
+    )
+
+
+class _AddToSource(Converter):
+    """Adds `amount` to every restored array (target unchanged); records the call order."""
+
+    @config_class
+    class Config(Converter.Config):
+        """Configures _AddToSource."""
+
+        # Added to the restored arrays.
+        amount: float = 1.0
+
+    calls: list = []
+
+    def target_state_type(self) -> Builder.StateType:
+        return Builder.StateType.TENSORS
 
     def target_to_source(self, target):
-        return target, target
+        _AddToSource.calls.append(("t2s", self.config.amount))
+        return target, None
 
     def source_to_target(self, source, aux):
-        state = source.trainer_state
-        model = {"linear": {"weight": state.model["linear"]["weight"]}}
-        return Builder.State(
-            step=source.step, trainer_state=state._replace(model=model), built_keys=set()
-        )
+        _AddToSource.calls.append(("s2t", self.config.amount))
+        state = jax.tree.map(lambda x: x + self.config.amount, source.trainer_state)
+        return Builder.State(step=source.step, trainer_state=state, built_keys=source.built_keys)
 
 
-def test_restore_and_convert_checks_the_paths(tmp_path):
-    ckpt_dir = save_trainer_checkpoint(
-        str(tmp_path), params=host_params(1), prng_key=jax.random.PRNGKey(0)
-    )
+def test_converter_chain_restore_merge_and_order(tmp_path):
+    saved = {"a": jnp.arange(4.0), "b": jnp.full([2], 7.0)}
+    ckpt_dir = build_step_dir(str(tmp_path), step=5)
+    storage = TensorStoreStateStorage.default_config().instantiate()
+    storage.save_to_dir(step=5, state=saved, ckpt_dir=ckpt_dir)
+    storage.wait_until_finished()
+
+    _AddToSource.calls = []
     cfg = RestoreAndConvertBuilder.default_config().set(
-        builder=TensorStoreStateStorageBuilder.default_config().set(
-            dir=ckpt_dir, validation=CheckpointValidationType.CONTAINS_STATE
+        name="builder",
+        builder=TensorStoreStateStorageBuilder.default_config().set(dir=ckpt_dir),
+        converter=ChainConverter.default_config().set(
+            converters=[
+                _AddToSource.default_config().set(amount=10.0),
+                _AddToSource.default_config().set(amount=100.0),
+                # Its source_to_target runs last: the target's "b" is kept as it was.
+                MergeStateConverter.default_config().set(selection_regexes=[("b", "TARGET")]),
+            ]
         ),
-        converter=_DropBiasConverter.default_config(),
     )
-    with pytest.raises(ValueError, match="model/linear/bias"):
-        _restore(cfg)
+    target = {"a": jnp.zeros([4]), "b": jnp.ones([2])}
+    built = cfg.instantiate(parent=None)(
+        Builder.State(step=0, trainer_state=target, built_keys=set())
+    )
+    np.testing.assert_array_equal(np.asarray(built.trainer_state["a"]), np.arange(4.0) + 110.0)
+    np.testing.assert_array_equal(np.asarray(built.trainer_state["b"]), np.ones([2]))
+    assert built.step == 5 and built.built_keys == {"a", "b"}
+    # target_to_source runs last converter first; source_to_target first converter first.
+    assert _AddToSource.calls == [("t2s", 100.0), ("t2s", 10.0), ("s2t", 10.0), ("s2t", 100.0)]
+
+
+def test_missing_checkpoint_names_the_directory(tmp_path):
+    builder = (
+        TensorStoreStateStorageBuilder.default_config()
+        .set(name="b", base_dir=str(tmp_path / "nope"), step=7)
+        .instantiate(parent=None)
+    )
+    state = Builder.State(step=None, trainer_state={"x": jnp.zeros([2])}, built_keys=set())
+    with pytest.raises(CheckpointIndexError, match="nope/step_00000007"):
+        builder(state)
+
+
+def test_storage_builder_needs_dir_or_base_dir_and_step():
+    for kw in (dict(), dict(base_dir="/x"), dict(dir="/x/step_00000001", step=1)):
+        with pytest.raises(ValueError, match="set either dir, or base_dir and step"):
+            TensorStoreStateStorageBuilder.default_config().set(name="b", **kw).instantiate(
+                parent=None
+            )
+
+
+def _scope_converter(scope) -> ModelStateScopeConverter:
+    return (
+        ModelStateScopeConverter.default_config()
+        .set(name="conv", source_trainer_config=config_for_function(_source_fn), scope=scope)
+        .instantiate(parent=None)
+    )
+
+
+def _model_state(model: dict) -> Builder.State:
+    return Builder.State(
+        step=0, trainer_state=TrainerState(prng_key={}, model=model, learner={}), built_keys=set()
+    )
+
+
+def test_scope_converter_shape_mismatch_names_the_parameter():
+    source = _model_state({"proj": {"weight": jnp.zeros([4, 4])}})
+    target = _model_state({"student": {"proj": {"weight": jnp.zeros([4, 8])}}})
+    with pytest.raises(ValueError, match=r"shape mismatch for model/student/proj/weight"):
+        _scope_converter({"student": ""}).source_to_target(source, target)
+
+
+def test_scope_converter_missing_scopes_are_named():
+    source = _model_state({"proj": {"weight": jnp.zeros([4])}})
+    target = _model_state({"student": {"proj": {"weight": jnp.zeros([4])}}})
+    with pytest.raises(ValueError, match="source scope 'encoder'"):
+        _scope_converter({"student": "encoder"}).source_to_target(source, target)
+    with pytest.raises(ValueError, match="target scope 'teacher'"):
+        _scope_converter({"teacher": "proj"}).source_to_target(source, target)
+
+
+def test_trainer_refuses_a_built_parameter_of_the_wrong_shape(source_run, tmp_path):
+    # The source's proj is 32x32; a dim-16 target cannot take it (the restore names the leaf).
+    cfg = _target_cfg(str(tmp_path / "t"), _scope_builder(source_run, {"student": ""}), dim=16)
+    with pytest.raises(ValueError, match="shape mismatch for model/student/emb/weight"):
+        _init(cfg)
+
+
+def test_chain_builder_checks_structure_and_state_is_a_pytree():
+    class Drop(Builder):
+        def input_state_type(self):
+            return Builder.StateType.TENSORS
+
+        def __call__(self, state):
+            tree = dict(state.trainer_state)
+            del tree["b"]
+            return Builder.State(step=state.step, trainer_state=tree, built_keys=set())
+
+    state = Builder.State(
+        step=1, trainer_state={"a": jnp.ones([1]), "b": jnp.ones([1])}, built_keys={"a"}
+    )
+    copy = clone_tree(state)
+    assert isinstance(copy, Builder.State) and copy.built_keys == {"a"}
+    assert copy.trainer_state["a"] is state.trainer_state["a"]
+    copy.built_keys.add("b")
+    assert state.built_keys == {"a"}
+    chain = ChainBuilder.default_config().set(name="c", builders=[Drop.default_config()])
+    with pytest.raises(ValueError, match="b"):
+        chain.instantiate(parent=None)(state)
+
+
+def test_get_builder_spec():
+    builder = get_builder("tensor_store_state_storage:/runs/a/checkpoints/step_00000010")
+    assert isinstance(builder, TensorStoreStateStorageBuilder)
+    assert builder.config.dir == "/runs/a/checkpoints/step_00000010"
+    assert get_builder(builder) is builder
+    with pytest.raises(UnknownBuilderError, match="tensor_store_state_storage:"):
+        get_builder("nope:/x")

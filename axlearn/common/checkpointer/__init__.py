@@ -29,6 +29,7 @@ from axlearn.common.checkpointer.faults import (
 )
 from axlearn.common.checkpointer.layout import (
     CheckpointIndexError,
+    build_step_dir,
     checkpoint_paths,
     is_committed,
     latest_checkpoint_path,
@@ -108,6 +109,7 @@ __all__ = [
     "TensorStoreStateStorage",
     "TRANSFER_FAULT_POINTS",
     "VerifyResult",
+    "build_step_dir",
     "checkpoint_paths",
     "every_n_steps_and_last_policy",
     "every_n_steps_policy",

@@ -90,6 +90,22 @@ def step_dir_name(step: int) -> str:
     return f"{STEP_DIR_PREFIX}{step:08d}"
 
 
+def build_step_dir(base_dir: str, *, step: int) -> str:
+    """Returns the path of the step directory of `step` under `base_dir` (AXLearn's name).
+
+    Args:
+        base_dir: The checkpointer directory.
+        step: A step in [0, 10**8).
+
+    Returns:
+        `<base_dir>/step_%08d`.
+
+    Raises:
+        ValueError: If the step is out of range.
+    """
+    return os.path.join(base_dir, step_dir_name(step))
+
+
 def parse_step_from_dir(step_dir: str) -> int:
     """Returns the step of a step directory path like `.../step_00000100`.
 
