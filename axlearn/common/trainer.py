@@ -32,7 +32,6 @@ from typing import Any, Callable, Literal, Optional, Union
 
 import jax
 from absl import logging
-from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common import trainer_init_state as init_state
 from axlearn.common import utils
@@ -70,12 +69,19 @@ from axlearn.common.trainer_checkpointing import (  # noqa: F401 (public names)
     SnapshotMemoryError,
     TrainerState,
     checkpointed_floats,
-    input_is_checkpointable,
+    trainer_state_layout,
 )
 from axlearn.common.trainer_events import TrainerEvents
 from axlearn.common.trainer_metrics import MetricsRecorder
 from axlearn.common.trainer_profiler import Profiler
-from axlearn.common.trainer_step import TrainStep, TrainStepResult, opt_params  # noqa: F401
+from axlearn.common.trainer_step import (  # noqa: F401 (public names)
+    PendingStep,
+    TrainStep,
+    TrainStepResult,
+    abstract_step_inputs,
+    batch_sharding_of,
+    opt_params,
+)
 from axlearn.common.trainer_utils import (  # noqa: F401 (NonFiniteLossError: public name)
     NonFiniteLossError,
     UndefinedLossException,
@@ -84,6 +90,7 @@ from axlearn.common.trainer_utils import (  # noqa: F401 (NonFiniteLossError: pu
     eval_due,
     evalers_to_force,
     global_batch_specs,
+    host_batch_iterator,
     is_unset,
     leading_dim,
     learner_skips_nonfinite,
@@ -231,19 +238,8 @@ class SpmdTrainer(Module):
             self._learner_state_specs = self.learner.create_state_partition_specs(
                 self._model_param_specs
             )
-            self._trainer_state_specs = TrainerState(
-                prng_key=utils.TensorSpec(
-                    shape=self._prng_key_shape(),
-                    dtype=self._prng_key_dtype(),
-                    mesh_axes=PartitionSpec(),
-                ),
-                model=self._model_param_specs,
-                learner=self._learner_state_specs,
-            )
-            self._trainer_state_shardings = TrainerState(
-                prng_key=NamedSharding(self._mesh, PartitionSpec()),
-                model=shardings_of_specs(self._mesh, self._model_param_specs),
-                learner=shardings_of_specs(self._mesh, self._learner_state_specs),
+            self._trainer_state_specs, self._trainer_state_shardings = trainer_state_layout(
+                self._mesh, model=self._model_param_specs, learner=self._learner_state_specs
             )
             model_param_partition_specs = jax.tree.map(
                 lambda s: s.spec, self._trainer_state_shardings.model
@@ -351,37 +347,18 @@ class SpmdTrainer(Module):
         Args:
             prng_key: The initialization key.
         """
-        builder = self._children.get("init_state_builder")
-        built = None
-        if builder is None or builder.input_state_type() == Builder.StateType.TENSORS:
-            self._init_state(prng_key)
-            if builder is not None:
-                with self._mesh_context():
-                    built = init_state.run_init_state_builder(
-                        builder, step=0, trainer_state=self._trainer_state, path=self.path()
-                    )
-                    self._trainer_state = init_state.place_complete_state(
-                        built,
-                        state_specs=self._trainer_state_specs,
-                        shardings=self._trainer_state_shardings,
-                    )
-        else:
-            with self._mesh_context():
-                built = init_state.run_init_state_builder(
-                    builder, step=None, trainer_state=self._trainer_state_specs, path=self.path()
-                )
-            if init_state.is_complete(built, state_specs=self._trainer_state_specs):
-                self._trainer_state = init_state.place_complete_state(
-                    built,
-                    state_specs=self._trainer_state_specs,
-                    shardings=self._trainer_state_shardings,
-                )
-            else:
-                self._init_state(prng_key, prebuilt=built)
-        self._step = 0 if built is None or built.step is None else built.step
+        with self._mesh_context():
+            self._trainer_state, step = init_state.initial_state(
+                self._children.get("init_state_builder"),
+                random_init=functools.partial(self._init_state, prng_key),
+                state_specs=self._trainer_state_specs,
+                shardings=self._trainer_state_shardings,
+                path=self.path(),
+            )
+        self._step = 0 if step is None else step
 
-    def _init_state(self, prng_key: Tensor, prebuilt: Optional[Any] = None) -> None:
-        """Randomly initializes the state, except the model parameters `prebuilt` holds."""
+    def _init_state(self, prng_key: Tensor, prebuilt: Optional[Any] = None) -> TrainerState:
+        """A random state, except the model parameters `prebuilt` (a Builder.State) holds."""
         specs = self._model_param_specs
         prebuilt_specs, prebuilt_arrays = None, None
         if prebuilt is not None:
@@ -400,7 +377,7 @@ class SpmdTrainer(Module):
         self._step_log("Initializing trainer state.")
         with self._mesh_context():
             jitted = jax.jit(init_fn, out_shardings=self._trainer_state_shardings)
-            self._trainer_state = jitted(prng_key, prebuilt_arrays)
+            return jitted(prng_key, prebuilt_arrays)
 
     def restore_checkpoint(self, restore_step: Optional[int] = None) -> Optional[int]:
         """Restores the latest committed checkpoint (or `restore_step`) into the state shardings.
@@ -424,16 +401,6 @@ class SpmdTrainer(Module):
             self._step_log("Restored the input iterator position.")
         self._step_log("Restored checkpoint at step %s.", restored.step)
         return self._step
-
-    # Abstract (jax.eval_shape): no computation, so this works under a mesh of devices this
-    # process cannot run on (AOT compilation for a TPU topology).
-    @staticmethod
-    def _prng_key_shape() -> tuple:
-        return tuple(jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape)
-
-    @staticmethod
-    def _prng_key_dtype():
-        return jax.eval_shape(lambda: jax.random.PRNGKey(0)).dtype
 
     def _save_args(
         self, evaler_summaries: Optional[dict[str, Any]], *, force: bool = False
@@ -491,15 +458,8 @@ class SpmdTrainer(Module):
             trainer_state_specs = self._trainer_state
             if trainer_state_specs is None:
                 trainer_state_specs = self._trainer_state_specs
-        batch_sharding = jax.tree.map(lambda x: x.sharding, input_batch)
-        state = jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-            trainer_state_specs,
-            self._trainer_state_shardings,
-            is_leaf=lambda x: isinstance(x, (utils.TensorSpec, jax.ShapeDtypeStruct)),
-        )
-        batch = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), input_batch
+        state, batch = abstract_step_inputs(
+            trainer_state_specs, self._trainer_state_shardings, input_batch
         )
         step = TrainStep(
             model=self.model,
@@ -509,7 +469,9 @@ class SpmdTrainer(Module):
             train_dtype=self._per_param_train_dtype,
         )
         with self._mesh_context():
-            jitted = step.jit(batch_sharding, donate_state=donate_state, input_finite=input_finite)
+            jitted = step.jit(
+                batch_sharding_of(batch), donate_state=donate_state, input_finite=input_finite
+            )
             return jitted.lower(state, batch).compile(compiler_options)
 
     # ------------------------------------------------------------------------------------------
@@ -578,7 +540,7 @@ class SpmdTrainer(Module):
         timer = self._metrics.timer
         profiler_overhead = functools.partial(timer.overhead, "profiler")
         timer.start()
-        pending: Optional[_PendingStep] = None
+        pending: Optional[PendingStep] = None
         last_record = None
         while self._step < cfg.max_step:
             with timer.overhead("input"):
@@ -599,7 +561,7 @@ class SpmdTrainer(Module):
             self._step += 1
             self._events.step_started(self._step)
             outputs = self._dispatch_train_step(global_batch)
-            current = _PendingStep(step=self._step, outputs=outputs, batch=host_batch)
+            current = PendingStep(step=self._step, outputs=outputs, batch=host_batch)
             if pending is not None:
                 last_record = self._finish_step(pending)
             pending = current
@@ -640,7 +602,7 @@ class SpmdTrainer(Module):
         self._trainer_state = result.trainer_state
         return result.outputs
 
-    def _after_step_dispatch(self, current: _PendingStep) -> None:
+    def _after_step_dispatch(self, current: PendingStep) -> None:
         """Runs step N's evalers and checkpoint (if their policies fire) in step N's interval.
 
         Before either runs, the pipeline is drained (step N's loss is ready) so that the measured
@@ -665,7 +627,7 @@ class SpmdTrainer(Module):
                 self._metrics.timer, **self._save_args(evaler_summaries, force=last)
             )
 
-    def _drain(self, current: _PendingStep) -> None:
+    def _drain(self, current: PendingStep) -> None:
         """Waits for step `current` to finish; stops on a non-finite loss (unless skipped)."""
         if current.drained:
             return
@@ -679,7 +641,7 @@ class SpmdTrainer(Module):
         )
         self._skip_streak.note(current.step, loss=loss, scalars=scalars)
 
-    def _finish_step(self, pending: _PendingStep) -> dict[str, Any]:
+    def _finish_step(self, pending: PendingStep) -> dict[str, Any]:
         """Reads step N's metrics (the host sync on its loss), closes its interval, reports it."""
         host = jax.device_get(
             dict(loss=pending.outputs["loss"], summaries=scalar_tree(pending.outputs["summaries"]))
@@ -703,7 +665,7 @@ class SpmdTrainer(Module):
                 checkpoint=self._checkpoints.take_split(),
             )
 
-    def _stop_for_preemption(self, current: _PendingStep) -> None:
+    def _stop_for_preemption(self, current: PendingStep) -> None:
         """After a preemption notice: finishes step `current`, saves it, waits, exits.
 
         The step is saved unless its save policy just did; see axlearn/common/preemption.py.
@@ -830,26 +792,6 @@ class SpmdTrainer(Module):
         return host_to_global_array(host_batch, mesh=self._mesh, partition=self._batch_spec)
 
     def _new_input_iterator(self):
-        """An iterator of host batches (dicts of NumPy arrays) from the start of the input.
-
-        Inputs that can save their position (`iter(input)` + `iterator_state`) are iterated
-        directly so the iterator can be checkpointed; others through `dataset()`.
-        """
+        """An iterator of host batches from the start of the input (see host_batch_iterator)."""
         self._batch_spec = None
-        input_module = self.input
-        if input_is_checkpointable(input_module):
-            return iter(input_module)
-        dataset = input_module.dataset() if hasattr(input_module, "dataset") else input_module
-        if hasattr(dataset, "as_numpy_iterator"):
-            return dataset.as_numpy_iterator()
-        return iter(dataset)
-
-
-class _PendingStep:
-    """A dispatched step whose metrics have not been read yet."""
-
-    def __init__(self, *, step: int, outputs: dict[str, Any], batch: NestedTensor):
-        self.step = step
-        self.outputs = outputs
-        self.batch = batch
-        self.drained = False
+        return host_batch_iterator(self.input)

@@ -17,7 +17,12 @@ import jax
 from absl import logging
 
 from axlearn.common import file_access, utils
-from axlearn.common.trainer_utils import all_finite
+from axlearn.common.trainer_utils import (  # noqa: F401 (input_is_checkpointable: public here)
+    all_finite,
+    input_is_checkpointable,
+    prng_key_spec,
+    shardings_of_specs,
+)
 
 # In the checkpointer dir: the `restore_step` already applied (JSON {"step": N}).
 RESTORE_STEP_MARKER = "restore_step_applied"
@@ -32,6 +37,26 @@ class TrainerState(NamedTuple):
     model: Any
     # The learner (optimizer) state.
     learner: Any
+
+
+def trainer_state_layout(mesh: jax.sharding.Mesh, *, model: Any, learner: Any) -> tuple:
+    """The trainer state's specs and shardings (the PRNG key replicated).
+
+    Args:
+        mesh: The device mesh.
+        model: The model's parameter specs.
+        learner: The learner's state partition specs.
+
+    Returns:
+        (specs, shardings): two TrainerStates.
+    """
+    specs = TrainerState(prng_key=prng_key_spec(), model=model, learner=learner)
+    shardings = TrainerState(
+        prng_key=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+        model=shardings_of_specs(mesh, model),
+        learner=shardings_of_specs(mesh, learner),
+    )
+    return specs, shardings
 
 
 class NonFiniteStateError(RuntimeError):
@@ -109,18 +134,6 @@ class _DeferredFinite:
         """Waits for the flag (set by the next step's dispatch or `resolve`); returns it."""
         self._event.wait()
         return bool(self._value)
-
-
-def input_is_checkpointable(input_module: Any) -> bool:
-    """Whether `input_module` can save and restore its iterator's position.
-
-    Args:
-        input_module: The trainer's input.
-
-    Returns:
-        True if it has `iterator_state` and `restore_iterator`.
-    """
-    return hasattr(input_module, "iterator_state") and hasattr(input_module, "restore_iterator")
 
 
 def checkpointed_floats(state: TrainerState) -> Any:

@@ -18,13 +18,48 @@ its own steps from 0.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 from absl import logging
 
 from axlearn.common.state_builder import Builder
 from axlearn.common.utils import Tensor, flatten_items, tree_paths
+
+
+def initial_state(
+    builder: Optional[Builder],
+    *,
+    random_init: Callable[..., Any],
+    state_specs: Any,
+    shardings: Any,
+    path: str,
+) -> tuple[Any, Optional[int]]:
+    """The trainer's initial state: a random one, or built by `builder` (see the module doc).
+
+    Args:
+        builder: The trainer's init state builder, or None.
+        random_init: Returns a random trainer state; called with `prebuilt=` (a Builder.State)
+            when a TENSOR_SPECS builder built only some model parameters.
+        state_specs: The trainer state specs.
+        shardings: The trainer state shardings.
+        path: The trainer's module path (for logs and errors).
+
+    Returns:
+        (trainer_state, step): step is the builder's (None without a builder, or if it has none).
+    """
+    if builder is None:
+        return random_init(), None
+    if builder.input_state_type() == Builder.StateType.TENSORS:
+        built = run_init_state_builder(builder, step=0, trainer_state=random_init(), path=path)
+        state = place_complete_state(built, state_specs=state_specs, shardings=shardings)
+        return state, built.step
+    built = run_init_state_builder(builder, step=None, trainer_state=state_specs, path=path)
+    if is_complete(built, state_specs=state_specs):
+        state = place_complete_state(built, state_specs=state_specs, shardings=shardings)
+    else:
+        state = random_init(prebuilt=built)
+    return state, built.step
 
 
 def run_init_state_builder(

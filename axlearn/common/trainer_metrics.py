@@ -57,7 +57,6 @@ def write_text_file(path: str, text: str) -> None:
         f.write(text + "\n")
 
 
-
 def trainable_parameter_counts(
     param_specs: NestedTensor, *, learner: Any, learner_state_specs: Optional[NestedTensor] = None
 ) -> dict[str, int]:

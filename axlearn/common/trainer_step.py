@@ -209,3 +209,48 @@ class TrainStep:
             ),
             donate_argnums=(0,) if donate_state else (),
         )
+
+
+class PendingStep:
+    """A dispatched train step whose metrics the trainer has not read yet."""
+
+    def __init__(self, *, step: int, outputs: dict[str, Any], batch: Any):
+        self.step = step  # The step number.
+        self.outputs = outputs  # The step's outputs (loss, summaries) as device arrays.
+        self.batch = batch  # The host batch it ran on.
+        self.drained = False  # Whether the trainer waited for (and checked) its loss.
+
+
+def abstract_step_inputs(trainer_state_specs: Any, state_shardings: Any, input_batch: Any) -> tuple:
+    """The train step's inputs as ShapeDtypeStructs with shardings, for lowering.
+
+    Args:
+        trainer_state_specs: The trainer state's shapes (arrays, TensorSpecs or ShapeDtypeStructs).
+        state_shardings: The trainer state's shardings (same structure).
+        input_batch: The global input batch (arrays, or ShapeDtypeStructs with shardings).
+
+    Returns:
+        (state, batch): abstract values to `lower` the step with.
+    """
+    state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        trainer_state_specs,
+        state_shardings,
+        is_leaf=lambda x: isinstance(x, (utils.TensorSpec, jax.ShapeDtypeStruct)),
+    )
+    batch = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), input_batch
+    )
+    return state, batch
+
+
+def batch_sharding_of(batch: Any) -> Any:
+    """The shardings of a (global or abstract) input batch, leaf by leaf.
+
+    Args:
+        batch: Arrays or ShapeDtypeStructs with shardings.
+
+    Returns:
+        The same structure of shardings.
+    """
+    return jax.tree.map(lambda x: x.sharding, batch)

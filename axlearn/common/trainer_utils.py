@@ -11,8 +11,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from axlearn.common.config import REQUIRED, ConfigBase
 from axlearn.common.metrics import WeightedScalar
+from axlearn.common.utils import TensorSpec, unknown_mesh_axes
 from axlearn.common.utils import all_finite as utils_all_finite
-from axlearn.common.utils import unknown_mesh_axes
 
 
 def is_unset(value: Any) -> bool:
@@ -276,3 +276,48 @@ class NonFiniteLossError(RuntimeError):
 
 # AXLearn's name for the same error.
 UndefinedLossException = NonFiniteLossError
+
+
+def input_is_checkpointable(input_module: Any) -> bool:
+    """Whether `input_module` can save and restore its iterator's position.
+
+    Args:
+        input_module: The trainer's input.
+
+    Returns:
+        True if it has `iterator_state` and `restore_iterator`.
+    """
+    return hasattr(input_module, "iterator_state") and hasattr(input_module, "restore_iterator")
+
+
+def host_batch_iterator(input_module: Any) -> Any:
+    """An iterator of host batches (dicts of NumPy arrays) from the start of `input_module`.
+
+    Inputs that can save their position (`iter(input)` + `iterator_state`) are iterated directly,
+    so that the iterator can be checkpointed; others through `dataset()`.
+
+    Args:
+        input_module: The trainer's input.
+
+    Returns:
+        The iterator.
+    """
+    if input_is_checkpointable(input_module):
+        return iter(input_module)
+    dataset = input_module.dataset() if hasattr(input_module, "dataset") else input_module
+    if hasattr(dataset, "as_numpy_iterator"):
+        return dataset.as_numpy_iterator()
+    return iter(dataset)
+
+
+def prng_key_spec() -> Any:
+    """The TensorSpec of the trainer state's PRNG key (replicated), per the PRNG implementation.
+
+    Abstract (jax.eval_shape): no computation, so this works under a mesh of devices this process
+    cannot run on (AOT compilation for a TPU topology).
+
+    Returns:
+        A `utils.TensorSpec`.
+    """
+    key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+    return TensorSpec(shape=tuple(key.shape), dtype=key.dtype, mesh_axes=PartitionSpec())
