@@ -58,7 +58,7 @@ def _names_field(message: ast.AST, class_name: str) -> bool:
 
 
 def _raises_in_methods(cls: ast.ClassDef):
-    """The raise statements of `cls`'s instance methods (static and class methods have no
+    """(method, raise statement) of `cls`'s instance methods (static and class methods have no
     instance, hence no path: they are left out)."""
     for item in cls.body:
         if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -66,7 +66,43 @@ def _raises_in_methods(cls: ast.ClassDef):
         decorators = {ast.unparse(d) for d in item.decorator_list}
         if decorators & {"staticmethod", "classmethod"}:
             continue
-        yield from (n for n in ast.walk(item) if isinstance(n, ast.Raise))
+        yield from ((item, n) for n in ast.walk(item) if isinstance(n, ast.Raise))
+
+
+def _is_value_error(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "ValueError"
+
+
+def _raised_value_error(method: ast.AST, raise_node: ast.Raise):
+    """The ValueError(...) call a raise raises, and the notes added to it (`error.add_note(...)`).
+
+    `raise ValueError(...)` directly, or `error = ValueError(...)`, `error.add_note(...)`, `raise
+    error` in the same method (an error whose text must stay literal, e.g. AXLearn's, with the
+    path in a note). Returns (None, []) for anything else.
+    """
+    if _is_value_error(raise_node.exc):
+        return raise_node.exc, []
+    if not isinstance(raise_node.exc, ast.Name):
+        return None, []
+    name = raise_node.exc.id
+    call, notes = None, []
+    for node in ast.walk(method):
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+            and _is_value_error(node.value)
+        ):
+            call = node.value
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_note"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == name
+            and node.args
+        ):
+            notes.append(node.args[0])
+    return call, notes
 
 
 def value_errors_without_path(sources: dict[str, str]) -> tuple[int, set[tuple[str, str, str]]]:
@@ -101,16 +137,13 @@ def value_errors_without_path(sources: dict[str, str]) -> tuple[int, set[tuple[s
         for _, path, node in entries:
             if not configurable(name):
                 continue
-            for raise_node in _raises_in_methods(node):
-                if not (
-                    isinstance(raise_node, ast.Raise)
-                    and isinstance(raise_node.exc, ast.Call)
-                    and ast.unparse(raise_node.exc.func).split(".")[-1] == "ValueError"
-                ):
+            for method, raise_node in _raises_in_methods(node):
+                call, notes = _raised_value_error(method, raise_node)
+                if call is None:
                     continue
                 total += 1
-                args = raise_node.exc.args
-                if args and _names_path(args[0]):
+                args = call.args
+                if args and _names_path(args[0]) or any(_names_path(n) for n in notes):
                     continue
                 if args and not derives(name, "Module") and _names_field(args[0], name):
                     continue
@@ -157,6 +190,28 @@ class Layer(Module):
 class Plain:
     def check(self):
         raise ValueError("not configurable: not counted")
+"""
+    total, missing = value_errors_without_path({"x.py": source})
+    assert total == 2
+    assert missing == {("x.py", "Layer", "f'n={n} must be <= 9'")}
+
+
+def test_checker_accepts_the_path_in_a_note_only_on_the_raised_error():
+    source = """
+class Module:
+    pass
+
+class Layer(Module):
+    def check(self, n):
+        if n < 0:
+            error = ValueError(f"Target length {n} must be >= 0.")
+            error.add_note(f"at {self.path()}")
+            raise error
+        if n > 9:
+            other = ValueError(f"n={n} must be <= 9")
+            unrelated = ValueError("x")
+            unrelated.add_note(f"at {self.path()}")
+            raise other
 """
     total, missing = value_errors_without_path({"x.py": source})
     assert total == 2

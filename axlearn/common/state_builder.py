@@ -501,25 +501,26 @@ class PosEmbeddingConverter(BaseConverterFromPretrainedModel):
             and src_shape[0] == tgt_shape[0]
             and src_shape[2] == tgt_shape[2]
         ):
-            raise ValueError(
-                f"{self.path()}: incompatible shapes: source {src_shape} vs. target {tgt_shape}."
-            )
+            # AXLearn's message (its tests match it literally); the path goes in a note.
+            error = ValueError(f"Incompatible shapes: source {src_shape} vs. target {tgt_shape}.")
+            error.add_note(f"at {self.path()}")
+            raise error
         src_len, tgt_len = src_shape[1], tgt_shape[1]
         out = clone_tree(source)
         if strategy in ("truncate", "truncate_left"):
             if tgt_len > src_len:
-                raise ValueError(
-                    f"{self.path()}: target length {tgt_len} must be <= source len {src_len}."
-                )
+                error = ValueError(f"Target length {tgt_len} must be <= source len {src_len}.")
+                error.add_note(f"at {self.path()}")
+                raise error
             start = src_len - tgt_len if strategy == "truncate_left" else 0
             out["pos_emb"]["weight"] = jax.jit(
                 lambda x: x[:, start : start + tgt_len, :], out_shardings=tgt.sharding
             )(src)
         elif strategy == "replace_target_prefix_with_source":
             if tgt_len < src_len:
-                raise ValueError(
-                    f"{self.path()}: target length {tgt_len} must be >= source len {src_len}."
-                )
+                error = ValueError(f"Target length {tgt_len} must be >= source len {src_len}.")
+                error.add_note(f"at {self.path()}")
+                raise error
             out["pos_emb"]["weight"] = jax.jit(
                 lambda s, t: jnp.concatenate([s, t[:, src_len:, :]], axis=1),
                 out_shardings=tgt.sharding,

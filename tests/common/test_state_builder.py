@@ -32,6 +32,7 @@ from axlearn.common.state_builder import (
     Converter,
     MergeStateConverter,
     ModelStateScopeConverter,
+    PosEmbeddingConverter,
     RestoreAndConvertBuilder,
     SimpleWeightModifierBuilder,
     TensorStoreStateStorageBuilder,
@@ -40,6 +41,7 @@ from axlearn.common.state_builder import (
     get_builder,
 )
 from axlearn.common.trainer import SpmdTrainer, TrainerState
+from axlearn.common.trainer_checkpointing import TrainerState
 from axlearn.common.utils import flatten_items
 from tests.common import trainer_test_utils as tu
 
@@ -350,3 +352,79 @@ def test_get_builder_spec():
     assert get_builder(builder) is builder
     with pytest.raises(UnknownBuilderError, match="tensor_store_state_storage:"):
         get_builder("nope:/x")
+
+
+def _pos_emb_state(weight: np.ndarray, other: float) -> Builder.State:
+    model = {"emb": {"pos_emb": {"weight": jnp.asarray(weight)}}, "w": jnp.full((2,), other)}
+    state = TrainerState(prng_key=jnp.zeros((2,), jnp.uint32), model=model, learner={"mu": other})
+    return Builder.State(step=3, trainer_state=state, built_keys=set())
+
+
+def _pos_emb_converter(strategy: str):
+    return (
+        PosEmbeddingConverter.default_config()
+        .set(
+            name="pos_emb",
+            strategy=strategy,
+            source_trainer_config=config_for_function(lambda: None),
+        )
+        .instantiate(parent=None)
+    )
+
+
+@pytest.mark.parametrize(
+    "strategy,src_len,tgt_len",
+    [
+        ("truncate", 6, 4),
+        ("truncate_left", 6, 4),
+        ("replace_target_prefix_with_source", 3, 5),
+        ("keep_target", 6, 4),
+    ],
+)
+def test_pos_embedding_converter_strategies_vs_numpy(strategy, src_len, tgt_len):
+    rng = np.random.default_rng(0)
+    src = rng.normal(size=(1, src_len, 3)).astype(np.float32)
+    tgt = rng.normal(size=(1, tgt_len, 3)).astype(np.float32)
+    out = _pos_emb_converter(strategy).source_to_target(
+        _pos_emb_state(src, 1.0), _pos_emb_state(tgt, 2.0)
+    )
+    expected = {
+        "truncate": src[:, :tgt_len],
+        "truncate_left": src[:, src_len - tgt_len :],
+        "replace_target_prefix_with_source": np.concatenate([src, tgt[:, src_len:]], axis=1),
+        "keep_target": tgt,
+    }[strategy]
+    model = out.trainer_state.model
+    np.testing.assert_array_equal(np.asarray(model["emb"]["pos_emb"]["weight"]), expected)
+    np.testing.assert_array_equal(np.asarray(model["w"]), [1.0, 1.0])  # The source's model.
+    assert out.trainer_state.learner == {"mu": 2.0}  # The target's learner state.
+
+
+@pytest.mark.parametrize(
+    "strategy,src_shape,tgt_shape,message",
+    [
+        ("truncate", (1, 3, 2), (1, 5, 2), "Target length 5 must be <= source len 3."),
+        (
+            "replace_target_prefix_with_source",
+            (1, 5, 2),
+            (1, 3, 2),
+            "Target length 3 must be >= source len 5.",
+        ),
+        (
+            "truncate",
+            (1, 5, 2),
+            (1, 3, 4),
+            "Incompatible shapes: source (1, 5, 2) vs. target (1, 3, 4).",
+        ),
+    ],
+)
+def test_pos_embedding_converter_errors_keep_axlearns_text_and_name_the_path(
+    strategy, src_shape, tgt_shape, message
+):
+    with pytest.raises(ValueError) as info:
+        _pos_emb_converter(strategy).source_to_target(
+            _pos_emb_state(np.zeros(src_shape, np.float32), 1.0),
+            _pos_emb_state(np.zeros(tgt_shape, np.float32), 2.0),
+        )
+    assert str(info.value) == message  # AXLearn's tests match the text literally.
+    assert info.value.__notes__ == ["at pos_emb"]
