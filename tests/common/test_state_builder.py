@@ -41,7 +41,6 @@ from axlearn.common.state_builder import (
     get_builder,
 )
 from axlearn.common.trainer import SpmdTrainer, TrainerState
-from axlearn.common.trainer_checkpointing import TrainerState
 from axlearn.common.utils import flatten_items
 from tests.common import trainer_test_utils as tu
 
