@@ -28,7 +28,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, ContextManager, Literal, Optional, Union
 
 import jax
 from absl import logging
@@ -37,9 +37,9 @@ from axlearn.common import trainer_init_state as init_state
 from axlearn.common import utils
 from axlearn.common.aot_results import aot_model_analysis  # noqa: F401 (AXLearn: trainer.aot_model_analysis)
 from axlearn.common.checkpointer import Checkpointer
-from axlearn.common.compilation_cache import CacheLookups
 from axlearn.common.config import (
     REQUIRED,
+    ConfigOr,
     InstantiableConfig,
     Required,
     config_class,
@@ -71,6 +71,7 @@ from axlearn.common.trainer_checkpointing import (  # noqa: F401 (public names)
     checkpointed_floats,
     trainer_state_layout,
 )
+from axlearn.common.trainer_compile import TrainStepCompiler
 from axlearn.common.trainer_events import TrainerEvents
 from axlearn.common.trainer_metrics import MetricsRecorder
 from axlearn.common.trainer_profiler import Profiler
@@ -78,6 +79,7 @@ from axlearn.common.trainer_step import (  # noqa: F401 (public names)
     PendingStep,
     TrainStep,
     TrainStepResult,
+    XscSteps,
     abstract_step_inputs,
     batch_sharding_of,
     opt_params,
@@ -117,7 +119,7 @@ LAUNCH_FIELDS = ("on_run_start", "verbose_start", "save_and_eval_last_step")
 
 
 # pylint: disable-next=too-many-instance-attributes
-class SpmdTrainer(Module):
+class SpmdTrainer(TrainStepCompiler, Module):
     """Trains `model` with `learner` on `input` over a device mesh; see the module docstring."""
 
     @config_class
@@ -168,6 +170,12 @@ class SpmdTrainer(Module):
         crash_on_hang_timeout_seconds: Optional[float] = None
         # If set, samples the devices; a stall while they are idle is logged as a hang at once.
         device_monitor: Optional[DeviceMonitor.Config] = None
+        # Instantiates to a thunk returning a context manager that init, compile and the
+        # training loop run inside (AXLearn's field); None: no extra context.
+        context_manager: Optional[ConfigOr[Callable[[], ContextManager]]] = None
+        # Instantiates to step -> whether that step runs under XLA's silent-data-corruption
+        # checker (TPU only; elsewhere a warning and no check). None: never.
+        xsc_check_policy: Optional[ConfigOr[Callable[[int], bool]]] = None
         # Log the per-step line every this many steps (None: every step).
         log_every_n_steps: Optional[int] = None
         # Peak FLOP/s per device for MFU; None: the peak table, or a matmul probe on CPU.
@@ -256,6 +264,8 @@ class SpmdTrainer(Module):
                     model_param_partition_specs=model_param_partition_specs,
                 )
         self._per_param_train_dtype = maybe_instantiate(cfg.train_dtype)
+        self._context_manager = maybe_instantiate(cfg.context_manager) or contextlib.nullcontext
+        self._xsc = XscSteps(maybe_instantiate(cfg.xsc_check_policy), path=self.path())
         self._input_iter = None
         # The parts (see docs/trainer.md); the metrics recorder is built for each run.
         self._checkpoints = CheckpointDriver(
@@ -402,6 +412,15 @@ class SpmdTrainer(Module):
         self._step_log("Restored checkpoint at step %s.", restored.step)
         return self._step
 
+    def save_checkpoint(self, evaler_summaries: Optional[dict[str, Any]]) -> None:
+        """Saves the current step's state if the checkpointer's policy says so (AXLearn's API).
+
+        Args:
+            evaler_summaries: {evaler name: its summaries, or None if it did not run}.
+        """
+        with self._mesh_context():
+            self._checkpoints.save(**self._save_args(evaler_summaries))
+
     def _save_args(
         self, evaler_summaries: Optional[dict[str, Any]], *, force: bool = False
     ) -> dict[str, Any]:
@@ -414,65 +433,6 @@ class SpmdTrainer(Module):
             force=force,
             streak=self._skip_streak.streak,
         )
-
-    # ------------------------------------------------------------------------------------------
-    # The train step.
-    # ------------------------------------------------------------------------------------------
-
-    def compile_train_step(
-        self,
-        input_batch: Optional[NestedTensor] = None,
-        *,
-        trainer_state_specs: Optional[TrainerState] = None,
-        compiler_options: Optional[dict[str, Any]] = None,
-        donate_state: bool = True,
-        input_finite: bool = False,
-    ) -> Any:
-        """Lowers and compiles the train step (ahead of time: nothing runs).
-
-        Args:
-            input_batch: The global input batch (arrays, or ShapeDtypeStructs with shardings).
-                None: the shapes come from the input's `element_spec()`
-                (`trainer_utils.global_batch_specs`), so a trainer built on devices this process
-                cannot run on (AOT compilation for a TPU topology) compiles without data.
-            trainer_state_specs: The trainer state's shapes (arrays or ShapeDtypeStructs). None:
-                the current state if initialized, else `self.trainer_state_specs`.
-            compiler_options: XLA compiler options for `Lowered.compile`
-                (see `axlearn.common.compiler_options`).
-            donate_state: Whether the step donates the trainer state's buffers (reuses them for
-                the new state). The trainer compiles a non-donating variant too when saves
-                reference the state (CPU), for the step after each save.
-            input_finite: Whether the step also returns whether its input state's parameters
-                and optimizer state are all finite (that variant checks the state just saved,
-                fused with the step).
-
-        Returns:
-            The compiled step: (trainer_state, input_batch) -> `trainer_step.TrainStepResult`
-            (trainer_state, outputs, input_finite; the last None unless `input_finite`).
-        """
-        if input_batch is None:
-            input_batch = global_batch_specs(
-                self.input, mesh=self._mesh, batch_axis_names=self._config.batch_axis_names
-            )
-        if trainer_state_specs is None:
-            trainer_state_specs = self._trainer_state
-            if trainer_state_specs is None:
-                trainer_state_specs = self._trainer_state_specs
-        state, batch = abstract_step_inputs(
-            trainer_state_specs, self._trainer_state_shardings, input_batch
-        )
-        step = TrainStep(
-            model=self.model,
-            learner=self.learner,
-            param_specs=self._model_param_specs,
-            state_shardings=self._trainer_state_shardings,
-            train_dtype=self._per_param_train_dtype,
-        )
-        with self._mesh_context():
-            jitted = step.jit(
-                batch_sharding_of(batch), donate_state=donate_state, input_finite=input_finite
-            )
-            return jitted.lower(state, batch).compile(compiler_options)
 
     # ------------------------------------------------------------------------------------------
     # The loop.
@@ -504,6 +464,7 @@ class SpmdTrainer(Module):
             self._run_lock(),
             self._watchdog.running(),
             self._mesh_context(),
+            self._context_manager(),
             PreemptionHandler(timeout_seconds=cfg.preemption_timeout_seconds) as self._preemption,
         ):
             with self._events.span(EventType.DATA_LOADING):
@@ -580,8 +541,9 @@ class SpmdTrainer(Module):
             self._write_run_summary()
         if last_record is None:
             return None
-        step = last_record["step"]
-        return dict(loss=last_record["loss"], step=step, record=last_record, **self._forced_out)
+        # The loss as the step computed it (a NumPy scalar of its dtype, as AXLearn's is an array).
+        loss, step = self._last_loss, last_record["step"]
+        return dict(loss=loss, step=step, record=last_record, **self._forced_out)
 
     def _dispatch_train_step(self, global_batch: NestedTensor) -> dict[str, Any]:
         """Dispatches the next train step (updating the state); returns its outputs.
@@ -598,7 +560,10 @@ class SpmdTrainer(Module):
                 result = self._compiled_train_step_keep_state(self._trainer_state, global_batch)
                 checkpoints.resolve_pending_finite(result.input_finite)
             else:
-                result = self._compiled_train_step(self._trainer_state, global_batch)
+                step_fn = self._xsc.step_fn(
+                    self._step, global_batch, compile_fn=self.compile_train_step
+                )
+                result = (step_fn or self._compiled_train_step)(self._trainer_state, global_batch)
         self._trainer_state = result.trainer_state
         return result.outputs
 
@@ -648,7 +613,7 @@ class SpmdTrainer(Module):
         )
         metrics = self._metrics
         timing = metrics.timer.end_step(pending.step)
-        loss = float(host["loss"])
+        loss, self._last_loss = float(host["loss"]), host["loss"]
         scalars = dict(utils.flatten_items(host["summaries"]))
         if not math.isfinite(loss):
             if not self._skips_nonfinite:
@@ -752,28 +717,11 @@ class SpmdTrainer(Module):
             # the step after a save computes it; see trainer_checkpointing._DeferredFinite.)
             jax.block_until_ready(all_finite(checkpointed_floats(self._trainer_state)))
         learner_kw = dict(learner=self.learner, learner_state_specs=self._learner_state_specs)
-        self._metrics.log_model_analysis(self.model, **learner_kw)
+        state = self._trainer_state if self._step == 0 else None  # A fresh start (AXLearn's files).
+        self._metrics.log_model_analysis(self.model, trainer_state=state, **learner_kw)
         self._metrics.measure_peak()
         if hasattr(self.summary_writer, "log_config"):
             self.summary_writer.log_config(launch_free_cfg, step=self._step)
-
-    def _compile(self, global_batch: NestedTensor) -> None:
-        """AOT-compiles the train step for this batch's shapes; logs memory analysis."""
-        start = time.perf_counter()
-        with CacheLookups() as cache:  # Whether the step came from the persistent cache.
-            self._compiled_train_step = self.compile_train_step(global_batch)
-            checkpoints = self._checkpoints
-            checkpoints.choose_snapshot(self._compiled_train_step)
-            if checkpoints.saves_alias_state() or checkpoints.next_step_keeps_state:
-                self._compiled_train_step_keep_state = self.compile_train_step(
-                    global_batch, donate_state=False, input_finite=True
-                )
-        compile_seconds = time.perf_counter() - start
-        self._step_log("Compiled the train step in %.2f s (%s).", compile_seconds, cache.describe())
-        checkpoints.prepare_transfer(self._trainer_state)
-        self._metrics.on_compiled(
-            self._compiled_train_step, global_batch, compile_seconds=compile_seconds
-        )
 
     def _host_to_global(self, host_batch: NestedTensor) -> NestedTensor:
         """Turns this process's host batch into global arrays sharded over the batch axes."""

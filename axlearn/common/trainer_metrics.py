@@ -36,6 +36,9 @@ from axlearn.common.utils import NestedTensor
 
 # The parameter table (path, shape, partition spec per parameter) in the trainer dir.
 PARAMETER_TABLE_FILE = "model_parameters.txt"
+# AXLearn's files of a fresh start: the trainer state's tree structure, and the model analysis.
+STATE_TREE_FILE = "trainer_state_tree.txt"
+MODEL_ANALYSIS_FILE = "model_analysis.txt"
 
 
 def write_text_file(path: str, text: str) -> None:
@@ -190,8 +193,12 @@ class MetricsRecorder:
         *,
         learner: Optional[Any] = None,
         learner_state_specs: Optional[NestedTensor] = None,
+        trainer_state: Optional[Any] = None,
     ) -> None:
         """Writes the parameter table, logs the parameter count and the pipeline report.
+
+        With `trainer_state` given (a run's fresh start), also writes AXLearn's
+        `trainer_state_tree.txt` (the state's tree structure) and `model_analysis.txt` (the table).
 
         With `learner` given, also logs how many parameters it trains and freezes (its update
         rules, e.g. LoRA's adapters only) and how many values its optimizer state holds.
@@ -200,6 +207,7 @@ class MetricsRecorder:
             model: The model module (for the pipeline report).
             learner: The learner (its `should_update_with_optimizers`), or None.
             learner_state_specs: The learner's state specs (the "optimizer" entry is counted).
+            trainer_state: The initialized trainer state, or None.
         """
         num_params = utils.count_model_params(self._param_specs)
         self._num_params = num_params
@@ -216,6 +224,12 @@ class MetricsRecorder:
         table_path = os.path.join(self._cfg.dir, PARAMETER_TABLE_FILE)
         if jax.process_index() == 0:
             write_text_file(table_path, header + "\n".join(rows))
+            if trainer_state is not None:
+                tree = str(jax.tree_util.tree_structure(trainer_state))
+                write_text_file(os.path.join(self._cfg.dir, STATE_TREE_FILE), tree)
+                write_text_file(
+                    os.path.join(self._cfg.dir, MODEL_ANALYSIS_FILE), header + "\n".join(rows)
+                )
         if learner is not None:
             self._log("%s", format_trainable_counts(counts))
         if self._verbose_start:

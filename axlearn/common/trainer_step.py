@@ -12,8 +12,10 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import numpy as np
+from absl import logging
 
 from axlearn.common import utils
+from axlearn.common.compiler_options import infer_xsc_compiler_options
 from axlearn.common.module import Module, child_context, new_output_collection
 from axlearn.common.module import functional as F
 from axlearn.common.trainer_checkpointing import TrainerState, checkpointed_floats
@@ -254,3 +256,50 @@ def batch_sharding_of(batch: Any) -> Any:
         The same structure of shardings.
     """
     return jax.tree.map(lambda x: x.sharding, batch)
+
+
+class XscSteps:
+    """The steps `SpmdTrainer.Config.xsc_check_policy` runs under XLA's silent-data-corruption
+    checker (XSC), and the train step compiled for them (with `infer_xsc_compiler_options`).
+
+    XSC exists only on TPU: elsewhere a set policy is logged as ignored (as AXLearn does).
+    """
+
+    def __init__(self, policy: Optional[Callable[[int], bool]], *, path: str):
+        """Builds the policy's state.
+
+        Args:
+            policy: step -> whether it runs under XSC; None: never.
+            path: The trainer's path (for the log line).
+        """
+        backend = jax.default_backend()
+        if policy is not None and backend != "tpu":
+            logging.warning(
+                "%s.xsc_check_policy is set, but XLA's silent-data-corruption checker runs only "
+                "on TPU (backend: %s): training without it.",
+                path,
+                backend,
+            )
+            policy = None
+        self._policy = policy
+        self._compiled = None
+        self.checked_steps: list[int] = []  # The steps that ran under XSC.
+
+    def step_fn(self, step: int, global_batch: Any, *, compile_fn: Callable[..., Any]) -> Any:
+        """The compiled XSC train step if `step` runs under XSC, else None.
+
+        Args:
+            step: The step about to be dispatched.
+            global_batch: Its global input batch (for the first XSC compile).
+            compile_fn: `SpmdTrainer.compile_train_step`.
+
+        Returns:
+            The compiled step, or None (run the ordinary one).
+        """
+        if self._policy is None or not self._policy(step):
+            return None
+        if self._compiled is None:
+            options = infer_xsc_compiler_options(device_kind=jax.devices()[0].device_kind)
+            self._compiled = compile_fn(global_batch, compiler_options=options)
+        self.checked_steps.append(step)
+        return self._compiled

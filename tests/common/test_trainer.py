@@ -419,3 +419,72 @@ def test_ignore_undefined_loss_learner_skips_nan_steps_and_the_run_goes_on(tmp_p
     assert records[5]["perf/nonfinite_steps"] == 1
     leaves = jax.tree.leaves(trainer.trainer_state.model)
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in leaves)
+
+
+# ----------------------------------------------------------------------------------------------
+# AXLearn's fields, files and outputs.
+# ----------------------------------------------------------------------------------------------
+
+
+def test_context_manager_wraps_init_compile_and_every_step(tmp_path):
+    events = []
+    steps_seen = []
+
+    class _Context:
+        def __enter__(self):
+            events.append("enter")
+
+        def __exit__(self, *exc):
+            events.append("exit")
+
+    cfg = tu.bigram_trainer_config(str(tmp_path), max_step=3)
+    cfg.context_manager = _Context
+    trainer = cfg.instantiate(parent=None)
+    original = trainer._dispatch_train_step
+
+    def dispatch(batch):
+        steps_seen.append((trainer.step, events.count("enter") - events.count("exit")))
+        return original(batch)
+
+    trainer._dispatch_train_step = dispatch
+    out = trainer.run(jax.random.PRNGKey(0))
+    assert out["step"] == 3
+    # Every step was dispatched inside the context (depth >= 1); it was left at the end.
+    assert [s for s, _ in steps_seen] == [1, 2, 3] and all(d >= 1 for _, d in steps_seen)
+    assert events[0] == "enter" and events[-1] == "exit"
+    assert events.count("enter") == events.count("exit")
+
+
+def test_run_output_loss_keeps_the_step_dtype_and_fresh_start_files(tmp_path):
+    cfg = tu.bigram_trainer_config(str(tmp_path), max_step=2)
+    trainer, out = _run(cfg)
+    assert out["loss"].dtype == np.float32 and float(out["loss"]) == out["record"]["loss"]
+    with open(os.path.join(tmp_path, "trainer_state_tree.txt"), encoding="utf-8") as f:
+        tree = f.read()
+    assert tree.startswith("PyTreeDef(CustomNode(namedtuple[TrainerState], [*, ")
+    assert tree.strip() == str(jax.tree_util.tree_structure(trainer.trainer_state))
+    with open(os.path.join(tmp_path, "model_analysis.txt"), encoding="utf-8") as f:
+        assert f.read().startswith("Model parameters: ")
+
+
+def test_save_checkpoint_follows_the_policy(tmp_path):
+    cfg = tu.bigram_trainer_config(str(tmp_path), max_step=2, checkpoint_every=1)
+    trainer, _ = _run(cfg)
+    ckpt_dir = os.path.join(tmp_path, "checkpoints")
+    before = sorted(os.listdir(ckpt_dir))
+    trainer.save_checkpoint(None)  # Step 2 is saved already: the policy does not save twice.
+    trainer.checkpointer.wait_until_finished()
+    assert sorted(os.listdir(ckpt_dir)) == before
+    assert "step_00000002" in before
+
+
+def test_xsc_check_policy_is_ignored_with_a_warning_off_tpu(tmp_path, caplog):
+    calls = []
+    cfg = tu.bigram_trainer_config(str(tmp_path), max_step=3)
+    cfg.xsc_check_policy = lambda step: calls.append(step) or True
+    trainer, out = _run(cfg)
+    assert out["step"] == 3 and calls == []  # Never asked: no checker on CPU.
+    assert "xsc_check_policy is set, but XLA's silent-data-corruption checker runs only on TPU" in (
+        caplog.text
+    )
+    assert trainer._xsc.checked_steps == []
