@@ -42,6 +42,7 @@ from axlearn.common.config import (
     config_for_function,
     maybe_instantiate,
 )
+from axlearn.common.learner_base import LearnerModule
 from axlearn.common.learner_updates import (  # noqa: F401 (AXLearn's names)
     _apply_updates,
     _forward_and_grads,
@@ -122,30 +123,8 @@ def _tree_where(pred: Tensor, new: Any, old: Any) -> Any:
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
 
 
-class BaseLearner(Module):
-    """The interface of learners."""
-
-    def create_state_partition_specs(self, model_param_specs: Nested[Any]) -> Any:
-        """Returns the specs (shape, dtype, mesh_axes) of the learner state.
-
-        Args:
-            model_param_specs: The model's parameter specs.
-
-        Returns:
-            A tree with the structure of `init(...)` and OptStateSpec leaves.
-        """
-        raise NotImplementedError(type(self))
-
-    def init(self, model_params: Nested[OptParam]) -> Nested[Tensor]:
-        """Returns the initial learner state.
-
-        Args:
-            model_params: The model parameters as OptParams.
-
-        Returns:
-            The state.
-        """
-        raise NotImplementedError(type(self))
+class BaseLearner(LearnerModule):
+    """The interface of learners (state specs and `init` as in `LearnerModule`)."""
 
     def update(self, updates: Updates) -> Nested[Tensor]:
         """Transforms `updates` and applies them to the parameters.

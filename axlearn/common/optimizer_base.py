@@ -17,7 +17,7 @@ from typing import Any, Callable, NamedTuple, Optional, Protocol, Union
 
 import optax
 
-from axlearn.common.utils import Tensor, TensorSpec
+from axlearn.common.utils import Nested, Tensor, TensorSpec  # noqa: F401 (AXLearn's path)
 
 
 @dataclasses.dataclass

@@ -290,7 +290,9 @@ class TestWithTemporaryCWD(TestCase):
     """Runs each test in a fresh temporary working directory."""
 
     def run(self, result=None):
-        with tempfile.TemporaryDirectory() as root, temp_chdir(os.path.realpath(root)):
+        # `_temp_root` (the TemporaryDirectory, as in AXLearn) lets a test name the directory.
+        self._temp_root = tempfile.TemporaryDirectory()  # pylint: disable=consider-using-with
+        with self._temp_root as root, temp_chdir(os.path.realpath(root)):
             return super().run(result)
 
 

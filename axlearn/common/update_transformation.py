@@ -34,6 +34,7 @@ from axlearn.common.config import (
     config_class,
     maybe_instantiate,
 )
+from axlearn.common.learner_base import LearnerModule
 from axlearn.common.module import Module
 from axlearn.common.optimizer_base import (
     OptParam,
@@ -194,33 +195,12 @@ jax.tree_util.register_dataclass(
 )
 
 
-class UpdateTransformation(Module):
+class UpdateTransformation(LearnerModule):
     """A module transforming `Updates` (e.g. an optimizer turning gradients into deltas).
 
     Its state is the learner state entry it is given (`Learner` gives it `state["optimizer"]`).
+    `create_state_partition_specs` and `init` are those of `LearnerModule`.
     """
-
-    def create_state_partition_specs(self, model_param_specs: Nested[Any]) -> Any:
-        """Returns the specs of the state.
-
-        Args:
-            model_param_specs: The parameter specs (masked entries None/MaskedNode).
-
-        Returns:
-            A tree with the structure of `init(...)` whose leaves are specs.
-        """
-        raise NotImplementedError(type(self))
-
-    def init(self, model_params: Nested[OptParam]) -> Any:
-        """Returns the initial state.
-
-        Args:
-            model_params: The parameters as OptParams (masked entries None/MaskedNode).
-
-        Returns:
-            The state.
-        """
-        raise NotImplementedError(type(self))
 
     def transform_update(self, updates: Updates) -> Updates:
         """Returns the transformed `updates`; the new state is added as state updates.

@@ -243,6 +243,29 @@ def adam_partition(base: optax.GradientTransformation) -> PartitionedGradientTra
     return with_partition_fn(base, partition_fn)
 
 
+def replace_with_updates() -> PartitionedGradientTransformation:
+    """Returns a transformation after which each parameter's new value is its update (gradient).
+
+    The learner adds the returned delta to the parameter, so the delta is `update - param`. Used
+    for parameters that carry statistics computed in the backward pass as their "gradients"
+    (see gradient_monitor.py).
+
+    Returns:
+        The stateless transformation.
+    """
+
+    def update_fn(updates, state, params):
+        if params is None:
+            raise ValueError("replace_with_updates needs params (their values are replaced)")
+        return jax.tree.map(lambda u, p: u - p.value, updates, params), state
+
+    return PartitionedGradientTransformation(
+        init=lambda params: optax.EmptyState(),
+        update=update_fn,
+        partition=lambda param_specs: optax.EmptyState(),
+    )
+
+
 def scale(step_size: float) -> PartitionedGradientTransformation:
     """Multiplies updates by a constant.
 
