@@ -140,6 +140,9 @@ class SpmdTrainer(Module):
         checkpointer: Module.Config = Checkpointer.default_config()
         # Evalers by name; each runs on its own policy.
         evalers: dict[str, SpmdEvaler.Config] = {}
+        # If set, a host stage between the input and each train step (e.g. GRPO's rollouts,
+        # `grpo.rollout.GrpoRollout`), instantiated with model=; see `_process_batch`.
+        batch_processor: Optional[InstantiableConfig] = None
         # Whether checkpoints include the input iterator position.
         save_input_iterator: bool = False
         # Steps at which to start a 3-step jax.profiler trace (written under the summary dir).
@@ -215,6 +218,8 @@ class SpmdTrainer(Module):
             )
             self._add_child("model", cfg.model)
             self._add_child("learner", cfg.learner)
+            if cfg.batch_processor is not None:
+                self._add_child("batch_processor", cfg.batch_processor, model=self.model)
             ckpt_cfg = cfg.checkpointer.clone()
             if is_unset(getattr(ckpt_cfg, "dir", None)):
                 ckpt_cfg.dir = os.path.join(cfg.dir, "checkpoints")
@@ -539,19 +544,23 @@ class SpmdTrainer(Module):
                 except StopIteration:
                     self._step_log("Reached the end of the input; stopping.")
                     break
-                global_batch = self._host_to_global(host_batch)
+                if cfg.batch_processor is None:
+                    global_batch = self._host_to_global(host_batch)
             in_flight = None if pending is None else pending.outputs["loss"]
             self._profiler.before_step(
                 self._step + 1, in_flight=in_flight, overhead=profiler_overhead
             )
-            if self._compiled_train_step is None:
-                check_token_ids(host_batch, self._config.model, path=f"{self.path()}.model")
-                with timer.overhead("compile"):
-                    self._compile(global_batch)
-            self._step += 1
-            self._events.step_started(self._step)
-            outputs = self._dispatch_train_step(global_batch)
-            current = _PendingStep(step=self._step, outputs=outputs, batch=host_batch)
+            if cfg.batch_processor is not None:
+                current = self._process_batch(host_batch)
+            else:
+                if self._compiled_train_step is None:
+                    check_token_ids(host_batch, self._config.model, path=f"{self.path()}.model")
+                    with timer.overhead("compile"):
+                        self._compile(global_batch)
+                self._step += 1
+                self._events.step_started(self._step)
+                outputs = self._dispatch_train_step(global_batch)
+                current = _PendingStep(step=self._step, outputs=outputs, batch=host_batch)
             if pending is not None:
                 last_record = self._finish_step(pending)
             pending = current
@@ -572,6 +581,34 @@ class SpmdTrainer(Module):
             return None
         step = last_record["step"]
         return dict(loss=last_record["loss"], step=step, record=last_record, **self._forced_out)
+
+    def _process_batch(self, host_batch: NestedTensor) -> _PendingStep:
+        """Runs a step through `batch_processor`: process(host batch, trainer_state=) inside the
+        step's interval (its spans are phases of the step), then the train step on the result,
+        waited for (the next batch needs its parameters); the processor's
+        `step_summaries(training_seconds=)` join the step's summaries.
+        """
+        processor = self.batch_processor
+        self._step += 1
+        self._events.step_started(self._step)
+        batch = processor.process(host_batch, trainer_state=self._trainer_state)
+        global_batch = self._host_to_global(batch)
+        if self._compiled_train_step is None:
+            check_token_ids(batch, self._config.model, path=f"{self.path()}.model")
+            with self._events.span(
+                EventType.CUSTOM_BADPUT_EVENT, custom_badput_event_type="compile"
+            ):
+                with self._metrics.timer.overhead("compile"):
+                    self._compile(global_batch)
+        start = time.perf_counter()
+        current = _PendingStep(
+            step=self._step, outputs=self._dispatch_train_step(global_batch), batch=batch
+        )
+        self._drain(current)
+        current.extra_scalars = processor.step_summaries(
+            training_seconds=time.perf_counter() - start
+        )
+        return current
 
     def _dispatch_train_step(self, global_batch: NestedTensor) -> dict[str, Any]:
         """Dispatches the next train step (updating the state); returns its outputs.
@@ -639,7 +676,7 @@ class SpmdTrainer(Module):
         metrics = self._metrics
         timing = metrics.timer.end_step(pending.step)
         loss = float(host["loss"])
-        scalars = dict(utils.flatten_items(host["summaries"]))
+        scalars = dict(utils.flatten_items(host["summaries"]), **pending.extra_scalars)
         if not math.isfinite(loss):
             if not self._skips_nonfinite:
                 raise NonFiniteLossError(step=pending.step, loss=loss)
@@ -804,3 +841,5 @@ class _PendingStep:
         self.outputs = outputs
         self.batch = batch
         self.drained = False
+        # Host scalars of the step (a batch processor's), added to its summaries.
+        self.extra_scalars: dict[str, float] = {}
