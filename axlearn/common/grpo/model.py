@@ -246,7 +246,9 @@ class GrpoModel(BaseModel):
             Float32 [N, L - 1] at the model's temperature.
         """
         with child_context(
-            "reference_eval", module=self.reference, state=self.state["reference"],
+            "reference_eval",
+            module=self.reference,
+            state=self.state["reference"],
             is_training=False,
         ):
             logits = self.reference.predict(input_batch=dict(input_ids=input_batch["input_ids"]))
@@ -302,4 +304,6 @@ class GrpoModel(BaseModel):
             ("completion_length", mask.astype(jnp.float32).sum(axis=1).mean()),
         ):
             self.add_summary(name, WeightedScalar(value, num))
-        return out.loss, dict(policy_loss=out.policy_loss, kl=out.kl, clip_fraction=out.clip_fraction)
+        return out.loss, dict(
+            policy_loss=out.policy_loss, kl=out.kl, clip_fraction=out.clip_fraction
+        )

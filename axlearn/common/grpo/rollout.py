@@ -59,6 +59,54 @@ ROLLOUT_KEY_SALT = 0x6772706F
 SUMMARY_PREFIX = "grpo/"
 
 
+def score_rollouts(
+    reward: Any,
+    ids: np.ndarray,
+    batch: dict[str, np.ndarray],
+    *,
+    group_size: int,
+    pad_id: int,
+    eos_id: int,
+    prefix_key: str,
+    config_path: str,
+) -> np.ndarray:
+    """The reward of each rollout row (host).
+
+    Args:
+        reward: `reward(prompt=, completion=, example=) -> float`.
+        ids: Int [B * G, L] rollout rows (prompt-major).
+        batch: The prompt batch: `prefix_key` [B, P] and the fields the reward reads (row i's
+            example holds prompt i // G's values).
+        group_size: G.
+        pad_id: The padding id.
+        eos_id: The stop token (a completion is cut before it).
+        prefix_key: The key of the prompts.
+        config_path: The reward's config path, for errors.
+
+    Returns:
+        Float32 [B * G].
+
+    Raises:
+        RewardError: If the reward raises or returns a non-finite value (one line naming
+            `config_path`).
+    """
+    prefix = np.asarray(batch[prefix_key])
+    prompts, completions = split_completions(
+        ids, prefix, group_size=group_size, pad_id=pad_id, eos_id=eos_id
+    )
+    examples = [
+        {k: np.asarray(v[row // group_size]) for k, v in batch.items() if k != prefix_key}
+        for row in range(ids.shape[0])
+    ]
+    return score_samples(
+        reward,
+        prompts=prompts,
+        completions=completions,
+        examples=examples,
+        config_path=config_path,
+    )
+
+
 class PromptIterator:
     """Iterates a prompt source's batches; `get_state`/`set_state` save the batch index."""
 
@@ -272,7 +320,7 @@ class GrpoRollout(Module):
     # The host side.
 
     def score(self, ids: np.ndarray, batch: dict[str, np.ndarray]) -> np.ndarray:
-        """The reward of each rollout row (host).
+        """The reward of each rollout row (host; `score_rollouts` with this config).
 
         Args:
             ids: Int [B * G, L] rollout rows.
@@ -280,26 +328,16 @@ class GrpoRollout(Module):
 
         Returns:
             Float32 [B * G].
-
-        Raises:
-            RewardError: If the reward raises or returns a non-finite value (one line naming
-                `<path>.reward`).
         """
         cfg = self.config
-        group = cfg.group_size
-        prefix = np.asarray(batch[cfg.prefix_key])
-        prompts, completions = split_completions(
-            ids, prefix, group_size=group, pad_id=self._model.pad_id, eos_id=self._model.eos_id
-        )
-        examples = [
-            {k: np.asarray(v[row // group]) for k, v in batch.items() if k != cfg.prefix_key}
-            for row in range(ids.shape[0])
-        ]
-        return score_samples(
+        return score_rollouts(
             self._reward,
-            prompts=prompts,
-            completions=completions,
-            examples=examples,
+            ids,
+            batch,
+            group_size=cfg.group_size,
+            pad_id=self._model.pad_id,
+            eos_id=self._model.eos_id,
+            prefix_key=cfg.prefix_key,
             config_path=f"{self.path()}.reward",
         )
 
@@ -311,9 +349,7 @@ class GrpoRollout(Module):
                 self._jit[name] = jax.jit(fn).lower(*args).compile()
         return self._jit[name]
 
-    def process(
-        self, batch: dict[str, np.ndarray], *, trainer_state: Any
-    ) -> dict[str, np.ndarray]:
+    def process(self, batch: dict[str, np.ndarray], *, trainer_state: Any) -> dict[str, np.ndarray]:
         """Turns a prompt batch into a rollout batch with the current policy; see above.
 
         Args:

@@ -32,11 +32,11 @@ from __future__ import annotations
 
 from axlearn.common import dpo, evaler, learner, optimizers, post_training_data, schedule, sft
 from axlearn.common.checkpointer import every_n_steps_and_last_policy
+from axlearn.common.config import config_for_function
 from axlearn.common.grpo import copy_task, rewards
 from axlearn.common.grpo.model import FROZEN_REFERENCE_RULES as GRPO_FROZEN_REFERENCE_RULES
 from axlearn.common.grpo.model import GrpoModel
 from axlearn.common.grpo.rollout import GrpoRollout, PromptInput
-from axlearn.common.config import config_for_function
 from axlearn.common.summary_writer import CompositeWriter, JsonlWriter, SummaryWriter
 from axlearn.common.trainer import SpmdTrainer
 from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
