@@ -567,6 +567,8 @@ class SpmdTrainer(Module):
             self._after_step_dispatch(current)
             if self._preemption.requested(step=self._step):
                 self._stop_for_preemption(current)
+            if cfg.batch_processor is not None:  # Not pipelined: the step ends here.
+                last_record, pending = self._finish_step(current), None
         if pending is not None:
             last_record = self._finish_step(pending)
         self._profiler.stop()

@@ -393,13 +393,14 @@ class GrpoRollout(Module):
         with measurement.record_span(
             measurement.EventType.CUSTOM_BADPUT_EVENT, custom_badput_event_type=REFERENCE_SPAN
         ):
-            ref = jax.device_get(reference(params, prefix, ids_device))
             t3 = timer()
+            ref = jax.device_get(reference(params, prefix, ids_device))
+            t4 = timer()
         self._last = dict(
             sampling_seconds=t1 - t0,
             reward_seconds=t2 - t1,
             rollout_seconds=t2 - t0,
-            reference_seconds=t3 - t2,
+            reference_seconds=t4 - t3,
             rollout_tokens_per_s=ids.shape[0] * cfg.max_new_tokens / max(t1 - t0, 1e-9),
         )
         return dict(
