@@ -11,8 +11,9 @@ GRPO on the digit-copy task (`axlearn.common.grpo.copy_task`).
 - `sft-tiny-strings`: a 2-layer, dim-64 decoder (character vocabulary) learns the instruction
   set (`reverse cafe` -> `efac`, ...) with the loss on response tokens only; packed rows of 128
   tokens. The `validation` evaler's loss is the held-out response loss (every 5th record).
-- `dpo-tiny-strings`: the same model trained with DPO (`dpo.DpoModel`, beta 0.1) on the
-  preference set (the right answer chosen, the input copied rejected); the frozen reference is
+- `dpo-tiny-strings`: the same model trained with DPO (`dpo.DpoModel`, beta 0.3) on the
+  preference set (the right answer chosen; the input copied or another instruction's answer
+  rejected, see `post_training_data`); the frozen reference is
   held in the trainer state without optimizer state. The `validation` evaler reports
   rewards/accuracy on held-out pairs.
 - `grpo-copy-digits`: GRPO in `SpmdTrainer`: a 2-layer, dim-64 decoder (untied head) from random
@@ -163,7 +164,7 @@ def dpo_trainer_config(
     num_layers: int = 2,
     model_dim: int = 64,
     peak_lr: float = 3e-3,
-    beta: float = 0.1,
+    beta: float = 0.3,
     loss_type: str = "sigmoid",
     eval_every_n_steps: int = 50,
 ) -> SpmdTrainer.Config:
