@@ -17,7 +17,9 @@ stays pipelined (step N-1's metrics are read while step N runs). Every host acti
 step's interval (compile, input wait, summaries, eval, checkpoint, profiler) is timed and charged
 to that step as an overhead, so the log shows a step's wall time and what it was spent on. Eval
 and checkpoint of step N run after step N is dispatched and before step N+1 is, so they land in
-step N's interval. See docs/trainer.md and docs/metrics.md.
+step N's interval. See docs/trainer.md and docs/metrics.md. With a `batch_processor` (GRPO's
+rollouts, `grpo.rollout`) steps are not pipelined: the processor makes the step's batch from the
+host batch and the current state, then the step runs and is waited for (`_process_batch`).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ from axlearn.common.trainer_checkpointing import (  # noqa: F401 (public names)
     TrainerState,
     checkpointed_floats,
     input_is_checkpointable,
+    new_input_iterator,
 )
 from axlearn.common.trainer_events import TrainerEvents
 from axlearn.common.trainer_metrics import MetricsRecorder
@@ -820,19 +823,9 @@ class SpmdTrainer(Module):
         return host_to_global_array(host_batch, mesh=self._mesh, partition=self._batch_spec)
 
     def _new_input_iterator(self):
-        """An iterator of host batches (dicts of NumPy arrays) from the start of the input.
-
-        Inputs that can save their position (`iter(input)` + `iterator_state`) are iterated
-        directly so the iterator can be checkpointed; others through `dataset()`.
-        """
+        """An iterator of host batches from the start of the input (`new_input_iterator`)."""
         self._batch_spec = None
-        input_module = self.input
-        if input_is_checkpointable(input_module):
-            return iter(input_module)
-        dataset = input_module.dataset() if hasattr(input_module, "dataset") else input_module
-        if hasattr(dataset, "as_numpy_iterator"):
-            return dataset.as_numpy_iterator()
-        return iter(dataset)
+        return new_input_iterator(self.input)
 
 
 class _PendingStep:

@@ -123,6 +123,26 @@ def input_is_checkpointable(input_module: Any) -> bool:
     return hasattr(input_module, "iterator_state") and hasattr(input_module, "restore_iterator")
 
 
+def new_input_iterator(input_module: Any) -> Any:
+    """An iterator of host batches (dicts of NumPy arrays) from the start of `input_module`.
+
+    Inputs that can save their position (`iter(input)` + `iterator_state`) are iterated
+    directly so the iterator can be checkpointed; others through `dataset()`.
+
+    Args:
+        input_module: The trainer's input.
+
+    Returns:
+        The iterator.
+    """
+    if input_is_checkpointable(input_module):
+        return iter(input_module)
+    dataset = input_module.dataset() if hasattr(input_module, "dataset") else input_module
+    if hasattr(dataset, "as_numpy_iterator"):
+        return dataset.as_numpy_iterator()
+    return iter(dataset)
+
+
 def checkpointed_floats(state: TrainerState) -> Any:
     """The parts of `state` checked for NaN/inf before each save (parameters, learner state).
 
