@@ -237,6 +237,11 @@ class GrpoRollout(Module):
         ):  # fmt: skip
             if not ok:
                 raise ValueError(f"{self.path()}.{name}={getattr(cfg, name)!r}: must be {what}.")
+        if jax.process_count() > 1:
+            raise ValueError(
+                f"{self.path()}: GrpoRollout runs on one process ({jax.process_count()} "
+                "processes here); run GRPO on a single host."
+            )
         for name in ("sample_rollouts", "reference_log_probs", "pad_id", "eos_id"):
             if not hasattr(model, name):
                 raise ValueError(

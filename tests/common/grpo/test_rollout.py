@@ -92,6 +92,15 @@ def test_bad_fields_name_the_config_path(tmp_path, field, value, message):
         cfg.instantiate(parent=None)
 
 
+def test_a_model_without_rollout_methods_is_refused(tmp_path):
+    cfg = _config(str(tmp_path))
+    cfg.model = cfg.model.policy
+    with pytest.raises(
+        ValueError, match=r"^grpo_trainer.batch_processor: the trainer's model Model has no "
+    ):
+        cfg.instantiate(parent=None)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("grpo_spmd")
