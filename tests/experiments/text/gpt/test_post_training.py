@@ -21,7 +21,6 @@ from axlearn.common.learner import UpdateType
 from axlearn.common.trainer import SpmdTrainer
 from axlearn.experiments.text.gpt import post_training
 
-
 _GOLDENS = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))),
     "testdata",
