@@ -1,8 +1,9 @@
 """Rollout speed of the GRPO loop vs `axlearn generate`'s decoding, same model and batch.
 
 Both decode with the same KV-cache sampler (`Decoder.sample_decode`) on the GRPO toy model
-(`axlearn.experiments.text.gpt.grpo_copy`, random weights): the GRPO trainer's compiled rollout
-(`num_prompts` prompts x `group_size` samples, as in each training step, ids fetched to the
+(the `grpo-copy-digits` SpmdTrainer config of `axlearn.experiments.text.gpt.post_training`,
+random weights): the rollout of its batch processor (`grpo.rollout.GrpoRollout.sample`, compiled
+as in each training step: `num_prompts` prompts x `group_size` samples, ids fetched to the
 host) and `InferenceRunner.sample_decode` (what `axlearn generate` runs) on the same
 num_prompts * group_size prompts with the same parameters, temperature and stop token. Both
 are compiled before timing. Rounds are interleaved (GRPO, generate, GRPO, ...); each side's
@@ -31,7 +32,7 @@ import numpy as np  # noqa: E402
 from axlearn.common.checkpointer import Checkpointer  # noqa: E402
 from axlearn.common.inference import InferenceRunner  # noqa: E402
 from axlearn.experiments.text.gpt.common import MESH_AXIS_NAMES  # noqa: E402
-from axlearn.experiments.text.gpt.grpo_copy import grpo_copy_trainer_config  # noqa: E402
+from axlearn.experiments.text.gpt.post_training import grpo_trainer_config  # noqa: E402
 
 
 def main() -> None:
@@ -49,30 +50,32 @@ def main() -> None:
         parser.error("--rounds and --calls must be >= 1")
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = grpo_copy_trainer_config(
+        cfg = grpo_trainer_config(
             num_prompts=args.num_prompts,
             group_size=args.group_size,
             model_dim=args.model_dim,
             num_layers=args.num_layers,
-        ).set(dir=tmp, max_new_tokens=args.max_new_tokens)
+        ).set(dir=tmp)
+        cfg.batch_processor.max_new_tokens = args.max_new_tokens
         trainer = cfg.instantiate(parent=None)
-        trainer.restore_or_init(jax.random.PRNGKey(0))
-        prefix = np.asarray(trainer.prompts.batch(0)["prefix"], np.int32)
-        trainer._compile(prefix)  # pylint: disable=protected-access
-        rollout = trainer._compiled["rollout"]  # pylint: disable=protected-access
-        params = trainer.trainer_state["model"]
-        key = trainer.trainer_state["prng_key"]
+        trainer.init(jax.random.PRNGKey(0))
+        processor = trainer.batch_processor
+        prefix = np.asarray(trainer.input.source.batch(0)["prefix"], np.int32)
+        state = trainer.trainer_state
+        rollout = jax.jit(processor.sample).lower(state.model, state.prng_key, prefix).compile()
+        params, key = state.model, state.prng_key
+        temperature = cfg.model.temperature
 
         runner_cfg = InferenceRunner.default_config().set(
             name="runner",
             mesh_shape=(1,) * len(MESH_AXIS_NAMES),
             mesh_axis_names=MESH_AXIS_NAMES,
             batch_axis_names=("data", "fsdp"),
-            model=cfg.model.clone(),
+            model=cfg.model.policy.clone(),
             checkpointer=Checkpointer.default_config().set(dir=os.path.join(tmp, "none")),
         )
         runner = runner_cfg.instantiate(parent=None)
-        runner.set_params(params)
+        runner.set_params(params["policy"])
         prompts = [list(row) for row in np.repeat(prefix, args.group_size, axis=0)]
         eos = runner.eos_token_id
 
@@ -84,7 +87,7 @@ def main() -> None:
             out = runner.sample_decode(
                 prompts,
                 max_new_tokens=args.max_new_tokens,
-                temperature=cfg.temperature,
+                temperature=temperature,
                 stop_tokens=[eos],
                 seed=0,
             )

@@ -17,7 +17,9 @@ stays pipelined (step N-1's metrics are read while step N runs). Every host acti
 step's interval (compile, input wait, summaries, eval, checkpoint, profiler) is timed and charged
 to that step as an overhead, so the log shows a step's wall time and what it was spent on. Eval
 and checkpoint of step N run after step N is dispatched and before step N+1 is, so they land in
-step N's interval. See docs/trainer.md and docs/metrics.md.
+step N's interval. See docs/trainer.md and docs/metrics.md. With a `batch_processor` (GRPO's
+rollouts, `grpo.rollout`) steps are not pipelined: the processor makes the step's batch from the
+host batch and the current state, then the step runs and is waited for (`_process_batch`).
 """
 
 from __future__ import annotations
@@ -154,6 +156,9 @@ class SpmdTrainer(TrainStepCompiler, Module):
         init_state_builder: Optional[Builder.Config] = None
         # Evalers by name; each runs on its own policy.
         evalers: dict[str, SpmdEvaler.Config] = {}
+        # If set, a host stage between the input and each train step (e.g. GRPO's rollouts,
+        # `grpo.rollout.GrpoRollout`), instantiated with model=; see `_process_batch`.
+        batch_processor: Optional[InstantiableConfig] = None
         # Whether checkpoints include the input iterator position.
         save_input_iterator: bool = False
         # Steps at which to start a 3-step jax.profiler trace (written under the summary dir).
@@ -235,6 +240,8 @@ class SpmdTrainer(TrainStepCompiler, Module):
             )
             self._add_child("model", cfg.model)
             self._add_child("learner", cfg.learner)
+            if cfg.batch_processor is not None:
+                self._add_child("batch_processor", cfg.batch_processor, model=self.model)
             ckpt_cfg = cfg.checkpointer.clone()
             if is_unset(getattr(ckpt_cfg, "dir", None)):
                 ckpt_cfg.dir = os.path.join(cfg.dir, "checkpoints")
@@ -510,25 +517,31 @@ class SpmdTrainer(TrainStepCompiler, Module):
                 except StopIteration:
                     self._step_log("Reached the end of the input; stopping.")
                     break
-                global_batch = self._host_to_global(host_batch)
+                if cfg.batch_processor is None:
+                    global_batch = self._host_to_global(host_batch)
             in_flight = None if pending is None else pending.outputs["loss"]
             self._profiler.before_step(
                 self._step + 1, in_flight=in_flight, overhead=profiler_overhead
             )
-            if self._compiled_train_step is None:
-                check_token_ids(host_batch, self._config.model, path=f"{self.path()}.model")
-                with timer.overhead("compile"):
-                    self._compile(global_batch)
-            self._step += 1
-            self._events.step_started(self._step)
-            outputs = self._dispatch_train_step(global_batch)
-            current = PendingStep(step=self._step, outputs=outputs, batch=host_batch)
+            if cfg.batch_processor is not None:
+                current = self._process_batch(host_batch)
+            else:
+                if self._compiled_train_step is None:
+                    check_token_ids(host_batch, self._config.model, path=f"{self.path()}.model")
+                    with timer.overhead("compile"):
+                        self._compile(global_batch)
+                self._step += 1
+                self._events.step_started(self._step)
+                outputs = self._dispatch_train_step(global_batch)
+                current = PendingStep(step=self._step, outputs=outputs, batch=host_batch)
             if pending is not None:
                 last_record = self._finish_step(pending)
             pending = current
             self._after_step_dispatch(current)
             if self._preemption.requested(step=self._step):
                 self._stop_for_preemption(current)
+            if cfg.batch_processor is not None:  # Not pipelined: the step ends here.
+                last_record, pending = self._finish_step(current), None
         if pending is not None:
             last_record = self._finish_step(pending)
         self._profiler.stop()
@@ -544,6 +557,34 @@ class SpmdTrainer(TrainStepCompiler, Module):
         # The loss as the step computed it (a NumPy scalar of its dtype, as AXLearn's is an array).
         loss, step = self._last_loss, last_record["step"]
         return dict(loss=loss, step=step, record=last_record, **self._forced_out)
+
+    def _process_batch(self, host_batch: NestedTensor) -> PendingStep:
+        """Runs a step through `batch_processor`: process(host batch, trainer_state=) inside the
+        step's interval (its spans are phases of the step), then the train step on the result,
+        waited for (the next batch needs its parameters); the processor's
+        `step_summaries(training_seconds=)` join the step's summaries.
+        """
+        processor = self.batch_processor
+        self._step += 1
+        self._events.step_started(self._step)
+        batch = processor.process(host_batch, trainer_state=self._trainer_state)
+        global_batch = self._host_to_global(batch)
+        if self._compiled_train_step is None:
+            check_token_ids(batch, self._config.model, path=f"{self.path()}.model")
+            with self._events.span(
+                EventType.CUSTOM_BADPUT_EVENT, custom_badput_event_type="compile"
+            ):
+                with self._metrics.timer.overhead("compile"):
+                    self._compile(global_batch)
+        start = time.perf_counter()
+        current = PendingStep(
+            step=self._step, outputs=self._dispatch_train_step(global_batch), batch=batch
+        )
+        self._drain(current)
+        current.extra_scalars = processor.step_summaries(
+            training_seconds=time.perf_counter() - start
+        )
+        return current
 
     def _dispatch_train_step(self, global_batch: NestedTensor) -> dict[str, Any]:
         """Dispatches the next train step (updating the state); returns its outputs.
@@ -614,7 +655,7 @@ class SpmdTrainer(TrainStepCompiler, Module):
         metrics = self._metrics
         timing = metrics.timer.end_step(pending.step)
         loss, self._last_loss = float(host["loss"]), host["loss"]
-        scalars = dict(utils.flatten_items(host["summaries"]))
+        scalars = dict(utils.flatten_items(host["summaries"]), **pending.extra_scalars)
         if not math.isfinite(loss):
             if not self._skips_nonfinite:
                 raise NonFiniteLossError(step=pending.step, loss=loss)

@@ -221,6 +221,8 @@ class PendingStep:
         self.outputs = outputs  # The step's outputs (loss, summaries) as device arrays.
         self.batch = batch  # The host batch it ran on.
         self.drained = False  # Whether the trainer waited for (and checked) its loss.
+        # Host scalars of the step (a batch processor's), added to its summaries.
+        self.extra_scalars: dict[str, float] = {}
 
 
 def abstract_step_inputs(trainer_state_specs: Any, state_shardings: Any, input_batch: Any) -> tuple:

@@ -42,6 +42,9 @@ def test_records_are_right():
         assert r["response"] == expected and 3 <= len(word) <= 6
     prefs = data.preference_records()
     assert len(prefs) == 400
-    for r in prefs:
-        word = r["prompt"].split(" ")[1]
-        assert r["rejected"] == word and r["chosen"] != word
+    for i, r in enumerate(prefs):
+        task, word = r["prompt"].split(" ")
+        assert r["chosen"] == data.TASKS[task](word) != r["rejected"]
+        # Blocks of four: the input copied, then the answer to another instruction.
+        wrong = data.TASKS[data.WRONG_INSTRUCTION[task]](word)
+        assert r["rejected"] == (word if i % 8 < 4 else wrong), (i, r)

@@ -45,9 +45,14 @@ from axlearn.common.config import (
     Required,
     config_class,
 )
-from axlearn.common.decoding import StopOnSubsequence, infer_initial_time_step
 from axlearn.common.grpo.loss import group_advantages, grpo_loss, token_log_probs
-from axlearn.common.grpo.rewards import score_samples
+from axlearn.common.grpo.model import (
+    completion_mask,
+    rollout_ids,
+    sample_decode_inputs,
+    split_completions,
+)
+from axlearn.common.grpo.rollout import REFERENCE_SPAN, ROLLOUT_SPAN, score_rollouts
 from axlearn.common.inference import logits_modifier
 from axlearn.common.module import Module, child_context, new_output_collection
 from axlearn.common.module import functional as F
@@ -55,9 +60,6 @@ from axlearn.common.summary_writer import JsonlWriter
 from axlearn.common.trainer_step import opt_params
 from axlearn.common.update_transformation import ForwardOutputs
 from axlearn.common.utils import NestedTensor, Tensor
-
-# The phases of a step, as goodput span types (`axlearn.common.goodput.PRODUCTIVE_PHASES`).
-ROLLOUT_SPAN, REFERENCE_SPAN = "rollout", "reference"
 
 
 class GrpoTrainer(Module):
@@ -192,26 +194,21 @@ class GrpoTrainer(Module):
         """
         cfg = self.config
         _, rollout_key, _ = self._keys(prng_key)
-        batch, length = prefix.shape
         outputs, _ = F(
             self.model.decoder,
             prng_key=rollout_key,
             state=params["decoder"],
-            inputs=dict(
-                input_batch=dict(prefix=prefix),
-                # Output position j holds input position j + 1: P + T - 1 cache positions give
-                # the tokens at positions 1 .. P + T - 1.
-                max_sequence_length=length + cfg.max_new_tokens - 1,
-                num_decodes=cfg.group_size,
-                logits_modifier=self._modifier,
-                stop_decoding_condition=StopOnSubsequence([[self._eos_id]]),
+            inputs=sample_decode_inputs(
+                prefix,
+                group_size=cfg.group_size,
+                max_new_tokens=cfg.max_new_tokens,
+                modifier=self._modifier,
+                eos_id=self._eos_id,
             ),
             is_training=False,
             method="sample_decode",
         )
-        first = jnp.broadcast_to(prefix[:, None, :1], (batch, cfg.group_size, 1))
-        ids = jnp.concatenate([first.astype(jnp.int32), outputs.sequences], axis=-1)
-        return ids.reshape(batch * cfg.group_size, -1)
+        return rollout_ids(prefix, outputs.sequences)
 
     def completion_mask(self, prefix: Tensor, ids: Tensor) -> Tensor:
         """1 where ids[:, t + 1] is a sampled token (after the prompt, up to its EOS).
@@ -223,10 +220,7 @@ class GrpoTrainer(Module):
         Returns:
             Float32 [B * G, L - 1] over the scored positions 1 .. L - 1.
         """
-        time_step = infer_initial_time_step(prefix, pad_id=self._pad_id)
-        time_step = jnp.repeat(time_step, self.config.group_size)
-        positions = jnp.arange(1, ids.shape[1])[None, :]
-        return ((positions > time_step[:, None]) & (ids[:, 1:] != self._pad_id)).astype(jnp.float32)
+        return completion_mask(prefix, ids, group_size=self.config.group_size, pad_id=self._pad_id)
 
     def log_probs(self, params: NestedTensor, ids: Tensor, *, is_training: bool = False) -> Tensor:
         """Log-probabilities of ids[:, 1:] under a model with `params` (at the temperature).
@@ -373,19 +367,6 @@ class GrpoTrainer(Module):
     # The loop.
     # ------------------------------------------------------------------------------------------
 
-    def _completions(self, ids: np.ndarray, prefix: np.ndarray) -> tuple[list, list]:
-        """Per sample: (prompt ids without padding, completion ids before the first EOS)."""
-        group = self.config.group_size
-        prompts, completions = [], []
-        for row in range(ids.shape[0]):
-            prompt = prefix[row // group]
-            last = int(np.max(np.nonzero(prompt != self._pad_id)[0], initial=0))
-            new = ids[row, last + 1 :]
-            stop = np.nonzero((new == self._eos_id) | (new == self._pad_id))[0]
-            prompts.append(prompt[: last + 1])
-            completions.append(new[: stop[0]] if stop.size else new)
-        return prompts, completions
-
     def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         """Runs one GRPO step on a prompt batch (updating the state); returns its metrics.
 
@@ -413,16 +394,14 @@ class GrpoTrainer(Module):
             )
             ids = np.asarray(jax.device_get(ids_device))
             t1 = timer()
-            prompts, completions = self._completions(ids, prefix)
-            examples = [
-                {k: np.asarray(v[row // group]) for k, v in batch.items() if k != "prefix"}
-                for row in range(ids.shape[0])
-            ]
-            rewards = score_samples(
+            rewards = score_rollouts(
                 self._reward,
-                prompts=prompts,
-                completions=completions,
-                examples=examples,
+                ids,
+                batch,
+                group_size=group,
+                pad_id=self._pad_id,
+                eos_id=self._eos_id,
+                prefix_key="prefix",
                 config_path=f"{self.path()}.reward",
             )
             t2 = timer()
@@ -439,6 +418,9 @@ class GrpoTrainer(Module):
         )
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         t4 = timer()
+        _, completions = split_completions(
+            ids, prefix, group_size=group, pad_id=self._pad_id, eos_id=self._eos_id
+        )
         lengths = np.asarray([len(c) for c in completions])
         metrics.update(
             reward_mean=float(rewards.mean()),

@@ -1,17 +1,28 @@
-"""Post-training toy runs on the string tasks shipped in axlearn/data/post_training/: SFT and DPO.
+"""Post-training toy runs: SFT and DPO on the string tasks shipped in axlearn/data/post_training/,
+GRPO on the digit-copy task (`axlearn.common.grpo.copy_task`).
 
     python -m axlearn.common.launch_trainer_main --module=text.gpt.post_training \\
         --config=sft-tiny-strings --trainer_dir=/tmp/sft --jax_backend=cpu
     python -m axlearn.common.launch_trainer_main --module=text.gpt.post_training \\
         --config=dpo-tiny-strings --trainer_dir=/tmp/dpo --jax_backend=cpu
+    python -m axlearn.common.launch_trainer_main --module=text.gpt.post_training \\
+        --config=grpo-copy-digits --trainer_dir=/tmp/grpo --jax_backend=cpu
 
 - `sft-tiny-strings`: a 2-layer, dim-64 decoder (character vocabulary) learns the instruction
   set (`reverse cafe` -> `efac`, ...) with the loss on response tokens only; packed rows of 128
   tokens. The `validation` evaler's loss is the held-out response loss (every 5th record).
-- `dpo-tiny-strings`: the same model trained with DPO (`dpo.DpoModel`, beta 0.1) on the
-  preference set (the right answer chosen, the input copied rejected); the frozen reference is
+- `dpo-tiny-strings`: the same model trained with DPO (`dpo.DpoModel`, beta 0.3) on the
+  preference set (the right answer chosen; the input copied or another instruction's answer
+  rejected, see `post_training_data`); the frozen reference is
   held in the trainer state without optimizer state. The `validation` evaler reports
   rewards/accuracy on held-out pairs.
+- `grpo-copy-digits`: GRPO in `SpmdTrainer`: a 2-layer, dim-64 decoder (untied head) from random
+  weights learns to copy a 3-digit string from the per-digit reward alone. Each step the
+  `grpo.rollout.GrpoRollout` batch processor samples 8 completions of each of 8 prompts with the
+  KV-cache decoder, scores them (`CopyDigitsReward`, a config) and computes the reference's
+  log-probs; `grpo.model.GrpoModel` trains the clipped surrogate with a k3 KL to the frozen
+  reference. Summaries `grpo/rollout_seconds`, `grpo/reference_seconds`,
+  `grpo/training_seconds` split each step's time.
 
 To start either from another run's checkpoint (e.g. DPO from the SFT run, or SFT from an
 imported Hugging Face model, `axlearn hf import`), write a step-0 checkpoint into the new trainer
@@ -23,6 +34,10 @@ from __future__ import annotations
 from axlearn.common import dpo, evaler, learner, optimizers, post_training_data, schedule, sft
 from axlearn.common.checkpointer import every_n_steps_and_last_policy
 from axlearn.common.config import config_for_function
+from axlearn.common.grpo import copy_task, rewards
+from axlearn.common.grpo.model import FROZEN_REFERENCE_RULES as GRPO_FROZEN_REFERENCE_RULES
+from axlearn.common.grpo.model import GrpoModel
+from axlearn.common.grpo.rollout import GrpoRollout, PromptInput
 from axlearn.common.summary_writer import CompositeWriter, JsonlWriter, SummaryWriter
 from axlearn.common.trainer import SpmdTrainer
 from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
@@ -149,7 +164,7 @@ def dpo_trainer_config(
     num_layers: int = 2,
     model_dim: int = 64,
     peak_lr: float = 3e-3,
-    beta: float = 0.1,
+    beta: float = 0.3,
     loss_type: str = "sigmoid",
     eval_every_n_steps: int = 50,
 ) -> SpmdTrainer.Config:
@@ -192,6 +207,76 @@ def dpo_trainer_config(
     return cfg
 
 
+def grpo_trainer_config(
+    *,
+    max_step: int = 200,
+    num_prompts: int = 8,
+    group_size: int = 8,
+    num_digits: int = 3,
+    num_symbols: int = 10,
+    model_dim: int = 64,
+    num_layers: int = 2,
+    learning_rate: float = 3e-3,
+    kl_coef: float = 0.01,
+    checkpoint_every_n_steps: int = 100,
+) -> SpmdTrainer.Config:
+    """The GRPO toy run in SpmdTrainer: copy a digit string, from the reward alone.
+
+    Args:
+        max_step: Training steps.
+        num_prompts: Prompts per step.
+        group_size: Samples per prompt.
+        num_digits: Digits to copy.
+        num_symbols: Distinct digits.
+        model_dim: Model dim (heads of dim 16).
+        num_layers: Transformer layers.
+        learning_rate: Adam's learning rate (constant).
+        kl_coef: The KL weight.
+        checkpoint_every_n_steps: Checkpoint interval (and the last step).
+
+    Returns:
+        The trainer config.
+    """
+    cfg = _trainer(name="grpo_trainer", max_step=max_step)
+    cfg.checkpointer.save_policy.set(n=checkpoint_every_n_steps)
+    policy = transformer_lm_config(
+        num_layers=num_layers,
+        model_dim=model_dim,
+        num_heads=model_dim // 16,
+        hidden_dim=4 * model_dim,
+        vocab_size=copy_task.FIRST_DIGIT_ID + num_symbols,
+        stack="stack",
+        # An untied head starts near uniform (a tied one repeats the last prompt token).
+        tied_embedding=False,
+        pad_token_id=copy_task.PAD_ID,
+        eos_token_id=copy_task.EOS_ID,
+    )
+    cfg.model = GrpoModel.default_config().set(policy=policy, kl_coef=kl_coef)
+    cfg.input = PromptInput.default_config().set(
+        source=copy_task.CopyDigitsPrompts.default_config().set(
+            num_prompts=num_prompts, num_digits=num_digits, num_symbols=num_symbols
+        )
+    )
+    # The prompt position is checkpointed: a resumed run reads the prompts it would have read.
+    cfg.save_input_iterator = True
+    cfg.batch_processor = GrpoRollout.default_config().set(
+        reward=rewards.CopyDigitsReward.default_config().set(mode="per_digit"),
+        group_size=group_size,
+        max_new_tokens=num_digits + 1,
+    )
+    cfg.learner = learner.Learner.default_config().set(
+        optimizer=config_for_function(optimizers.adam_optimizer).set(
+            learning_rate=learning_rate, b1=0.9, b2=0.99, eps=1e-8
+        ),
+        update_rules=list(GRPO_FROZEN_REFERENCE_RULES),
+    )
+    return cfg
+
+
 def named_trainer_configs() -> dict:
     """The named trainer configs of this module."""
-    return {"sft-tiny-strings": sft_trainer_config, "dpo-tiny-strings": dpo_trainer_config}
+    return {
+        "sft-tiny-strings": sft_trainer_config,
+        "dpo-tiny-strings": dpo_trainer_config,
+        "grpo-copy-digits": grpo_trainer_config,
+    }
