@@ -300,6 +300,7 @@ class SpmdTrainer(TrainStepCompiler, Module):
             log=self._step_log,
         )
         self._metrics: Optional[MetricsRecorder] = None
+        self._skip_streak: Optional[SkipStreak] = None  # Built for each run.
 
     # ------------------------------------------------------------------------------------------
     # Properties.
@@ -438,7 +439,7 @@ class SpmdTrainer(TrainStepCompiler, Module):
             input_iterator=self._input_iter,
             evaler_summaries=evaler_summaries,
             force=force,
-            streak=self._skip_streak.streak,
+            streak=0 if self._skip_streak is None else self._skip_streak.streak,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -456,7 +457,8 @@ class SpmdTrainer(TrainStepCompiler, Module):
                 adding "evaler_summaries" ({name: summaries, None if not run}) to the result.
 
         Returns:
-            None if no step ran; otherwise {"loss": final loss, "step": final step,
+            None if no step ran; otherwise {"loss": the final loss (a NumPy scalar of the step's
+            dtype), "aux": the final step's aux outputs (device arrays), "step": final step,
             "record": the final step's record} (and "evaler_summaries", see above).
 
         Raises:
@@ -555,8 +557,8 @@ class SpmdTrainer(TrainStepCompiler, Module):
         if last_record is None:
             return None
         # The loss as the step computed it (a NumPy scalar of its dtype, as AXLearn's is an array).
-        loss, step = self._last_loss, last_record["step"]
-        return dict(loss=loss, step=step, record=last_record, **self._forced_out)
+        loss, aux, step = self._last_loss, self._last_aux, last_record["step"]
+        return dict(loss=loss, aux=aux, step=step, record=last_record, **self._forced_out)
 
     def _process_batch(self, host_batch: NestedTensor) -> PendingStep:
         """Runs a step through `batch_processor`: process(host batch, trainer_state=) inside the
@@ -654,7 +656,11 @@ class SpmdTrainer(TrainStepCompiler, Module):
         )
         metrics = self._metrics
         timing = metrics.timer.end_step(pending.step)
-        loss, self._last_loss = float(host["loss"]), host["loss"]
+        loss, self._last_loss, self._last_aux = (
+            float(host["loss"]),
+            host["loss"],
+            pending.outputs["aux"],
+        )
         scalars = dict(utils.flatten_items(host["summaries"]), **pending.extra_scalars)
         if not math.isfinite(loss):
             if not self._skips_nonfinite:

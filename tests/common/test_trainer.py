@@ -459,6 +459,11 @@ def test_run_output_loss_keeps_the_step_dtype_and_fresh_start_files(tmp_path):
     cfg = tu.bigram_trainer_config(str(tmp_path), max_step=2)
     trainer, out = _run(cfg)
     assert out["loss"].dtype == np.float32 and float(out["loss"]) == out["record"]["loss"]
+    # The final step's aux outputs (the model's), as AXLearn's run returns them.
+    batch = tu.bigram_trainer_config(str(tmp_path)).input.global_batch_size
+    assert (
+        set(out["aux"]) == {"num_targets"} and 0 < int(out["aux"]["num_targets"]) <= batch * tu.SEQ
+    )
     with open(os.path.join(tmp_path, "trainer_state_tree.txt"), encoding="utf-8") as f:
         tree = f.read()
     assert tree.startswith("PyTreeDef(CustomNode(namedtuple[TrainerState], [*, ")
