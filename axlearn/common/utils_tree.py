@@ -69,18 +69,20 @@ def tree_paths(
     return visit(tree, "")
 
 
-@jax.tree_util.register_pytree_node_class
+@jax.tree_util.register_pytree_with_keys_class
 class VDict(dict):
     """A dict whose tensor leaves have a leading "vectorized" (stacked) axis, e.g. repeated layers.
 
-    It flattens like a dict (keys in insertion order) but keeps its type through tree maps.
+    It flattens like a dict (keys sorted, paths of `DictKey`s, as JAX flattens a dict) but keeps
+    its type through tree maps.
     """
 
     def __repr__(self):
         return f"VDict({super().__repr__()})"
 
-    def tree_flatten(self):
-        return list(self.values()), list(self.keys())
+    def tree_flatten_with_keys(self):
+        keys = sorted(self.keys())
+        return [(jax.tree_util.DictKey(k), self[k]) for k in keys], tuple(keys)
 
     @classmethod
     def tree_unflatten(cls, keys, values):

@@ -78,7 +78,11 @@ def test_prune_tree():
 def test_vdict():
     tree = VDict(w=jnp.ones((3, 2)), b=jnp.zeros((3,)))
     mapped = jax.tree.map(lambda x: x + 1, tree)
-    assert isinstance(mapped, VDict) and list(mapped) == ["w", "b"]
+    # Flattened as JAX flattens a dict: keys sorted, paths named by the keys (AXLearn's VDict).
+    assert isinstance(mapped, VDict) and list(mapped) == ["b", "w"]
+    assert [path for path, _ in flatten_items(tree)] == ["b", "w"]
+    assert jax.tree.structure(tree) == jax.tree.structure(VDict(b=0, w=0))
+    assert jax.tree.leaves(VDict(a=None)) == [] and jax.tree.map(lambda x: x, VDict()) == VDict()
     assert repr(VDict(a=1)) == "VDict({'a': 1})"
 
 

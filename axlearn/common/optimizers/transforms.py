@@ -116,6 +116,10 @@ def _vectorized_tree_map(fn: Callable, tree: Any, *rest: Any) -> Any:
         return dict(x) if isinstance(x, VDict) else x
 
     def apply(node, *others):
+        if isinstance(node, VDict) and not jax.tree.leaves((node, *others)):
+            # No arrays under it (e.g. every update is None): nothing to vectorize over.
+            out = _vectorized_tree_map(fn, dict(node), *[as_dict(y) for y in others])
+            return VDict(out)
         if isinstance(node, VDict):
             # Map over the children of the VDict, one layer at a time.
             out = jax.vmap(
