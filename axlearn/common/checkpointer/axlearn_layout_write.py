@@ -74,6 +74,14 @@ class WriteResult:
     verify_seconds: float
 
 
+@dataclasses.dataclass(frozen=True)
+class PerProcessBytes:
+    """A bytes leaf saved by several processes (a pytree leaf, unlike a dict)."""
+
+    # {process index as a string: that process's bytes}.
+    by_process: dict[str, bytes]
+
+
 @dataclasses.dataclass
 class _Array:
     path: str
@@ -81,15 +89,15 @@ class _Array:
     chunk_shape: tuple[int, ...]
 
 
-def _tf_files(path: str, value: Union[bytes, dict]) -> dict[str, dict[str, bytes]]:
+def _tf_files(path: str, value: Union[bytes, PerProcessBytes]) -> dict[str, dict[str, bytes]]:
     """{process: {suffix (`.index`, `.data-...`): bytes}} of a tf.data iterator bytes leaf."""
-    per_process = value if isinstance(value, dict) else {"0": value}
+    per_process = value.by_process if isinstance(value, PerProcessBytes) else {"0": value}
     result = {}
     for proc, data in per_process.items():
         if not str(proc).isdigit() or not isinstance(data, (bytes, bytearray)):
             raise AXLearnWriteError(
                 f"leaf {path!r:.200}: process {proc!r:.20} holds no bytes; a bytes leaf is one "
-                "archive or {process index: archive}"
+                "archive or a PerProcessBytes of archives"
             )
         files = {}
         try:
@@ -150,7 +158,7 @@ def plan_leaves(
 
     Args:
         state: The state: arrays (jax or numpy), JSON values, and tf.data iterator bytes leaves
-            (an archive read from AXLearn's layout, or {process index: archive}).
+            (an archive read from AXLearn's layout, or a `PerProcessBytes` of them).
         chunk_shapes: {leaf path: chunk shape}; default: a jax.Array's shard shape, else whole.
         rbg_prng_key: Write a threefry `prng_key` (uint32[2]) as the rbg key `[a, b, a, b]`.
 
@@ -191,7 +199,7 @@ def plan_leaves(
             dtype = state_tree.dtype_name(value.dtype)
             index.append((path, {"dtype": dtype, "shape": str(shape)}))
             arrays.append(_Array(path=path, value=value, chunk_shape=chunks))
-        elif isinstance(leaf, (bytes, bytearray, dict)):
+        elif isinstance(leaf, (bytes, bytearray, PerProcessBytes)):
             tf_leaves[path] = _tf_files(path, leaf)
             index.append((path, TF_ITERATOR_CLASS))
         elif leaf is None or isinstance(leaf, state_tree.VALUE_TYPES):
@@ -399,3 +407,88 @@ def verify_written(
                     if back != data:
                         differing.append(f"{path} (tf_{proc}{suffix})")
     return differing
+
+
+def _read_bytes_leaf(step_dir: str, entry: dict) -> dict[str, bytes]:
+    """{process: bytes} of a bytes leaf of our layout, each file checked against its CRC-32."""
+    out = {}
+    with layout.open_step_dir(step_dir) as root:
+        for proc, info in sorted(entry["per_process"].items()):
+            file, size = str(info.get("file")), info.get("size")
+            shown = os.path.join(step_dir, file)
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise AXLearnWriteError(f"{shown}: its index entry has no valid size")
+            try:
+                data = file_access.read_bytes(root, file, max_bytes=size)
+            except file_access.FileAccessError as e:
+                raise AXLearnWriteError(f"{shown} (leaf {entry['path']!r:.200}): {e.rule}") from e
+            if len(data) != size or state_tree.crc32_hex(data) != info.get("checksum"):
+                raise AXLearnWriteError(
+                    f"{shown} (leaf {entry['path']!r:.200}) does not match its size/checksum in "
+                    "the index"
+                )
+            out[str(proc)] = data
+    return out
+
+
+def convert_step_dir(src: str, dst: str, *, rbg_prng_key: bool = True) -> WriteResult:
+    """Writes the committed step `src` of our layout as the same step of AXLearn's under `dst`.
+
+    Arrays keep their saved chunk shapes (one chunk per saved shard); every chunk read is
+    checked against its CRC-32; the written step is read back and compared (`write_step`).
+
+    Args:
+        src: A committed `step_%08d` directory of this checkpointer's layout.
+        dst: The checkpointer directory to write the step into.
+        rbg_prng_key: Write a threefry `prng_key` as AXLearn's rbg key (see `plan_leaves`).
+
+    Returns:
+        What was written.
+
+    Raises:
+        AXLearnWriteError: If `src` is not a committed step of our layout, a leaf cannot be
+            written in AXLearn's layout, or the destination step exists.
+    """
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.checkpointer import tensorstore_restore, verify
+
+    src = os.path.normpath(src)
+    try:
+        step = layout.parse_step_from_dir(src)
+        index = layout.read_index_file(src)
+    except ValueError as e:  # CheckpointIndexError is a ValueError.
+        raise AXLearnWriteError(f"{e}; pass one committed step directory of ours") from e
+    if index.get("layout") == axlearn_layout.LAYOUT_NAME:
+        raise AXLearnWriteError(f"{src} is already in AXLearn's layout; nothing to convert")
+    spec = verify.read_state_spec(src)
+    bytes_leaves = {}
+    for entry in index["leaves"]:
+        if entry["kind"] == layout.KIND_BYTES:
+            bytes_leaves[entry["path"]] = _read_bytes_leaf(src, entry)
+            node = spec
+            *parents, last = entry["path"].split("/")
+            for part in parents:
+                node = node[part]
+            del node[last]
+    restored, _ = tensorstore_restore.restore_state(
+        ckpt_dir=src,
+        index=index,
+        state=spec,
+        budget_bytes=1 << 30,
+        timeout_s=600.0,
+        validation=tensorstore_restore.CheckpointValidationType.CONTAINS_STATE,
+    )
+    for path, per_process in bytes_leaves.items():
+        node = restored
+        *parents, last = path.split("/")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = PerProcessBytes(per_process)
+    chunk_shapes = {
+        e["path"]: tuple(e["chunk_shape"])
+        for e in index["leaves"]
+        if e["kind"] == layout.KIND_ARRAY
+    }
+    return write_step(
+        dst, step=step, state=restored, chunk_shapes=chunk_shapes, rbg_prng_key=rbg_prng_key
+    )
