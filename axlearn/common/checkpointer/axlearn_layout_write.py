@@ -101,7 +101,7 @@ def _tf_files(path: str, value: Union[bytes, PerProcessBytes]) -> dict[str, dict
             )
         files = {}
         try:
-            with tarfile.open(fileobj=io.BytesIO(bytes(data)), mode="r") as tar:
+            with tarfile.open(fileobj=io.BytesIO(bytes(data)), mode="r:") as tar:
                 for member in tar.getmembers():
                     name = member.name
                     prefix = tf_iterators.AXLEARN_PREFIX
@@ -128,8 +128,9 @@ def _tf_files(path: str, value: Union[bytes, PerProcessBytes]) -> dict[str, dict
                     files[suffix] = tar.extractfile(member).read()
         except tarfile.TarError as e:
             raise AXLearnWriteError(
-                f"leaf {path!r:.200}: its bytes are not a tf.data iterator archive ({e}); "
-                "AXLearn's layout holds arrays, tf.data iterators and JSON values"
+                f"leaf {path!r:.200}: its bytes are not a tf.data iterator archive (an "
+                f"uncompressed tar: {str(e).splitlines()[0]:.80}); AXLearn's layout holds arrays, "
+                "tf.data iterators and JSON values"
             ) from e
         if ".index" not in files:
             raise AXLearnWriteError(f"leaf {path!r:.200}: its archive has no `.index` file")
