@@ -84,8 +84,13 @@ class PerProcessBytes:
 
 @dataclasses.dataclass
 class _Array:
+    """One array leaf to write."""
+
+    # Its leaf path (the folder under `gda/`).
     path: str
+    # Its value, on the host (a threefry `prng_key` already mapped to rbg).
     value: np.ndarray
+    # The chunk shape of its `.zarray` (a saved shard's shape).
     chunk_shape: tuple[int, ...]
 
 
