@@ -16,9 +16,14 @@
 - `axlearn checkpoint select DIR --step N` verifies step N and sets every newer step directory
   aside (renamed `step_%08d.superseded-<time>`, nothing deleted), so that the next run resumes
   from step N; the same as the trainer's `--restore_step=N`.
-- `axlearn checkpoint convert SRC DST` rewrites one step directory of AXLearn's layout (SRC) as a
-  step of this checkpointer's layout under DST (with CRC-32s), then verifies it and checks that
-  every restored value equals the source's. Writing AXLearn's layout is not supported yet.
+- `axlearn checkpoint convert SRC DST` rewrites one step directory SRC in the other layout, as
+  the same step under the checkpointer directory DST (never over an existing step), then reads
+  it back and checks that every value equals the source's. The direction follows SRC's layout
+  (`--to` states it): a step of AXLearn's layout becomes one of this checkpointer's (with
+  CRC-32s, verified); a committed step of ours becomes one of AXLearn's (zstd zarr v2 arrays,
+  its list `index` written last), which AXLearn's own `Checkpointer` restores. A threefry
+  `prng_key` is written as the rbg key AXLearn's launcher runs with (`--prng_key=as_saved`
+  keeps it).
 """
 
 from __future__ import annotations
@@ -55,10 +60,22 @@ def add_parser(groups: argparse._SubParsersAction) -> None:
     select.add_argument("--step", type=int, required=True, help="The step to resume from.")
     select.set_defaults(func=select_command)
     convert = commands.add_parser(
-        "convert", help="Rewrite one step of AXLearn's layout in this checkpointer's, verified."
+        "convert", help="Rewrite one step in the other layout (AXLearn's <-> ours), verified."
     )
-    convert.add_argument("src", help="One step_%%08d directory written by AXLearn.")
+    convert.add_argument("src", help="One step_%%08d directory (AXLearn's layout or ours).")
     convert.add_argument("dst", help="The checkpointer directory to write the step into.")
+    convert.add_argument(
+        "--to",
+        choices=("ours", "axlearn"),
+        default=None,
+        help="The layout to write (default: the one SRC is not in).",
+    )
+    convert.add_argument(
+        "--prng_key",
+        choices=("rbg", "as_saved"),
+        default="rbg",
+        help="Writing AXLearn's layout: a threefry prng_key [a, b] as rbg [a, b, a, b], or as is.",
+    )
     convert.set_defaults(func=convert_command)
 
 
@@ -304,40 +321,72 @@ def select_command(args: argparse.Namespace) -> int:
 
 
 def convert_command(args: argparse.Namespace) -> int:
-    """Rewrites the AXLearn-layout step `args.src` into `args.dst` in our layout, verified.
+    """Rewrites the step `args.src` into `args.dst` in the other layout, verified.
 
     Args:
-        args: Parsed arguments with `src` (a step directory) and `dst` (a checkpointer dir).
+        args: Parsed arguments with `src` (a step directory), `dst` (a checkpointer dir), `to`
+            ("ours", "axlearn" or None: the layout SRC is not in) and `prng_key`.
 
     Returns:
         0 if the written step verifies and every value equals the source's, 1 otherwise.
 
     Raises:
-        CommandError: If SRC is not a readable AXLearn step, or DST already holds that step.
+        CommandError: If SRC is not a readable committed step, is already in the `--to` layout,
+            or DST already holds that step.
     """
     # pylint: disable=import-outside-toplevel
-    import numpy as np
-
-    from axlearn.common import checkpointer
-    from axlearn.common.checkpointer import layout, tensorstore_restore, verify
+    from axlearn.common.checkpointer import layout
 
     src = os.path.normpath(args.src)
     try:
         step = layout.parse_step_from_dir(src)
     except ValueError as e:
-        raise CommandError(f"{e}; pass one step directory of AXLearn's checkpoints") from e
+        raise CommandError(f"{e}; pass one step directory") from e
     try:
         index = layout.read_index_file(src)
     except layout.CheckpointIndexError as e:
         raise CommandError(str(e)) from e
-    if index.get("layout") != "axlearn":
+    source = "axlearn" if index.get("layout") == "axlearn" else "ours"
+    to = getattr(args, "to", None) or ("ours" if source == "axlearn" else "axlearn")
+    if to == source:
+        names = {"ours": "this checkpointer's", "axlearn": "AXLearn's"}
         raise CommandError(
-            f"{src} is already in this checkpointer's layout (writing AXLearn's layout is not "
-            "supported yet)"
+            f"{src} is already in {names[source]} layout (--to {to}); nothing to convert"
         )
     dst_step = os.path.join(args.dst, layout.step_dir_name(step))
     if os.path.lexists(dst_step):
         raise CommandError(f"{dst_step} already exists; pass another DST or remove it")
+    if to == "axlearn":
+        return _convert_to_axlearn(src, args.dst, rbg=getattr(args, "prng_key", "rbg") == "rbg")
+    return _convert_to_ours(src, args.dst, step=step, index=index, dst_step=dst_step)
+
+
+def _convert_to_axlearn(src: str, dst: str, *, rbg: bool) -> int:
+    """Writes our committed step `src` in AXLearn's layout under `dst` (read back, compared)."""
+    from axlearn.common.checkpointer import (  # pylint: disable=import-outside-toplevel
+        axlearn_layout_write,
+    )
+
+    try:
+        result = axlearn_layout_write.convert_step_dir(src, dst, rbg_prng_key=rbg)
+    except axlearn_layout_write.AXLearnWriteError as e:
+        raise CommandError(str(e)) from e
+    print(
+        f"Converted {src} to {result.step_dir} (AXLearn layout): {result.num_arrays} arrays in "
+        f"{result.num_chunks} zstd chunks ({_format_size(result.raw_bytes)} of array data in "
+        f"{_format_size(result.chunk_file_bytes)} of chunk files), index written last; read back, "
+        "every value equal to the source's."
+    )
+    return 0
+
+
+def _convert_to_ours(src: str, dst: str, *, step: int, index: dict, dst_step: str) -> int:
+    """Writes the AXLearn-layout step `src` in our layout under `dst` (verified, compared)."""
+    # pylint: disable=import-outside-toplevel
+    import numpy as np
+
+    from axlearn.common import checkpointer
+    from axlearn.common.checkpointer import layout, tensorstore_restore, verify
 
     def restore(step_dir: str, step_index: dict):
         restored, _ = tensorstore_restore.restore_state(
@@ -352,7 +401,7 @@ def convert_command(args: argparse.Namespace) -> int:
     state = restore(src, index)
     ckptr = (
         checkpointer.Checkpointer.default_config()
-        .set(name="convert", dir=args.dst, keep_last_n=10**6)
+        .set(name="convert", dir=dst, keep_last_n=10**6)
         .instantiate(parent=None)
     )
     try:

@@ -241,3 +241,15 @@ def test_walk_never_descends_a_link(run, mode):
     os.symlink(root / "sub", root / "linked_top")
     with pytest.raises(fa.FileAccessError, match="symbolic link"):
         list(fa.walk(str(root), "linked_top"))
+
+
+def test_makedirs_exist_ok_false_refuses_any_existing_entry(tmp_path):
+    fa.makedirs(str(tmp_path), "a/new", exist_ok=False)  # Parents may exist; the last is created.
+    assert os.path.isdir(tmp_path / "a" / "new")
+    with pytest.raises(fa.FileAccessError) as e:
+        fa.makedirs(str(tmp_path), "a/new", exist_ok=False)
+    assert e.value.errno == errno.EEXIST and "already exists" in str(e.value)
+    os.symlink(tmp_path / "a", tmp_path / "link")
+    with pytest.raises(fa.FileAccessError):
+        fa.makedirs(str(tmp_path), "link", exist_ok=False)
+    fa.makedirs(str(tmp_path), "a/new")  # exist_ok (the default): nothing happens.

@@ -18,6 +18,7 @@ shape, a zarr v2 C-order array with no filters and a zstd or no compressor.
 Chunks are read through `file_access` (below the step directory's descriptor, no link
 followed: no window between a check and an open) and decoded in memory by TensorStore's zarr
 driver over a `memory` key-value store (`decode_chunk`): TensorStore never opens a path.
+`axlearn_layout_write` writes this layout.
 """
 
 from __future__ import annotations

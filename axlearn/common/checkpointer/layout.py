@@ -10,7 +10,7 @@
 ```
 
 AXLearn's own layout (a list `index`, zstd zarr arrays, `tf_<i>/` iterators) is read too: see
-`axlearn_layout`.
+`axlearn_layout`; `axlearn_layout_write` writes it.
 
 A step directory without a readable `index` is uncommitted: it is never restored.
 

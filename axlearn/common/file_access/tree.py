@@ -108,27 +108,33 @@ def append_line(root: Root, relpath: str, line: bytes) -> None:
         os.close(fd)
 
 
-def makedirs(root: Root, relpath: str, *, mode: int = 0o755) -> None:
+def makedirs(root: Root, relpath: str, *, mode: int = 0o755, exist_ok: bool = True) -> None:
     """Creates `relpath` and its missing parents below `root`; an existing link is refused.
 
     Args:
         root: The run directory (a path or a `RunDir`).
         relpath: The directory, relative to `root`.
         mode: The mode of created directories (before the umask).
+        exist_ok: If False, the last component must not exist (anything there, a link included,
+            is refused): the caller is its only creator.
 
     Raises:
-        FileAccessError: If a component is a link or not a directory.
+        FileAccessError: If a component is a link or not a directory, or (with `exist_ok`
+            False) the last component already exists.
     """
     with _Root(root) as r:
         shown = r.show(relpath)
         parts = _parts(relpath, shown)
         current = os.dup(r.fd)
         try:
-            for part in parts:
+            for i, part in enumerate(parts):
                 try:
                     os.mkdir(part, mode, dir_fd=current)
-                except FileExistsError:
-                    pass
+                except FileExistsError as e:
+                    if not exist_ok and i == len(parts) - 1:
+                        raise FileAccessError(
+                            shown, "already exists (never overwritten)", err=errno.EEXIST
+                        ) from e
                 except OSError as e:
                     raise _translate(e, shown, writing=True) from e
                 nxt = _openat(current, [part], os.O_RDONLY | os.O_DIRECTORY, 0, shown)
