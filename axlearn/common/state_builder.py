@@ -8,6 +8,8 @@ This module holds the builders `InferenceRunner` restores its state with:
 - `TensorStoreStateStorageBuilder` reads one step directory of a `TensorStoreStateStorage`
   checkpoint into the given specs (with a `CheckpointValidationType`: e.g. the checkpoint may
   hold more than the target, such as optimizer state, and its dtypes may differ);
+- `ChainBuilder` applies a sequence of builders in turn (e.g. one per encoder of a dual encoder),
+  checking that the tree's paths are unchanged;
 - `RestoreAndConvertBuilder` restores through a `Converter`, which maps the target state to the
   state the checkpoint holds and the restored state back (`EmaParamsConverter`: the model
   parameters are read from the learner's EMA of them).
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -28,6 +31,7 @@ from axlearn.common.checkpointer import (
     CheckpointValidationType,
     StateStorage,
     TensorStoreStateStorage,
+    check_state_structure,
     parse_step_from_dir,
     step_dir_name,
 )
@@ -135,6 +139,51 @@ def clone_tree(in_tree: NestedTensor) -> NestedTensor:
 
 def _shape_of(x: Any) -> tuple:
     return tuple(getattr(x, "shape", ()))
+
+
+class ChainBuilder(Builder):
+    """Applies `builders` in order, each to the previous one's output state."""
+
+    @config_class
+    class Config(Builder.Config):
+        """Configures ChainBuilder."""
+
+        # The builders, applied first to last (the first one's input_state_type is the chain's).
+        builders: Required[Sequence[Builder.Config]] = REQUIRED
+        # How the output tree's paths must match the input's (None: not checked).
+        validation: Optional[CheckpointValidationType] = CheckpointValidationType.EXACT
+
+    def __init__(self, cfg: Config, *, parent: Optional[Module]):
+        super().__init__(cfg, parent=parent)
+        cfg = self.config
+        if not cfg.builders:
+            raise ValueError(f"{self.path()}: builders is empty")
+        self._builders = [
+            self._add_child(f"builder{i:03d}", builder_cfg)
+            for i, builder_cfg in enumerate(cfg.builders)
+        ]
+
+    def input_state_type(self) -> Builder.StateType:
+        """The first builder's input state type (see `Builder.input_state_type`)."""
+        return self._builders[0].input_state_type()
+
+    def __call__(self, state: Builder.State) -> Builder.State:
+        """Runs the builders in turn (see `Builder.__call__`).
+
+        Raises:
+            ValueError: If `validation` is set and the output's paths do not match the input's.
+        """
+        cfg = self.config
+        before = [(key, None) for key, _ in flatten_items(state.trainer_state)]
+        for builder in self._builders:
+            state = builder(state)
+        if cfg.validation is not None:
+            after = [(key, None) for key, _ in flatten_items(state.trainer_state)]
+            try:
+                check_state_structure(after, before, validation=cfg.validation)
+            except ValueError as e:
+                raise ValueError(f"{self.path()}: {e}") from e
+        return state
 
 
 class RestoreAndConvertBuilder(Builder):
