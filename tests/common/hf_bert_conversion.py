@@ -129,3 +129,44 @@ def state_from_flat(model, flat: dict) -> dict:
     return jax.tree_util.tree_map_with_path(
         lambda kp, _: flat[jax.tree_util.keystr(kp, simple=True, separator="/")], specs
     )
+
+
+UPDATE_ENV = "AXLEARN_UPDATE_GOLDENS"
+
+
+def flat_case(case: dict, prefix: str = "") -> dict:
+    """{"group/.../name": array} of a nested golden case ({"params": {...}, "inputs": ...})."""
+    flat = {}
+    for key, value in case.items():
+        if isinstance(value, dict):
+            flat.update(flat_case(value, f"{prefix}{key}/"))
+        else:
+            flat[prefix + key] = np.asarray(value)
+    return flat
+
+
+def check_golden(module_name: str, cases: dict, *, atol: float = 1e-6) -> None:
+    """Checks that the shipped golden file of `module_name` holds `cases` (fresh HF data).
+
+    With $AXLEARN_UPDATE_GOLDENS set, (re)writes the file from `cases` first (compressed).
+
+    Args:
+        module_name: The golden's module name (e.g. "axlearn.common.distilbert_test").
+        cases: {test name: nested case}.
+        atol: Tolerance of the comparison.
+    """
+    import os  # pylint: disable=import-outside-toplevel
+
+    from axlearn.common.golden import golden_path, load_golden  # pylint: disable=import-outside-toplevel
+
+    if os.environ.get(UPDATE_ENV):
+        arrays = {}
+        for name, case in cases.items():
+            arrays.update({f"{name}/{k}": v for k, v in flat_case(case).items()})
+        np.savez_compressed(golden_path(module_name), **arrays)
+    for name, case in cases.items():
+        stored = flat_case(load_golden(module_name, name))
+        fresh = flat_case(case)
+        assert set(stored) == set(fresh), set(stored) ^ set(fresh)
+        for key, value in fresh.items():
+            np.testing.assert_allclose(stored[key], value, atol=atol, err_msg=f"{name} {key}")

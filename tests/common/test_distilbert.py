@@ -14,6 +14,7 @@ from axlearn.common.poolings import AveragePooling, FirstNTokenPooling
 from axlearn.common.text_encoder import ENCODED_HIDDEN_STATES, TEXT_EMBEDDINGS
 from tests.common.hf_bert_conversion import (
     DISTILBERT_NAMES,
+    check_golden,
     encoder_weights,
     numpy_state_dict,
     state_from_flat,
@@ -161,3 +162,67 @@ def test_eps_dropout_and_remat(eps, rate):
     assert dropouts and set(dropouts) == {rate}
     assert cfg.encoder.transformer.klass is RepeatedTransformerLayer
     assert cfg.encoder.transformer.layer.remat_spec is not None
+
+
+# AXLearn's distilbert_test reads this golden (its HF reference data, regenerated here from HF).
+GOLDEN_MODULE = "axlearn.common.distilbert_test"
+# The ids the golden inputs use: the other token embeddings are zeros (a small, compressed file).
+_GOLDEN_IDS = 64
+
+
+def _golden_case() -> dict:
+    """AXLearn's test_distilbert setup (dim 32, 1 layer, 8 heads, ff 64, exact GELU) from HF."""
+    cfg = transformers.DistilBertConfig(
+        vocab_size=30522,
+        dim=32,
+        n_layers=1,
+        n_heads=8,
+        hidden_dim=64,
+        max_position_embeddings=12,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation="gelu",
+        pad_token_id=0,
+    )
+    torch.manual_seed(5)
+    hf = transformers.DistilBertModel(cfg)
+    with torch.no_grad():
+        hf.embeddings.word_embeddings.weight[_GOLDEN_IDS:] = 0
+        for name, p in hf.named_parameters():
+            if "layer_norm" in name or "LayerNorm" in name or name.endswith("bias"):
+                p.add_(0.2 * torch.randn_like(p))
+    hf.eval()
+    rng = np.random.default_rng(5)
+    ids = rng.integers(1, _GOLDEN_IDS, size=(3, 12)).astype(np.int32)
+    ids[1, 8:] = 0
+    ids[2, 3:] = 0
+    ref = _hf_hidden(hf, ids)
+    params = encoder_weights(
+        numpy_state_dict(hf), "", dim=32, heads=8, layers=1, names=DISTILBERT_NAMES
+    )
+    return dict(params=params, inputs=dict(input_ids=ids), outputs=dict(text_embeddings=ref[:, :1]))
+
+
+def test_axlearn_distilbert_golden_holds_hf_outputs():
+    """The shipped golden equals fresh HF outputs, and our set_distilbert_config matches it."""
+    case = _golden_case()
+    check_golden(GOLDEN_MODULE, {"test_distilbert": case}, atol=1e-6)
+    layer = (
+        set_distilbert_config(
+            vocab_size=30522,
+            num_layers=1,
+            model_dim=32,
+            num_heads=8,
+            max_seq_len=12,
+            feed_forward_dim=64,
+            feed_forward_act="exact_gelu",
+            dropout_rate=0,
+        )
+        .set(name="test")
+        .instantiate(parent=None)
+    )
+    state = state_from_flat(layer, case["params"])
+    out = _run(layer, state, case["inputs"]["input_ids"])
+    np.testing.assert_allclose(
+        np.asarray(out[TEXT_EMBEDDINGS]), case["outputs"]["text_embeddings"], atol=1e-5, rtol=1e-5
+    )

@@ -26,6 +26,7 @@ from axlearn.common.utils_text_dual_encoder import (
 )
 from tests.common.hf_bert_conversion import (
     BERT_NAMES,
+    check_golden,
     encoder_weights,
     numpy_state_dict,
     state_from_flat,
@@ -190,3 +191,73 @@ def test_init_state_builder_configs():
         shared_encoder_init_state_builder=left, converter=converter
     )
     assert siamese.klass is RestoreAndConvertBuilder and siamese.builder == left
+
+
+# AXLearn's utils_text_dual_encoder_test reads this golden (regenerated here from HF BertModel).
+GOLDEN_MODULE = "axlearn.common.utils_text_dual_encoder_test"
+_GOLDEN_IDS = 64  # The ids the inputs use; the other token embeddings are zeros.
+
+
+def _golden_case() -> dict:
+    """AXLearn's test_bert_stream_encoder_config setup (dim 32, 3 layers, 8 heads) from HF."""
+    hf_cfg = transformers.BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        intermediate_size=128,
+        max_position_embeddings=12,
+        type_vocab_size=2,
+        layer_norm_eps=1e-12,
+        hidden_act="gelu_new",
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    torch.manual_seed(6)
+    hf = transformers.BertModel(hf_cfg, add_pooling_layer=False)
+    with torch.no_grad():
+        hf.embeddings.word_embeddings.weight[_GOLDEN_IDS:] = 0
+        for name, p in hf.named_parameters():
+            if "LayerNorm" in name or name.endswith("bias"):
+                p.add_(0.2 * torch.randn_like(p))
+    hf.eval()
+    rng = np.random.default_rng(6)
+    ids = rng.integers(1, _GOLDEN_IDS, size=(3, 12)).astype(np.int32)
+    ids[0, 9:] = 0
+    ids[2, 4:] = 0
+    with torch.no_grad():
+        ref = hf(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            attention_mask=torch.tensor(ids != 0, dtype=torch.long),
+        ).last_hidden_state.numpy()
+    params = encoder_weights(numpy_state_dict(hf), "", dim=32, heads=8, layers=3, names=BERT_NAMES)
+    return dict(params=params, inputs=dict(input_ids=ids), outputs=dict(emb=ref[:, 0]))
+
+
+def test_axlearn_stream_encoder_golden_holds_hf_outputs():
+    """The shipped golden equals fresh HF outputs, and the config helper matches it."""
+    case = _golden_case()
+    check_golden(GOLDEN_MODULE, {"test_bert_stream_encoder_config": case}, atol=1e-6)
+    layer = bert_text_embedding_stream_encoder_config(
+        pad_token_id=0,
+        vocab_size=30522,
+        max_seq_len=12,
+        num_layers=3,
+        num_heads=8,
+        hidden_dim=32,
+        output_dim=32,
+        output_proj=None,
+        output_norm=None,
+    )
+    layer = layer.set(name="test").instantiate(parent=None)
+    state = {"text_encoder": state_from_flat(layer.text_encoder, case["params"])}
+    out, _ = F(
+        layer,
+        is_training=False,
+        prng_key=jax.random.PRNGKey(0),
+        state=state,
+        inputs=dict(input_batch={POSITIVE_INPUT_IDS: case["inputs"]["input_ids"][:, None]}),
+    )
+    np.testing.assert_allclose(
+        np.asarray(out[POSITIVE_EMBEDDINGS])[:, 0], case["outputs"]["emb"], atol=1e-5, rtol=1e-5
+    )
