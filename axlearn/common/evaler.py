@@ -474,6 +474,9 @@ class GlobalMetricCalculator(BaseMetricCalculator):
             lambda *xs: np.concatenate([np.atleast_1d(x) for x in xs], axis=0),
             *all_forward_outputs,
         )
+        # A leaf with an empty axis (e.g. [num_examples, 0] negatives) becomes None, as in
+        # AXLearn: "no such input" for _calculate_metrics.
+        merged = jax.tree.map(lambda x: x if all(d > 0 for d in x.shape) else None, merged)
         summaries = self._calculate_metrics(merged)
         return {self.formatted_metric_name(k): v for k, v in summaries.items()}
 

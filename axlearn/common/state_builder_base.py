@@ -146,6 +146,8 @@ class ChainBuilder(Builder):
 
     def __init__(self, cfg: Config, *, parent: Optional[Module]):
         super().__init__(cfg, parent=parent)
+        if not self.config.builders:
+            raise ValueError(f"{self.path()}: builders is empty (give at least one builder)")
         self._builders = [
             self._add_child(f"builder{i:03d}", builder_cfg)
             for i, builder_cfg in enumerate(self.config.builders)
@@ -178,7 +180,10 @@ class ChainBuilder(Builder):
             state = builder(state)
         if validation is not None:
             after = [(path, None) for path, _ in flatten_items(state.trainer_state)]
-            check_state_structure(before, after, validation=validation)
+            try:
+                check_state_structure(before, after, validation=validation)
+            except ValueError as e:
+                raise ValueError(f"{self.path()}: {e}") from e
         return state
 
 

@@ -9,10 +9,16 @@ import pytest
 import torch
 import transformers
 
-from axlearn.common import bert, utils
+from axlearn.common import bert
 from axlearn.common.golden import golden_path, load_golden
 from axlearn.common.layers import BinaryClassificationMetric, set_layer_norm_eps_recursively
 from axlearn.common.module import functional as F
+from tests.common.hf_bert_conversion import (
+    BERT_NAMES,
+    encoder_weights,
+    numpy_state_dict,
+    state_from_flat,
+)
 
 VOCAB, DIM, HEADS, LAYERS, MAX_POS, TYPES = 48, 16, 4, 2, 12, 2
 UPDATE_ENV = "AXLEARN_UPDATE_GOLDENS"
@@ -66,52 +72,17 @@ def _perturbed(model):
 
 def _encoder_weights(sd: dict, prefix: str, hf_cfg=None) -> dict:
     """{our path: array} of the encoder from an HF BertModel state dict under `prefix`."""
-    dim = hf_cfg.hidden_size if hf_cfg else DIM
-    heads = hf_cfg.num_attention_heads if hf_cfg else HEADS
-    layers = hf_cfg.num_hidden_layers if hf_cfg else LAYERS
-    head_dim = dim // heads
-    out = {
-        "encoder/emb/token_emb/weight": sd[prefix + "embeddings.word_embeddings.weight"],
-        "encoder/emb/type_emb/weight": sd[prefix + "embeddings.token_type_embeddings.weight"],
-        "encoder/emb/pos_emb/weight": sd[prefix + "embeddings.position_embeddings.weight"][None],
-        "encoder/emb/norm/scale": sd[prefix + "embeddings.LayerNorm.weight"],
-        "encoder/emb/norm/bias": sd[prefix + "embeddings.LayerNorm.bias"],
-    }
-    for i in range(layers):
-        hf, ours = f"{prefix}encoder.layer.{i}.", f"encoder/transformer/layer{i}/"
-        att = ours + "self_attention/attention/"
-        for name, proj in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
-            w = sd[hf + f"attention.self.{name}.weight"].T.reshape(dim, heads, head_dim)
-            out[att + f"i_proj/{proj}/weight"] = w
-            out[att + f"i_proj/{proj}/bias"] = sd[hf + f"attention.self.{name}.bias"].reshape(
-                heads, head_dim
-            )
-        out[att + "o_proj/weight"] = sd[hf + "attention.output.dense.weight"].reshape(
-            dim, heads, head_dim
-        )
-        out[att + "o_proj/bias"] = sd[hf + "attention.output.dense.bias"]
-        for ln, path in (
-            ("attention.output.LayerNorm", "self_attention/norm"),
-            ("output.LayerNorm", "feed_forward/norm"),
-        ):
-            out[ours + path + "/scale"] = sd[hf + ln + ".weight"]
-            out[ours + path + "/bias"] = sd[hf + ln + ".bias"]
-        for hf_name, lin in (("intermediate.dense", "linear1"), ("output.dense", "linear2")):
-            out[ours + f"feed_forward/{lin}/weight"] = sd[hf + hf_name + ".weight"].T
-            out[ours + f"feed_forward/{lin}/bias"] = sd[hf + hf_name + ".bias"]
-    return out
-
-
-def _state(model, flat: dict) -> dict:
-    """The model's state tree from {path: array}; every parameter converted exactly once."""
-    specs = model.create_parameter_specs_recursively()
-    flat_specs = dict(utils.flatten_items(specs))
-    assert set(flat_specs) == set(flat), set(flat_specs) ^ set(flat)
-    for path, spec in flat_specs.items():
-        assert tuple(spec.shape) == flat[path].shape, path
-    return jax.tree_util.tree_map_with_path(
-        lambda kp, _: flat[jax.tree_util.keystr(kp, simple=True, separator="/")], specs
+    return encoder_weights(
+        sd,
+        prefix,
+        dim=hf_cfg.hidden_size if hf_cfg else DIM,
+        heads=hf_cfg.num_attention_heads if hf_cfg else HEADS,
+        layers=hf_cfg.num_hidden_layers if hf_cfg else LAYERS,
+        names=BERT_NAMES,
     )
+
+
+_state = state_from_flat
 
 
 def _batch():
@@ -247,8 +218,7 @@ _AXLEARN_TEST_CFG = dict(
 )
 
 
-def _np_state(model) -> dict:
-    return {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
+_np_state = numpy_state_dict
 
 
 def _pooler_head(sd: dict) -> dict:
