@@ -35,8 +35,8 @@ from typing import Any, Callable, ContextManager, Literal, Optional, Union
 import jax
 from absl import logging
 
+from axlearn.common import trainer_compile, utils
 from axlearn.common import trainer_init_state as init_state
-from axlearn.common import utils
 from axlearn.common.aot_results import aot_model_analysis  # noqa: F401 (AXLearn: trainer.aot_model_analysis)
 from axlearn.common.checkpointer import Checkpointer
 from axlearn.common.config import (
@@ -73,7 +73,6 @@ from axlearn.common.trainer_checkpointing import (  # noqa: F401 (public names)
     checkpointed_floats,
     trainer_state_layout,
 )
-from axlearn.common.trainer_compile import TrainStepCompiler
 from axlearn.common.trainer_events import TrainerEvents
 from axlearn.common.trainer_metrics import MetricsRecorder
 from axlearn.common.trainer_profiler import Profiler
@@ -82,8 +81,6 @@ from axlearn.common.trainer_step import (  # noqa: F401 (public names)
     TrainStep,
     TrainStepResult,
     XscSteps,
-    abstract_step_inputs,
-    batch_sharding_of,
     opt_params,
 )
 from axlearn.common.trainer_utils import (  # noqa: F401 (NonFiniteLossError: public name)
@@ -95,14 +92,13 @@ from axlearn.common.trainer_utils import (  # noqa: F401 (NonFiniteLossError: pu
     evalers_to_force,
     global_batch_specs,
     host_batch_iterator,
-    is_unset,
     leading_dim,
     learner_skips_nonfinite,
     params_for_eval,
     run_evalers,
     scalar_tree,
     set_if_field,
-    shardings_of_specs,
+    with_default_dirs,
 )
 from axlearn.common.trainer_watchdog import (
     Watchdog,
@@ -121,7 +117,7 @@ LAUNCH_FIELDS = ("on_run_start", "verbose_start", "save_and_eval_last_step")
 
 
 # pylint: disable-next=too-many-instance-attributes
-class SpmdTrainer(TrainStepCompiler, Module):
+class SpmdTrainer(Module):
     """Trains `model` with `learner` on `input` over a device mesh; see the module docstring."""
 
     @config_class
@@ -142,8 +138,7 @@ class SpmdTrainer(TrainStepCompiler, Module):
         mesh_axis_names: Required[Sequence[str]] = REQUIRED
         # The mesh axes over which input batches are split (see utils_spmd.batch_partition_spec).
         batch_axis_names: Optional[Union[str, Sequence[str]]] = "data"
-        # (regex, mesh shape or ConfigModifier config) pairs; the first regex that fully matches
-        # --mesh_selector picks the mesh (see select_mesh_config).
+        # (regex, mesh shape or ConfigModifier) pairs; the first full match of --mesh_selector wins.
         mesh_rules: Optional[Sequence[tuple[str, Any]]] = None
         # The model; forward(input_batch=...) returns (loss, aux).
         model: Required[InstantiableConfig] = REQUIRED
@@ -151,13 +146,11 @@ class SpmdTrainer(TrainStepCompiler, Module):
         learner: Required[InstantiableConfig] = REQUIRED
         # The checkpointer; dir defaults to <dir>/checkpoints.
         checkpointer: Module.Config = Checkpointer.default_config()
-        # If set, builds the initial state of a run that starts without a checkpoint of its own
-        # (e.g. from another run's checkpoint; see trainer_init_state.py and state_builder.py).
+        # If set, builds the state of a run that starts without its own checkpoint (state_builder).
         init_state_builder: Optional[Builder.Config] = None
         # Evalers by name; each runs on its own policy.
         evalers: dict[str, SpmdEvaler.Config] = {}
-        # If set, a host stage between the input and each train step (e.g. GRPO's rollouts,
-        # `grpo.rollout.GrpoRollout`), instantiated with model=; see `_process_batch`.
+        # If set, a host stage (with model=) from each input batch to the step's (GRPO rollouts).
         batch_processor: Optional[InstantiableConfig] = None
         # Whether checkpoints include the input iterator position.
         save_input_iterator: bool = False
@@ -175,35 +168,25 @@ class SpmdTrainer(TrainStepCompiler, Module):
         crash_on_hang_timeout_seconds: Optional[float] = None
         # If set, samples the devices; a stall while they are idle is logged as a hang at once.
         device_monitor: Optional[DeviceMonitor.Config] = None
-        # Instantiates to a thunk returning a context manager that init, compile and the
-        # training loop run inside (AXLearn's field); None: no extra context.
+        # A thunk returning a context manager that init, compile and the training loop run in.
         context_manager: Optional[ConfigOr[Callable[[], ContextManager]]] = None
-        # Instantiates to step -> whether that step runs under XLA's silent-data-corruption
-        # checker (TPU only; elsewhere a warning and no check). None: never.
+        # step -> whether it runs under XLA's silent-data-corruption checker (TPU only).
         xsc_check_policy: Optional[ConfigOr[Callable[[int], bool]]] = None
         # Log the per-step line every this many steps (None: every step).
         log_every_n_steps: Optional[int] = None
         # Peak FLOP/s per device for MFU; None: the peak table, or a matmul probe on CPU.
         peak_flops_per_device: Optional[float] = None
-        # The run stops (TooManySkippedStepsError, nothing checkpointed after the streak) when
-        # this many consecutive steps are skipped by the learner or have a non-finite loss.
-        # Steps where fp16 loss scaling lowers its scale do not count. None: 10.
+        # Stop after this many consecutive skipped/non-finite steps (see skip_streak); None: 10.
         max_consecutive_skipped_steps: Optional[int] = None
-        # If set, resume from this committed step instead of the newest (e.g. to go around a
-        # corrupt or bad one; --restore_step): newer step directories are set aside, not deleted.
+        # Resume from this committed step, not the newest (newer ones are set aside, not deleted).
         restore_step: Optional[int] = None
-        # On SIGTERM (a preemption notice), the step in flight is finished and saved and the
-        # process exits with preemption.PREEMPTED_EXIT_CODE within this many seconds of the
-        # signal; None: preemption.DEFAULT_PREEMPTION_TIMEOUT_SECONDS.
+        # Seconds from SIGTERM to the saved exit (preemption.py); None: its default timeout.
         preemption_timeout_seconds: Optional[float] = None
-        # The launcher's fields (LAUNCH_FIELDS): None in experiment configs, so config dumps
-        # never show them. If set, called as `on_run_start(restored_step)` (-1: started from
-        # scratch) once the run is known to train, e.g. to write the run record.
+        # Launcher only (LAUNCH_FIELDS): called as on_run_start(restored_step, -1: none) to train.
         on_run_start: Optional[Callable[[int], None]] = None
         # If True, the parameter table is logged line by line (--verbose_start); None: False.
         verbose_start: Optional[bool] = None
-        # If True, the step that reaches max_step is evaluated by every evaler and saved whatever
-        # the policies say (set when --config_override shortened max_step); None: False.
+        # If True, the step reaching max_step is evaluated and saved whatever the policies say.
         save_and_eval_last_step: Optional[bool] = None
 
     def __init__(self, cfg: Config, *, parent: Optional[Module] = None, devices=None):
@@ -230,10 +213,8 @@ class SpmdTrainer(TrainStepCompiler, Module):
 
         with self._mesh_context():
             self._add_child("input", set_if_field(cfg.input, is_training=True))
-            summary_cfg = cfg.summary_writer.clone()
-            if is_unset(getattr(summary_cfg, "dir", None)):
-                summary_cfg.dir = os.path.join(cfg.dir, "summaries", "train_train")
-            self._add_child("summary_writer", summary_cfg)
+            child_cfgs = with_default_dirs(cfg)  # Summary and checkpoint dirs under cfg.dir.
+            self._add_child("summary_writer", child_cfgs["summary_writer"])
             # metrics.jsonl: one record per step, always written (not part of the config).
             self._jsonl_writer = self._add_child(
                 "metrics_writer", JsonlWriter.default_config().set(dir=cfg.dir)
@@ -242,10 +223,7 @@ class SpmdTrainer(TrainStepCompiler, Module):
             self._add_child("learner", cfg.learner)
             if cfg.batch_processor is not None:
                 self._add_child("batch_processor", cfg.batch_processor, model=self.model)
-            ckpt_cfg = cfg.checkpointer.clone()
-            if is_unset(getattr(ckpt_cfg, "dir", None)):
-                ckpt_cfg.dir = os.path.join(cfg.dir, "checkpoints")
-            self._add_child("checkpointer", ckpt_cfg)
+            self._add_child("checkpointer", child_cfgs["checkpointer"])
             if cfg.init_state_builder is not None:
                 self._add_child("init_state_builder", cfg.init_state_builder)
 
@@ -260,10 +238,7 @@ class SpmdTrainer(TrainStepCompiler, Module):
                 lambda s: s.spec, self._trainer_state_shardings.model
             )
             self._evalers: dict[str, SpmdEvaler] = {}
-            for name, evaler_cfg in cfg.evalers.items():
-                evaler_cfg = evaler_cfg.clone()
-                if is_unset(getattr(evaler_cfg.summary_writer, "dir", None)):
-                    evaler_cfg.summary_writer.dir = os.path.join(cfg.dir, "summaries", name)
+            for name, evaler_cfg in child_cfgs["evalers"].items():
                 self._evalers[name] = self._add_child(
                     name,
                     evaler_cfg,
@@ -377,25 +352,16 @@ class SpmdTrainer(TrainStepCompiler, Module):
 
     def _init_state(self, prng_key: Tensor, prebuilt: Optional[Any] = None) -> TrainerState:
         """A random state, except the model parameters `prebuilt` (a Builder.State) holds."""
-        specs = self._model_param_specs
-        prebuilt_specs, prebuilt_arrays = None, None
-        if prebuilt is not None:
-            prebuilt_specs, prebuilt_arrays = init_state.prebuilt_model(prebuilt, model_specs=specs)
-
-        def init_fn(key, prebuilt_arrays):
-            key, init_key = jax.random.split(key)
-            model_params = self.model.initialize_parameters_recursively(
-                init_key, prebuilt=prebuilt_specs
-            )
-            if prebuilt_arrays is not None:
-                model_params = init_state.merge_model_params(specs, prebuilt_arrays, model_params)
-            learner_state = self.learner.init(self._opt_params(model_params))
-            return TrainerState(prng_key=key, model=model_params, learner=learner_state)
-
         self._step_log("Initializing trainer state.")
         with self._mesh_context():
-            jitted = jax.jit(init_fn, out_shardings=self._trainer_state_shardings)
-            return jitted(prng_key, prebuilt_arrays)
+            return init_state.random_state(
+                self.model,
+                self.learner,
+                prng_key=prng_key,
+                model_specs=self._model_param_specs,
+                shardings=self._trainer_state_shardings,
+                prebuilt=prebuilt,
+            )
 
     def restore_checkpoint(self, restore_step: Optional[int] = None) -> Optional[int]:
         """Restores the latest committed checkpoint (or `restore_step`) into the state shardings.
@@ -441,6 +407,57 @@ class SpmdTrainer(TrainStepCompiler, Module):
             force=force,
             streak=0 if self._skip_streak is None else self._skip_streak.streak,
         )
+
+    def compile_train_step(
+        self,
+        input_batch: Optional[NestedTensor] = None,
+        *,
+        trainer_state_specs: Optional[TrainerState] = None,
+        compiler_options: Optional[dict[str, Any]] = None,
+        donate_state: bool = True,
+        input_finite: bool = False,
+    ) -> Any:
+        """Lowers and compiles the train step (ahead of time: nothing runs).
+
+        Args:
+            input_batch: The global input batch (arrays, or ShapeDtypeStructs with shardings).
+                None: the shapes come from the input's `element_spec()`
+                (`trainer_utils.global_batch_specs`), so a trainer built on devices this process
+                cannot run on (AOT compilation for a TPU topology) compiles without data.
+            trainer_state_specs: The trainer state's shapes (arrays or ShapeDtypeStructs). None:
+                the current state if initialized, else `self.trainer_state_specs`.
+            compiler_options: XLA compiler options for `Lowered.compile`.
+            donate_state: Whether the step donates the trainer state's buffers. The trainer
+                compiles a non-donating variant too when saves reference the state (CPU).
+            input_finite: Whether the step also returns whether its input state's parameters
+                and optimizer state are all finite (checking the state just saved).
+
+        Returns:
+            The compiled step: (trainer_state, input_batch) -> `trainer_step.TrainStepResult`.
+        """
+        if input_batch is None:
+            input_batch = global_batch_specs(
+                self.input, mesh=self._mesh, batch_axis_names=self._config.batch_axis_names
+            )
+        if trainer_state_specs is None:
+            trainer_state_specs = self._trainer_state or self._trainer_state_specs
+        step = TrainStep(
+            model=self.model,
+            learner=self.learner,
+            param_specs=self._model_param_specs,
+            state_shardings=self._trainer_state_shardings,
+            train_dtype=self._per_param_train_dtype,
+        )
+        with self._mesh_context(), self._context_manager():
+            return trainer_compile.compile_train_step(
+                step,
+                trainer_state_specs,
+                input_batch,
+                state_shardings=self._trainer_state_shardings,
+                compiler_options=compiler_options,
+                donate_state=donate_state,
+                input_finite=input_finite,
+            )
 
     # ------------------------------------------------------------------------------------------
     # The loop.
@@ -528,10 +545,7 @@ class SpmdTrainer(TrainStepCompiler, Module):
             if cfg.batch_processor is not None:
                 current = self._process_batch(host_batch)
             else:
-                if self._compiled_train_step is None:
-                    check_token_ids(host_batch, self._config.model, path=f"{self.path()}.model")
-                    with timer.overhead("compile"):
-                        self._compile(global_batch)
+                self._compile(host_batch, global_batch)
                 self._step += 1
                 self._events.step_started(self._step)
                 outputs = self._dispatch_train_step(global_batch)
@@ -571,13 +585,7 @@ class SpmdTrainer(TrainStepCompiler, Module):
         self._events.step_started(self._step)
         batch = processor.process(host_batch, trainer_state=self._trainer_state)
         global_batch = self._host_to_global(batch)
-        if self._compiled_train_step is None:
-            check_token_ids(batch, self._config.model, path=f"{self.path()}.model")
-            with self._events.span(
-                EventType.CUSTOM_BADPUT_EVENT, custom_badput_event_type="compile"
-            ):
-                with self._metrics.timer.overhead("compile"):
-                    self._compile(global_batch)
+        self._compile(batch, global_batch, in_step=True)
         start = time.perf_counter()
         current = PendingStep(
             step=self._step, outputs=self._dispatch_train_step(global_batch), batch=batch
@@ -635,38 +643,35 @@ class SpmdTrainer(TrainStepCompiler, Module):
                 self._metrics.timer, **self._save_args(evaler_summaries, force=last)
             )
 
-    def _drain(self, current: PendingStep) -> None:
-        """Waits for step `current` to finish; stops on a non-finite loss (unless skipped)."""
-        if current.drained:
-            return
-        loss = float(jax.device_get(current.outputs["loss"]))
-        current.drained = True
-        if not math.isfinite(loss) and not self._skips_nonfinite:
-            raise NonFiniteLossError(step=current.step, loss=loss)
-        # Before anything of this step is saved: stop if it ends a streak of skipped steps.
-        scalars = dict(
-            utils.flatten_items(jax.device_get(scalar_tree(current.outputs["summaries"])))
+    def _read_step(self, pending: PendingStep) -> tuple[dict[str, Any], float, dict[str, Any]]:
+        """Waits for a step's loss and summaries; stops on a non-finite loss (unless the learner
+        skips such steps) and notes the skip streak. Returns (host values, loss, scalars)."""
+        outputs = pending.outputs
+        host = jax.device_get(
+            dict(loss=outputs["loss"], summaries=scalar_tree(outputs["summaries"]))
         )
-        self._skip_streak.note(current.step, loss=loss, scalars=scalars)
+        loss = float(host["loss"])
+        if not math.isfinite(loss) and not self._skips_nonfinite:
+            raise NonFiniteLossError(step=pending.step, loss=loss)
+        scalars = dict(utils.flatten_items(host["summaries"]), **pending.extra_scalars)
+        # Before anything of this step is saved: stop if it ends a streak of skipped steps.
+        self._skip_streak.note(pending.step, loss=loss, scalars=scalars)
+        return host, loss, scalars
+
+    def _drain(self, current: PendingStep) -> None:
+        """Waits for step `current` to finish (see `_read_step`), once."""
+        if not current.drained:
+            self._read_step(current)
+            current.drained = True
 
     def _finish_step(self, pending: PendingStep) -> dict[str, Any]:
         """Reads step N's metrics (the host sync on its loss), closes its interval, reports it."""
-        host = jax.device_get(
-            dict(loss=pending.outputs["loss"], summaries=scalar_tree(pending.outputs["summaries"]))
-        )
+        host, loss, scalars = self._read_step(pending)
         metrics = self._metrics
         timing = metrics.timer.end_step(pending.step)
-        loss, self._last_loss, self._last_aux = (
-            float(host["loss"]),
-            host["loss"],
-            pending.outputs["aux"],
-        )
-        scalars = dict(utils.flatten_items(host["summaries"]), **pending.extra_scalars)
+        self._last_loss, self._last_aux = host["loss"], pending.outputs["aux"]
         if not math.isfinite(loss):
-            if not self._skips_nonfinite:
-                raise NonFiniteLossError(step=pending.step, loss=loss)
             metrics.count_nonfinite_step()
-        self._skip_streak.note(pending.step, loss=loss, scalars=scalars)
         with metrics.timer.overhead("summary"):
             return metrics.record_step(
                 step=pending.step,
@@ -769,6 +774,26 @@ class SpmdTrainer(TrainStepCompiler, Module):
         self._metrics.measure_peak()
         if hasattr(self.summary_writer, "log_config"):
             self.summary_writer.log_config(launch_free_cfg, step=self._step)
+
+    def _compile(self, host_batch: NestedTensor, global_batch: NestedTensor, *, in_step=False):
+        """The run's first compile (trainer_compile.compile_for_run), after checking the token
+        ids; a no-op once compiled. Inside a step's interval (`in_step`) it is a badput span."""
+        if self._compiled_train_step is not None:
+            return
+        check_token_ids(host_batch, self._config.model, path=f"{self.path()}.model")
+        span = functools.partial(self._events.span, EventType.CUSTOM_BADPUT_EVENT)
+        with span(custom_badput_event_type="compile") if in_step else contextlib.nullcontext():
+            with self._metrics.timer.overhead("compile"):
+                self._compiled_train_step, self._compiled_train_step_keep_state = (
+                    trainer_compile.compile_for_run(
+                        self.compile_train_step,
+                        global_batch,
+                        checkpoints=self._checkpoints,
+                        metrics=self._metrics,
+                        trainer_state=self._trainer_state,
+                        log=self._step_log,
+                    )
+                )
 
     def _host_to_global(self, host_batch: NestedTensor) -> NestedTensor:
         """Turns this process's host batch into global arrays sharded over the batch axes."""

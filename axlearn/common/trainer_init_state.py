@@ -24,6 +24,8 @@ import jax
 from absl import logging
 
 from axlearn.common.state_builder import Builder
+from axlearn.common.trainer_checkpointing import TrainerState
+from axlearn.common.trainer_step import opt_params
 from axlearn.common.utils import Tensor, flatten_items, tree_paths
 
 
@@ -197,3 +199,44 @@ def merge_model_params(model_specs: Any, prebuilt_arrays: Any, initialized: Any)
         prebuilt_arrays,
         initialized,
     )
+
+
+def random_state(
+    model: Any,
+    learner: Any,
+    *,
+    prng_key: Tensor,
+    model_specs: Any,
+    shardings: Any,
+    prebuilt: Optional[Builder.State] = None,
+) -> Any:
+    """A randomly initialized trainer state, created sharded (one jitted init).
+
+    The key is split once: the second half initializes the model
+    (`initialize_parameters_recursively`, as AXLearn's trainer does), the first is the state's
+    key. Model parameters `prebuilt` holds are taken from it instead (see `prebuilt_model`).
+
+    Args:
+        model: The model module.
+        learner: The learner module.
+        prng_key: The initialization key.
+        model_specs: The model's parameter specs.
+        shardings: The trainer state's shardings.
+        prebuilt: A TENSOR_SPECS builder's state holding some model parameters, or None.
+
+    Returns:
+        The `TrainerState`.
+    """
+    prebuilt_specs, prebuilt_arrays = None, None
+    if prebuilt is not None:
+        prebuilt_specs, prebuilt_arrays = prebuilt_model(prebuilt, model_specs=model_specs)
+
+    def init_fn(key, prebuilt_arrays):
+        key, init_key = jax.random.split(key)
+        params = model.initialize_parameters_recursively(init_key, prebuilt=prebuilt_specs)
+        if prebuilt_arrays is not None:
+            params = merge_model_params(model_specs, prebuilt_arrays, params)
+        learner_state = learner.init(opt_params(params, model_specs))
+        return TrainerState(prng_key=key, model=params, learner=learner_state)
+
+    return jax.jit(init_fn, out_shardings=shardings)(prng_key, prebuilt_arrays)

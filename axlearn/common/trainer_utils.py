@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Optional
 
@@ -321,3 +322,29 @@ def prng_key_spec() -> Any:
     """
     key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
     return TensorSpec(shape=tuple(key.shape), dtype=key.dtype, mesh_axes=PartitionSpec())
+
+
+def with_default_dirs(cfg: Any) -> dict[str, Any]:
+    """The trainer's child configs with their directories defaulted under `cfg.dir`.
+
+    Args:
+        cfg: The `SpmdTrainer.Config`.
+
+    Returns:
+        {"summary_writer": config (dir: <dir>/summaries/train_train), "checkpointer": config
+        (dir: <dir>/checkpoints), "evalers": {name: config (summary dir: <dir>/summaries/name)}};
+        copies, `cfg` is unchanged. A dir already set is kept.
+    """
+    summary_cfg = cfg.summary_writer.clone()
+    if is_unset(getattr(summary_cfg, "dir", None)):
+        summary_cfg.dir = os.path.join(cfg.dir, "summaries", "train_train")
+    ckpt_cfg = cfg.checkpointer.clone()
+    if is_unset(getattr(ckpt_cfg, "dir", None)):
+        ckpt_cfg.dir = os.path.join(cfg.dir, "checkpoints")
+    evalers = {}
+    for name, evaler_cfg in cfg.evalers.items():
+        evaler_cfg = evaler_cfg.clone()
+        if is_unset(getattr(evaler_cfg.summary_writer, "dir", None)):
+            evaler_cfg.summary_writer.dir = os.path.join(cfg.dir, "summaries", name)
+        evalers[name] = evaler_cfg
+    return dict(summary_writer=summary_cfg, checkpointer=ckpt_cfg, evalers=evalers)
