@@ -9,12 +9,14 @@ dir then restores step 0 and trains from there.
 The parameters are mapped by path prefixes, `{target prefix: source prefix}`: `{"": ""}` (the
 default) for the same model, `DPO_FROM_CAUSAL_LM` to start both the policy and the frozen
 reference of a `dpo.DpoModel` from a causal LM. Every target parameter must be mapped, with the
-source's shape and dtype.
+source's shape and dtype. A LoRA run (`lora_config_modifier`) starts from a run without LoRA:
+its adapters keep their own initialization and the wrapped weights (`<proj>/layer/...`) come
+from the source's `<proj>/...`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
 import jax
@@ -26,17 +28,58 @@ from axlearn.common.utils import NestedTensor, flatten_items, tree_paths
 
 # The prefix map that starts a DpoModel's policy and reference from a causal LM's parameters.
 DPO_FROM_CAUSAL_LM = {"policy/": "", "reference/": ""}
+# The child name of a LoRA layer's adapter (`axlearn.common.lora`).
+LORA_ADAPTER = "adapter"
+
+
+def lora_adapter_parents(paths: Iterable[str]) -> set[str]:
+    """The paths of the LoRA-wrapped projections: every `<proj>` of a `<proj>/adapter/...`.
+
+    Args:
+        paths: Parameter paths ('/'-joined).
+
+    Returns:
+        The projection paths.
+    """
+    marker = "/" + LORA_ADAPTER + "/"
+    return {p.rsplit(marker, 1)[0] for p in paths if marker in p}
+
+
+def unwrapped_lora_path(path: str, parents: set[str]) -> str:
+    """`<proj>/layer/<rest>` -> `<proj>/<rest>` for a LoRA-wrapped `<proj>` in `parents`.
+
+    Args:
+        path: A parameter path of the LoRA model.
+        parents: `lora_adapter_parents` of the LoRA model.
+
+    Returns:
+        The path of the same weight in the model without LoRA (`path` when not wrapped).
+    """
+    for parent in parents:
+        if path.startswith(parent + "/layer/"):
+            return parent + path[len(parent) + len("/layer") :]
+    return path
 
 
 def map_parameters(
-    source: NestedTensor, target: NestedTensor, prefixes: Mapping[str, str]
+    source: NestedTensor,
+    target: NestedTensor,
+    prefixes: Mapping[str, str],
+    *,
+    lora_initial: Optional[NestedTensor] = None,
 ) -> NestedTensor:
     """The target tree with each leaf taken from `source` through the longest matching prefix.
+
+    With `lora_initial` (the LoRA target's own initial parameters; the source has no
+    adapters), a LoRA target starts from a model without LoRA: every adapter parameter
+    (`<proj>/adapter/...`) is taken from `lora_initial`, and every wrapped weight
+    `<proj>/layer/<rest>` from the source's `<proj>/<rest>` (`lora_config_modifier`'s layout).
 
     Args:
         source: The source parameters (nested dicts of arrays).
         target: The target structure (leaves with `.shape` and `.dtype`, e.g. ShapeDtypeStructs).
         prefixes: {target path prefix: source path prefix}; paths are '/'-joined.
+        lora_initial: The target's initial parameters for its LoRA adapters, or None.
 
     Returns:
         A tree of the target's structure holding the source's arrays.
@@ -47,11 +90,15 @@ def map_parameters(
     """
     flat = dict(flatten_items(source))
     ordered = sorted(prefixes.items(), key=lambda kv: -len(kv[0]))
+    initial = dict(flatten_items(lora_initial)) if lora_initial is not None else None
+    parents = lora_adapter_parents(initial) if initial is not None else set()
 
     def take(path: str, spec: Any) -> Any:
+        if initial is not None and any(path.startswith(p + "/adapter/") for p in parents):
+            return initial[path]
         for target_prefix, source_prefix in ordered:
             if path.startswith(target_prefix):
-                src = source_prefix + path[len(target_prefix) :]
+                src = source_prefix + unwrapped_lora_path(path, parents)[len(target_prefix) :]
                 break
         else:
             raise ValueError(f"map_parameters: no prefix of {dict(prefixes)} matches {path!r}")
@@ -134,7 +181,17 @@ def init_from_trainer_dir(
         is_leaf=lambda x: hasattr(x, "mesh_axes"),
     )
     source = jax.device_get(runner.params)
-    params = map_parameters(source, target, {"": ""} if prefixes is None else prefixes)
+    lora_initial = None
+    marker = "/" + LORA_ADAPTER + "/"
+    if any(marker in p for p in (p for p, _ in flatten_items(target))) and not any(
+        marker in p for p in (p for p, _ in flatten_items(source))
+    ):
+        # A LoRA run from a run without LoRA: the adapters start from the new run's init.
+        trainer.init(jax.random.PRNGKey(seed))
+        lora_initial = jax.device_get(trainer.trainer_state.model)
+    params = map_parameters(
+        source, target, {"": ""} if prefixes is None else prefixes, lora_initial=lora_initial
+    )
     return save_initial_state(trainer, params, seed=seed)
 
 

@@ -8,16 +8,20 @@ so the adapter adds before RoPE), and optionally its output projection in a
 the wrapper's `layer`; their parameters move from `<proj>/...` to `<proj>/layer/...`.
 
 With `freeze_non_adapters`, the learner's `update_rules` become
-`[(".*/adapter/.*", ALL_UPDATES), <existing rules>, (".*", NO_UPDATE)]`: only adapter
-parameters get gradients, optimizer state and updates; every other parameter stays
-bit-identical through training (`Learner.Config.update_rules`, as AXLearn freezes parameters).
+`[<existing freezing rules>, (".*/adapter/.*", ALL_UPDATES), <other existing rules>,
+(".*", NO_UPDATE)]` (`lora_update_rules`): only adapter parameters get gradients, optimizer
+state and updates; every other parameter stays bit-identical through training
+(`Learner.Config.update_rules`, as AXLearn freezes parameters). A subtree the learner already
+froze stays frozen with its adapters: the frozen reference of `dpo.DpoModel` and
+`grpo.model.GrpoModel` (a clone of the policy's config, so it gets adapters too) keeps
+`("reference/.*", NO_UPDATE)` first and has no optimizer state.
 
     cfg = LoraConfigModifier.default_config().set(rank=8, alpha=16).instantiate()(trainer_cfg)
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from axlearn.common.attention import (
     MultiheadAttention,
@@ -34,7 +38,7 @@ from axlearn.common.lora import (
     LoraUpFusedGroupedLinear,
 )
 
-__all__ = ["ADAPTER_PARAM_REGEX", "LoraConfigModifier"]
+__all__ = ["ADAPTER_PARAM_REGEX", "LoraConfigModifier", "lora_update_rules"]
 
 # Parameter paths of LoRA adapters (the `adapter` child of every LoRA layer).
 ADAPTER_PARAM_REGEX = ".*/adapter/.*"
@@ -56,6 +60,34 @@ def _configs_of(node: Any, classes: tuple[type, ...], found: list) -> list:
         for value in node:
             _configs_of(value, classes, found)
     return found
+
+
+def lora_update_rules(rules: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The learner's update rules that train only the adapters, given the existing `rules`.
+
+    The existing rules that freeze (NO_UPDATE or None) come first: a frozen subtree stays
+    frozen, adapters included (e.g. the reference `reference/.*` of `dpo.DpoModel` and
+    `grpo.model.GrpoModel`, a clone of the policy, so it holds adapters too). Then the adapter
+    rule, the other existing rules, and a final rule freezing everything else. (The learner
+    applies the first rule whose regex matches a parameter's path.)
+
+    Args:
+        rules: The learner's existing `update_rules` ((regex, UpdateType or None) pairs).
+
+    Returns:
+        The new rules.
+    """
+    rules = list(rules)
+
+    def freezes(rule):
+        return rule[1] is None or UpdateType(rule[1]) == UpdateType.NO_UPDATE
+
+    return [
+        *(r for r in rules if freezes(r)),
+        (ADAPTER_PARAM_REGEX, UpdateType.ALL_UPDATES),
+        *(r for r in rules if not freezes(r)),
+        (".*", UpdateType.NO_UPDATE),
+    ]
 
 
 class LoraConfigModifier(ConfigModifier):
@@ -169,9 +201,5 @@ class LoraConfigModifier(ConfigModifier):
                     "has update_rules (learner.Learner); set freeze_non_adapters=False or use "
                     "a Learner."
                 )
-            learner.update_rules = [
-                (ADAPTER_PARAM_REGEX, UpdateType.ALL_UPDATES),
-                *learner.update_rules,
-                (".*", UpdateType.NO_UPDATE),
-            ]
+            learner.update_rules = lora_update_rules(learner.update_rules)
         return cfg

@@ -28,7 +28,7 @@ import os
 import statistics
 from typing import Any, Callable, Optional, Sequence
 
-from axlearn.common import run_summary
+from axlearn.common import run_comparison_metrics, run_summary
 from axlearn.common.run_comparison_noise import (  # noqa: F401 (public names)
     MIN_EFFECT,
     NOISE_ALPHA,
@@ -749,7 +749,7 @@ def compare_runs(runs: Sequence[RunData], *, baseline: int = 0) -> Comparison:
     rows = []
     lengths = [r.last_step for r in runs]
     per_step = len(set(lengths)) > 1 and all(n for n in lengths)
-    for spec in ROWS:
+    for spec in run_comparison_metrics.row_specs(ROWS, runs, loss_step, row_cls=RowSpec):
         if spec.key == "final_loss":
             values = [dict(r.series(LOSS_KEY)).get(loss_step) for r in runs]
         else:

@@ -24,12 +24,18 @@ GRPO on the digit-copy task (`axlearn.common.grpo.copy_task`).
   reference. Summaries `grpo/rollout_seconds`, `grpo/reference_seconds`,
   `grpo/training_seconds` split each step's time.
 
+Each is also named `<name>-lora` (e.g. `sft-tiny-strings-lora`): the same run with rank-8 LoRA
+adapters on the attention projections (`lora_config_modifier.LoraConfigModifier`), training only
+the policy's adapters.
+
 To start either from another run's checkpoint (e.g. DPO from the SFT run, or SFT from an
 imported Hugging Face model, `axlearn hf import`), write a step-0 checkpoint into the new trainer
 dir first: `axlearn.common.finetune.init_from_trainer_dir` (see docs/post_training.md).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from axlearn.common import dpo, evaler, learner, optimizers, post_training_data, schedule, sft
 from axlearn.common.checkpointer import every_n_steps_and_last_policy
@@ -38,6 +44,7 @@ from axlearn.common.grpo import copy_task, rewards
 from axlearn.common.grpo.model import FROZEN_REFERENCE_RULES as GRPO_FROZEN_REFERENCE_RULES
 from axlearn.common.grpo.model import GrpoModel
 from axlearn.common.grpo.rollout import GrpoRollout, PromptInput
+from axlearn.common.lora_config_modifier import LoraConfigModifier
 from axlearn.common.summary_writer import CompositeWriter, JsonlWriter, SummaryWriter
 from axlearn.common.trainer import SpmdTrainer
 from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
@@ -47,6 +54,8 @@ from axlearn.experiments.text.gpt.tiny import BATCH_AXIS_NAMES, MESH_AXIS_NAMES,
 TEMPLATE = dict(prompt_format="Q: {prompt}\nA: ", response_format="{response}")
 # The model's vocabulary: CharVocabulary's ids (2 + alphabet), rounded up.
 VOCAB_SIZE = 128
+# The adapters' rank of the `-lora` configs (alpha = 2 x rank).
+LORA_RANK = 8
 
 
 def _model(*, num_layers: int, model_dim: int):
@@ -273,10 +282,32 @@ def grpo_trainer_config(
     return cfg
 
 
+def lora_config_fn(base: Callable[[], SpmdTrainer.Config]) -> Callable[[], SpmdTrainer.Config]:
+    """`base` with rank-8 LoRA adapters on every attention projection of the (policy) model.
+
+    Only the policy's adapters train; the frozen reference of DPO/GRPO (a clone of the policy,
+    adapters included) stays frozen with no optimizer state (`lora_config_modifier`).
+
+    Args:
+        base: A config fn of this module.
+
+    Returns:
+        The LoRA run's config fn.
+    """
+
+    def config_fn() -> SpmdTrainer.Config:
+        modifier = LoraConfigModifier.default_config().set(rank=LORA_RANK, alpha=2.0 * LORA_RANK)
+        return modifier.instantiate()(base())
+
+    return config_fn
+
+
 def named_trainer_configs() -> dict:
-    """The named trainer configs of this module."""
-    return {
+    """The named trainer configs of this module (each also as `<name>-lora`)."""
+    configs = {
         "sft-tiny-strings": sft_trainer_config,
         "dpo-tiny-strings": dpo_trainer_config,
         "grpo-copy-digits": grpo_trainer_config,
     }
+    configs.update({f"{name}-lora": lora_config_fn(fn) for name, fn in list(configs.items())})
+    return configs
