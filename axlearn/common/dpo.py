@@ -22,7 +22,6 @@ and tokenizer (`axlearn.common.sft`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -37,7 +36,7 @@ from axlearn.common.module import Module, child_context, nowrap
 from axlearn.common.sft import (
     CharVocabulary,
     ChatTemplate,
-    RowBatchIterator,
+    RowInputMixin,
     load_records,
     pad_rows,
     sft_example,
@@ -298,7 +297,7 @@ def preference_example(
     )
 
 
-class PreferenceInput(Module):
+class PreferenceInput(RowInputMixin, Module):
     """Batches of preference pairs from a JSON file of {"prompt", "chosen", "rejected"} records.
 
     Keys: PREFERENCE_KEYS, int32 [batch, max_len] (one pair per row, right-padded; labels -1 on
@@ -388,19 +387,6 @@ class PreferenceInput(Module):
             out[f"{side}_input_ids"] = rows["input_ids"]
             out[f"{side}_target_labels"] = rows["target_labels"]
         return out
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        return RowBatchIterator(self, self._epoch_rows, rows=self._rows)
-
-    @nowrap
-    def dataset(self) -> Iterator[dict[str, np.ndarray]]:
-        """Returns a new iterator from the start."""
-        return iter(self)
-
-    @nowrap
-    def batches(self, it: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
-        """Yields the batches of `it`."""
-        yield from it
 
     @nowrap
     def element_spec(self) -> dict[str, Any]:

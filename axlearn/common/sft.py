@@ -23,15 +23,18 @@ packed and batched.
 
 from __future__ import annotations
 
+import json
 import os
 import string
 from collections.abc import Iterator, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 
 from axlearn.common import file_access, post_training_data
 from axlearn.common.config import REQUIRED, Configurable, Required, config_class
+from axlearn.common.file_access.reads import parse_json
+from axlearn.common.file_access.resolve import FileAccessError
 from axlearn.common.module import Module, nowrap
 
 # The ids CharVocabulary reserves: padding and end-of-sequence (also the begin token).
@@ -316,6 +319,75 @@ class RowBatchIterator:
         lo, hi = self._rows.start, self._rows.stop
         return {k: v[lo:hi] for k, v in take.items()}
 
+    def get_state(self) -> bytes:
+        """The position (batches yielded, epoch, offset in the epoch's rows) as JSON bytes.
+
+        An epoch's rows are a function of the epoch (its shuffle is seeded by it), so the
+        position is all a restore needs.
+
+        Returns:
+            The state.
+        """
+        state = dict(num_batches=self._num_batches, epoch=self._epoch, offset=self._offset)
+        return json.dumps(state).encode("utf-8")
+
+    def set_state(self, states: Union[bytes, list]) -> None:
+        """Restores a position from `get_state()` (or a list of processes' states).
+
+        Args:
+            states: The state bytes (or a list of them; this process's is the first).
+
+        Raises:
+            ValueError: If the state is not such a position (naming what is wrong).
+        """
+        if isinstance(states, (list, tuple)):
+            states = states[0]
+        try:
+            state = parse_json(bytes(states), "input iterator state", max_depth=4)
+        except (TypeError, FileAccessError) as e:
+            raise ValueError(f"input iterator state is not JSON of a position: {e}") from e
+        fields = ("num_batches", "epoch", "offset")
+        if not isinstance(state, dict) or sorted(state) != sorted(fields):
+            raise ValueError(f"input iterator state must be a dict of {fields}, got {state!r}")
+        bad = [
+            k for k in fields if type(state[k]) is not int or state[k] < (-1 if k == "epoch" else 0)
+        ]
+        if bad:
+            raise ValueError(f"input iterator state: {bad} must be integers >= 0 in {state!r}")
+        self._num_batches, self._epoch, self._offset = (state[k] for k in fields)
+        self._epoch_rows = None if self._epoch < 0 else self._rows_fn(self._epoch)
+
+
+class RowInputMixin:
+    """`SftInput`'s and `PreferenceInput`'s iteration (RowBatchIterator over `_epoch_rows`),
+    checkpointable: `iterator_state` / `restore_iterator` save and restore its position."""
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return RowBatchIterator(self, self._epoch_rows, rows=self._rows)
+
+    @nowrap
+    def dataset(self) -> Iterator[dict[str, np.ndarray]]:
+        """Returns a new iterator from the start."""
+        return iter(self)
+
+    @nowrap
+    def batches(self, it: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+        """Yields the batches of `it`."""
+        yield from it
+
+    @nowrap
+    def iterator_state(self, it: RowBatchIterator) -> bytes:
+        """Returns the position of `it` as bytes (see `RowBatchIterator.get_state`)."""
+        return it.get_state()
+
+    @nowrap
+    def restore_iterator(self, states: Union[bytes, list], **kwargs) -> RowBatchIterator:
+        """Returns a new iterator positioned where the saved one was."""
+        del kwargs
+        it = iter(self)
+        it.set_state(states)
+        return it
+
 
 def _num_rows(tree: dict[str, np.ndarray]) -> int:
     return len(next(iter(tree.values())))
@@ -325,7 +397,7 @@ def _fill(key: str) -> int:
     return IGNORE_LABEL if key.endswith("target_labels") else 0
 
 
-class SftInput(Module):
+class SftInput(RowInputMixin, Module):
     """Packed SFT batches of a JSON instruction file; see the module docstring.
 
     Keys: input_ids, target_labels (-1 on prompt tokens and padding), input_segment_ids,
@@ -410,19 +482,6 @@ class SftInput(Module):
         if cfg.pack:
             return pack_examples(examples, max_len=cfg.max_len, pad_id=self._vocab.pad_id)
         return pad_rows(examples, max_len=cfg.max_len, pad_id=self._vocab.pad_id)
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        return RowBatchIterator(self, self._epoch_rows, rows=self._rows)
-
-    @nowrap
-    def dataset(self) -> Iterator[dict[str, np.ndarray]]:
-        """Returns a new iterator from the start."""
-        return iter(self)
-
-    @nowrap
-    def batches(self, it: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
-        """Yields the batches of `it`."""
-        yield from it
 
     @nowrap
     def element_spec(self) -> dict[str, Any]:

@@ -259,3 +259,40 @@ def test_load_records_file_cases(tmp_path, monkeypatch):
         )
         == 400
     )
+
+
+def test_sft_input_iterator_state_resumes_across_epochs(tmp_path):
+    records = [dict(prompt="ab" * (i % 3 + 1), response="c" * (i % 2 + 1)) for i in range(10)]
+    train = _input_cfg(_write(tmp_path, records), is_training=True).instantiate(parent=None)
+    reference = iter(train)
+    expected = [next(reference) for _ in range(12)]  # Several shuffled epochs.
+    for cut in (0, 1, 5, 11):
+        it = iter(train)
+        for _ in range(cut):
+            next(it)
+        state = train.iterator_state(it)
+        resumed = train.restore_iterator(state)
+        for want in expected[cut:]:
+            got = next(resumed)
+            assert all(np.array_equal(got[k], want[k]) for k in want), cut
+    assert train.restore_iterator([train.iterator_state(iter(train))]) is not None  # Per process.
+
+
+@pytest.mark.parametrize(
+    "state, message",
+    [
+        (b'{"num_batches": 1, "epoch": 0', "not JSON"),
+        (b"[1, 2, 3]", "must be a dict"),
+        (b'{"num_batches": 1, "epoch": 0}', "must be a dict"),
+        (b'{"num_batches": "1", "epoch": 0, "offset": 0}', "must be integers"),
+        (b'{"num_batches": true, "epoch": 0, "offset": 0}', "must be integers"),
+        (b'{"num_batches": 1, "epoch": -2, "offset": 0}', "must be integers"),
+        (b"[" * 100000 + b"]" * 100000, "not JSON"),
+        (b"\xff\xfe", "not JSON"),
+    ],
+)
+def test_sft_input_iterator_bad_state(tmp_path, state, message):
+    records = [dict(prompt="ab", response="c") for _ in range(10)]
+    train = _input_cfg(_write(tmp_path, records), is_training=True).instantiate(parent=None)
+    with pytest.raises(ValueError, match=message):
+        train.restore_iterator(state)

@@ -104,6 +104,8 @@ def _trainer(*, name: str, max_step: int) -> SpmdTrainer.Config:
         n=max_step, max_step=max_step
     )
     cfg.checkpointer.keep_last_n = 2
+    # The input position is checkpointed: a resumed run reads the batches it would have read.
+    cfg.save_input_iterator = True
     cfg.summary_writer.write_every_n_steps = 10
     cfg.log_every_n_steps = 10
     return cfg
@@ -266,8 +268,6 @@ def grpo_trainer_config(
             num_prompts=num_prompts, num_digits=num_digits, num_symbols=num_symbols
         )
     )
-    # The prompt position is checkpointed: a resumed run reads the prompts it would have read.
-    cfg.save_input_iterator = True
     cfg.batch_processor = GrpoRollout.default_config().set(
         reward=rewards.CopyDigitsReward.default_config().set(mode="per_digit"),
         group_size=group_size,
