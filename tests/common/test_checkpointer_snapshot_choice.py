@@ -243,11 +243,13 @@ def test_device_copies_released_once_on_host(tmp_path, monkeypatch, limit, host_
     gc.collect()
     baseline = _live_device_bytes()
     at_first_write = []
+    first_write_lock = threading.Lock()  # Writer threads may reach their first chunk together.
     original = tensorstore_save.write_chunk_file
 
     def recording_write(*args):
-        if not at_first_write:
-            at_first_write.append(_live_device_bytes())
+        with first_write_lock:
+            if not at_first_write:
+                at_first_write.append(_live_device_bytes())
         return original(*args)
 
     monkeypatch.setattr(tensorstore_save, "write_chunk_file", recording_write)

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from axlearn.common import golden_config, sft
+from axlearn.common import sft
 from axlearn.common.grpo import CopyDigitsReward
 from axlearn.common.grpo.model import GrpoModel
 from axlearn.common.grpo.rollout import GrpoRollout
@@ -21,19 +21,8 @@ from axlearn.common.learner import UpdateType
 from axlearn.common.trainer import SpmdTrainer
 from axlearn.experiments.text.gpt import post_training
 
-_GOLDENS = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))),
-    "testdata",
-    "post_training_goldens",
-)
-
-
-@pytest.mark.parametrize("name", sorted(post_training.named_trainer_configs()))
-@pytest.mark.parametrize("check", [golden_config.check, golden_config.check_init])
-def test_golden_config_dumps(name, check):
-    """The config and parameter-init dumps (`UPDATE_GOLDEN=1` rewrites them)."""
-    suffix = golden_config.SUFFIXES[check]
-    check(post_training.named_trainer_configs()[name], os.path.join(_GOLDENS, name + suffix))
+# The config, init and regularizer dumps of these experiments are golden files checked with every
+# named experiment's by experiments/test_golden_configs.py.
 
 
 def _records(path):
