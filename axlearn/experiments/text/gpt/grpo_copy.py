@@ -12,12 +12,39 @@ tests/experiments/text/gpt/test_grpo_copy.py: about 0.07 -> 0.3).
 
 from __future__ import annotations
 
+from typing import Any
+
 from axlearn.common import learner, optimizers
 from axlearn.common.checkpointer import every_n_steps_policy
 from axlearn.common.config import config_for_function
 from axlearn.common.grpo import CopyDigitsReward, GrpoTrainer
 from axlearn.common.grpo.copy_task import EOS_ID, FIRST_DIGIT_ID, PAD_ID, CopyDigitsPrompts
 from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
+
+
+def copy_digits_policy_config(*, num_layers: int, model_dim: int, num_symbols: int) -> Any:
+    """The policy of the GRPO copy task (both GRPO trainers' configs use it).
+
+    Args:
+        num_layers: Transformer layers.
+        model_dim: Model dim (heads of dim 16).
+        num_symbols: Distinct digits.
+
+    Returns:
+        A causal LM config over the copy task's vocabulary.
+    """
+    return transformer_lm_config(
+        num_layers=num_layers,
+        model_dim=model_dim,
+        num_heads=model_dim // 16,
+        hidden_dim=4 * model_dim,
+        vocab_size=FIRST_DIGIT_ID + num_symbols,
+        stack="stack",
+        # An untied head starts near uniform (a tied one repeats the last prompt token).
+        tied_embedding=False,
+        pad_token_id=PAD_ID,
+        eos_token_id=EOS_ID,
+    )
 
 
 def grpo_copy_trainer_config(
@@ -50,18 +77,8 @@ def grpo_copy_trainer_config(
     Returns:
         The config.
     """
-    vocab_size = FIRST_DIGIT_ID + num_symbols
-    model = transformer_lm_config(
-        num_layers=num_layers,
-        model_dim=model_dim,
-        num_heads=model_dim // 16,
-        hidden_dim=4 * model_dim,
-        vocab_size=vocab_size,
-        stack="stack",
-        # An untied head starts near uniform (a tied one repeats the last prompt token).
-        tied_embedding=False,
-        pad_token_id=PAD_ID,
-        eos_token_id=EOS_ID,
+    model = copy_digits_policy_config(
+        num_layers=num_layers, model_dim=model_dim, num_symbols=num_symbols
     )
     cfg = GrpoTrainer.default_config().set(
         name="grpo_trainer",

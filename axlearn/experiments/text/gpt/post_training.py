@@ -47,6 +47,7 @@ from axlearn.common.grpo.rollout import GrpoRollout, PromptInput
 from axlearn.common.lora_config_modifier import LoraConfigModifier
 from axlearn.common.summary_writer import CompositeWriter, JsonlWriter, SummaryWriter
 from axlearn.common.trainer import SpmdTrainer
+from axlearn.experiments.text.gpt.grpo_copy import copy_digits_policy_config
 from axlearn.experiments.text.gpt.model_builders import transformer_lm_config
 from axlearn.experiments.text.gpt.tiny import BATCH_AXIS_NAMES, MESH_AXIS_NAMES, _mesh
 
@@ -250,17 +251,8 @@ def grpo_trainer_config(
     """
     cfg = _trainer(name="grpo_trainer", max_step=max_step)
     cfg.checkpointer.save_policy.set(n=checkpoint_every_n_steps)
-    policy = transformer_lm_config(
-        num_layers=num_layers,
-        model_dim=model_dim,
-        num_heads=model_dim // 16,
-        hidden_dim=4 * model_dim,
-        vocab_size=copy_task.FIRST_DIGIT_ID + num_symbols,
-        stack="stack",
-        # An untied head starts near uniform (a tied one repeats the last prompt token).
-        tied_embedding=False,
-        pad_token_id=copy_task.PAD_ID,
-        eos_token_id=copy_task.EOS_ID,
+    policy = copy_digits_policy_config(
+        num_layers=num_layers, model_dim=model_dim, num_symbols=num_symbols
     )
     cfg.model = GrpoModel.default_config().set(policy=policy, kl_coef=kl_coef)
     cfg.input = PromptInput.default_config().set(
