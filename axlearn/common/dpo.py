@@ -146,6 +146,22 @@ def dpo_loss(
     )
 
 
+def with_reference_copy(params: NestedTensor) -> NestedTensor:
+    """`params` with "reference" a copy of "policy" (its own buffers): the frozen reference's
+    initial state in a policy-and-reference model (DPO's, GRPO's).
+
+    Args:
+        params: {"policy": ..., "reference": ...} (the reference's values are replaced).
+
+    Returns:
+        The same dict.
+    """
+    params["reference"] = jax.tree.map(
+        lambda p: None if p is None else jnp.copy(p), params["policy"]
+    )
+    return params
+
+
 class DpoModel(BaseModel):
     """A policy trained with DPO/IPO against a frozen reference copy; see the module docstring.
 
@@ -198,10 +214,7 @@ class DpoModel(BaseModel):
             {"policy": ..., "reference": ...}.
         """
         params = super().initialize_parameters_recursively(prng_key, prebuilt=prebuilt)
-        params["reference"] = jax.tree.map(
-            lambda p: None if p is None else jnp.copy(p), params["policy"]
-        )
-        return params
+        return with_reference_copy(params)
 
     def _log_probs(self, name: str, ids: Tensor, labels: Tensor) -> Tensor:
         child = getattr(self, name)

@@ -28,6 +28,7 @@ import numpy as np
 from axlearn.common.base_model import BaseModel
 from axlearn.common.config import REQUIRED, Required, config_class
 from axlearn.common.decoding import StopOnSubsequence, infer_initial_time_step
+from axlearn.common.dpo import with_reference_copy
 from axlearn.common.grpo.loss import grpo_loss, token_log_probs
 from axlearn.common.learner import UpdateType
 from axlearn.common.metrics import WeightedScalar
@@ -201,10 +202,7 @@ class GrpoModel(BaseModel):
             {"policy": ..., "reference": ...}.
         """
         params = super().initialize_parameters_recursively(prng_key, prebuilt=prebuilt)
-        params["reference"] = jax.tree.map(
-            lambda p: None if p is None else jnp.copy(p), params["policy"]
-        )
-        return params
+        return with_reference_copy(params)
 
     def sample_rollouts(
         self,
