@@ -362,8 +362,18 @@ def test_layout_and_index(tmp_path):
     ckpt.save(step=5, state=dict(model=state, step=5, iterator=b"abc"))
     ckpt.stop()
     step_dir = tmp_path / "ckpt" / "step_00000005"
-    assert sorted(os.listdir(step_dir)) == ["gda", "host", "index"]
-    index = json.loads((step_dir / "index").read_text())
+    assert sorted(os.listdir(step_dir)) == ["gda", "host", "index", "manifest.json"]
+    # The commit marker is AXLearn's list of [path, value] pairs (what its Checkpointer reads);
+    # our index, with the checksums, is manifest.json beside it.
+    pairs = json.loads((step_dir / "index").read_text())
+    assert pairs[0] == ["step", 5]
+    pairs = dict(pairs)
+    assert pairs["model/params/w"] == {"dtype": "float32", "shape": "(16, 8)"}
+    assert pairs["model/params/emb"]["dtype"] == "bfloat16"
+    assert pairs["model/params/count"]["shape"] == "(8,)"
+    assert pairs["iterator"] == "<class 'axlearn.checkpoint.BytesLeaf'>"
+    index = json.loads((step_dir / "manifest.json").read_text())
+    assert index["format"] == "axlearn.checkpoint" and index["version"] == 2
     leaves = {leaf["path"]: leaf for leaf in index["leaves"]}
     w = leaves["model/params/w"]
     assert w["dtype"] == "float32" and w["shape"] == [16, 8] and w["chunk_shape"] == [2, 8]

@@ -19,6 +19,7 @@ from axlearn.common.checkpointer import (
     layout,
     state_tree,
 )
+from tests.common.checkpointer_test_utils import edit_our_index
 from tests.common.test_checkpointer_recovery import _checkpointer, _state, _target
 from tests.common.test_path_containment import Sentinel
 
@@ -32,20 +33,18 @@ def _save(ckpt_dir: str, steps) -> None:
 
 
 def _edit_index(step_dir: str, edit) -> None:
-    path = os.path.join(step_dir, "index")
-    with open(path, encoding="utf-8") as f:
-        index = json.load(f)
-    for leaf in index["leaves"]:
-        edit(leaf)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(index, f)
+    def edit_leaves(index):
+        for leaf in index["leaves"]:
+            edit(leaf)
+
+    edit_our_index(step_dir, edit_leaves)
 
 
 def _assert_refused(ckpt_dir: str, capsys, *, expect: str, secret: bytes = b"") -> None:
     """verify exits 1 and restore refuses, both naming the index, the leaf and the rule."""
     assert main(["checkpoint", "verify", ckpt_dir]) == 1
     out = capsys.readouterr().out
-    assert expect in out and "step_00000002/index" in out, out
+    assert expect in out and "step_00000002/manifest.json" in out, out
     with pytest.raises(CorruptCheckpointError) as e:
         _checkpointer(ckpt_dir).restore(state=_target())
     message = str(e.value)

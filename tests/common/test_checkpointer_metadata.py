@@ -20,6 +20,7 @@ from axlearn.common.checkpointer import (
     metadata,
 )
 from axlearn.common.config import config_for_function
+from tests.common.checkpointer_test_utils import edit_our_index
 
 
 def _checkpointer(ckpt_dir: str, *, keep_last_n: int = 3, **kwargs) -> Checkpointer:
@@ -110,7 +111,7 @@ def _index_leaf_removed(step_dir: str):
     def drop(index):
         index["leaves"] = [leaf for leaf in index["leaves"] if leaf["path"] != "b"]
 
-    _edit_json(os.path.join(step_dir, "index"), drop)
+    edit_our_index(step_dir, drop)
 
 
 def _index_shape_edited(step_dir: str):
@@ -119,7 +120,7 @@ def _index_shape_edited(step_dir: str):
             if leaf["path"] == "w":
                 leaf["shape"], leaf["chunk_shape"] = [4, 8], [4, 8]
 
-    _edit_json(os.path.join(step_dir, "index"), reshape)
+    edit_our_index(step_dir, reshape)
 
 
 _DAMAGES = [

@@ -1,7 +1,6 @@
 """Tests axlearn/common/checkpointer/recovery.py: corrupt checkpoints are never deleted; the
 restore refuses (naming the file and flags) or falls back / restores a chosen step on request."""
 
-import json
 import os
 
 import jax
@@ -13,6 +12,7 @@ from axlearn.cli.main import main
 from axlearn.common import checkpointer as ckpt_lib
 from axlearn.common.checkpointer import Checkpointer, CorruptCheckpointError, every_n_steps_policy
 from axlearn.common.config import config_for_function
+from tests.common.checkpointer_test_utils import edit_our_index
 
 
 def _checkpointer(ckpt_dir: str, **kwargs) -> Checkpointer:
@@ -76,13 +76,11 @@ def _truncate_index(step_dir: str):
 
 
 def _drop_checksum(step_dir: str):
-    path = os.path.join(step_dir, "index")
-    with open(path, encoding="utf-8") as f:
-        index = json.load(f)
-    for leaf in index["leaves"]:
-        leaf.pop("checksum", None)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(index, f)
+    def drop(index):
+        for leaf in index["leaves"]:
+            leaf.pop("checksum", None)
+
+    edit_our_index(step_dir, drop)
 
 
 def _flip_bit(step_dir: str):

@@ -3,8 +3,6 @@ SkipClipState.grad_norm_square_ema) restore where their leaves still match, and 
 with a message saying they predate the change (axlearn/common/checkpointer/tensorstore_restore.py).
 """
 
-import json
-
 import jax
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ from axlearn.common.checkpointer import (
 )
 from axlearn.common.config import config_for_function
 from axlearn.common.optimizer_base import OptParam
+from tests.common.checkpointer_test_utils import edit_our_index
 
 
 def _checkpointer(tmp_path) -> Checkpointer:
@@ -36,11 +35,12 @@ def _make_old(tmp_path, state, step=1):
     ckpt = _checkpointer(tmp_path)
     ckpt.save(step=step, state=state)
     ckpt.wait_until_finished()
-    index_path = tmp_path / "ckpt" / layout.step_dir_name(step) / layout.INDEX_FILE
-    index = json.loads(index_path.read_text())
-    assert index["state_layout"] == layout.STATE_LAYOUT_VERSION
-    del index["state_layout"]
-    index_path.write_text(json.dumps(index))
+
+    def make_old(index):
+        assert index["state_layout"] == layout.STATE_LAYOUT_VERSION
+        del index["state_layout"]
+
+    edit_our_index(str(tmp_path / "ckpt" / layout.step_dir_name(step)), make_old)
     return ckpt
 
 

@@ -44,6 +44,9 @@ _SHAPE_RE = re.compile(r"^\((\s*\d+\s*(,\s*\d+\s*)*,?)?\)$")
 # The class names of the tf.data iterators AXLearn saves with tf.train.Checkpoint.
 _TF_ITERATOR_RE = re.compile(r"^<class 'tensorflow\.[\w.]*(OwnedIterator|Iterator\w*)'>$")
 _CLASS_RE = re.compile(r"^<class '[\w.]+'>$")
+# How a bytes leaf of ours appears in the list `index` of a step of ours (format version 2),
+# whose `manifest.json` describes it.
+OUR_BYTES_LEAF_ENTRY = "<class 'axlearn.checkpoint.BytesLeaf'>"
 # Names of our index's leaf kinds and array folder (`layout`'s, which imports this module).
 KIND_ARRAY = "array"
 KIND_VALUE = "value"
@@ -217,6 +220,12 @@ def _parse_leaf(root: file_access.RunDir, path: str, entry: Any, *, step_dir: st
             file=f"{ARRAYS_DIR}/{path}",
             checksum=None,
             compressor=compressor.get("id") if isinstance(compressor, dict) else compressor,
+        )
+    if entry == OUR_BYTES_LEAF_ENTRY:
+        raise AXLearnIndexError(
+            f"{shown}: leaf {path!r:.200} is a bytes leaf of this checkpointer, described by "
+            f"manifest.json beside the index, which is missing; restore the step's "
+            "manifest.json (or a target without this leaf)"
         )
     if isinstance(entry, str) and _CLASS_RE.match(entry):
         if not _TF_ITERATOR_RE.match(entry):

@@ -6,8 +6,15 @@
         .zarray                 zarr metadata
         0.0, 0.1, ...           one chunk file per saved shard (no compression)
     host/process_<i>/<leaf path> per-process bytes leaves (e.g. input iterator state)
-    index                       JSON, written last: the commit marker
+    manifest.json               our full index: dtypes, chunk shapes, CRC-32s, bytes leaves
+    index                       AXLearn's list of [path, value] pairs, written last: the commit
+                                marker
 ```
+
+A step is thus one AXLearn's `Checkpointer` restores unchanged (it reads `index` and `gda/`, and
+ignores the rest), while every reader here takes the checksums and the rest from
+`manifest.json` and checks that the two files agree. Steps of format version 1 (a JSON object
+in `index`, no `manifest.json`) are read as before.
 
 AXLearn's own layout (a list `index`, zstd zarr arrays, `tf_<i>/` iterators) is read too: see
 `axlearn_layout`; `axlearn_layout_write` writes it.
@@ -51,7 +58,16 @@ HOST_DIR = "host"
 MANIFESTS_DIR = "manifests"
 # Identifies our index format.
 INDEX_FORMAT = "axlearn.checkpoint"
-INDEX_VERSION = 1
+# Version 2: `manifest.json` holds our index, `index` AXLearn's list; version 1: our index in
+# `index` (still read).
+INDEX_VERSION = 2
+# The versions read.
+READ_INDEX_VERSIONS = (1, 2)
+# Our full index beside AXLearn's list `index` (version 2), written just before it.
+MANIFEST_FILE = "manifest.json"
+# How a bytes leaf appears in AXLearn's list `index` (AXLearn's form of a savable's entry; its
+# value lives in `host/`, described by `manifest.json`).
+BYTES_LEAF_ENTRY = axlearn_layout.OUR_BYTES_LEAF_ENTRY
 # Version of the state layout (the fields of optimizer states) a checkpoint was written with.
 # Indexes without `state_layout` predate version 2, which gave `EmaState` its `scale` field and
 # renamed `SkipClipState.grad_norm_var_ema` to `grad_norm_square_ema` (AXLearn's layouts).
@@ -317,18 +333,52 @@ def write_json_atomically(path: str, value: Any, *, root: Optional[str] = None) 
 
 
 def write_index_file(step_dir: str, index: dict) -> None:
-    """Writes the commit marker `step_dir/index` atomically.
+    """Commits `step_dir`: writes its index files atomically, the commit marker `index` last.
+
+    A version-2 index (what `make_index` returns) goes to `manifest.json`, and then AXLearn's
+    list of `[path, value]` pairs (`axlearn_index_pairs`) to `index`. A version-1 index goes to
+    `index` itself.
 
     Args:
         step_dir: The step directory.
         index: The index (see `make_index`).
     """
     # Below the checkpointer dir: the step directory itself is not followed if it is a link.
-    write_json_atomically(
-        os.path.join(step_dir, INDEX_FILE),
-        index,
-        root=os.path.dirname(os.path.normpath(step_dir)) or ".",
-    )
+    root = os.path.dirname(os.path.normpath(step_dir)) or "."
+    if index.get("version") == 1:
+        write_json_atomically(os.path.join(step_dir, INDEX_FILE), index, root=root)
+        return
+    write_json_atomically(os.path.join(step_dir, MANIFEST_FILE), index, root=root)
+    rel = file_access.split_root(os.path.join(os.path.normpath(step_dir), INDEX_FILE), root)
+    file_access.write_atomic(root, rel, json.dumps(axlearn_index_pairs(index)).encode("utf-8"))
+
+
+def axlearn_index_pairs(index: dict) -> list:
+    """AXLearn's list `index` for one of ours: `["step", N]`, then one pair per leaf.
+
+    An array is `[path, {"dtype": name, "shape": "(d0, d1)"}]` (the shape a Python tuple's
+    string), a value leaf `[path, value]`, a bytes leaf `[path, BYTES_LEAF_ENTRY]`. A leaf named
+    `step` is left out (AXLearn's index holds the step under that name; `manifest.json` keeps it).
+
+    Args:
+        index: Our index (`make_index`).
+
+    Returns:
+        The list of pairs, as AXLearn's `Checkpointer` writes and reads it.
+    """
+    pairs: list = [["step", index["step"]]]
+    for leaf in index["leaves"]:
+        path, kind = leaf["path"], leaf["kind"]
+        if path == "step":
+            continue
+        if kind == KIND_ARRAY:
+            shape = str(tuple(int(d) for d in leaf["shape"]))
+            pairs.append([path, {"dtype": leaf["dtype"], "shape": shape}])
+        elif kind == KIND_BYTES:
+            pairs.append([path, BYTES_LEAF_ENTRY])
+        else:
+            pairs.append([path, leaf["value"]])
+    return pairs
 
 
 def make_index(*, step: int, process_count: int, leaves: list[dict]) -> dict:
@@ -359,15 +409,43 @@ _REQUIRED_LEAF_FIELDS = {
 }
 
 
-def read_index_file(step_dir: str) -> dict:
-    """Reads and validates `step_dir/index`.
+def _read_json_file(step_dir: str, name: str, *, missing_ok: bool) -> Any:
+    """Reads `step_dir/name` as bounded JSON through the file layer (no link followed)."""
+    path = os.path.join(step_dir, name)
+    parent, step_name = os.path.split(os.path.normpath(step_dir))
+    try:
+        return file_access.read_json(
+            parent or ".",
+            f"{step_name}/{name}",
+            max_bytes=MAX_INDEX_BYTES,
+            max_depth=MAX_INDEX_DEPTH,
+        )
+    except file_access.FileAccessError as e:
+        if e.errno == errno.ENOENT:
+            if missing_ok:
+                return None
+            raise CheckpointIndexError(f"{path} does not exist (uncommitted checkpoint)") from e
+        if e.errno == errno.ELOOP:
+            raise CheckpointIndexError(
+                f"{path}: the {name.split('.')[0]} (or its step directory) is a symbolic link; an "
+                "index is never read through a link (its target is outside what this step "
+                "directory holds)"
+            ) from e
+        raise CheckpointIndexError(f"{path} is not a readable JSON index: {e.rule}") from e
 
-    The index is JSON: `{"format", "version", "step", "process_count", "leaves": [...]}`. Each leaf
-    has `path` and `kind`:
+
+def read_index_file(step_dir: str) -> dict:
+    """Reads and validates the index of `step_dir`, in any layout read here.
+
+    Our index is JSON: `{"format", "version", "step", "process_count", "leaves": [...]}`, in
+    `manifest.json` beside AXLearn's list `index` (version 2, checked to agree with it) or in
+    `index` itself (version 1). Each leaf has `path` and `kind`:
     - `array`: `dtype` (numpy name), `shape`, `chunk_shape`, `file` (relative zarr path),
       `checksum` ({"crc32": {chunk key: 8 hex digits}}).
     - `value`: a small JSON value (`value`), e.g. an int or string.
     - `bytes`: `per_process` ({process index: {"file", "size", "checksum"}}).
+    A list `index` without `manifest.json` is a step AXLearn wrote (`axlearn_layout`): returned
+    in the same form, with `layout` "axlearn" and no checksums.
 
     Args:
         step_dir: The step directory.
@@ -376,33 +454,29 @@ def read_index_file(step_dir: str) -> dict:
         The index dict.
 
     Raises:
-        CheckpointIndexError: If the file is missing, not JSON, or malformed.
+        CheckpointIndexError: If a file is missing, not JSON, malformed, or the two disagree.
     """
     path = os.path.join(step_dir, INDEX_FILE)
-    parent, name = os.path.split(os.path.normpath(step_dir))
-    try:
-        index = file_access.read_json(
-            parent or ".",
-            f"{name}/{INDEX_FILE}",
-            max_bytes=MAX_INDEX_BYTES,
-            max_depth=MAX_INDEX_DEPTH,
-        )
-    except file_access.FileAccessError as e:
-        if e.errno == errno.ENOENT:
-            raise CheckpointIndexError(f"{path} does not exist (uncommitted checkpoint)") from e
-        if e.errno == errno.ELOOP:
-            raise CheckpointIndexError(
-                f"{path}: the index (or its step directory) is a symbolic link; an index is "
-                "never read through a link (its target is outside what this step directory holds)"
-            ) from e
-        raise CheckpointIndexError(f"{path} is not a readable JSON index: {e.rule}") from e
-    if axlearn_layout.is_axlearn_index(index):
+    index = _read_json_file(step_dir, INDEX_FILE, missing_ok=False)
+    if not axlearn_layout.is_axlearn_index(index):
+        return _check_ours(index, step_dir, path)
+    manifest = _read_json_file(step_dir, MANIFEST_FILE, missing_ok=True)
+    if manifest is None:
         return _read_axlearn_index(index, step_dir, path)
+    manifest_path = os.path.join(step_dir, MANIFEST_FILE)
+    ours = _check_ours(manifest, step_dir, manifest_path)
+    _check_pairs_agree(index, ours, shown=path, manifest_path=manifest_path)
+    return ours
+
+
+def _check_ours(index: Any, step_dir: str, path: str) -> dict:
+    """Validates our index dict read from `path`."""
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
         raise CheckpointIndexError(f"{path} is not an {INDEX_FORMAT} index")
-    if index.get("version") != INDEX_VERSION:
+    if index.get("version") not in READ_INDEX_VERSIONS:
         raise CheckpointIndexError(
-            f"{path} has index version {index.get('version')!r}; this code reads {INDEX_VERSION}"
+            f"{path} has index version {index.get('version')!r:.20}; this code reads "
+            f"{list(READ_INDEX_VERSIONS)}"
         )
     if not isinstance(index.get("step"), int) or not isinstance(index.get("leaves"), list):
         raise CheckpointIndexError(f"{path} lacks a valid step or leaves list")
@@ -413,8 +487,43 @@ def read_index_file(step_dir: str) -> dict:
         missing = [k for k in _REQUIRED_LEAF_FIELDS[kind] if k not in leaf]
         if missing:
             raise CheckpointIndexError(f"{path}: leaf {leaf['path']!r} lacks fields {missing}")
+        if kind == KIND_ARRAY and not (
+            isinstance(leaf["shape"], list)
+            and all(isinstance(d, int) and not isinstance(d, bool) for d in leaf["shape"])
+        ):
+            raise CheckpointIndexError(f"{path}: leaf {leaf['path']!r} has a malformed shape")
         _check_leaf_files(step_dir, path, leaf)
     return index
+
+
+def _check_pairs_agree(pairs: list, ours: dict, *, shown: str, manifest_path: str) -> None:
+    """Refuses an AXLearn list `index` that is not the one `ours` (from `manifest.json`) gives."""
+    expected = {p: v for p, v in axlearn_index_pairs(ours)}
+    found: dict = {}
+    for item in pairs:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+            raise CheckpointIndexError(
+                f"{shown}: entry {item!r:.100} is not a [path, value] pair (AXLearn's index is a "
+                "list of them)"
+            )
+        if item[0] in found:
+            raise CheckpointIndexError(f"{shown}: leaf {item[0]!r:.200} is listed twice")
+        found[item[0]] = item[1]
+    for name in sorted(set(expected) | set(found)):
+        if expected.get(name, _ABSENT) != found.get(name, _ABSENT):
+            raise CheckpointIndexError(
+                f"{shown} and {manifest_path} disagree on {name!r:.200} ("
+                f"{_shown_entry(found.get(name, _ABSENT))} against "
+                f"{_shown_entry(expected.get(name, _ABSENT))}); a save writes both from one "
+                "state, so one of them was changed or replaced since"
+            )
+
+
+_ABSENT = object()
+
+
+def _shown_entry(value: Any) -> str:
+    return "absent" if value is _ABSENT else f"{json.dumps(value)[:80]}"
 
 
 def _read_axlearn_index(value: list, step_dir: str, shown: str) -> dict:
