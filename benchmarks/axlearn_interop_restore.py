@@ -20,7 +20,11 @@ The `write` half (this project's venv) writes, under WORK_DIR, with `axlearn_lay
   bfloat16, an int32 scalar, a 2-way sharded float32 array: chunks `0.0` and `1.0`, a threefry
   `prng_key` written as rbg) converted to AXLearn's layout; `synthetic_expected.npz` its values;
 - `tf/step_00000001`: the tf.data iterator fixture, through our layout and back;
-- `ours/step_00000004`: the synthetic step in our own layout (AXLearn is expected to refuse it).
+- `ours/step_00000004`: the synthetic step as our `Checkpointer` saves it (format 2: AXLearn's
+  list `index` beside our `manifest.json`), restored by AXLearn unconverted (its threefry
+  `prng_key` stays uint32[2]);
+- `ours_v1/step_00000004`: the same step rewritten in our format 1 (our index in `index`),
+  which AXLearn is expected to refuse.
 
 The `restore` half (`--mode restore`, run by the AXLearn interpreter with AXLearn's source on
 PYTHONPATH) restores each with AXLearn's `Checkpointer.restore` (state spec from AXLearn's
@@ -101,6 +105,17 @@ def write(work_dir: str) -> dict:
         "prng_key": np.array([0xDEADBEEF, 17, 0xDEADBEEF, 17], np.uint32),
     }
     np.savez(work_dir + "/synthetic_expected.npz", **expected)
+    # Format 1 (before manifest.json): our index in `index`.
+    import shutil
+
+    shutil.copytree(work_dir + "/ours", work_dir + "/ours_v1")
+    step_dir = work_dir + "/ours_v1/step_00000004"
+    with open(step_dir + "/manifest.json", encoding="utf-8") as f:
+        index = json.load(f)
+    index["version"] = 1
+    with open(step_dir + "/index", "w", encoding="utf-8") as f:
+        json.dump(index, f)
+    os.remove(step_dir + "/manifest.json")
     return out
 
 
@@ -170,11 +185,19 @@ def restore(work_dir: str) -> dict:
         w_equal=bool(np.array_equal(np.asarray(got["w"]), np.arange(12.0).reshape(3, 4))),
         n=int(np.asarray(got["n"])),
     )
+    step, got = _axlearn_restore(work_dir + "/ours/step_00000004")
+    want["prng_key"] = want["prng_key"][:2]  # Saved as the threefry key it was.
+    results["ours_native"] = dict(
+        step=step,
+        leaves=len(got),
+        differing=[p for p in want if p not in got or not _same(got[p], want[p])],
+        dtypes={p: str(np.asarray(v).dtype) for p, v in got.items()},
+    )
     try:
-        _axlearn_restore(work_dir + "/ours/step_00000004")
-        results["our_layout_unconverted"] = "restored (unexpected)"
+        _axlearn_restore(work_dir + "/ours_v1/step_00000004")
+        results["ours_format_1"] = "restored (unexpected)"
     except Exception as e:  # pylint: disable=broad-except
-        results["our_layout_unconverted"] = f"{type(e).__name__}: {e}"[:200]
+        results["ours_format_1"] = f"{type(e).__name__}: {e}"[:200]
     return results
 
 
