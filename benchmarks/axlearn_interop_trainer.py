@@ -72,8 +72,10 @@ def _run(cmd: list[str], env: dict, log_path: str) -> dict:
     restored = re.findall(r"[Rr]estored (?:checkpoint )?(?:at )?step[ =]?(\d+)", text)
     restored += re.findall(r"Restored state from ckpt at step (\d+)", text)
     losses = re.findall(r"step[ =:]+(\d+)\D[^\n]*?loss[=: ]+([-0-9.e]+)", text)
+    final = re.findall(r"INTEROP_OUTPUT (\{.*\})", text)
     return dict(
         returncode=proc.returncode,
+        final=json.loads(final[-1]) if final else None,
         seconds=round(time.perf_counter() - start, 1),
         restored=sorted({int(s) for s in restored}),
         losses={int(s): float(v) for s, v in losses},
