@@ -314,3 +314,39 @@ def test_format_1_step_still_restores_and_verifies(ckpt_dir):
     _assert_state(restored, 2)
     result = verify_checkpoint(step2)
     assert result.ok and result.layout is None and result.num_chunks == 3, result.errors
+
+
+def test_our_index_is_byte_for_byte_what_axlearn_wrote_for_the_same_state(tmp_path):
+    """AXLearn's fuji-test-v3 step 6 (written by AXLearn's own trainer) restored and saved by
+    our `Checkpointer`: the `index` it commits is the bytes AXLearn's `index` holds."""
+    # pylint: disable-next=import-outside-toplevel
+    from axlearn.common.checkpointer.verify import read_state_spec
+
+    fixture = os.path.join(
+        os.path.dirname(__file__),
+        "..",
+        "testdata",
+        "axlearn_checkpoints",
+        "fuji-test-v3",
+        "checkpoints",
+        "step_00000006",
+    )
+    spec = read_state_spec(fixture)
+    reader = (
+        Checkpointer.default_config()
+        .set(name="ax", dir=os.path.dirname(fixture))
+        .instantiate(parent=None)
+    )
+    step, state = reader.restore(step=6, state=spec)
+    reader.stop()
+    assert step == 6
+    ours_dir = str(tmp_path / "ours")
+    ckpt = _checkpointer(ours_dir)
+    ckpt.save(step=6, state=state)
+    ckpt.stop()
+    with open(os.path.join(fixture, "index"), "rb") as f:
+        theirs = f.read()
+    with open(os.path.join(ours_dir, "step_00000006", "index"), "rb") as f:
+        ours = f.read()
+    assert json.loads(ours) == json.loads(theirs)
+    assert ours == theirs
