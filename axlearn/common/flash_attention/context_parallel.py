@@ -186,6 +186,23 @@ def _fold_block(carry, q, k, v, mask, logit_cap: Optional[float]):
     return o, m_new, total
 
 
+def _fold(carry, q, k, v, q_pos, k_pos, q_seg, k_seg, *, mask_fn, logit_cap, remat: bool):
+    """`_fold_block` of the block's mask; with `remat`, rematerialized in the backward pass.
+
+    Rematerialized, a step keeps only its inputs (the carry and the block) for the backward
+    pass and recomputes the block's mask and probabilities from them, as flash attention's
+    backward does, instead of keeping a [Tq, S] block of probabilities per step.
+    """
+
+    def fn(carry, q, k, v, q_pos, k_pos, q_seg, k_seg):
+        mask = _block_mask(mask_fn, q_pos, k_pos, q_seg, k_seg)
+        return _fold_block(carry, q, k, v, mask, logit_cap)
+
+    if remat:
+        fn = jax.checkpoint(fn)
+    return fn(carry, q, k, v, q_pos, k_pos, q_seg, k_seg)
+
+
 def _init_carry(q):
     batch, length, kv_heads, groups, _ = q.shape
     o = jnp.zeros(q.shape, jnp.float32)
@@ -249,6 +266,7 @@ def _local_attention(
     # Ring: device i sends its current block to i + 1; at step s it holds block (i - s) mod d.
     perm = [(i, (i + 1) % degree) for i in range(degree)]
     skip = load_balance and is_causal_like(mask_fn)
+    fold = functools.partial(_fold, mask_fn=mask_fn, logit_cap=logit_cap, remat=True)
     half = local // 2
     block = (k, v, k_seg)
     for step in range(degree):
@@ -259,23 +277,20 @@ def _local_attention(
         src = (index - step) % degree
         k_pos = positions(src)
         if step == 0 or not skip:
-            mask = _block_mask(mask_fn, q_pos, k_pos, q_seg, kb_seg)
-            carry = _fold_block(carry, q5, kb, vb, mask, logit_cap)
+            carry = fold(carry, q5, kb, vb, q_pos, k_pos, q_seg, kb_seg)
         else:
             # src < i: every query sees only the block's first chunk (chunk src);
             # src > i: only the queries' second chunk (2d-1-i) sees the block, all of it.
             def early(c, kb=kb, vb=vb, kb_seg=kb_seg, k_pos=k_pos):
                 seg = None if kb_seg is None else kb_seg[:, :half]
-                mask = _block_mask(mask_fn, q_pos, k_pos[:half], q_seg, seg)
-                return _fold_block(c, q5, kb[:, :half], vb[:, :half], mask, logit_cap)
+                return fold(c, q5, kb[:, :half], vb[:, :half], q_pos, k_pos[:half], q_seg, seg)
 
             def late(c, kb=kb, vb=vb, kb_seg=kb_seg, k_pos=k_pos):
                 seg = None if q_seg is None else q_seg[:, half:]
                 rows = slice(half, local)
 
                 def fn(sub):
-                    mask = _block_mask(mask_fn, q_pos[half:], k_pos, seg, kb_seg)
-                    return _fold_block(sub, q5[:, half:], kb, vb, mask, logit_cap)
+                    return fold(sub, q5[:, half:], kb, vb, q_pos[half:], k_pos, seg, kb_seg)
 
                 return _update_rows(c, rows, fn)
 
