@@ -141,6 +141,7 @@ def fit_bubble(microbatches, step_times, *, num_stages: int, num_virtual_stages:
 
     Returns:
         A dict with fit_s_per_microbatch (a), fit_s_per_tick (a / V), fit_intercept_s (b),
+        fit_b_microbatches (b / a) and formula_b_microbatches ((S - 1) / V),
         intercept_over_formula (b / ((S - 1) a / V)) and per_m: {M: dict(fitted_bubble,
         formula_bubble, fitted_over_formula, measured_bubble (1 - a M / measured time))}.
     """
@@ -162,20 +163,33 @@ def fit_bubble(microbatches, step_times, *, num_stages: int, num_virtual_stages:
         fit_s_per_microbatch=float(slope),
         fit_s_per_tick=float(slope / v),
         fit_intercept_s=float(intercept),
+        # t(M) = a (M + b): b in microbatches, the formula's b is (S - 1) / V.
+        fit_b_microbatches=float(intercept / slope),
+        formula_b_microbatches=(s - 1) / v,
         intercept_over_formula=float(intercept / ((s - 1) * slope / v)),
         per_m=per_m,
     )
 
 
-def measure_bubble(microbatches, repeats):
+def measure_bubble(microbatches, repeats, schedules=SCHEDULES):
     """Step times and compiled temp memory per (schedule, M), interleaved; fitted bubbles.
 
-    Every case is timed `repeats` times, all cases interleaved; the fit uses each case's
-    fastest time (the other jobs on a shared host only ever add time), the median is kept too.
+    Every case is timed `repeats` times (at least 3), the cases interleaved round-robin so
+    load changes on a shared host hit all of them alike; the fit uses each case's median
+    (`fit_min`: the same fit on each case's fastest time).
+
+    Args:
+        microbatches: The M values.
+        repeats: Timed steps per case.
+        schedules: (schedule name, virtual stages) pairs.
+
+    Returns:
+        One row per (schedule, M) and one fit row per schedule.
     """
+    repeats = max(3, repeats)
     mesh = Mesh(np.asarray(jax.devices()[:NUM_STAGES]), ("pipeline",))
     cases = {}
-    for name, v in SCHEDULES:
+    for name, v in schedules:
         for m in microbatches:
             fn, temp, schedule = _bubble_case(name, v, m, mesh)
             fn()  # Warm-up.
@@ -186,10 +200,12 @@ def measure_bubble(microbatches, repeats):
             fn()
             times.append(time.perf_counter() - start)
     results = []
-    for name, v in SCHEDULES:
-        best = [min(cases[(name, m)][1]) for m in microbatches]
-        fit = fit_bubble(microbatches, best, num_stages=NUM_STAGES, num_virtual_stages=v)
-        for m, t in zip(microbatches, best):
+    for name, v in schedules:
+        medians = [statistics.median(cases[(name, m)][1]) for m in microbatches]
+        fastest = [min(cases[(name, m)][1]) for m in microbatches]
+        fit = fit_bubble(microbatches, medians, num_stages=NUM_STAGES, num_virtual_stages=v)
+        fit_min = fit_bubble(microbatches, fastest, num_stages=NUM_STAGES, num_virtual_stages=v)
+        for m, t, t_min in zip(microbatches, medians, fastest):
             _, times, temp, schedule = cases[(name, m)]
             per_m = fit["per_m"][m]
             assert abs(per_m["formula_bubble"] - schedule.bubble_fraction()) < 1e-12
@@ -199,16 +215,23 @@ def measure_bubble(microbatches, repeats):
                     num_stages=NUM_STAGES,
                     num_virtual_stages=v,
                     num_microbatches=int(m),
-                    step_time_s=float(t),
-                    step_time_median_s=float(statistics.median(times)),
+                    step_time_median_s=float(t),
+                    step_time_min_s=float(t_min),
                     step_times_s=[float(x) for x in times],
                     step_time_per_microbatch_s=float(t / m),
                     compiled_temp_bytes=temp,
                     num_steps=schedule.num_steps(),
                     **per_m,
+                    fitted_over_formula_min=fit_min["per_m"][m]["fitted_over_formula"],
                 )
             )
-        results.append(dict(schedule=name, **{k: v_ for k, v_ in fit.items() if k != "per_m"}))
+        results.append(
+            dict(
+                schedule=name,
+                **{k: v_ for k, v_ in fit.items() if k != "per_m"},
+                fit_min={k: v_ for k, v_ in fit_min.items() if k != "per_m"},
+            )
+        )
     return results
 
 
@@ -337,19 +360,36 @@ def main():
     parser.add_argument(
         "--memory_microbatches", default="1,2,4,8,16,32", help="M values of the memory curve."
     )
+    parser.add_argument(
+        "--schedules",
+        default=",".join(name for name, _ in SCHEDULES),
+        help="Schedules of the bubble part (names of SCHEDULES).",
+    )
+    parser.add_argument(
+        "--parts", default="bubble,curve,memory", help="Which parts to run (comma-separated)."
+    )
     parser.add_argument("--output", default=None, help="Also write the JSON to this file.")
     args = parser.parse_args()
     microbatches = [int(x) for x in args.microbatches.split(",")]
-    bubble = measure_bubble(microbatches, args.repeats)
-    result = dict(
-        devices=len(jax.devices()),
-        bubble=bubble,
-        temp_memory_vs_gpipe=summarize(bubble),
-        temp_memory_curve=measure_temp_memory(
-            [int(x) for x in args.memory_microbatches.split(",")]
-        ),
-        memory=measure_memory(),
-    )
+    parts = args.parts.split(",")
+    chosen = args.schedules.split(",")
+    result = dict(devices=len(jax.devices()), load_average_start=list(os.getloadavg()))
+    if "bubble" in parts:
+        bubble = measure_bubble(
+            microbatches, args.repeats, tuple(sv for sv in SCHEDULES if sv[0] in chosen)
+        )
+        result.update(bubble=bubble)
+        if "gpipe" in chosen:
+            result.update(temp_memory_vs_gpipe=summarize(bubble))
+    if "curve" in parts:
+        result.update(
+            temp_memory_curve=measure_temp_memory(
+                [int(x) for x in args.memory_microbatches.split(",")]
+            )
+        )
+    if "memory" in parts:
+        result.update(memory=measure_memory())
+    result.update(load_average_end=list(os.getloadavg()))
     text = json.dumps(result, indent=1)
     print(text)
     if args.output:
