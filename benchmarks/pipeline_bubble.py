@@ -176,7 +176,9 @@ def measure_bubble(microbatches, repeats, schedules=SCHEDULES):
 
     Every case is timed `repeats` times (at least 3), the cases interleaved round-robin so
     load changes on a shared host hit all of them alike; the fit uses each case's median
-    (`fit_min`: the same fit on each case's fastest time).
+    (`fit_min`: the same fit on each case's fastest time; `fit_cpu`: on the median process CPU
+    time of a step, the device-seconds all stages spent, idle slots included, which other
+    jobs on the host change far less than the wall time).
 
     Args:
         microbatches: The M values.
@@ -194,17 +196,21 @@ def measure_bubble(microbatches, repeats, schedules=SCHEDULES):
             fn, temp, schedule = _bubble_case(name, v, m, mesh)
             fn()  # Warm-up.
             cases[(name, m)] = (fn, [], temp, schedule)
+    cpu = {key: [] for key in cases}
     for _ in range(repeats):
-        for fn, times, _, _ in cases.values():
-            start = time.perf_counter()
+        for key, (fn, times, _, _) in cases.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
             fn()
             times.append(time.perf_counter() - start)
+            cpu[key].append(time.process_time() - start_cpu)
     results = []
     for name, v in schedules:
         medians = [statistics.median(cases[(name, m)][1]) for m in microbatches]
         fastest = [min(cases[(name, m)][1]) for m in microbatches]
+        cpu_medians = [statistics.median(cpu[(name, m)]) for m in microbatches]
         fit = fit_bubble(microbatches, medians, num_stages=NUM_STAGES, num_virtual_stages=v)
         fit_min = fit_bubble(microbatches, fastest, num_stages=NUM_STAGES, num_virtual_stages=v)
+        fit_cpu = fit_bubble(microbatches, cpu_medians, num_stages=NUM_STAGES, num_virtual_stages=v)
         for m, t, t_min in zip(microbatches, medians, fastest):
             _, times, temp, schedule = cases[(name, m)]
             per_m = fit["per_m"][m]
@@ -223,6 +229,9 @@ def measure_bubble(microbatches, repeats, schedules=SCHEDULES):
                     num_steps=schedule.num_steps(),
                     **per_m,
                     fitted_over_formula_min=fit_min["per_m"][m]["fitted_over_formula"],
+                    cpu_times_s=[float(x) for x in cpu[(name, m)]],
+                    cpu_fitted_bubble=fit_cpu["per_m"][m]["fitted_bubble"],
+                    cpu_fitted_over_formula=fit_cpu["per_m"][m]["fitted_over_formula"],
                 )
             )
         results.append(
@@ -230,6 +239,7 @@ def measure_bubble(microbatches, repeats, schedules=SCHEDULES):
                 schedule=name,
                 **{k: v_ for k, v_ in fit.items() if k != "per_m"},
                 fit_min={k: v_ for k, v_ in fit_min.items() if k != "per_m"},
+                fit_cpu={k: v_ for k, v_ in fit_cpu.items() if k != "per_m"},
             )
         )
     return results
@@ -354,6 +364,7 @@ def measure_memory():
 
 
 def main():
+    global DIM, MICROBATCH  # pylint: disable=global-statement
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--microbatches", default="4,8,12,16")
@@ -368,12 +379,22 @@ def main():
     parser.add_argument(
         "--parts", default="bubble,curve,memory", help="Which parts to run (comma-separated)."
     )
+    parser.add_argument("--dim", type=int, default=DIM, help="Width of the bubble part's layers.")
+    parser.add_argument(
+        "--microbatch_rows", type=int, default=MICROBATCH, help="Rows per microbatch (bubble)."
+    )
     parser.add_argument("--output", default=None, help="Also write the JSON to this file.")
     args = parser.parse_args()
+    DIM, MICROBATCH = args.dim, args.microbatch_rows
     microbatches = [int(x) for x in args.microbatches.split(",")]
     parts = args.parts.split(",")
     chosen = args.schedules.split(",")
-    result = dict(devices=len(jax.devices()), load_average_start=list(os.getloadavg()))
+    result = dict(
+        devices=len(jax.devices()),
+        dim=DIM,
+        microbatch_rows=MICROBATCH,
+        load_average_start=list(os.getloadavg()),
+    )
     if "bubble" in parts:
         bubble = measure_bubble(
             microbatches, args.repeats, tuple(sv for sv in SCHEDULES if sv[0] in chosen)
