@@ -1,7 +1,8 @@
 """Pipeline parallelism on 8 CPU devices: bubble and temp memory per schedule, memory per device.
 
     python benchmarks/pipeline_bubble.py [--repeats=5] [--microbatches=4,8,12,16]
-        [--memory_microbatches=1,2,4,8,16,32] [--output=F.json]
+        [--memory_microbatches=1,2,4,8,16,32] [--schedules=gpipe,circular,1f1b,interleaved_1f1b]
+        [--parts=bubble,curve,memory] [--dim=1024] [--microbatch_rows=128] [--output=F.json]
 
 1. Bubble per schedule. A stack of 8 tanh(Linear(1024)) layers pipelined over S=4 stages with
    GPipe and 1F1B (2 layers per stage) and with the circular and interleaved 1F1B schedules
@@ -16,8 +17,10 @@
    says). On CPU the 8 "devices" share the host's cores, so a tick's time is the sum of all
    stages' work and absolute times say nothing about real pipelining speed-ups; the tick
    structure (how many ticks a step runs) is what the fit measures, and that is what the formula
-   describes. Timings of all cases are interleaved; each case's fastest of `--repeats` is used
-   (other jobs on a shared host only add time).
+   describes. Timings of all cases are interleaved round-robin; the fit uses each case's median
+   of `--repeats` (at least 3), and is repeated on the fastest times (`fit_min`) and on the
+   median process CPU time of a step (`fit_cpu`: the CPU seconds of all stages, idle slots
+   included, which other jobs on a shared host change less than the wall time).
 2. Temp memory curve: compiled temp bytes per device of GPipe and 1F1B (S=4) for each M of
    `--memory_microbatches` (compile only), with 1F1B's ring slots.
 3. Memory. The 8-layer decoder of tests/common/test_pipeline.py (dim 256), unpipelined
