@@ -177,11 +177,11 @@ def fit_bubble(microbatches, step_times, *, num_stages: int, num_virtual_stages:
 def measure_bubble(microbatches, repeats, schedules=SCHEDULES):
     """Step times and compiled temp memory per (schedule, M), interleaved; fitted bubbles.
 
-    Every case is timed `repeats` times (at least 3), the cases interleaved round-robin so
-    load changes on a shared host hit all of them alike; the fit uses each case's median
-    (`fit_min`: the same fit on each case's fastest time; `fit_cpu`: on the median process CPU
-    time of a step, the device-seconds all stages spent, idle slots included, which other
-    jobs on the host change far less than the wall time).
+    Every case is timed `repeats` times (at least 3), the cases interleaved (a new random
+    order each round) so load changes on a shared host hit all of them alike. The fit uses
+    each case's median; `fit_min` the fastest times; `fit_cpu` the median process CPU time of
+    a step (the device-seconds all stages spent, idle slots included, which other jobs on the
+    host change far less than the wall time).
 
     Args:
         microbatches: The M values.
@@ -200,8 +200,14 @@ def measure_bubble(microbatches, repeats, schedules=SCHEDULES):
             fn()  # Warm-up.
             cases[(name, m)] = (fn, [], temp, schedule)
     cpu = {key: [] for key in cases}
+    order = list(cases)
+    rng = np.random.default_rng(0)
     for _ in range(repeats):
-        for key, (fn, times, _, _) in cases.items():
+        # A fresh order every round: a load that rises during a round must not always land on
+        # the largest M (that would tilt the fitted line).
+        for i in rng.permutation(len(order)):
+            key = order[i]
+            fn, times, _, _ = cases[key]
             start, start_cpu = time.perf_counter(), time.process_time()
             fn()
             times.append(time.perf_counter() - start)
