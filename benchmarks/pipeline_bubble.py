@@ -1,7 +1,8 @@
 """Pipeline parallelism on 8 CPU devices: bubble and temp memory per schedule, memory per device.
 
     python benchmarks/pipeline_bubble.py [--repeats=5] [--microbatches=4,8,12,16]
-        [--memory_microbatches=1,2,4,8,16,32] [--output=F.json]
+        [--memory_microbatches=1,2,4,8,16,32] [--schedules=gpipe,circular,1f1b,interleaved_1f1b]
+        [--parts=bubble,curve,memory] [--dim=1024] [--microbatch_rows=128] [--output=F.json]
 
 1. Bubble per schedule. A stack of 8 tanh(Linear(1024)) layers pipelined over S=4 stages with
    GPipe and 1F1B (2 layers per stage) and with the circular and interleaved 1F1B schedules
@@ -16,8 +17,10 @@
    says). On CPU the 8 "devices" share the host's cores, so a tick's time is the sum of all
    stages' work and absolute times say nothing about real pipelining speed-ups; the tick
    structure (how many ticks a step runs) is what the fit measures, and that is what the formula
-   describes. Timings of all cases are interleaved; each case's fastest of `--repeats` is used
-   (other jobs on a shared host only add time).
+   describes. Timings of all cases are interleaved round-robin; the fit uses each case's median
+   of `--repeats` (at least 3), and is repeated on the fastest times (`fit_min`) and on the
+   median process CPU time of a step (`fit_cpu`: the CPU seconds of all stages, idle slots
+   included, which other jobs on a shared host change less than the wall time).
 2. Temp memory curve: compiled temp bytes per device of GPipe and 1F1B (S=4) for each M of
    `--memory_microbatches` (compile only), with 1F1B's ring slots.
 3. Memory. The 8-layer decoder of tests/common/test_pipeline.py (dim 256), unpipelined
@@ -141,6 +144,7 @@ def fit_bubble(microbatches, step_times, *, num_stages: int, num_virtual_stages:
 
     Returns:
         A dict with fit_s_per_microbatch (a), fit_s_per_tick (a / V), fit_intercept_s (b),
+        fit_b_microbatches (b / a) and formula_b_microbatches ((S - 1) / V),
         intercept_over_formula (b / ((S - 1) a / V)) and per_m: {M: dict(fitted_bubble,
         formula_bubble, fitted_over_formula, measured_bubble (1 - a M / measured time))}.
     """
@@ -162,34 +166,61 @@ def fit_bubble(microbatches, step_times, *, num_stages: int, num_virtual_stages:
         fit_s_per_microbatch=float(slope),
         fit_s_per_tick=float(slope / v),
         fit_intercept_s=float(intercept),
+        # t(M) = a (M + b): b in microbatches, the formula's b is (S - 1) / V.
+        fit_b_microbatches=float(intercept / slope),
+        formula_b_microbatches=(s - 1) / v,
         intercept_over_formula=float(intercept / ((s - 1) * slope / v)),
         per_m=per_m,
     )
 
 
-def measure_bubble(microbatches, repeats):
+def measure_bubble(microbatches, repeats, schedules=SCHEDULES):
     """Step times and compiled temp memory per (schedule, M), interleaved; fitted bubbles.
 
-    Every case is timed `repeats` times, all cases interleaved; the fit uses each case's
-    fastest time (the other jobs on a shared host only ever add time), the median is kept too.
+    Every case is timed `repeats` times (at least 3), the cases interleaved (a new random
+    order each round) so load changes on a shared host hit all of them alike. The fit uses
+    each case's median; `fit_min` the fastest times; `fit_cpu` the median process CPU time of
+    a step (the device-seconds all stages spent, idle slots included, which other jobs on the
+    host change far less than the wall time).
+
+    Args:
+        microbatches: The M values.
+        repeats: Timed steps per case.
+        schedules: (schedule name, virtual stages) pairs.
+
+    Returns:
+        One row per (schedule, M) and one fit row per schedule.
     """
+    repeats = max(3, repeats)
     mesh = Mesh(np.asarray(jax.devices()[:NUM_STAGES]), ("pipeline",))
     cases = {}
-    for name, v in SCHEDULES:
+    for name, v in schedules:
         for m in microbatches:
             fn, temp, schedule = _bubble_case(name, v, m, mesh)
             fn()  # Warm-up.
             cases[(name, m)] = (fn, [], temp, schedule)
+    cpu = {key: [] for key in cases}
+    order = list(cases)
+    rng = np.random.default_rng(0)
     for _ in range(repeats):
-        for fn, times, _, _ in cases.values():
-            start = time.perf_counter()
+        # A fresh order every round: a load that rises during a round must not always land on
+        # the largest M (that would tilt the fitted line).
+        for i in rng.permutation(len(order)):
+            key = order[i]
+            fn, times, _, _ = cases[key]
+            start, start_cpu = time.perf_counter(), time.process_time()
             fn()
             times.append(time.perf_counter() - start)
+            cpu[key].append(time.process_time() - start_cpu)
     results = []
-    for name, v in SCHEDULES:
-        best = [min(cases[(name, m)][1]) for m in microbatches]
-        fit = fit_bubble(microbatches, best, num_stages=NUM_STAGES, num_virtual_stages=v)
-        for m, t in zip(microbatches, best):
+    for name, v in schedules:
+        medians = [statistics.median(cases[(name, m)][1]) for m in microbatches]
+        fastest = [min(cases[(name, m)][1]) for m in microbatches]
+        cpu_medians = [statistics.median(cpu[(name, m)]) for m in microbatches]
+        fit = fit_bubble(microbatches, medians, num_stages=NUM_STAGES, num_virtual_stages=v)
+        fit_min = fit_bubble(microbatches, fastest, num_stages=NUM_STAGES, num_virtual_stages=v)
+        fit_cpu = fit_bubble(microbatches, cpu_medians, num_stages=NUM_STAGES, num_virtual_stages=v)
+        for m, t, t_min in zip(microbatches, medians, fastest):
             _, times, temp, schedule = cases[(name, m)]
             per_m = fit["per_m"][m]
             assert abs(per_m["formula_bubble"] - schedule.bubble_fraction()) < 1e-12
@@ -199,16 +230,27 @@ def measure_bubble(microbatches, repeats):
                     num_stages=NUM_STAGES,
                     num_virtual_stages=v,
                     num_microbatches=int(m),
-                    step_time_s=float(t),
-                    step_time_median_s=float(statistics.median(times)),
+                    step_time_median_s=float(t),
+                    step_time_min_s=float(t_min),
                     step_times_s=[float(x) for x in times],
                     step_time_per_microbatch_s=float(t / m),
                     compiled_temp_bytes=temp,
                     num_steps=schedule.num_steps(),
                     **per_m,
+                    fitted_over_formula_min=fit_min["per_m"][m]["fitted_over_formula"],
+                    cpu_times_s=[float(x) for x in cpu[(name, m)]],
+                    cpu_fitted_bubble=fit_cpu["per_m"][m]["fitted_bubble"],
+                    cpu_fitted_over_formula=fit_cpu["per_m"][m]["fitted_over_formula"],
                 )
             )
-        results.append(dict(schedule=name, **{k: v_ for k, v_ in fit.items() if k != "per_m"}))
+        results.append(
+            dict(
+                schedule=name,
+                **{k: v_ for k, v_ in fit.items() if k != "per_m"},
+                fit_min={k: v_ for k, v_ in fit_min.items() if k != "per_m"},
+                fit_cpu={k: v_ for k, v_ in fit_cpu.items() if k != "per_m"},
+            )
+        )
     return results
 
 
@@ -331,25 +373,53 @@ def measure_memory():
 
 
 def main():
+    global DIM, MICROBATCH  # pylint: disable=global-statement
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--microbatches", default="4,8,12,16")
     parser.add_argument(
         "--memory_microbatches", default="1,2,4,8,16,32", help="M values of the memory curve."
     )
+    parser.add_argument(
+        "--schedules",
+        default=",".join(name for name, _ in SCHEDULES),
+        help="Schedules of the bubble part (names of SCHEDULES).",
+    )
+    parser.add_argument(
+        "--parts", default="bubble,curve,memory", help="Which parts to run (comma-separated)."
+    )
+    parser.add_argument("--dim", type=int, default=DIM, help="Width of the bubble part's layers.")
+    parser.add_argument(
+        "--microbatch_rows", type=int, default=MICROBATCH, help="Rows per microbatch (bubble)."
+    )
     parser.add_argument("--output", default=None, help="Also write the JSON to this file.")
     args = parser.parse_args()
+    DIM, MICROBATCH = args.dim, args.microbatch_rows
     microbatches = [int(x) for x in args.microbatches.split(",")]
-    bubble = measure_bubble(microbatches, args.repeats)
+    parts = args.parts.split(",")
+    chosen = args.schedules.split(",")
     result = dict(
         devices=len(jax.devices()),
-        bubble=bubble,
-        temp_memory_vs_gpipe=summarize(bubble),
-        temp_memory_curve=measure_temp_memory(
-            [int(x) for x in args.memory_microbatches.split(",")]
-        ),
-        memory=measure_memory(),
+        dim=DIM,
+        microbatch_rows=MICROBATCH,
+        load_average_start=list(os.getloadavg()),
     )
+    if "bubble" in parts:
+        bubble = measure_bubble(
+            microbatches, args.repeats, tuple(sv for sv in SCHEDULES if sv[0] in chosen)
+        )
+        result.update(bubble=bubble)
+        if "gpipe" in chosen:
+            result.update(temp_memory_vs_gpipe=summarize(bubble))
+    if "curve" in parts:
+        result.update(
+            temp_memory_curve=measure_temp_memory(
+                [int(x) for x in args.memory_microbatches.split(",")]
+            )
+        )
+    if "memory" in parts:
+        result.update(memory=measure_memory())
+    result.update(load_average_end=list(os.getloadavg()))
     text = json.dumps(result, indent=1)
     print(text)
     if args.output:

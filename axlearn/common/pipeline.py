@@ -233,7 +233,8 @@ class CircularSchedule(_VirtualStagesSchedule):
             raise ValueError(
                 f"CircularSchedule with num_virtual_stages={v} needs num_microbatches >= "
                 f"num_stages, got num_microbatches={cfg.num_microbatches} < "
-                f"num_stages={cfg.num_stages}"
+                f"num_stages={cfg.num_stages}; set num_microbatches to {cfg.num_stages} or more, "
+                "or num_virtual_stages to 1."
             )
 
 
@@ -427,7 +428,9 @@ class Pipeline(BaseLayer):
                 )
         if batch % m != 0:
             raise ValueError(
-                f"{self.path()}: batch size {batch} is not divisible by num_microbatches={m}"
+                f"{self.path()}: batch size {batch} is not divisible by num_microbatches={m}; "
+                f"set {self.path()}.num_microbatches to a divisor of {batch} or change the batch "
+                "size."
             )
         # [M, mb, ...].
         buffer = jax.tree.map(lambda x: _to_microbatches(x, m), carry)

@@ -20,6 +20,8 @@ from axlearn.common.pipeline import (
     InterleavedOneFOneBSchedule,
     OneFOneBSchedule,
     Pipeline,
+    format_pipeline_report,
+    pipeline_report,
 )
 from axlearn.common.pipeline_1f1b import (
     backward_item,
@@ -109,6 +111,30 @@ def test_format_schedule_table_text():
     text = format_schedule_table(gpipe)
     assert text.splitlines()[3].split() == ["1", "F1", "F0"]
     assert "3 forward steps" in text
+
+
+@pytest.mark.parametrize("s,v,m", [(4, 1, 16), (4, 2, 16)])
+def test_start_up_report_logs_the_1f1b_bubble(s, v, m):
+    """The trainer's start-up lines (pipeline_report / format_pipeline_report) for 1F1B."""
+    layer = (
+        LinearPipeline.default_config()
+        .set(
+            name="pipe",
+            layer=Linear.default_config().set(input_dim=4, output_dim=4),
+            num_layers=s,
+            num_microbatches=m,
+            schedule=_schedule(v),
+        )
+        .instantiate(parent=None)
+    )
+    report = pipeline_report(layer, layer.create_parameter_specs_recursively(), {"pipeline": s})
+    (summary,) = report["pipelines"]
+    assert summary["bubble_fraction"] == pytest.approx((s - 1) / (v * m + s - 1))
+    assert summary["bubble_fraction"] == pytest.approx(tick_table(s, v, m)["bubble_fraction"])
+    name = "OneFOneBSchedule" if v == 1 else "InterleavedOneFOneBSchedule"
+    line = format_pipeline_report(report)[0]
+    assert line.startswith(f"Pipeline pipe: {name}, {s} stages x {v} virtual, {m} microbatches")
+    assert line.endswith(f"bubble fraction {(s - 1) / (v * m + s - 1):.4f} (= (S-1)/(V*M+S-1))")
 
 
 def _schedule(v):
