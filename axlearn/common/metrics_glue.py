@@ -62,9 +62,7 @@ def glue_metrics(
         )
     else:
         correct = jnp.sum(mask * (preds == target_labels))
-        summaries["accuracy"] = WeightedSummary(
-            correct / jnp.maximum(num_targets, 1), num_targets
-        )
+        summaries["accuracy"] = WeightedSummary(correct / jnp.maximum(num_targets, 1), num_targets)
     if task == "cola":
         summaries["matthews_corr"] = WeightedSummary(
             matthews_corrcoef(target_labels, preds, weight=mask), num_targets

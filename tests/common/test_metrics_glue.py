@@ -98,7 +98,9 @@ def test_accumulator_equals_one_call():
 
 def test_calculator_masks_ignored_targets():
     model = DummyForwardModel.default_config().set(name="model").instantiate(parent=None)
-    cfg = GLUEMetricCalculator.default_config().set(name="glue", task="cola", ignore_target_label=-1)
+    cfg = GLUEMetricCalculator.default_config().set(
+        name="glue", task="cola", ignore_target_label=-1
+    )
     calc = cfg.instantiate(parent=None, model=model, model_param_partition_specs={})
     state = calc.init_state(prng_key=jax.random.PRNGKey(0), model_params={})
     labels = np.array([1, 0, 1, 1, -1, -1])
