@@ -147,7 +147,7 @@ class GLUEMetricCalculator(ModelSummaryAccumulator):
         # The GLUE task name, e.g. "cola", "mrpc", "stsb".
         task: Required[str] = REQUIRED
         # The target value of examples to leave out (e.g. -1; NaN for "stsb").
-        ignore_target_label: Required[Union[int, jnp.float32]] = REQUIRED
+        ignore_target_label: Required[Union[int, float]] = REQUIRED
 
     def _forward_in_jit(
         self, model_params: NestedTensor, prng_key: Tensor, input_batch: NestedTensor
