@@ -15,8 +15,9 @@ Two modes:
   ``NameError('missing: module.name')``, and module objects become proxies that give such a
   placeholder for a missing attribute: one missing name fails only the tests that use it.
 
-Test-only packages the files import (chex, scikit-learn and their pure-Python dependencies) are
-installed with ``pip install --no-deps --target <scratch>/site`` (once) and put on PYTHONPATH.
+Test-only packages the files import (chex, scikit-learn, Hugging Face evaluate and those of
+their dependencies missing here) are installed with ``pip install --no-deps --target
+<scratch>/site`` (once per list) and put on PYTHONPATH.
 
 Usage (from the repository root; one file at a time while iterating):
     python benchmarks/axlearn_unit_tests.py --files convolution,layers --modes strict,lenient
@@ -41,7 +42,21 @@ import time
 import xml.etree.ElementTree as ET
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_TEST_ONLY_PACKAGES = ("chex", "scikit-learn", "joblib", "threadpoolctl", "narwhals", "toolz")
+_TEST_ONLY_PACKAGES = (
+    "chex",
+    "scikit-learn",
+    "joblib",
+    "threadpoolctl",
+    "narwhals",
+    "toolz",
+    # Hugging Face `evaluate` (imported at the top of metrics_correlation_test) and what it
+    # imports that the package's own environment lacks.
+    "evaluate",
+    "datasets",
+    "pandas",
+    "dill",
+    "multiprocess",
+)
 
 # Runs before the reference conftest: the CPU platform and the shadow package path.
 _CONFTEST_PRELUDE = """\
@@ -327,7 +342,9 @@ def _ensure_site(site_dir: str):
     """Installs the test-only packages into `site_dir` (once)."""
     marker = os.path.join(site_dir, ".installed")
     if os.path.exists(marker):
-        return
+        with open(marker, encoding="utf-8") as f:
+            if f.read() == " ".join(_TEST_ONLY_PACKAGES):
+                return
     os.makedirs(site_dir, exist_ok=True)
     subprocess.run(
         [
