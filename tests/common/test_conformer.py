@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from jax import numpy as jnp
 
+from axlearn.common.config import InvalidConfigValueError
 from axlearn.common.conformer import (
     ConformerLayer,
     LConvLayer,
     RepeatedConformerLayer,
     set_double_shard_weights_config,
 )
-from axlearn.common.config import InvalidConfigValueError
 from axlearn.common.module import functional
 
 DIM, HEADS, WINDOW = 8, 2, 5
@@ -160,6 +160,7 @@ def test_conformer_layer_matches_numpy(order):
     assert np.all(np.asarray(out)[segment_ids == 0] == 0)
 
 
+@pytest.mark.slow
 def test_lconv_ignores_padding_and_repeated_stack():
     cfg = LConvLayer.default_config().set(name="lconv", input_dim=DIM)
     cfg.conv.window = WINDOW

@@ -106,6 +106,7 @@ def test_lstm_cell_matches_numpy_and_streams(hidden_dim, norm, max_cell_value):
     np.testing.assert_allclose(np.stack(steps), out, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_stacked_and_repeated_match_numpy():
     seq_len, batch, dim = 6, 2, 4
     cells = [LSTMCell.default_config().set(hidden_dim=3) for _ in range(3)]

@@ -62,7 +62,12 @@ def _random_lattice(rng, t_len, u_len):
 
 
 @pytest.mark.parametrize(
-    "t_len,u_len", [(1, 1), (3, 2), pytest.param(5, 4, marks=pytest.mark.slow)]
+    "t_len,u_len",
+    [
+        (1, 1),
+        pytest.param(3, 2, marks=pytest.mark.slow),
+        pytest.param(5, 4, marks=pytest.mark.slow),
+    ],
 )
 def test_alignment_probs_match_numpy_dp(t_len, u_len):
     log_blank, log_y = _random_lattice(np.random.default_rng(t_len * 10 + u_len), t_len, u_len)
@@ -109,6 +114,7 @@ def test_apply_paddings_keeps_the_unpadded_probability():
         np.testing.assert_allclose(log_prob_alignments(**padded), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_transducer_loss_matches_numpy():
     batch, dim, vocab, am_max, lm_max = 3, 4, 5, 5, 4
     cfg = Transducer.default_config().set(name="rnnt", input_dim=dim, vocab_size=vocab)
