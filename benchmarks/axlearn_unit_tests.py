@@ -369,7 +369,8 @@ def _test_files(ref_dir: str) -> dict[str, str]:
 
     `ref_dir` is either a snapshot of AXLearn's repository (it holds `axlearn/`), whose
     `axlearn/**/<name>_test.py` keep their paths, or a flat folder of `<name>_test.py` files,
-    which stand for `axlearn/common/<name>_test.py`.
+    which stand for `axlearn/common/<name>_test.py`, and whose subfolders' `<name>_test.py` files
+    stand for `axlearn/<subfolder>/<name>_test.py` (e.g. `audio/frontend_test.py`).
     """
     files = {}
     package_root = os.path.join(ref_dir, "axlearn")
@@ -382,8 +383,14 @@ def _test_files(ref_dir: str) -> dict[str, str]:
                     files[os.path.relpath(full, ref_dir)] = full
     else:
         for filename in sorted(os.listdir(ref_dir)):
+            full = os.path.join(ref_dir, filename)
             if filename.endswith("_test.py"):
-                files[os.path.join("axlearn", "common", filename)] = os.path.join(ref_dir, filename)
+                files[os.path.join("axlearn", "common", filename)] = full
+            elif os.path.isdir(full) and not filename.startswith((".", "__")):
+                # A subfolder stands for a package beside axlearn/common (audio/ -> axlearn/audio/).
+                for sub in sorted(os.listdir(full)):
+                    if sub.endswith("_test.py"):
+                        files[os.path.join("axlearn", filename, sub)] = os.path.join(full, sub)
     return files
 
 

@@ -437,7 +437,8 @@ class CausalAttentionBias(MaskFnAttentionBias):
     """Causal attention over positions.
 
     `CausalAttentionBias.default_config()` is the config of its mask function, for an attention
-    layer's `mask` field (`MultiheadAttention.default_config().set(mask=...)`).
+    layer's `mask` field (`MultiheadAttention.default_config().set(mask=...)`); instantiated with
+    `target_positions=` and `source_positions=` it gives the bias over those positions instead.
     """
 
     mask: Callable = dataclasses.field(default=causal_mask, metadata=dict(static=True))
@@ -445,7 +446,7 @@ class CausalAttentionBias(MaskFnAttentionBias):
     @classmethod
     def default_config(cls, **kwargs) -> FunctionConfigBase:
         """Returns a config that instantiates to `causal_mask` (kwargs: none accepted)."""
-        return config_for_function(causal_mask_fn).set(**kwargs)
+        return config_for_function(causal_mask_or_bias).set(**kwargs)
 
     @classmethod
     def from_sequence(
@@ -467,8 +468,9 @@ class SlidingWindowAttentionBias(MaskFnAttentionBias):
 
     @classmethod
     def default_config(cls, **kwargs) -> FunctionConfigBase:
-        """Returns a config of `sliding_window_causal_mask`; kwargs: `sliding_window_size`."""
-        return config_for_function(sliding_window_causal_mask).set(**kwargs)
+        """Returns a config of the mask (or, given positions, the bias); kwargs:
+        `sliding_window_size`."""
+        return config_for_function(sliding_window_mask_or_bias).set(**kwargs)
 
 
 @jax.tree_util.register_dataclass
@@ -481,8 +483,89 @@ class LeftRightWindowAttentionBias(MaskFnAttentionBias):
 
     @classmethod
     def default_config(cls, **kwargs) -> FunctionConfigBase:
-        """Returns a config of `left_right_window_mask`; kwargs: `left_context`, `right_context`."""
-        return config_for_function(left_right_window_mask).set(**kwargs)
+        """Returns a config of the mask (or, given positions, the bias); kwargs: `left_context`,
+        `right_context`."""
+        return config_for_function(left_right_window_mask_or_bias).set(**kwargs)
+
+
+def _mask_or_bias(mask_fn: MaskFn, target_positions, source_positions, make_bias: Callable):
+    """`mask_fn` without positions, else `make_bias(target_positions, source_positions)`."""
+    if target_positions is None and source_positions is None:
+        return mask_fn
+    if target_positions is None or source_positions is None:
+        raise ValueError(
+            "An attention mask config instantiated with positions needs both target_positions "
+            "and source_positions ([batch or 1, length]); pass both or neither."
+        )
+    return make_bias(target_positions, source_positions)
+
+
+def causal_mask_or_bias(*, target_positions=None, source_positions=None):
+    """`causal_mask`, or the `CausalAttentionBias` over the given positions.
+
+    Args:
+        target_positions: Optional query positions [batch or 1, target_length].
+        source_positions: Optional key positions [batch or 1, source_length].
+
+    Returns:
+        The mask function without positions, else the bias.
+    """
+    return _mask_or_bias(
+        causal_mask_fn(),
+        target_positions,
+        source_positions,
+        lambda t, s: CausalAttentionBias(target_positions=t, source_positions=s),
+    )
+
+
+def sliding_window_mask_or_bias(
+    sliding_window_size: int, *, target_positions=None, source_positions=None
+):
+    """`sliding_window_causal_mask(sliding_window_size)`, or its bias over the given positions.
+
+    Args:
+        sliding_window_size: Number of previous positions each query sees (>= 0).
+        target_positions: Optional query positions [batch or 1, target_length].
+        source_positions: Optional key positions [batch or 1, source_length].
+
+    Returns:
+        The mask function without positions, else a `SlidingWindowAttentionBias`.
+    """
+    return _mask_or_bias(
+        sliding_window_causal_mask(sliding_window_size),
+        target_positions,
+        source_positions,
+        lambda t, s: SlidingWindowAttentionBias(
+            target_positions=t, source_positions=s, sliding_window_size=sliding_window_size
+        ),
+    )
+
+
+def left_right_window_mask_or_bias(
+    left_context: int, right_context: int, *, target_positions=None, source_positions=None
+):
+    """`left_right_window_mask(left_context, right_context)`, or its bias over the positions.
+
+    Args:
+        left_context: Positions to the left each query sees (>= 0).
+        right_context: Positions to the right each query sees (>= 0).
+        target_positions: Optional query positions [batch or 1, target_length].
+        source_positions: Optional key positions [batch or 1, source_length].
+
+    Returns:
+        The mask function without positions, else a `LeftRightWindowAttentionBias`.
+    """
+    return _mask_or_bias(
+        left_right_window_mask(left_context, right_context),
+        target_positions,
+        source_positions,
+        lambda t, s: LeftRightWindowAttentionBias(
+            target_positions=t,
+            source_positions=s,
+            left_context=left_context,
+            right_context=right_context,
+        ),
+    )
 
 
 def _bias_mask_fn(bias: MaskFnAttentionBias) -> MaskFn:

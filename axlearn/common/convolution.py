@@ -32,7 +32,7 @@ from axlearn.common.convolution_padding import (  # noqa: F401 (re-exported)
     conv_transpose_output_shape,
     paddings_to_time_mask,
 )
-from axlearn.common.utils import Tensor
+from axlearn.common.utils import Tensor, maybe_shard
 
 _DIMENSION_NUMBERS = {
     1: ("NWC", "WIO", "NWC"),
@@ -197,10 +197,16 @@ class Conv1D(_ConvMixin, BaseConv):
         padding: ConvPaddingType = ((0, 0),)
         # The window dilation (None: 1).
         dilation: Optional[int] = None
+        # Optional sharding constraint of the inputs [batch, time, input_dim].
+        input_partition_spec: Optional[Sequence] = None
+        # Optional sharding constraint of the outputs [batch, time, output_dim].
+        output_partition_spec: Optional[Sequence] = None
 
     def forward(self, x: Tensor) -> Tensor:
         """Returns the convolution of `x` ([batch, time, input_dim])."""
-        return self._conv(x)
+        cfg = self.config
+        x = maybe_shard(x, cfg.input_partition_spec)
+        return maybe_shard(self._conv(x), cfg.output_partition_spec)
 
 
 class Conv1DWithPadding(Conv1D):

@@ -57,9 +57,16 @@ def test_discover_a_flat_folder_stands_for_axlearn_common(tmp_path):
     _fake_package(ours)
     for name in ("a_test.py", "zz_test.py", "conftest.py"):
         _write(os.path.join(flat, name))
+    # A subfolder stands for a package beside axlearn/common (audio/ -> axlearn/audio/).
+    _write(os.path.join(ours, "axlearn", "cloud", "e.py"))
+    for name in ("cloud/e_test.py", "audio/f_test.py", "__pycache__/g_test.py"):
+        _write(os.path.join(flat, name))
     found, left_out = axlearn_unit_tests.discover(flat, package_dir=ours)
-    assert found == {"a": os.path.join("axlearn", "common", "a_test.py")}
-    assert left_out == ["zz"]
+    assert found == {
+        "a": os.path.join("axlearn", "common", "a_test.py"),
+        "cloud/e": os.path.join("axlearn", "cloud", "e_test.py"),
+    }
+    assert left_out == ["audio/f", "zz"]
 
 
 def test_discover_the_real_package():

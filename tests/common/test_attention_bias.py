@@ -307,3 +307,31 @@ def test_partition_specs_follow_the_pytree():
     with pytest.raises(ValueError, match="SegmentIdAttentionBias.partition_spec"):
         seg.partition_spec({"bsnh": P("data", "seq", None, None)})
     assert seg.partition_spec({"bsnh": P(None)}) == P(None)
+
+
+def test_mask_configs_instantiate_to_biases_given_positions():
+    """A mask config gives the mask fn; with positions, the bias over them (AXLearn's use)."""
+    from axlearn.common.attention_bias import (  # pylint: disable=import-outside-toplevel
+        CausalAttentionBias,
+        LeftRightWindowAttentionBias,
+        SlidingWindowAttentionBias,
+    )
+
+    n = 6
+    positions = np.arange(n)[None]
+    q, k = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    cases = [
+        (CausalAttentionBias.default_config(), k <= q),
+        (SlidingWindowAttentionBias.default_config(sliding_window_size=2), (k <= q) & (k >= q - 2)),
+        (
+            LeftRightWindowAttentionBias.default_config(left_context=1, right_context=2),
+            (k >= q - 1) & (k <= q + 2),
+        ),
+    ]
+    for cfg, expected in cases:
+        mask_fn = cfg.instantiate()
+        np.testing.assert_array_equal(mask_fn(q, k), expected)
+        bias = cfg.instantiate(target_positions=positions, source_positions=positions)
+        np.testing.assert_array_equal(np.exp(np.asarray(bias.value()))[0, 0], expected)
+        with pytest.raises(ValueError, match="pass both or neither"):
+            cfg.instantiate(target_positions=positions)

@@ -1,0 +1,1 @@
+"""Speech: audio features (`frontend_utils`) and test helpers (`test_utils`)."""
