@@ -94,6 +94,7 @@ from axlearn.common.attention.xl import (
 )
 from axlearn.common.attention_bias import (
     NEG_INF,
+    CausalAttentionBias,
     apply_attention_logit_biases,
     causal_mask,
     compute_padding_biases,
@@ -131,6 +132,7 @@ def _next_power_of_two(x: float) -> int:
 
 
 __all__ = [
+    "CausalAttentionBias",
     "BottleNeckAdapterTransformerLayer",
     "MultiheadAttentionXL",
     "MultiheadRelativePositionLinear",
