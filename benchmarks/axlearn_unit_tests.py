@@ -41,7 +41,16 @@ import time
 import xml.etree.ElementTree as ET
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_TEST_ONLY_PACKAGES = ("chex", "scikit-learn", "joblib", "threadpoolctl", "narwhals", "toolz")
+# scikit-learn at AXLearn's pin (its tests import private helpers, e.g. `_binary_clf_curve`, that
+# later releases removed).
+_TEST_ONLY_PACKAGES = (
+    "chex",
+    "scikit-learn==1.6.1",
+    "joblib",
+    "threadpoolctl",
+    "narwhals",
+    "toolz",
+)
 
 # Runs before the reference conftest: the CPU platform and the shadow package path.
 _CONFTEST_PRELUDE = """\
@@ -344,7 +353,10 @@ def _ensure_site(site_dir: str):
     """Installs the test-only packages into `site_dir` (once)."""
     marker = os.path.join(site_dir, ".installed")
     if os.path.exists(marker):
-        return
+        with open(marker, encoding="utf-8") as f:
+            if f.read() == " ".join(_TEST_ONLY_PACKAGES):
+                return
+        shutil.rmtree(site_dir)  # Installed for another package list.
     os.makedirs(site_dir, exist_ok=True)
     subprocess.run(
         [
