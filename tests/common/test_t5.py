@@ -513,7 +513,7 @@ def test_axlearn_t5_bucket_goldens_hold_hf_buckets(bidirectional):
         np.testing.assert_array_equal(stored["inputs"], case["inputs"])
         np.testing.assert_array_equal(stored["outputs"], case["outputs"])
         assert stored["outputs"].dtype == np.int32
-        ours = t5.t5_relative_position_bucket(
-            jnp.asarray(case["inputs"]), bidirectional=bidirectional
-        )
-        np.testing.assert_array_equal(np.asarray(ours), case["outputs"])
+    # Ours on the shortest case (the bucket function is checked in full against NumPy above).
+    case = _hf_bucket_case(bidirectional, 20)
+    ours = t5.t5_relative_position_bucket(jnp.asarray(case["inputs"]), bidirectional=bidirectional)
+    np.testing.assert_array_equal(np.asarray(ours), case["outputs"])
