@@ -42,9 +42,11 @@ import time
 import xml.etree.ElementTree as ET
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# scikit-learn at AXLearn's pin (its tests import private helpers, e.g. `_binary_clf_curve`, that
+# later releases removed).
 _TEST_ONLY_PACKAGES = (
     "chex",
-    "scikit-learn",
+    "scikit-learn==1.6.1",
     "joblib",
     "threadpoolctl",
     "narwhals",
@@ -96,6 +98,23 @@ _PACKAGE = importlib.import_module({package!r})
 _SHADOW = os.path.join(_ROOT, *{package!r}.split("."))
 if _SHADOW not in _PACKAGE.__path__:
     _PACKAGE.__path__.append(_SHADOW)
+
+# Test data staged from the snapshot (see `_stage_data`): golden `.npz` files and vocabularies
+# that AXLearn's tests read through `axlearn.common.golden` and `input_test_utils`.
+_STAGED_TESTDATA = os.path.join(_ROOT, "axlearn", "experiments", "testdata")
+_STAGED_TOKENIZERS = os.path.join(_ROOT, "axlearn", "data", "tokenizers")
+if os.path.isdir(_STAGED_TESTDATA):
+    import axlearn.common.golden as _golden  # noqa: E402
+
+    _golden._DEFAULT_TESTDATA_DIR = _STAGED_TESTDATA
+if os.path.isdir(_STAGED_TOKENIZERS):
+    import axlearn.common.input_test_utils as _itu  # noqa: E402
+
+    _OLD_TOKENIZERS = os.path.normpath(_itu.tokenizers_dir)
+    for _attr, _value in list(vars(_itu).items()):
+        if isinstance(_value, str) and os.path.normpath(_value).startswith(_OLD_TOKENIZERS):
+            _rest = os.path.normpath(_value)[len(_OLD_TOKENIZERS) :]
+            setattr(_itu, _attr, _STAGED_TOKENIZERS + _rest)
 
 # ---- reference conftest.py follows ----
 """
@@ -345,6 +364,7 @@ def _ensure_site(site_dir: str):
         with open(marker, encoding="utf-8") as f:
             if f.read() == " ".join(_TEST_ONLY_PACKAGES):
                 return
+        shutil.rmtree(site_dir)  # Installed for another package list.
     os.makedirs(site_dir, exist_ok=True)
     subprocess.run(
         [
@@ -443,6 +463,61 @@ def discover(ref_dir: str, package_dir: str = "") -> tuple[dict[str, str], list[
     return dict(sorted(chosen.items())), sorted(left_out)
 
 
+# Folders of test data, relative to a snapshot's root and to our repository's root.
+_DATA_FOLDERS = (
+    os.path.join("axlearn", "experiments", "testdata"),
+    os.path.join("axlearn", "data", "tokenizers", "bpe"),
+    os.path.join("axlearn", "data", "tokenizers", "sentencepiece"),
+)
+
+
+def _is_test_data(folder: str, entry: str) -> bool:
+    """Whether `entry` of a data folder is test data (golden configs are not staged)."""
+    if folder.endswith("testdata"):
+        return "_test" in entry
+    return entry != "BUILD"
+
+
+def stage_data(*, ref_dir: str, root: str, package_dir: str = "") -> list[str]:
+    """Links the test data AXLearn's tests read into `root` (a file's scratch folder).
+
+    For each of `_DATA_FOLDERS`, `root/<folder>/` gets links to our repository's entries and then
+    to a snapshot's entries, which replace ours of the same name: a golden file AXLearn ships is
+    AXLearn's record, ours fills only what it does not ship. The prelude points
+    `axlearn.common.golden`'s default folder and `input_test_utils`'s vocabulary paths there;
+    tests that find their data next to their own file (`../experiments/testdata`) see it too.
+    Nothing is staged for a flat folder of test files (it holds no data).
+
+    Args:
+        ref_dir: A snapshot of AXLearn's repository, or a flat folder of test files.
+        root: The scratch folder the test file runs in.
+        package_dir: The folder holding our `axlearn/` package (default: this repository).
+
+    Returns:
+        The staged paths taken from the snapshot, relative to `root`, sorted.
+    """
+    if not os.path.isdir(os.path.join(ref_dir, "axlearn")):
+        return []
+    from_snapshot = []
+    for folder in _DATA_FOLDERS:
+        target = os.path.join(root, folder)
+        for base in (package_dir or _REPO_ROOT, ref_dir):
+            source = os.path.join(base, folder)
+            if not os.path.isdir(source):
+                continue
+            for entry in sorted(os.listdir(source)):
+                if not _is_test_data(folder, entry):
+                    continue
+                os.makedirs(target, exist_ok=True)
+                link = os.path.join(target, entry)
+                if os.path.lexists(link):
+                    os.remove(link)
+                os.symlink(os.path.abspath(os.path.join(source, entry)), link)
+                if base == ref_dir:
+                    from_snapshot.append(os.path.join(folder, entry))
+    return sorted(from_snapshot)
+
+
 def _prepare(*, ref_dir: str, scratch: str, name: str, mode: str, devices: int) -> str:
     """Lays out one file's scratch folder; returns the copied test file's path."""
     files = _test_files(ref_dir)
@@ -468,6 +543,7 @@ def _prepare(*, ref_dir: str, scratch: str, name: str, mode: str, devices: int) 
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with open(target, "w", encoding="utf-8") as f:
             f.write(source)
+    stage_data(ref_dir=ref_dir, root=root)
     test_path = os.path.join(root, shadow_path)
     package = ".".join(shadow_path.split(os.sep)[:-1])
     conftest = _CONFTEST_PRELUDE.format(devices=devices, package=package)

@@ -3,7 +3,8 @@
 - `Encoder`: input ids [batch, seq_len] -> hidden states [batch, seq_len, dim]; padding
   (`pad_token_id`) and segments are masked by `attention_mask` (full attention by default).
 - `CausalEncoder`: the same with causal masking, optionally with `num_cls_tokens` learned tokens
-  appended after the inputs (as CoCa's text encoder); returns a dict of hidden states.
+  appended after the inputs (as CoCa's text encoder); returns a dict of hidden states. It decodes
+  one token at a time with `init_states` / `prefill_states` / `extend_step` (no cls tokens).
 - `EncoderModel`: a `BaseModel` around an encoder with an optional classification `head`
   (`layers.BaseClassificationHead`), e.g. BERT's.
 """
@@ -11,6 +12,7 @@
 import math
 from typing import Optional
 
+import jax
 import jax.numpy as jnp
 
 from axlearn.common import param_init
@@ -25,8 +27,8 @@ from axlearn.common.base_model import BaseModel
 from axlearn.common.config import REQUIRED, InstantiableConfig, Required, config_class
 from axlearn.common.embedding import TransformerTextEmbeddings
 from axlearn.common.layers import BaseClassificationHead, set_dropout_rate_recursively
-from axlearn.common.module import Module, child_context
-from axlearn.common.utils import NestedTensor, Tensor
+from axlearn.common.module import Module, child_context, current_context, functional
+from axlearn.common.utils import Nested, NestedTensor, Tensor
 
 __all__ = ["CausalEncoder", "Encoder", "EncoderModel"]
 
@@ -214,6 +216,111 @@ class CausalEncoder(Encoder):
         if "output" in self.children:
             result["normalized_states"] = self.output(outputs.data)
         return result
+
+    def init_states(
+        self, *, batch_size: int, max_sequence_length: int, dtype: Optional[jnp.dtype] = None
+    ) -> NestedTensor:
+        """An empty decoding cache for `batch_size` sequences of up to `max_sequence_length`.
+
+        May be called on the layer directly (outside a `functional` call): an empty cache needs
+        no parameters.
+
+        Args:
+            batch_size: Number of sequences.
+            max_sequence_length: Cache length.
+            dtype: The dtype the caches store activations in; None means the layer dtype.
+
+        Returns:
+            {"transformer_state", "input_ids" (all pad_token_id), "time_step" (zeros [batch])}.
+        """
+        if current_context() is None:
+            kwargs = dict(batch_size=batch_size, max_sequence_length=max_sequence_length)
+            state, _ = functional(
+                self, None, None, dict(kwargs, dtype=dtype), method="init_states", is_training=False
+            )
+            return state
+        spec = jax.ShapeDtypeStruct(
+            (batch_size, max_sequence_length, self.config.dim), dtype or self.dtype()
+        )
+        state, _ = self.transformer.init_states(time_step=None, data=spec)
+        return dict(
+            transformer_state=state,
+            input_ids=jnp.full(
+                (batch_size, max_sequence_length), self.config.pad_token_id, jnp.int32
+            ),
+            time_step=jnp.zeros([batch_size], jnp.int32),
+        )
+
+    def prefill_states(
+        self, *, time_step: Tensor, input_ids: Tensor, token_type_ids: Optional[Tensor] = None
+    ) -> tuple[NestedTensor, NestedTensor]:
+        """Processes `input_ids` [batch, max_len] at once; decoding continues at `time_step`.
+
+        Args:
+            time_step: Int [batch]: the number of leading tokens per row the cache keeps (later
+                positions are overwritten by `extend_step`).
+            input_ids: Int [batch, max_len], the cache length.
+            token_type_ids: Optional [batch, max_len].
+
+        Returns:
+            (states, {"hidden_states": [batch, max_len, dim]}) with the hidden states of every
+            position (as `forward` without `output`).
+        """
+        x = self._embed(input_ids, token_type_ids=token_type_ids, positions=None)
+        biases = self.compute_attention_logit_biases(input_ids)
+        state, out = self.transformer.init_states(
+            time_step=time_step, data=x, self_attention_logit_biases=biases
+        )
+        states = dict(transformer_state=state, input_ids=input_ids, time_step=time_step)
+        return states, dict(hidden_states=out.data)
+
+    def extend_step(
+        self, *, cached_states: NestedTensor, input_batch: Nested[Tensor]
+    ) -> tuple[NestedTensor, NestedTensor]:
+        """Consumes one token per row at its time step.
+
+        A row whose time step is past the cache length leaves the cache unchanged.
+
+        Args:
+            cached_states: From `init_states`, `prefill_states` or `extend_step`.
+            input_batch: {"input_ids": int [batch, 1]} and optional "token_type_ids" [batch, 1].
+
+        Returns:
+            (updated states, {"hidden_states": [batch, 1, dim]}) (the `output` layer, if any, is
+            not applied, as in AXLearn).
+
+        Raises:
+            ValueError: If input_ids is not [batch, 1].
+        """
+        input_ids = input_batch["input_ids"]
+        if input_ids.ndim != 2 or input_ids.shape[1] != 1:
+            raise ValueError(
+                f"{self.path()}.extend_step: input_batch['input_ids'] must be [batch, 1] (one "
+                f"token per row), got shape {tuple(input_ids.shape)}."
+            )
+        time_step = cached_states["time_step"]
+        cached_ids = cached_states["input_ids"]
+        max_len = cached_ids.shape[-1]
+        write = jax.nn.one_hot(time_step, max_len, dtype=cached_ids.dtype)  # [batch, max_len].
+        ids = cached_ids * (1 - write) + input_ids.astype(cached_ids.dtype) * write
+        full = self.compute_attention_logit_biases(
+            ids,
+            segment_ids=(ids != self.config.pad_token_id).astype(jnp.int32),
+            positions=jnp.arange(max_len)[None, :],
+        )
+        full = jnp.broadcast_to(full, (ids.shape[0], *full.shape[1:]))
+        # The query row of each time step (clipped past the end): [batch, heads, 1, max_len].
+        biases = jnp.take_along_axis(full, time_step[:, None, None, None], axis=2, mode="clip")
+        x = self._embed(
+            input_ids,
+            token_type_ids=input_batch.get("token_type_ids"),
+            positions=time_step[:, None],
+        )
+        state, out = self.transformer.extend_step(
+            cached_states["transformer_state"], x, self_attention_logit_biases=biases
+        )
+        states = dict(transformer_state=state, input_ids=ids, time_step=time_step + 1)
+        return states, dict(hidden_states=out.data)
 
 
 class EncoderModel(BaseModel):

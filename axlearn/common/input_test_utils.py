@@ -19,8 +19,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # The folder of the SentencePiece/BPE vocabularies shipped with (or expected by) axlearn.
 tokenizers_dir = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "tokenizers")
+# Its SentencePiece and BPE subfolders.
+SENTENCEPIECE_DIR = os.path.join(tokenizers_dir, "sentencepiece")
+BPE_DIR = os.path.join(tokenizers_dir, "bpe")
 # T5's SentencePiece model (32k pieces), as AXLearn's tests expect it; not shipped here.
-t5_sentence_piece_vocab_file = os.path.join(tokenizers_dir, "sentencepiece", "t5-base")
+t5_sentence_piece_vocab_file = os.path.join(SENTENCEPIECE_DIR, "t5-base")
+# OPT's and RoBERTa's byte-level BPE vocabularies (AXLearn's paths); not shipped here.
+opt_vocab_file = os.path.join(BPE_DIR, "opt.model")
+roberta_base_vocab_file = os.path.join(BPE_DIR, "roberta-base-vocab.json")
+roberta_base_merges_file = os.path.join(BPE_DIR, "roberta-base-merges.txt")
 # The 4k-piece BPE model trained on Python's documentation, shipped with axlearn.
 python_docs_sentence_piece_vocab_file = os.path.join(
     tokenizers_dir, "sentencepiece", "bpe_4k_python_docs.model"

@@ -32,6 +32,7 @@ from typing import Any, Callable, NamedTuple, Optional, Protocol, TypeVar, Union
 import jax
 from absl import logging
 
+from axlearn.common import traceback_util
 from axlearn.common.config import (
     REQUIRED,
     Configurable,
@@ -58,6 +59,7 @@ from axlearn.common.invocation_context import (  # noqa: F401  (re-exported publ
     propagate_repeated_output_collections,
     set_current_context,
 )
+from axlearn.common.traceback_util import annotate_stack, no_stack_summary
 from axlearn.common.utils import NestedTensor, Tensor, partial_with_fn_metadata, prune_tree
 
 _T = TypeVar("_T")
@@ -103,6 +105,8 @@ def nowrap(fn: Callable) -> Callable:
     return fn
 
 
+@traceback_util.wrap
+@no_stack_summary
 def _call_method_in_context(
     module: Module, *args, method_fn: Callable, method_name: str, **kwargs
 ) -> Any:
@@ -112,6 +116,10 @@ def _call_method_in_context(
     the path from that ancestor; if it belongs to `module` itself, none is entered. If `module`
     is a module shared (`_share_with_descendants`) by an ancestor of the current context, one
     child context named by its shared name is entered, with the shared module's state.
+
+    An exception escaping the outermost such call carries a stack summary
+    (`traceback_util.wrap`): the context plumbing's frames are left out and each module method
+    call is named with its argument types ("Wrapped call pkg.Layer.forward(Tensor)").
     """
     with contextlib.ExitStack() as stack:
         context = current_context()
@@ -122,8 +130,16 @@ def _call_method_in_context(
             else:
                 for name in context.module.path_to_descendant_module(module):
                     stack.enter_context(child_context(name))
-        thunk = module._call_thunk(*args, method_fn=method_fn, **kwargs)  # pylint: disable=protected-access
-        return thunk()
+        # The call's types are recorded on the method's own frame, for the stack summary.
+        annotated = annotate_stack(
+            module_call=True,
+            module_type=type(module),
+            method_name=method_name,
+            arg_types=[type(a) for a in args],
+            kwarg_types={k: type(v) for k, v in kwargs.items()},
+        )(method_fn)
+        thunk = module._call_thunk(*args, method_fn=annotated, **kwargs)  # pylint: disable=protected-access
+        return no_stack_summary(thunk)()
 
 
 def _find_shared_module(context: InvocationContext, module: Module) -> Optional[tuple[str, Any]]:
@@ -155,6 +171,7 @@ def _find_shared_module(context: InvocationContext, module: Module) -> Optional[
 def _wrap_method_with_auto_child_context(*, method_fn: Callable, method_name: str) -> Callable:
     """Returns an unbound wrapper of `method_fn` that runs it in the module's context."""
 
+    @no_stack_summary
     @functools.wraps(method_fn)
     def wrapper(self, *args, **kwargs):
         return _call_method_in_context(
@@ -445,6 +462,7 @@ class Module(Configurable, metaclass=_PostInitMeta):
         """The module outputs added so far in the current invocation."""
         return self.get_invocation_context().get_module_outputs()
 
+    @no_stack_summary
     def __call__(self, *args, **kwargs) -> Any:
         """Shortcut for `self.forward(*args, **kwargs)`."""
         return self.forward(*args, **kwargs)

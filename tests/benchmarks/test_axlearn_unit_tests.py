@@ -118,3 +118,38 @@ def test_run_a_subpackage_file_that_imports_another_reference_test(tmp_path):
     assert (lenient["passed"], lenient["failed"], lenient["imports"]) == (1, 1, True), lenient
     assert lenient["causes"] == {"missing: axlearn.common.kv_cache.kv_cache.NoSuchNameHere": 1}
     json.dumps(rows)  # The rows are what the JSON output holds.
+
+
+def test_stage_data_links_ours_then_the_snapshots(tmp_path):
+    """A snapshot's test data replaces ours of the same name; golden configs are not staged; a
+    flat folder stages nothing."""
+    ours, snapshot, root = str(tmp_path / "ours"), str(tmp_path / "snap"), str(tmp_path / "root")
+    testdata = os.path.join("axlearn", "experiments", "testdata")
+    _write(os.path.join(ours, testdata, "axlearn.common.a_test.npz"), "ours")
+    _write(os.path.join(ours, testdata, "axlearn.common.b_test.npz"), "ours")
+    _write(os.path.join(snapshot, testdata, "axlearn.common.b_test.npz"), "snapshot")
+    _write(os.path.join(snapshot, testdata, "axlearn.common.c_test", "x.npy"), "snapshot")
+    _write(os.path.join(snapshot, testdata, "axlearn.experiments.text.gpt", "cfg.txt"), "config")
+    _write(os.path.join(snapshot, "axlearn", "data", "tokenizers", "bpe", "gpt2.model"), "vocab")
+    _write(os.path.join(snapshot, "axlearn", "data", "tokenizers", "bpe", "BUILD"), "")
+    staged = axlearn_unit_tests.stage_data(ref_dir=snapshot, root=root, package_dir=ours)
+    assert staged == sorted(
+        [
+            os.path.join(testdata, "axlearn.common.b_test.npz"),
+            os.path.join(testdata, "axlearn.common.c_test"),
+            os.path.join("axlearn", "data", "tokenizers", "bpe", "gpt2.model"),
+        ]
+    )
+
+    def read(*parts):
+        with open(os.path.join(root, *parts), encoding="utf-8") as f:
+            return f.read()
+
+    assert read(testdata, "axlearn.common.a_test.npz") == "ours"
+    assert read(testdata, "axlearn.common.b_test.npz") == "snapshot"
+    assert read(testdata, "axlearn.common.c_test", "x.npy") == "snapshot"
+    assert not os.path.exists(os.path.join(root, testdata, "axlearn.experiments.text.gpt"))
+    assert not os.path.exists(os.path.join(root, "axlearn", "data", "tokenizers", "bpe", "BUILD"))
+    flat = str(tmp_path / "flat")
+    _write(os.path.join(flat, "a_test.py"))
+    assert axlearn_unit_tests.stage_data(ref_dir=flat, root=str(tmp_path / "r2")) == []

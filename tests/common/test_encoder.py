@@ -9,12 +9,26 @@ import pytest
 import torch
 import transformers
 
-from axlearn.common import utils
+from axlearn.common import bert, utils
 from axlearn.common.attention import StackedTransformerLayer
 from axlearn.common.config import config_class
 from axlearn.common.encoder import CausalEncoder, Encoder, EncoderModel
-from axlearn.common.layers import BaseClassificationHead, Embedding, LayerNorm, Linear
+from axlearn.common.golden import load_golden
+from axlearn.common.layers import (
+    BaseClassificationHead,
+    Embedding,
+    LayerNorm,
+    Linear,
+    set_layer_norm_eps_recursively,
+)
 from axlearn.common.module import functional as F
+from tests.common.hf_bert_conversion import (
+    BERT_NAMES,
+    check_golden,
+    encoder_weights,
+    numpy_state_dict,
+    state_from_flat,
+)
 
 VOCAB, DIM, HEADS, LAYERS, FFN, MAX_POS, TYPES, EPS, PAD = 40, 16, 4, 2, 32, 12, 2, 1e-12, 0
 
@@ -279,3 +293,188 @@ def test_encoder_model_with_head_loss_matches_numpy():
         static=dict(return_aux=True),
     )
     assert loss is None and set(aux) == {"sequence_output"}
+
+
+# AXLearn's encoder_test reads `load_golden("axlearn.common.encoder_test", ...)`: params (our
+# layout), inputs and Hugging Face's outputs, written here from an HF BertModel built from that
+# test's config (regenerate with AXLEARN_UPDATE_GOLDENS=1) and checked below.
+GOLDEN_MODULE = "axlearn.common.encoder_test"
+# AXLearn's encoder_test setup: dim 12, 4 heads, 2 layers, 11 positions, one token type.
+_G_VOCAB, _G_DIM, _G_HEADS, _G_LAYERS, _G_LEN = 24, 12, 4, 2, 11
+
+
+def _golden_hf_bert():
+    config = transformers.BertConfig(
+        vocab_size=_G_VOCAB,
+        hidden_size=_G_DIM,
+        num_hidden_layers=_G_LAYERS,
+        num_attention_heads=_G_HEADS,
+        intermediate_size=4 * _G_DIM,
+        max_position_embeddings=_G_LEN,
+        type_vocab_size=1,
+        layer_norm_eps=1e-5,
+        hidden_act="gelu_new",  # bert_transformer_config's activation (tanh approximation).
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=PAD,
+    )
+    torch.manual_seed(7)
+    model = transformers.BertModel(config, add_pooling_layer=False)
+    torch.manual_seed(8)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or name.endswith("bias"):
+                p.add_(0.2 * torch.randn_like(p))
+    return model.eval()
+
+
+def _left_aligned(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per row, the elements of `x` where `mask`, moved to the front; zeros after (NumPy)."""
+    out = np.zeros_like(x)
+    for row in range(x.shape[0]):
+        kept = x[row][mask[row]]
+        out[row, : len(kept)] = kept
+    return out
+
+
+def _encoder_golden_cases() -> dict:
+    """{test name: case} of AXLearn's encoder_test: the full encoder and packed embeddings."""
+    hf = _golden_hf_bert()
+    flat = encoder_weights(
+        numpy_state_dict(hf), "", dim=_G_DIM, heads=_G_HEADS, layers=_G_LAYERS, names=BERT_NAMES
+    )
+    rng = np.random.default_rng(11)
+    # No padding: AXLearn's test compares every position (HF's padding queries differ).
+    ids = rng.integers(1, _G_VOCAB, size=(3, _G_LEN)).astype(np.int32)
+    with torch.no_grad():
+        hidden = hf(input_ids=torch.tensor(ids, dtype=torch.long)).last_hidden_state.numpy()
+    cases = {
+        "test_against_hf_encoder": dict(
+            params=flat, inputs=dict(input_ids=ids), outputs=dict(last_hidden_state=hidden)
+        )
+    }
+    emb_params = {k: v for k, v in flat.items() if k.startswith("encoder/emb/")}
+    for num_segments in (1, 2, 3):
+        batch = 3
+        ids = np.zeros((batch, _G_LEN), np.int32)
+        segments = np.zeros_like(ids)
+        positions = np.zeros_like(ids)
+        for row in range(batch):
+            used = _G_LEN - int(rng.integers(0, 3))  # Trailing padding (id 0).
+            cuts = np.sort(rng.choice(np.arange(1, used), size=num_segments - 1, replace=False))
+            start = 0
+            for seg, end in enumerate([*cuts, used]):
+                segments[row, start:end] = seg
+                positions[row, start:end] = np.arange(end - start)
+                start = end
+            segments[row, used:] = num_segments - 1
+            positions[row, used:] = np.arange(used, _G_LEN) - (cuts[-1] if len(cuts) else 0)
+            ids[row, :used] = rng.integers(1, _G_VOCAB, size=used)
+        types = np.zeros_like(ids)
+        outputs = {}
+        for seg in range(num_segments):
+            seg_ids = _left_aligned(ids, segments == seg)
+            with torch.no_grad():
+                outputs[f"segment_{seg}"] = hf.embeddings(
+                    input_ids=torch.tensor(seg_ids, dtype=torch.long),
+                    token_type_ids=torch.tensor(_left_aligned(types, segments == seg)).long(),
+                ).numpy()
+        cases[f"test_embeddings_{num_segments}"] = dict(
+            params=emb_params,
+            inputs=dict(
+                source_ids=ids,
+                source_type_ids=types,
+                source_segment_ids=segments,
+                source_positions=positions,
+            ),
+            outputs=outputs,
+        )
+    return cases
+
+
+def test_axlearn_encoder_goldens_hold_hf_outputs():
+    """The shipped encoder_test golden equals fresh HF outputs, and our Encoder matches it."""
+    cases = _encoder_golden_cases()
+    check_golden(GOLDEN_MODULE, cases, atol=1e-6)
+    cfg = Encoder.default_config().set(
+        name="encoder",
+        dim=_G_DIM,
+        vocab_size=_G_VOCAB,
+        pad_token_id=PAD,
+        emb=bert.bert_embedding_config(type_vocab_size=1, max_position_embeddings=_G_LEN),
+        transformer=bert.bert_transformer_config(num_layers=_G_LAYERS, num_heads=_G_HEADS),
+    )
+    set_layer_norm_eps_recursively(cfg, 1e-5)
+    layer = cfg.instantiate(parent=None)
+    golden = load_golden(GOLDEN_MODULE, "test_against_hf_encoder")
+    state = state_from_flat(
+        layer,
+        {k[len("encoder/") :]: v for k, v in cases["test_against_hf_encoder"]["params"].items()},
+    )
+    out = _run(layer, state, input_ids=golden["inputs"]["input_ids"])
+    np.testing.assert_allclose(
+        np.asarray(out), golden["outputs"]["last_hidden_state"], atol=1e-5, rtol=1e-5
+    )
+    # Packed inputs: each segment's embeddings (positions restart per segment) equal HF's
+    # embeddings of that segment alone.
+    golden = load_golden(GOLDEN_MODULE, "test_embeddings_3")
+    inputs = golden["inputs"]
+    emb = _run(
+        layer.emb,
+        state["emb"],
+        input_batch=dict(
+            inputs=inputs["source_ids"],
+            token_type_ids=inputs["source_type_ids"],
+            positions=inputs["source_positions"],
+        ),
+    )
+    for seg in range(3):
+        mask = inputs["source_segment_ids"] == seg
+        live = (_left_aligned(inputs["source_ids"], mask) != 0)[..., None]
+        np.testing.assert_allclose(
+            _left_aligned(np.asarray(emb), mask) * live,
+            golden["outputs"][f"segment_{seg}"] * live,
+            atol=1e-5,
+        )
+
+
+def test_causal_encoder_decoding_matches_forward():
+    """init_states + extend_step token by token, and prefill_states + extend_step from each
+    row's own time step, reproduce forward's causal hidden states."""
+    layer = _encoder_config(CausalEncoder, num_layers=2).instantiate(parent=None)
+    state = _random_state(layer, 2)
+    ids = np.random.default_rng(3).integers(1, VOCAB, size=(3, 6)).astype(np.int32)
+    ref = np.asarray(_run(layer, state, input_ids=ids)["hidden_states"])
+
+    def decode(cache, time_step):
+        out = np.zeros_like(ref)
+        while np.any(time_step < ids.shape[1]):
+            token = np.take_along_axis(ids, np.minimum(time_step, ids.shape[1] - 1)[:, None], 1)
+            cache, step = _run(
+                layer,
+                state,
+                method="extend_step",
+                cached_states=cache,
+                input_batch=dict(input_ids=token),
+            )
+            for row, t in enumerate(time_step):
+                if t < ids.shape[1]:
+                    out[row, t] = np.asarray(step["hidden_states"])[row, 0]
+            time_step = time_step + 1
+        return out
+
+    empty = layer.init_states(batch_size=3, max_sequence_length=6)
+    assert empty["input_ids"].shape == (3, 6) and np.all(np.asarray(empty["time_step"]) == 0)
+    np.testing.assert_allclose(decode(empty, np.zeros(3, np.int32)), ref, atol=1e-5)
+    time_step = np.array([0, 2, 5], np.int32)
+    cache, prefilled = _run(
+        layer, state, method="prefill_states", time_step=time_step, input_ids=ids
+    )
+    np.testing.assert_allclose(np.asarray(prefilled["hidden_states"]), ref, atol=1e-5)
+    out = decode(cache, time_step)
+    live = np.arange(6)[None, :] >= time_step[:, None]
+    np.testing.assert_allclose(out[live], ref[live], atol=1e-5)
+    with pytest.raises(ValueError, match=r"must be \[batch, 1\]"):
+        _run(
+            layer, state, method="extend_step", cached_states=empty, input_batch=dict(input_ids=ids)
+        )

@@ -476,3 +476,44 @@ def test_axlearn_t5_goldens_hold_hf_outputs():
             golden["outputs"]["ref_logits"], ref["ref_logits"], rtol=1e-5, atol=1e-5
         )
         np.testing.assert_allclose(golden["outputs"]["ref_loss"], ref["ref_loss"], rtol=1e-5)
+
+
+# AXLearn's t5_test reads `<testdata>/axlearn.common.t5_test/test_buckets_against_t5x_<b>_<n>.npy`
+# (a dict {"inputs": relative positions, "outputs": buckets} saved as a NumPy object, which only
+# loads with allow_pickle=True). The files shipped in axlearn/experiments/testdata hold HF's
+# `T5Attention._relative_position_bucket` of every relative position of an n-token sequence with
+# T5's defaults (32 buckets, max distance 128), written here (regenerate with
+# AXLEARN_UPDATE_GOLDENS=1) and checked below.
+_BUCKET_DIR = os.path.join(os.path.dirname(golden_path(GOLDEN_MODULE)), GOLDEN_MODULE)
+
+
+def _hf_bucket_case(bidirectional: bool, seq_len: int) -> dict:
+    positions = np.arange(seq_len, dtype=np.int32)
+    # Memory - query, as int16 (|values| < 256) to keep the files small; the buckets are int32, the
+    # dtype AXLearn's test compares with (assertNestedAllClose checks dtypes).
+    relative = (positions[None, :] - positions[:, None]).astype(np.int16)
+    buckets = transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket(  # pylint: disable=protected-access
+        torch.tensor(relative, dtype=torch.long), bidirectional=bidirectional
+    )
+    return dict(inputs=relative, outputs=buckets.numpy().astype(np.int32))
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_axlearn_t5_bucket_goldens_hold_hf_buckets(bidirectional):
+    for seq_len in (20, 100, 256):
+        case = _hf_bucket_case(bidirectional, seq_len)
+        path = os.path.join(_BUCKET_DIR, f"test_buckets_against_t5x_{bidirectional}_{seq_len}.npy")
+        if os.environ.get(UPDATE_ENV):
+            os.makedirs(_BUCKET_DIR, exist_ok=True)
+            # The format AXLearn's test reads: a pickled dict in a 0-d object array.
+            np.save(path, np.array(case, dtype=object), allow_pickle=True)
+        # Our own file (checked into this repository), so unpickling it is safe.
+        stored = np.load(path, allow_pickle=True).item()
+        assert set(stored) == {"inputs", "outputs"}
+        np.testing.assert_array_equal(stored["inputs"], case["inputs"])
+        np.testing.assert_array_equal(stored["outputs"], case["outputs"])
+        assert stored["outputs"].dtype == np.int32
+    # Ours on the shortest case (the bucket function is checked in full against NumPy above).
+    case = _hf_bucket_case(bidirectional, 20)
+    ours = t5.t5_relative_position_bucket(jnp.asarray(case["inputs"]), bidirectional=bidirectional)
+    np.testing.assert_array_equal(np.asarray(ours), case["outputs"])

@@ -158,3 +158,51 @@ def test_an_uncaught_exception_prints_raw_traceback_then_summary():
     assert "in top" in summary and "in bottom" in summary
     assert "in hidden" not in summary
     assert summary.rstrip().endswith("ZeroDivisionError: boom")
+
+
+def test_module_method_errors_carry_a_summary_naming_the_calls():
+    """An exception in a module method called through `functional` gets a stack summary that
+    names each wrapped module call with its argument types and leaves out module.py's context
+    plumbing; the exception itself is unchanged."""
+    # pylint: disable=import-outside-toplevel
+    import jax.numpy as jnp
+
+    from axlearn.common.base_layer import BaseLayer
+    from axlearn.common.config import config_class
+    from axlearn.common.module import functional
+
+    class _Inner(BaseLayer):
+        def forward(self, x):
+            raise ValueError(f"bad input of shape {x.shape}")
+
+    class _Outer(BaseLayer):
+        @config_class
+        class Config(BaseLayer.Config):
+            """Configures _Outer."""
+
+        def __init__(self, cfg, *, parent):
+            super().__init__(cfg, parent=parent)
+            self._add_child("inner", _Inner.default_config())
+
+        def forward(self, x, *, scale):
+            return self.inner(x * scale)
+
+    layer = _Outer.default_config().set(name="outer").instantiate(parent=None)
+    e = _caught(
+        lambda: functional(
+            layer, None, {}, dict(x=jnp.ones(2), scale=2.0), is_training=False, method="forward"
+        )
+    )
+    assert isinstance(e, ValueError) and str(e) == "bad input of shape (2,)"
+    text = str(e._stack_summary)  # pylint: disable=protected-access
+    outer_call = f"Wrapped call {_Outer.__module__}.{_Outer.__qualname__}.forward("
+    inner_call = f"Wrapped call {_Inner.__module__}.{_Inner.__qualname__}.forward("
+    assert outer_call in text and inner_call in text
+    assert text.index(outer_call) < text.index(inner_call)
+    assert "scale: float" in text
+    # Below the first module call, only the methods' own frames remain (no context plumbing,
+    # thunks or `Module.__call__`).
+    below = text[text.index(outer_call) :]
+    assert "_call_method_in_context" not in text and "module.py" not in below
+    assert below.count('File "') == 2
+    assert text.rstrip().endswith("ValueError: bad input of shape (2,)")

@@ -6,12 +6,15 @@ the ids of the Hugging Face tokenizer (GPT-2 pre-tokenization, special tokens ke
 """
 
 import json
+import os
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from sentencepiece import sentencepiece_model_pb2 as spm_pb
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from axlearn.common.golden import golden_path, load_golden
 from axlearn.common.vocabulary_bpe import BPEVocabulary, _bytes_to_unicode
 
 # Ids 0..3 in the Hugging Face tokenizer; our id_map swaps <s> and <pad> (seqio wants pad at 0).
@@ -112,3 +115,55 @@ def test_validation_decode_as_control_and_extra_ids(bpe):
     assert vocab._decode_tf(ids).numpy() == b"hello world"
     vocab = BPEVocabulary(path, id_map=_ID_MAP, extra_ids=2)
     assert vocab.vocab_size == bpe[0].get_vocab_size() + 2
+
+
+# AXLearn's vocabulary_bpe_test reads `load_golden("axlearn.common.vocabulary_bpe_test", ...)`:
+# Hugging Face's outputs for a list of texts it indexes by position (`text_00`, ...), kept in
+# tests/testdata/vocabulary_bpe_texts.json. The regex split and the byte encoding do not depend
+# on the vocabulary (GPT-2's pre-tokenizer, shared by the three vocabularies it names), so they
+# are written here from `tokenizers`' ByteLevel pre-tokenizer (regenerate with
+# AXLEARN_UPDATE_GOLDENS=1). Its id-map and encode cases need HF's GPT-2/OPT/RoBERTa vocabulary
+# files and are not written.
+GOLDEN_MODULE = "axlearn.common.vocabulary_bpe_test"
+_GOLDEN_TOKENIZERS = ("roberta-base", "gpt2", "opt")
+_TEXTS_FILE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "testdata",
+    "vocabulary_bpe_texts.json",
+)
+
+
+def _bpe_golden_arrays(texts: list) -> dict:
+    """{golden key: array} of HF's regex split and byte encoding of `texts`."""
+    split = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    whole = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    arrays = {}
+    for name in _GOLDEN_TOKENIZERS:
+        for i, text in enumerate(texts):
+            pieces = [text[a:b] for _, (a, b) in split.pre_tokenize_str(text)]
+            arrays[f"test_regex_split_fake_data/{name}/text_{i:02d}"] = np.array(pieces, dtype=str)
+        encoded = ["".join(p for p, _ in whole.pre_tokenize_str(text)) for text in texts]
+        arrays[f"test_byte_encode_fake_data/{name}/byte_encoded"] = np.array(encoded, dtype=str)
+    return arrays
+
+
+def test_axlearn_vocabulary_bpe_golden_holds_hf_pre_tokenizer_outputs(bpe):
+    """The shipped golden equals HF's pre-tokenizer outputs; our TF split and encoding match."""
+    with open(_TEXTS_FILE, encoding="utf-8") as f:
+        texts = json.load(f)
+    arrays = _bpe_golden_arrays(texts)
+    path = golden_path(GOLDEN_MODULE)
+    if os.environ.get("AXLEARN_UPDATE_GOLDENS"):
+        np.savez_compressed(path, **arrays)
+    with np.load(path, allow_pickle=False) as stored:
+        assert set(stored.files) == set(arrays)
+        for key, value in arrays.items():
+            np.testing.assert_array_equal(stored[key], value, err_msg=key)
+    vocab = BPEVocabulary(bpe[1], id_map=_ID_MAP)
+    split = load_golden(GOLDEN_MODULE, "test_regex_split_fake_data")["gpt2"]
+    encoded = load_golden(GOLDEN_MODULE, "test_byte_encode_fake_data")["gpt2"]["byte_encoded"]
+    for i, text in enumerate(texts):
+        ours = [x.numpy().decode("utf-8") for x in vocab._regex_split_tf(tf.constant(text))]
+        assert ours == [str(s) for s in split[f"text_{i:02d}"]], text
+        ours = vocab._byte_encode_tf(tf.constant([text]))[0].numpy().decode("utf-8")
+        assert ours == str(encoded[i]), text
