@@ -449,7 +449,9 @@ def apply_mlm_mask_combinatorial_ngram(
         random_tokens = tf.random.uniform(
             tf.shape(tiled), minval=0, maxval=vocab.vocab_size, dtype=inputs.dtype
         )
-        masked = tf.where(actions == MLMAction.MASK.value, tf.constant(mask_id, inputs.dtype), tiled)
+        masked = tf.where(
+            actions == MLMAction.MASK.value, tf.constant(mask_id, inputs.dtype), tiled
+        )
         masked = tf.where(actions == MLMAction.SWAP.value, random_tokens, masked)
         targets = tiled
         if not is_translation_style:

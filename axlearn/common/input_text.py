@@ -29,7 +29,6 @@ import numpy as np
 from axlearn.common.config import ConfigOr, maybe_instantiate
 
 if TYPE_CHECKING:  # pragma: no cover
-    import seqio
     import tensorflow as tf
 
     from axlearn.common.input_processors import DatasetToDatasetFn
