@@ -61,6 +61,7 @@ def fake_source(
     is_training: bool,
     examples: Sequence[Any],
     *,
+    repeat: int = 1,
     spec: Optional[Any] = None,
     shuffle_buffer_size: Optional[int] = None,
     seed: Optional[int] = None,
@@ -75,6 +76,8 @@ def fake_source(
     Args:
         is_training: Whether the source is for training (repeats, optionally shuffles).
         examples: The examples (nested dicts of tensors, arrays, numbers or strings).
+        repeat: How many times the examples are yielded per pass (>= 1); training sources then
+            repeat that forever.
         spec: Optional (nested) tf.TensorSpec giving the examples' dtypes and static shapes.
         shuffle_buffer_size: Shuffle buffer when training; None or 0: no shuffling.
         seed: Shuffle seed.
@@ -87,10 +90,14 @@ def fake_source(
     """
     if not examples:
         raise ValueError("fake_source: examples must not be empty")
+    if repeat < 1:
+        raise ValueError(f"fake_source: repeat must be >= 1, got {repeat}")
     examples = list(examples)
 
     def fn() -> tf.data.Dataset:
         ds = _examples_dataset(examples, spec)
+        if repeat > 1:
+            ds = ds.repeat(repeat)
         if is_training:
             if shuffle_buffer_size:
                 ds = ds.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
