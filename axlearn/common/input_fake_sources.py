@@ -30,6 +30,23 @@ def _relax(value: Any, spec: Any) -> Any:
     return value
 
 
+def _empty_as(value: Any, spec: Any) -> Any:
+    """An empty `value` (e.g. `tf.constant([])`, float32) becomes an empty tensor of spec's dtype.
+
+    Other values are returned unchanged (cast later, in `_relax`).
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    if isinstance(spec, dict) and isinstance(value, dict):
+        return {k: _empty_as(v, spec[k]) if k in spec else v for k, v in value.items()}
+    if isinstance(spec, tf.TensorSpec):
+        tensor = tf.convert_to_tensor(value)
+        if tensor.dtype != spec.dtype and tensor.shape.num_elements() == 0:
+            default = "" if spec.dtype == tf.string else 0
+            return tf.fill(tf.shape(tensor), tf.constant(default, spec.dtype))
+    return value
+
+
 def _examples_dataset(examples: Sequence[Any], spec: Optional[Any]) -> tf.data.Dataset:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -37,6 +54,8 @@ def _examples_dataset(examples: Sequence[Any], spec: Optional[Any]) -> tf.data.D
         raise ValueError("fake_source: examples must not be empty")
     datasets = []
     for example in examples:
+        if spec is not None:
+            example = _empty_as(example, spec)
         ds = tf.data.Dataset.from_tensors(example)
         if spec is not None:
             relax = tf.autograph.experimental.do_not_convert(
