@@ -130,3 +130,17 @@ def test_make_ragged_ds_fn_and_perplexity():
     ex = next(iter(input_text.roberta_normalize(cased=False)(ds)))
     assert ex["text"].to_list() == [[b"a b"], [b"c", b"d"]]
     assert input_text.perplexity([], [0.0, np.log(4.0)])["perplexity"].value == pytest.approx(2.0)
+
+
+def test_text_input_modules_import_without_tensorflow():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from axlearn.common import input_composite, input_glue, input_mlm, input_ranking\n"
+        "from axlearn.common import input_t5, input_text\n"
+        "heavy = [m for m in ('tensorflow', 'seqio', 'tensorflow_text') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
