@@ -30,6 +30,23 @@ def _relax(value: Any, spec: Any) -> Any:
     return value
 
 
+def _empty_as(value: Any, spec: Any) -> Any:
+    """An empty `value` (e.g. `tf.constant([])`, float32) becomes an empty tensor of spec's dtype.
+
+    Other values are returned unchanged (cast later, in `_relax`).
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    if isinstance(spec, dict) and isinstance(value, dict):
+        return {k: _empty_as(v, spec[k]) if k in spec else v for k, v in value.items()}
+    if isinstance(spec, tf.TensorSpec):
+        tensor = tf.convert_to_tensor(value)
+        if tensor.dtype != spec.dtype and tensor.shape.num_elements() == 0:
+            default = "" if spec.dtype == tf.string else 0
+            return tf.fill(tf.shape(tensor), tf.constant(default, spec.dtype))
+    return value
+
+
 def _examples_dataset(examples: Sequence[Any], spec: Optional[Any]) -> tf.data.Dataset:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -37,6 +54,8 @@ def _examples_dataset(examples: Sequence[Any], spec: Optional[Any]) -> tf.data.D
         raise ValueError("fake_source: examples must not be empty")
     datasets = []
     for example in examples:
+        if spec is not None:
+            example = _empty_as(example, spec)
         ds = tf.data.Dataset.from_tensors(example)
         if spec is not None:
             relax = tf.autograph.experimental.do_not_convert(
@@ -61,6 +80,7 @@ def fake_source(
     is_training: bool,
     examples: Sequence[Any],
     *,
+    repeat: int = 1,
     spec: Optional[Any] = None,
     shuffle_buffer_size: Optional[int] = None,
     seed: Optional[int] = None,
@@ -75,6 +95,8 @@ def fake_source(
     Args:
         is_training: Whether the source is for training (repeats, optionally shuffles).
         examples: The examples (nested dicts of tensors, arrays, numbers or strings).
+        repeat: How many times the examples are yielded per pass (>= 1); training sources then
+            repeat that forever.
         spec: Optional (nested) tf.TensorSpec giving the examples' dtypes and static shapes.
         shuffle_buffer_size: Shuffle buffer when training; None or 0: no shuffling.
         seed: Shuffle seed.
@@ -87,10 +109,14 @@ def fake_source(
     """
     if not examples:
         raise ValueError("fake_source: examples must not be empty")
+    if repeat < 1:
+        raise ValueError(f"fake_source: repeat must be >= 1, got {repeat}")
     examples = list(examples)
 
     def fn() -> tf.data.Dataset:
         ds = _examples_dataset(examples, spec)
+        if repeat > 1:
+            ds = ds.repeat(repeat)
         if is_training:
             if shuffle_buffer_size:
                 ds = ds.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)

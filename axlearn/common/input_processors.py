@@ -181,6 +181,12 @@ def take(num_examples: int) -> DatasetToDatasetFn:
 
 
 @_public
+def unbatch() -> DatasetToDatasetFn:
+    """Returns a processor splitting each example along its first dimension (`ds.unbatch()`)."""
+    return lambda ds: ds.unbatch()
+
+
+@_public
 def filter_examples(filter_fn: Callable) -> DatasetToDatasetFn:
     """Returns a processor keeping examples for which `filter_fn(example)` is True."""
     return lambda ds: ds.filter(filter_fn)

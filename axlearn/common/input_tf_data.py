@@ -87,6 +87,7 @@ from axlearn.common.input_processors import (
     select_fields,
     shuffle,
     take,
+    unbatch,
     with_processor,
 )
 from axlearn.common.module import Module, nowrap
@@ -132,6 +133,7 @@ __all__ = [
     "tfds_read_config",
     "trim_and_pad_tensor",
     "trim_to_batch",
+    "unbatch",
     "unpack",
     "with_processor",
 ]

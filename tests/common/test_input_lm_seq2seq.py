@@ -220,7 +220,7 @@ def test_make_ds_fn_and_input_batches():
     cfg = input_tf_data.Input.default_config().set(
         name="input",
         is_training=False,
-        source=config_for_function(make_ds_fn).set(texts=["a", "b", "c"]),
+        source=config_for_function(make_ds_fn).set(texts=["a", "b", "c"], repeat=1),
         processor=config_for_function(input_tf_data.identity),
         batcher=config_for_function(input_tf_data.batch).set(
             global_batch_size=2, pad_example_fn=input_tf_data.default_pad_example_fn
