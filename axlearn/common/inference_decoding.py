@@ -323,7 +323,7 @@ def logits_modifier(
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0:
-        return logit_modifiers.top_k_logits(1, break_ties="lowest-token-id")
+        return logit_modifiers.top_k_logits(1, break_ties="smallest_index")
     mods = []
     if temperature != 1:
         mods.append(logit_modifiers.scale_by(temperature))

@@ -18,12 +18,30 @@ def test_rearrange_matches_numpy():
 
 def test_rearrange_errors():
     x = np.zeros((2, 6))
-    with pytest.raises(ValueError, match="has 3 input axes"):
+    with pytest.raises(ValueError, match="Incompatible shape reshape"):
         rearrange(x, "a b c -> a b c")
-    with pytest.raises(ValueError, match=r"give the sizes of \['c'\]"):
+    with pytest.raises(ValueError, match=r"Multiple unknown axes \(b, c\)"):
         rearrange(x, "a (b c) -> a b c")
-    with pytest.raises(ValueError, match="both sides must name the same axes"):
+    with pytest.raises(ValueError, match="Mismatch between LHS axes and RHS axes"):
         rearrange(x, "a b -> a")
+    with pytest.raises(ValueError, match="Missing axis c in input"):
+        rearrange(x, "a b -> a c")
+    with pytest.raises(ValueError, match="Unexpected characters in pattern: '2'"):
+        rearrange(x, "a b -> a b 2")
+    with pytest.raises(ValueError, match="asymmetrically"):
+        rearrange(x, "a ... -> a")
+
+
+def test_ellipsis_matches_numpy():
+    x = np.arange(2 * 3 * 4 * 5).reshape(2, 3, 4, 5)
+    np.testing.assert_array_equal(rearrange(x, "a ... b -> ... b a"), x.transpose(1, 2, 3, 0))
+    np.testing.assert_array_equal(rearrange(x, "a ... -> a (...)"), x.reshape(2, 60))
+    np.testing.assert_array_equal(
+        rearrange(x.reshape(2, 3, 20), "... (g h) -> ... h g", g=4), x.transpose(0, 1, 3, 2)
+    )
+    np.testing.assert_array_equal(repeat(x, "... c -> ... (c k)", k=2), np.repeat(x, 2, axis=-1))
+    with pytest.raises(ValueError, match="reordering"):
+        repeat(x, "a ... -> ... a")
 
 
 def test_repeat_matches_numpy():
