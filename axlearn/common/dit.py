@@ -237,7 +237,9 @@ class AdaptiveLayerNormModulation(BaseLayer):
         """
         cfg = self.config
         if input.ndim not in (2, 3):
-            raise ValueError(f"The input must be rank 2 or 3, but got the {input.shape} tensor.")
+            raise ValueError(
+                f"{self.path()}: the input must be rank 2 or 3, but got the {input.shape} tensor."
+            )
         out = self.linear(get_activation_fn(cfg.activation)(input))
         if out.ndim == 2:
             out = out[:, None, :]
@@ -301,7 +303,9 @@ class DiTFeedForwardLayer(BaseLayer):
         """
         cfg = self.config
         if gate.shape != shift.shape:
-            raise ValueError(f"gate {gate.shape} and shift {shift.shape} must have one shape.")
+            raise ValueError(
+                f"{self.path()}: gate {gate.shape} and shift {shift.shape} must have one shape."
+            )
         x = modulate(x=_pre(self, cfg.structure, input), shift=shift, scale=scale)
         x = self._remat_name(self.linear1(x), "linear1_0")
         x = self.dropout1(get_activation_fn(cfg.activation)(x))
@@ -333,7 +337,8 @@ class DiTAttentionLayer(BaseLayer):
         cfg = self.config
         if cfg.target_dim != cfg.source_dim:
             raise ValueError(
-                f"Target dim ({cfg.target_dim}) should match source dim ({cfg.source_dim})."
+                f"{self.path()}: target dim ({cfg.target_dim}) should match source dim "
+                f"({cfg.source_dim})."
             )
         _add_norms(self, cfg.norm, cfg.structure, cfg.target_dim)
         self._add_child(
@@ -348,7 +353,7 @@ class DiTAttentionLayer(BaseLayer):
 
     def _modulated(self, x, shift, scale):
         if (shift is None) != (scale is None):
-            raise ValueError("shift and scale must be both provided or both None.")
+            raise ValueError(f"{self.path()}: shift and scale must be both provided or both None.")
         x = _pre(self, self.config.structure, x)
         if shift is not None:
             x = modulate(x=x, shift=shift, scale=scale)
