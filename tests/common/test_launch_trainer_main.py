@@ -67,6 +67,7 @@ def _tiny(trainer_dir: str, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_user_errors_are_one_line_without_a_traceback(tmp_path):
     """Cases 6, 7 and 13: each mistake names itself and the fix in the last line of stderr."""
     empty = tmp_path / "empty"

@@ -8,6 +8,7 @@ import pytest
 from axlearn.common.loss import cross_entropy
 
 
+@pytest.mark.slow
 def test_cross_entropy_matches_numpy():
     logits = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 11)) * 3
     labels = jax.random.randint(jax.random.PRNGKey(1), (3, 5), 0, 11)
