@@ -145,19 +145,25 @@ def test_restore_refuses_an_index_leaf_outside_the_checkpoint(trained_dir, tmp_p
     import json
     import shutil
 
+    from tests.common.checkpointer_test_utils import edit_our_index
     from tests.common.test_path_containment import Sentinel
 
     run = tmp_path / "run"
     shutil.copytree(trained_dir, run)
     step_dir = run / "checkpoints" / "step_00000006"
-    index = json.loads((step_dir / "index").read_text())
+    index = json.loads((step_dir / "manifest.json").read_text())  # Our index (format 2).
     leaf = next(x for x in index["leaves"] if x["path"].startswith("model/"))
     outside = tmp_path / "outside"
     shutil.copytree(step_dir / leaf["file"], outside)
     chunk = next(p for p in outside.iterdir() if not p.name.startswith("."))
     sentinel = Sentinel(str(chunk), chunk.read_bytes())
-    leaf["file"] = str(outside)
-    (step_dir / "index").write_text(json.dumps(index))
+
+    def point_outside(index):
+        for entry in index["leaves"]:
+            if entry["path"] == leaf["path"]:
+                entry["file"] = str(outside)
+
+    edit_our_index(str(step_dir), point_outside)
     runner = InferenceRunner.from_trainer_dir(str(run), evalers=[], module=MODULE)
     with pytest.raises(ValueError) as e:
         runner.restore(6)
