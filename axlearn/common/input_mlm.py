@@ -292,6 +292,45 @@ def _ignored_words(inputs: tf.Tensor, ignore_input_ids: list[int], word_ids, num
     return per_word > 0
 
 
+def _apply_actions(
+    inputs: Any,
+    actions: Any,
+    *,
+    vocab_size: int,
+    mask_id: int,
+    ignore_target_id: int,
+    is_translation_style: bool,
+) -> tuple[Any, Any]:
+    """Applies per-token MLM actions: MASK -> mask_id, SWAP -> a uniform random token.
+
+    Args:
+        inputs: Token ids (a tf.Tensor).
+        actions: `MLMAction` values, of the shape of `inputs`.
+        vocab_size: Random tokens are drawn from [0, vocab_size).
+        mask_id: The mask token's id.
+        ignore_target_id: The target of a token left alone (unless translation style).
+        is_translation_style: Whether every target is the input token.
+
+    Returns:
+        (masked inputs, targets).
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    random_tokens = tf.random.uniform(
+        tf.shape(inputs), minval=0, maxval=vocab_size, dtype=inputs.dtype
+    )
+    masked = tf.where(actions == MLMAction.MASK.value, tf.constant(mask_id, inputs.dtype), inputs)
+    masked = tf.where(actions == MLMAction.SWAP.value, random_tokens, masked)
+    targets = inputs
+    if not is_translation_style:
+        targets = tf.where(
+            actions == MLMAction.DO_NOTHING.value,
+            tf.constant(ignore_target_id, inputs.dtype),
+            inputs,
+        )
+    return masked, targets
+
+
 def apply_mlm_mask(
     *,
     whole_word_mask: bool = False,
@@ -351,20 +390,14 @@ def apply_mlm_mask(
         actions = tf.where(ignored, MLMAction.DO_NOTHING.value, actions)
         actions = tf.gather(actions, word_ids)
 
-        random_tokens = tf.random.uniform(
-            tf.shape(inputs), minval=0, maxval=vocab.vocab_size, dtype=inputs.dtype
+        masked, targets = _apply_actions(
+            inputs,
+            actions,
+            vocab_size=vocab.vocab_size,
+            mask_id=mask_id,
+            ignore_target_id=ignore_target_id,
+            is_translation_style=is_translation_style,
         )
-        masked = tf.where(
-            actions == MLMAction.MASK.value, tf.constant(mask_id, inputs.dtype), inputs
-        )
-        masked = tf.where(actions == MLMAction.SWAP.value, random_tokens, masked)
-        targets = inputs
-        if not is_translation_style:
-            targets = tf.where(
-                actions == MLMAction.DO_NOTHING.value,
-                tf.constant(ignore_target_id, inputs.dtype),
-                inputs,
-            )
         example[input_key] = masked[1:]
         example[target_key] = targets[1:]
         return example
@@ -446,20 +479,14 @@ def apply_mlm_mask_combinatorial_ngram(
         num_examples = tf.shape(actions)[0]
 
         tiled = tf.tile(inputs[None, :], [num_examples, 1])
-        random_tokens = tf.random.uniform(
-            tf.shape(tiled), minval=0, maxval=vocab.vocab_size, dtype=inputs.dtype
+        masked, targets = _apply_actions(
+            tiled,
+            actions,
+            vocab_size=vocab.vocab_size,
+            mask_id=mask_id,
+            ignore_target_id=ignore_target_id,
+            is_translation_style=is_translation_style,
         )
-        masked = tf.where(
-            actions == MLMAction.MASK.value, tf.constant(mask_id, inputs.dtype), tiled
-        )
-        masked = tf.where(actions == MLMAction.SWAP.value, random_tokens, masked)
-        targets = tiled
-        if not is_translation_style:
-            targets = tf.where(
-                actions == MLMAction.DO_NOTHING.value,
-                tf.constant(ignore_target_id, inputs.dtype),
-                tiled,
-            )
         example = dict(example)
         example[input_key] = masked
         example[target_key] = targets
