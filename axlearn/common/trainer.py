@@ -7,9 +7,10 @@ The loop, per step N:
     -> read step N-1's metrics (the host sync on step N-1's loss, while step N runs)
     -> evalers (their policies) -> checkpoint (its policy; never a non-finite state)
 
-Parts. The trainer owns four parts, each in its own file with a small interface, none reading
+Parts. The trainer owns its parts, each in its own file with a small interface, none reading
 the trainer's private state: `CheckpointDriver` (trainer_checkpointing.py), `MetricsRecorder`
-(trainer_metrics.py), `Watchdog` (trainer_watchdog.py) and `Profiler` (trainer_profiler.py).
+(trainer_metrics.py), `Watchdog` (trainer_watchdog.py), `Profiler` (trainer_profiler.py),
+`BatchFeeder` (trainer_batches.py) and `TrainerEvents` (trainer_events.py).
 The loop (`run -> _train_loop -> _dispatch_train_step -> _drain`) is here.
 
 Timing. A step's time is the interval between two consecutive host syncs on the loss; dispatch
@@ -65,6 +66,7 @@ from axlearn.common.skip_streak import (  # noqa: F401 (public names)
 )
 from axlearn.common.state_builder import Builder
 from axlearn.common.summary_writer import BaseWriter, JsonlWriter, SummaryWriter
+from axlearn.common.trainer_batches import BatchFeeder
 from axlearn.common.trainer_checkpointing import (  # noqa: F401 (public names)
     CheckpointDriver,
     NonFiniteStateError,
@@ -91,8 +93,6 @@ from axlearn.common.trainer_utils import (  # noqa: F401 (NonFiniteLossError: pu
     eval_due,
     evalers_to_force,
     global_batch_specs,
-    host_batch_iterator,
-    leading_dim,
     learner_skips_nonfinite,
     params_for_eval,
     run_evalers,
@@ -105,12 +105,7 @@ from axlearn.common.trainer_watchdog import (
     thread_stack_traces,  # noqa: F401 (public)
 )
 from axlearn.common.utils import NestedTensor, Tensor
-from axlearn.common.utils_spmd import (
-    HybridMeshShape,
-    MeshShape,
-    batch_partition_spec,
-    host_to_global_array,
-)
+from axlearn.common.utils_spmd import HybridMeshShape, MeshShape
 
 # The config fields that only the launcher sets (left out of the config digest and TensorBoard).
 LAUNCH_FIELDS = ("on_run_start", "verbose_start", "save_and_eval_last_step")
@@ -250,6 +245,9 @@ class SpmdTrainer(Module):
         self._xsc = XscSteps(maybe_instantiate(cfg.xsc_check_policy), path=self.path())
         self._input_iter = None
         # The parts (see docs/trainer.md); the metrics recorder is built for each run.
+        self._batches = BatchFeeder(
+            self.input, mesh=self._mesh, batch_axis_names=cfg.batch_axis_names, log=self._step_log
+        )
         self._checkpoints = CheckpointDriver(
             self.checkpointer,
             mesh=self._mesh,
@@ -494,7 +492,7 @@ class SpmdTrainer(Module):
             PreemptionHandler(timeout_seconds=cfg.preemption_timeout_seconds) as self._preemption,
         ):
             with self._events.span(EventType.DATA_LOADING):
-                self._input_iter = self._new_input_iterator()
+                self._input_iter = self._batches.new_iterator()
             with self._events.span(EventType.TRAINING_PREPARATION):
                 self._prepare_training(prng_key)
             if self._step >= cfg.max_step:
@@ -537,7 +535,7 @@ class SpmdTrainer(Module):
                     self._step_log("Reached the end of the input; stopping.")
                     break
                 if cfg.batch_processor is None:
-                    global_batch = self._host_to_global(host_batch)
+                    global_batch = self._batches.to_global(host_batch)
             in_flight = None if pending is None else pending.outputs["loss"]
             self._profiler.before_step(
                 self._step + 1, in_flight=in_flight, overhead=profiler_overhead
@@ -584,7 +582,7 @@ class SpmdTrainer(Module):
         self._step += 1
         self._events.step_started(self._step)
         batch = processor.process(host_batch, trainer_state=self._trainer_state)
-        global_batch = self._host_to_global(batch)
+        global_batch = self._batches.to_global(batch)
         self._compile(batch, global_batch, in_step=True)
         start = time.perf_counter()
         current = PendingStep(
@@ -794,24 +792,3 @@ class SpmdTrainer(Module):
                         log=self._step_log,
                     )
                 )
-
-    def _host_to_global(self, host_batch: NestedTensor) -> NestedTensor:
-        """Turns this process's host batch into global arrays sharded over the batch axes."""
-        if self._batch_spec is None:
-            global_batch_size = leading_dim(host_batch) * jax.process_count()
-            self._batch_spec = batch_partition_spec(
-                global_batch_size, mesh=self._mesh, batch_axis_names=self._config.batch_axis_names
-            )
-            self._global_batch_size = global_batch_size
-            self._step_log(
-                "Global batch %d sharded as %s over mesh %s.",
-                global_batch_size,
-                self._batch_spec,
-                dict(self._mesh.shape),
-            )
-        return host_to_global_array(host_batch, mesh=self._mesh, partition=self._batch_spec)
-
-    def _new_input_iterator(self):
-        """An iterator of host batches from the start of the input (see host_batch_iterator)."""
-        self._batch_spec = None
-        return host_batch_iterator(self.input)

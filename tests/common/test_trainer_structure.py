@@ -25,6 +25,7 @@ PART_FILES = (
     "trainer_watchdog.py",
     "trainer_profiler.py",
     "trainer_events.py",
+    "trainer_batches.py",
 )
 # trainer.py's loop: run -> _train_loop -> dispatch -> drain, and the steps around them.
 LOOP_FUNCTIONS = (
